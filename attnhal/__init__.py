@@ -1,0 +1,39 @@
+"""attnhal: vendor-neutral attention capability descriptors and graph planning.
+
+``import attnhal`` is light: it imports no triton, no backend, and touches no GPU.
+"""
+
+from attnhal.capabilities import (
+    AttentionRequest,
+    BackendCapabilities,
+    Feature,
+    Phase,
+    Reason,
+    ReasonCode,
+    SpecLimits,
+    not_supported_reasons,
+)
+from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, SpecConfig, plan
+from attnhal.platform import Platform, Vendor, detect, parse
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionRequest",
+    "BackendCapabilities",
+    "Feature",
+    "GraphPlan",
+    "GraphPolicy",
+    "Phase",
+    "PhaseBackends",
+    "Platform",
+    "Reason",
+    "ReasonCode",
+    "SpecConfig",
+    "SpecLimits",
+    "Vendor",
+    "detect",
+    "not_supported_reasons",
+    "parse",
+    "plan",
+]

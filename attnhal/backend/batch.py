@@ -1,0 +1,107 @@
+"""ForwardBatch: what one attention forward of one phase reads.
+
+Token layout and masking per phase (``bs`` rows, KV slots from ``pool.req_to_token``):
+
+========================  ===========================  =====================================================
+phase                     query tokens                 row ``r``, query ``i`` attends KV positions
+========================  ===========================  =====================================================
+``prefill``               packed, ``extend_lens[r]``   ``[0, prefix + i]``, ``prefix = seq_lens - extend_lens``
+``decode``                1 per row                    ``[0, seq_lens[r])``
+``target_verify``         ``T = num_draft_tokens``     prefix ``[0, seq_lens - T)`` plus draft ``j`` where
+                          per row (uniform)            ``custom_mask[r, i, j]`` (causal ``j <= i`` if no mask)
+``draft_extend``          ``T = draft_extend_len``     ``[0, min(prefix + i, seq_lens - 1)]``,
+                          per row (uniform, padded)    ``prefix = seq_lens - extend_lens``; ``i >= extend_lens[r]``
+                                                       are padding (finite, ignored by the caller)
+``draft_decode``          1 per row (row = branch)     prefix ``[0, seq_lens[r])`` plus the slots
+                                                       ``draft_path[r, :draft_step + 1]``
+========================  ===========================  =====================================================
+
+Every phase writes the new tokens' K/V to ``out_cache_loc`` before attending.
+Positions in ``req_to_token`` rows are token positions (page size 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnhal.capabilities import Phase
+
+__all__ = ["ForwardBatch", "SpecInfo"]
+
+
+@dataclass
+class SpecInfo:
+    """Speculative-decoding inputs of one batch.
+
+    Attributes
+    ----------
+    topk: branches per request in the draft tree.
+    num_draft_tokens: ``T`` of ``target_verify`` (query tokens per row).
+    draft_extend_len: ``T`` of ``draft_extend`` (padded query tokens per row).
+    custom_mask: ``target_verify`` tree mask ``[bs, T, T]`` bool: draft token ``i`` may
+        attend draft token ``j``; ``None`` = causal chain (``topk == 1``).
+    draft_path: ``draft_decode`` slots ``[rows, num_steps]`` int64 of each branch's drafted tokens.
+    draft_step: ``draft_decode`` step ``s``: row attends ``draft_path[r, :s + 1]`` after its prefix.
+    """
+
+    topk: int = 1
+    num_draft_tokens: int = 1
+    draft_extend_len: int = 1
+    custom_mask: torch.Tensor | None = None
+    draft_path: torch.Tensor | None = None
+    draft_step: int = 0
+
+
+@dataclass
+class ForwardBatch:
+    """One attention forward's metadata (see the module docstring for per-phase layout).
+
+    Attributes
+    ----------
+    phase: which phase this forward runs.
+    req_pool_indices: ``[bs]`` int64, row of ``pool.req_to_token`` for each batch row.
+    seq_lens: ``[bs]`` int32 (device), KV length of each row after this forward's K/V
+        are written (for ``draft_decode``: the committed prefix, without draft tokens).
+    out_cache_loc: ``[num_tokens]`` int64, KV slot of each new query token.
+    extend_lens: ``[bs]`` int32, new tokens per row (``prefill``) or real tokens per row
+        (``draft_extend``: accepted lengths, ``1 <= extend_lens <= draft_extend_len``).
+    extend_lens_cpu: host copy of ``extend_lens`` (``prefill`` only; it is never captured).
+    seq_lens_cpu: ``[bs]`` host copy of ``seq_lens``, for backends whose descriptor says
+        ``needs_host_seq_lens``.
+    spec: speculative inputs for the spec phases.
+    """
+
+    phase: Phase
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    out_cache_loc: torch.Tensor
+    extend_lens: torch.Tensor | None = None
+    extend_lens_cpu: list[int] | None = None
+    seq_lens_cpu: torch.Tensor | None = None
+    spec: SpecInfo | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.req_pool_indices.shape[0])
+
+    @property
+    def tokens_per_row(self) -> int | None:
+        """Query tokens per row for the uniform phases; ``None`` for packed ``prefill``."""
+        if self.phase is Phase.PREFILL:
+            return None
+        if self.phase is Phase.TARGET_VERIFY:
+            return self._spec().num_draft_tokens
+        if self.phase is Phase.DRAFT_EXTEND:
+            return self._spec().draft_extend_len
+        return 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.out_cache_loc.shape[0])
+
+    def _spec(self) -> SpecInfo:
+        if self.spec is None:
+            raise ValueError(f"spec=None (supported: a SpecInfo for phase={self.phase.value})")
+        return self.spec

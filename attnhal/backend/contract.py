@@ -1,0 +1,144 @@
+"""The attention backend contract every backend (ours or a third party's) implements.
+
+Lifecycle (FlashInfer-style plan/run split):
+
+* eager: ``init_forward_metadata(batch)`` once per batch, then ``forward(...)`` per layer;
+* graphs: ``init_graph_state(max_bs, max_num_tokens)`` once, sizing every static
+  buffer; ``init_capture_metadata(batch)`` before capturing a batch size;
+  ``init_replay_metadata(batch)`` before each replay — it only writes into the
+  static buffers, never allocates, never syncs with the host.
+
+Names are vendor-neutral: nothing here says "cuda".
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from attnhal.backend.batch import ForwardBatch
+from attnhal.backend.kv_pool import KVPool
+from attnhal.capabilities import BackendCapabilities, Phase
+
+if TYPE_CHECKING:
+    from attnhal.plan import SpecConfig
+
+__all__ = ["AttentionBackend", "AttentionConfig", "UnsupportedPhase"]
+
+
+class UnsupportedPhase(NotImplementedError):
+    """A backend was asked to run a phase its descriptor does not list."""
+
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float16`` -> ``"float16"`` (the names descriptors use)."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype={dtype} (supported: {sorted(_DTYPE_NAMES.values())})") from None
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Shapes and dtypes of one model's attention layers.
+
+    ``scale`` defaults to ``head_size ** -0.5``.
+    """
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_size: int
+    dtype: torch.dtype = torch.float32
+    scale: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_kv_heads < 1 or self.num_q_heads % self.num_kv_heads:
+            raise ValueError(f"num_q_heads/num_kv_heads={self.num_q_heads}/{self.num_kv_heads} "
+                             "(supported: num_kv_heads >= 1 dividing num_q_heads)")
+        dtype_name(self.dtype)
+
+    @property
+    def sm_scale(self) -> float:
+        return self.scale if self.scale is not None else self.head_size ** -0.5
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (GQA)."""
+        return self.num_q_heads // self.num_kv_heads
+
+
+class AttentionBackend(ABC):
+    """Base class of every attention backend.
+
+    Subclasses set the class attribute ``capabilities`` and implement the
+    ``forward_<phase>`` methods of the phases it lists. Tensor shapes:
+
+    * ``q``: ``[num_tokens, num_q_heads, head_size]``
+    * ``k``, ``v``: ``[num_tokens, num_kv_heads, head_size]`` — the new tokens' K/V,
+      written to ``batch.out_cache_loc`` of layer ``layer`` before attending
+    * returns ``[num_tokens, num_q_heads, head_size]`` in ``q``'s dtype
+    """
+
+    capabilities: ClassVar[BackendCapabilities]
+
+    def __init__(self, config: AttentionConfig, pool: KVPool) -> None:
+        self.config = config
+        self.pool = pool
+
+    # --- metadata -------------------------------------------------------------
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Eager: prepare whatever ``forward`` needs for ``batch`` (called once per batch)."""
+
+    def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """Allocate every static buffer graph capture and replay will use, once."""
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+        """Before capturing ``batch`` (whose tensors are the graph runner's static buffers)."""
+        self.init_forward_metadata(batch)
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None:
+        """Before replaying ``batch``: only write into static buffers; no allocation, no host sync."""
+
+    def graph_seq_len_fill_value(self, spec: SpecConfig | None = None) -> int:
+        """The seq len to write into padded rows of a captured batch."""
+        return self.capabilities.seq_len_fill.value(spec)
+
+    # --- compute ----------------------------------------------------------------
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                layer: int, batch: ForwardBatch) -> torch.Tensor:
+        """Attention of ``batch.phase``; ``k``/``v`` None means "already in the pool"."""
+        phase = batch.phase
+        if phase not in self.capabilities.phases:
+            supported = ", ".join(sorted(p.value for p in self.capabilities.phases))
+            raise UnsupportedPhase(f"backend {self.capabilities.name!r}: phase={phase.value} "
+                                   f"(supported: {supported})")
+        if k is not None and v is not None:
+            self.pool.write(layer, batch.out_cache_loc, k, v)
+        method = getattr(self, f"forward_{phase.value}")
+        out: torch.Tensor = method(q, layer, batch)
+        return out
+
+    def _missing(self, phase: Phase) -> UnsupportedPhase:
+        return UnsupportedPhase(f"backend {self.capabilities.name!r} lists phase={phase.value} "
+                                "but does not implement it")
+
+    def forward_prefill(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        raise self._missing(Phase.PREFILL)
+
+    def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        raise self._missing(Phase.DECODE)
+
+    def forward_draft_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        raise self._missing(Phase.DRAFT_DECODE)
+
+    def forward_draft_extend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        raise self._missing(Phase.DRAFT_EXTEND)
+
+    def forward_target_verify(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        raise self._missing(Phase.TARGET_VERIFY)
