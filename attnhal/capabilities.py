@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnhal.platform import Platform, Vendor, arch_at_least
 
@@ -107,9 +107,10 @@ class Reason:
         return {"code": self.code.value, "message": self.message}
 
 
-def _fmt(values: Iterable[object]) -> str:
-    items = sorted(str(getattr(v, "value", v)) for v in values)
-    return "{" + ", ".join(items) + "}" if items else "none"
+def fmt_set(values: Iterable[object]) -> str:
+    """``{a, b}`` with numbers in numeric order; ``none`` for an empty set."""
+    items = sorted((getattr(v, "value", v) for v in values), key=lambda x: (isinstance(x, str), x))
+    return "{" + ", ".join(str(i) for i in items) + "}" if items else "none"
 
 
 def reason(code: ReasonCode, name: str, value: object, supported: str) -> Reason:
@@ -181,7 +182,7 @@ _DEFAULT_TOLERANCES = MappingProxyType({
 })
 
 
-def _frozen(items: Iterable[object]) -> frozenset:  # type: ignore[type-arg]
+def _frozen(items: Iterable[Any]) -> frozenset[Any]:
     return frozenset(items)
 
 
@@ -236,7 +237,8 @@ class BackendCapabilities:
         set_(self, "head_sizes", _frozen(self.head_sizes))
         set_(self, "page_sizes", _frozen(self.page_sizes))
         set_(self, "features", _frozen(Feature(f) for f in self.features))
-        set_(self, "tolerances", MappingProxyType({**_DEFAULT_TOLERANCES, **self.tolerances}))
+        given = {d: t if isinstance(t, Tolerance) else Tolerance(*t) for d, t in self.tolerances.items()}
+        set_(self, "tolerances", MappingProxyType({**_DEFAULT_TOLERANCES, **given}))
         set_(self, "requires", tuple(self.requires))
         _validate(self)
 
@@ -253,7 +255,7 @@ class BackendCapabilities:
     def platform_reasons(self, platform: Platform) -> list[Reason]:
         """Why this backend cannot run on ``platform`` at all (vendor, arch)."""
         if platform.vendor not in self.vendors:
-            return [reason(ReasonCode.VENDOR, "vendor", platform.vendor, _fmt(self.vendors))]
+            return [reason(ReasonCode.VENDOR, "vendor", platform.vendor, fmt_set(self.vendors))]
         minimum = self.min_arch.get(platform.vendor)
         if minimum is not None and not arch_at_least(platform.vendor, platform.arch, minimum):
             return [reason(ReasonCode.ARCH, "arch", platform.arch, f">= {minimum}")]
@@ -266,16 +268,16 @@ def _validate(caps: BackendCapabilities) -> None:
         errors.append("name='' (supported: a non-empty string)")
     not_run = [p.value for p in caps.graph if p not in caps.phases]
     if not_run:
-        errors.append(f"graph={not_run} (supported: phases listed in phases={_fmt(caps.phases)})")
+        errors.append(f"graph={not_run} (supported: phases listed in phases={fmt_set(caps.phases)})")
     if Phase.PREFILL in caps.graph:
-        errors.append(f"graph=prefill (supported: {_fmt(GRAPH_PHASES)}; prefill has a variable token count)")
+        errors.append(f"graph=prefill (supported: {fmt_set(GRAPH_PHASES)}; prefill has a variable token count)")
     for name, allowed in (("dtypes", DTYPES), ("kv_dtypes", KV_DTYPES)):
         bad = sorted(set(getattr(caps, name)) - set(allowed))
         if bad:
-            errors.append(f"{name}={bad} (supported: {_fmt(allowed)})")
+            errors.append(f"{name}={bad} (supported: {fmt_set(allowed)})")
     bad_tol = sorted(set(caps.tolerances) - set(DTYPES))
     if bad_tol:
-        errors.append(f"tolerances={bad_tol} (supported: {_fmt(DTYPES)})")
+        errors.append(f"tolerances={bad_tol} (supported: {fmt_set(DTYPES)})")
     for name in ("head_sizes", "page_sizes"):
         bad_int = sorted(v for v in getattr(caps, name) if not isinstance(v, int) or v < 1)
         if bad_int:
@@ -317,9 +319,9 @@ def not_supported_reasons(
     ]
     for code, name, value, allowed in checks:
         if value is not None and value not in allowed:
-            out.append(reason(code, name, value, _fmt(allowed)))
+            out.append(reason(code, name, value, fmt_set(allowed)))
     for feature in sorted(request.features - caps.features, key=lambda f: f.value):
-        out.append(reason(ReasonCode.FEATURE, "feature", feature, _fmt(caps.features)))
+        out.append(reason(ReasonCode.FEATURE, "feature", feature, fmt_set(caps.features)))
     q, kv = request.num_q_heads, request.num_kv_heads
     if q is not None and kv is not None and (kv < 1 or q % kv):
         out.append(reason(ReasonCode.HEAD_RATIO, "num_q_heads/num_kv_heads", f"{q}/{kv}",

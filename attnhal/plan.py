@@ -20,6 +20,7 @@ from attnhal.capabilities import (
     Phase,
     Reason,
     ReasonCode,
+    fmt_set,
     reason,
 )
 from attnhal.platform import Platform
@@ -231,15 +232,15 @@ def _run_reasons(phase: Phase, caps: BackendCapabilities, spec: SpecConfig,
     out = caps.platform_reasons(platform)
     if phase not in caps.phases:
         out.append(reason(ReasonCode.PHASE, "phase", phase,
-                          "{" + ", ".join(sorted(p.value for p in caps.phases)) + "}"))
+                          fmt_set(caps.phases)))
     for feature in sorted(_required_features(phase, spec) - caps.features, key=lambda f: f.value):
         out.append(reason(ReasonCode.FEATURE, "feature", feature,
-                          "{" + ", ".join(sorted(f.value for f in caps.features)) + "}"
-                          f"; needed for {phase.value} with topk={spec.topk}"))
+                          fmt_set(caps.features)
+                          + f"; needed for {phase.value} with topk={spec.topk}"))
     if phase is Phase.DRAFT_DECODE:
         if caps.multi_step is None:
-            out.append(reason(ReasonCode.MULTI_STEP, "multi_step", False,
-                              f"backend {caps.name!r} declares no multi-step draft support"))
+            out.append(reason(ReasonCode.MULTI_STEP, "multi_step", "none",
+                              f"a backend declaring multi_step; {caps.name!r} declares none"))
         else:
             out += caps.multi_step.violations(spec, ReasonCode.MULTI_STEP, "multi-step draft")
     return out
@@ -254,9 +255,8 @@ def _capture_reasons(phase: Phase, caps: BackendCapabilities, spec: SpecConfig,
         return [reason(ReasonCode.NO_GRAPH_API, "platform", platform.spec, "a platform with a graph API")]
     limits = caps.graph_limits(phase)
     if limits is None:
-        captured = "{" + ", ".join(sorted(p.value for p in caps.graph)) + "}"
         return [reason(ReasonCode.GRAPH_UNSUPPORTED, "phase", phase,
-                       f"{captured} are capturable with backend {caps.name!r}")]
+                       f"{fmt_set(caps.graph)} are capturable with backend {caps.name!r}")]
     return limits.violations(spec, ReasonCode.GRAPH_LIMIT, f"{phase.value} graphs of {caps.name!r}")
 
 

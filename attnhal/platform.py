@@ -225,11 +225,11 @@ def parse(spec: str) -> Platform:
         ) from None
     if vendor is Vendor.CPU and arch not in ("", "cpu"):
         raise PlatformSpecError(f"platform={spec!r} (supported: 'cpu' takes no arch)")
-    name = f"simulated {vendor.value} {arch or _DEFAULT_ARCH[vendor]}"
+    arch = normalize_arch(vendor, arch or _DEFAULT_ARCH[vendor])
     return _make(
-        vendor, arch or _DEFAULT_ARCH[vendor],
+        vendor, arch,
         has_graph_api="nographs" not in options, graph_kind=GraphKind.EMULATED,
-        torch_device="cpu", device_name=name, simulated=vendor is not Vendor.CPU,
+        torch_device="cpu", device_name=f"simulated {vendor.value} {arch}", simulated=vendor is not Vendor.CPU,
     )
 
 

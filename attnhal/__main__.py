@@ -1,0 +1,7 @@
+"""``python -m attnhal`` — the same as the ``attnhal`` command."""
+
+import sys
+
+from attnhal.cli import main
+
+sys.exit(main())

@@ -1,0 +1,305 @@
+"""``attnhal`` command line: info | plan | explain | conformance | demo | compile-check.
+
+Bad input exits with status 2 and a message naming the flag, the value and what
+is allowed. ``plan`` exits 1 when the plan is invalid, so engines can use it in
+their config checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from attnhal.capabilities import (
+    DTYPES,
+    KV_DTYPES,
+    AttentionRequest,
+    BackendCapabilities,
+    Feature,
+    Phase,
+    not_supported_reasons,
+)
+from attnhal.descriptors import DescriptorError, load_descriptor
+from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, SpecConfig, plan
+from attnhal.platform import Platform, PlatformSpecError, detect, parse
+from attnhal.registry import BackendUnavailable, Registry, default_registry
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed, exit status 2."""
+
+
+# --- shared helpers ------------------------------------------------------------------
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain-text table, columns padded to their widest cell."""
+    cells = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def resolve_platform(spec: str | None) -> Platform:
+    try:
+        return parse(spec) if spec else detect()
+    except PlatformSpecError as exc:
+        raise UsageError(f"--platform: {exc}") from None
+
+
+def resolve_backend(value: str, flag: str, registry: Registry) -> BackendCapabilities:
+    """A registered backend's descriptor, or one read from a .json/.toml file."""
+    if value.endswith((".json", ".toml")) or Path(value).is_file():
+        try:
+            return load_descriptor(value)
+        except (OSError, DescriptorError) as exc:
+            raise UsageError(f"{flag}: {exc}") from None
+    try:
+        entry = registry.get(value)
+    except BackendUnavailable as exc:
+        raise UsageError(f"{flag}: {exc.reasons[0].message}") from None
+    if entry.capabilities is None:
+        raise UsageError(f"{flag}={value}: {entry.unavailable_reasons()[0].message}")
+    return entry.capabilities
+
+
+def positive(flag: str, minimum: int = 1) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}={text!r} (supported: an integer >= {minimum})") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{flag}={value} (supported: an integer >= {minimum})")
+        return value
+    return convert
+
+
+def choice(flag: str, allowed: Sequence[str]) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"{flag}={text!r} (supported: {', '.join(allowed)})")
+        return text
+    return convert
+
+
+def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--platform", help="simulate a platform: cuda:sm90, hip:gfx942, cpu, ...,nographs")
+    p.add_argument("--spec-steps", type=positive("--spec-steps", 0), default=0,
+                   help="EAGLE draft steps (0 = no speculative decoding)")
+    p.add_argument("--topk", type=positive("--topk"), default=1)
+    p.add_argument("--draft-tokens", type=positive("--draft-tokens", 2), default=0,
+                   help="tokens verified per request (default num_steps + 1 for topk 1)")
+    p.add_argument("--no-graphs", action="store_true", help="graph capture disabled by policy")
+    p.add_argument("--max-bs", type=positive("--max-bs"), default=32, help="largest capture batch size")
+
+
+def spec_from(args: argparse.Namespace) -> SpecConfig:
+    try:
+        if args.spec_steps == 0:
+            if args.topk != 1 or args.draft_tokens:
+                raise UsageError("--topk/--draft-tokens need --spec-steps >= 1 (speculative decoding)")
+            return SpecConfig()
+        return SpecConfig.eagle(args.spec_steps, args.topk, args.draft_tokens)
+    except ValueError as exc:
+        flag = {"num_draft_tokens": "--draft-tokens", "topk": "--topk", "num_steps": "--spec-steps"}
+        name = str(exc).split("=")[0]
+        raise UsageError(f"{flag.get(name, '--spec-steps')}: {exc}") from None
+
+
+def policy_from(args: argparse.Namespace) -> GraphPolicy:
+    return GraphPolicy(enabled=not args.no_graphs, max_batch_size=args.max_bs)
+
+
+def default_backend(platform: Platform, registry: Registry) -> BackendCapabilities:
+    try:
+        caps = registry.select(platform).capabilities
+    except LookupError as exc:
+        raise UsageError(f"--backend: {exc}") from None
+    assert caps is not None
+    return caps
+
+
+def phase_backends(args: argparse.Namespace, spec: SpecConfig, platform: Platform,
+                   registry: Registry) -> PhaseBackends:
+    """--backend for every role, overridden per role; the default is the registry's choice."""
+    def pick(value: str | None, flag: str) -> BackendCapabilities:
+        if value:
+            return resolve_backend(value, flag, registry)
+        if args.backend:
+            return resolve_backend(args.backend, "--backend", registry)
+        return default_backend(platform, registry)
+
+    target = pick(args.target_backend, "--target-backend")
+    draft = pick(args.draft_backend, "--draft-backend") if spec.num_steps > 1 else None
+    extend = pick(args.draft_extend_backend, "--draft-extend-backend")
+    return PhaseBackends(target=target, draft_decode=draft, draft_extend=extend)
+
+
+def format_plan(p: GraphPlan) -> str:
+    spec = p.spec
+    head = f"platform: {p.platform}    speculative: {spec.algorithm.value}"
+    if spec.speculative:
+        head += f" (num_steps={spec.num_steps}, topk={spec.topk}, num_draft_tokens={spec.num_draft_tokens})"
+    graphs = ("capture sizes " + ",".join(map(str, p.capture_sizes))) if p.policy.enabled else "disabled"
+    rows = []
+    for phase, d in p.phases.items():
+        why = "; ".join(str(r) for r in d.reasons) or "-"
+        rows.append((phase.value, yes_no(d.runs), yes_no(d.capture), d.backend or "-", why))
+    body = table(("phase", "runs", "captured", "backend", "reasons"), rows)
+    verdict = "plan: valid" if p.valid else "plan: INVALID (a phase that runs has no capable backend)"
+    return f"{head}\ngraphs: {graphs}\n{body}\n{verdict}"
+
+
+# --- commands ------------------------------------------------------------------------
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    platform = resolve_platform(args.platform)
+    spec = spec_from(args)
+    registry = default_registry()
+    result = plan(spec, platform, phase_backends(args, spec, platform, registry), policy_from(args))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
+    return 0 if result.valid else 1
+
+
+def request_from(args: argparse.Namespace) -> AttentionRequest:
+    return AttentionRequest(
+        phase=Phase(args.phase) if args.phase else None, dtype=args.dtype, kv_dtype=args.kv_dtype,
+        head_size=args.head_size, page_size=args.page_size, num_q_heads=args.num_q_heads,
+        num_kv_heads=args.num_kv_heads, features=frozenset(Feature(f) for f in args.feature or ()),
+    )
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    platform = resolve_platform(args.platform)
+    registry = default_registry()
+    caps = resolve_backend(args.backend, "--backend", registry)
+    reasons = not_supported_reasons(caps, request_from(args), platform)
+    spec = spec_from(args)
+    result = plan(spec, platform, PhaseBackends.same(caps, spec), policy_from(args))
+    if args.json:
+        print(json.dumps({"backend": caps.name, "platform": platform.spec, "fits": not reasons,
+                          "reasons": [r.to_dict() for r in reasons], "plan": result.to_dict()}, indent=2))
+        return 0 if not reasons else 1
+    print(f"backend {caps.name!r} on {platform.spec}:")
+    print("  fits this request" if not reasons else "\n".join(f"  does not fit: {r}" for r in reasons))
+    print(f"\nwith {caps.name!r} in every role:\n{format_plan(result)}")
+    return 0 if not reasons else 1
+
+
+def triton_info() -> str:
+    """Which distribution provides ``triton``, its version and vendor backends — without importing it."""
+    import importlib.util
+    from importlib.metadata import packages_distributions, version
+
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        return "not installed (pip install 'attnhal[triton]'; on ROCm it comes with torch as pytorch-triton-rocm)"
+    dists = packages_distributions().get("triton", ["unknown"])
+    backends_dir = Path(next(iter(spec.submodule_search_locations))) / "backends"
+    vendors = sorted(d.name for d in backends_dir.iterdir() if d.is_dir() and not d.name.startswith("_")) \
+        if backends_dir.is_dir() else []
+    return ", ".join(f"{d} {version(d)}" for d in dists) + f"; backends: {', '.join(vendors) or 'none'}"
+
+
+def capability_rows(entries: Sequence[Any]) -> list[tuple[object, ...]]:
+    rows: list[tuple[object, ...]] = []
+    for e in entries:
+        c: BackendCapabilities | None = e.capabilities
+        if c is None:
+            continue
+        names = lambda xs: ",".join(sorted(getattr(x, "value", str(x)) for x in xs))  # noqa: E731
+        rows.append((c.name, names(c.vendors), names(c.phases), names(c.graph),
+                     yes_no(c.multi_step is not None), names(c.dtypes),
+                     ",".join(map(str, sorted(c.head_sizes))), names(c.features) or "-"))
+    return rows
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    platform = resolve_platform(args.platform)
+    entries = default_registry().ordered(platform)
+    if args.json:
+        print(json.dumps({
+            "platform": platform.spec, "device": platform.device_name, "simulated": platform.simulated,
+            "triton": triton_info(),
+            "backends": {e.name: {"available": e.available,
+                                  "reasons": [r.to_dict() for r in e.reasons(AttentionRequest(), platform)]}
+                         for e in entries},
+        }, indent=2))
+        return 0
+    p = platform
+    print(f"platform: {p.spec} ({p.device_name}{', simulated' if p.simulated else ''})")
+    print(f"  vendor={p.vendor.value} arch={p.arch} warp_size={p.warp_size} fp8={p.fp8_flavor.value} "
+          f"graph_api={yes_no(p.has_graph_api)} graph_kind={p.graph_kind.value} device={p.torch_device}")
+    print(f"triton: {triton_info()}")
+    rows = []
+    for e in entries:
+        reasons = e.reasons(AttentionRequest(), platform)
+        rows.append((e.name, "available" if not reasons else "unavailable",
+                     "; ".join(str(r) for r in reasons) or "-", e.source))
+    print("\nbackends:\n" + table(("name", "status", "reasons", "source"), rows))
+    print("\ncapabilities:\n" + table(("name", "vendors", "phases", "graph", "multi_step", "dtypes",
+                                       "head_sizes", "features"), capability_rows(entries)))
+    return 0
+
+
+# --- parser ----------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's own errors exit 2 too; keep its wording
+        self.print_usage(sys.stderr)
+        self.exit(2, f"attnhal: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="attnhal", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("info", help="platform, Triton, registered backends and their capabilities")
+    p.add_argument("--platform")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("plan", help="which attention phases run and are captured as graphs")
+    add_spec_flags(p)
+    p.add_argument("--backend", help="registered name or descriptor file, for every role")
+    p.add_argument("--target-backend")
+    p.add_argument("--draft-backend", help="the multi-step draft (draft_decode) backend")
+    p.add_argument("--draft-extend-backend")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("explain", help="why a backend does or does not fit")
+    add_spec_flags(p)
+    p.add_argument("--backend", required=True, help="registered name or descriptor file")
+    p.add_argument("--phase", type=choice("--phase", [ph.value for ph in Phase]))
+    p.add_argument("--dtype", type=choice("--dtype", DTYPES))
+    p.add_argument("--kv-dtype", type=choice("--kv-dtype", KV_DTYPES))
+    p.add_argument("--head-size", type=positive("--head-size"))
+    p.add_argument("--page-size", type=positive("--page-size"))
+    p.add_argument("--num-q-heads", type=positive("--num-q-heads"))
+    p.add_argument("--num-kv-heads", type=positive("--num-kv-heads"))
+    p.add_argument("--feature", action="append", type=choice("--feature", [f.value for f in Feature]))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_explain)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except UsageError as exc:
+        print(f"attnhal {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return code

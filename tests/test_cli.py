@@ -1,0 +1,85 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from attnhal.cli import main
+
+TRITON_LIKE = "docs/examples/triton-like.toml"
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("platform", ["cuda:sm90", "hip:gfx942"])
+def test_plan_json_seed_scenario(capsys, platform):
+    code, out, _ = run(capsys, "plan", "--backend", TRITON_LIKE, "--spec-steps", "1", "--platform", platform, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["valid"] and data["platform"] == platform
+    assert set(data["phases"]) == {"prefill", "decode", "draft_decode", "draft_extend", "target_verify"}
+    assert data["phases"]["draft_extend"] == {"runs": True, "capture": True, "backend": "triton-like", "reasons": []}
+    assert data["phases"]["draft_decode"]["runs"] is False
+    for d in data["phases"].values():
+        assert set(d) == {"runs", "capture", "backend", "reasons"}
+        assert all(set(r) == {"code", "message"} for r in d["reasons"])
+
+
+def test_plan_table_and_per_role_backends(capsys):
+    code, out, _ = run(capsys, "plan", "--target-backend", TRITON_LIKE, "--draft-backend",
+                       "docs/examples/decode-only.toml", "--draft-extend-backend", TRITON_LIKE,
+                       "--spec-steps", "3", "--platform", "cuda:sm90")
+    assert code == 1  # the draft backend has no multi-step support
+    assert "plan: INVALID" in out and "[multi_step]" in out
+
+
+def test_no_graphs_flag(capsys):
+    code, out, _ = run(capsys, "plan", "--backend", TRITON_LIKE, "--platform", "cpu", "--no-graphs", "--json")
+    decode = json.loads(out)["phases"]["decode"]
+    assert code == 0 and decode["runs"] and not decode["capture"]
+    assert decode["reasons"][0]["code"] == "graphs_disabled"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["plan", "--platform", "rocm:gfx942"], "--platform"),
+    (["plan", "--spec-steps", "-1"], "--spec-steps=-1"),
+    (["plan", "--topk", "x"], "--topk='x'"),
+    (["plan", "--spec-steps", "2", "--topk", "2"], "--draft-tokens"),
+    (["plan", "--spec-steps", "2", "--draft-tokens", "9"], "num_draft_tokens=9"),
+    (["plan", "--backend", "no-such-backend"], "backend=no-such-backend"),
+    (["plan", "--backend", "missing.toml"], "--backend"),
+    (["explain", "--backend", TRITON_LIKE, "--dtype", "float64"], "--dtype='float64'"),
+    (["explain", "--backend", TRITON_LIKE, "--phase", "verify"], "--phase='verify'"),
+])
+def test_bad_input_exits_2_naming_the_flag(capsys, argv, needle):
+    with pytest.raises(SystemExit) as exc:
+        code = main(argv)
+        raise SystemExit(code)
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_explain_lists_reasons(capsys):
+    code, out, _ = run(capsys, "explain", "--backend", "docs/examples/aiter-like.json", "--platform", "hip:gfx90a",
+                       "--dtype", "float32", "--head-size", "96")
+    assert code == 1
+    assert "arch=gfx90a (supported: >= gfx942)" in out and "head_size=96 (supported: {64, 128})" in out
+    code, out, _ = run(capsys, "explain", "--backend", TRITON_LIKE, "--platform", "hip:gfx942", "--json")
+    assert code == 0 and json.loads(out)["fits"]
+
+
+def test_info_runs(capsys):
+    code, out, _ = run(capsys, "info", "--platform", "hip:gfx942")
+    assert code == 0 and "platform: hip:gfx942" in out and "warp_size=64" in out and "fp8=e4m3fnuz" in out
+    code, out, _ = run(capsys, "info", "--json")
+    assert code == 0 and "backends" in json.loads(out)
+
+
+def test_python_dash_m_entry():
+    out = subprocess.run([sys.executable, "-m", "attnhal", "plan", "--backend", TRITON_LIKE, "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["valid"]
