@@ -253,6 +253,59 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def format_demo(report: Any) -> str:
+    lines = [format_plan(report.plan), "", "backends: " + ", ".join(f"{k}={v}" for k, v in report.backends.items())]
+    capture: list[tuple[object, ...]] = [
+        (phase, ",".join(map(str, s["captured_sizes"])) or "-", s["replays"], s["eager_runs"], s["failure"] or "-")
+        for phase, s in report.capture.items()]
+    lines += ["", "capture (graphs run):",
+              table(("phase", "captured sizes", "replays", "eager runs", "capture failure"), capture)]
+    greedy = report.greedy_tokens_per_s
+    rows: list[tuple[object, ...]] = [(mode, f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s'] / greedy:.2f}x", f"{r['mean_accept_length']:.2f}",
+             r["verify_steps"], f"{r['capture_s']:.2f}", yes_no(r["lossless"])) for mode, r in report.runs.items()]
+    rows.insert(0, ("greedy (no speculation, eager)", f"{greedy:.1f}", "1.00x", "-", "-", "-", "reference"))
+    lines += ["", table(("run", "tokens/s", "vs greedy", "mean accepted length", "verify steps", "setup s",
+                         "lossless"), rows)]
+    lines += ["", f"lossless: {yes_no(report.lossless)} (speculative tokens == plain greedy tokens of the target)"]
+    return "\n".join(lines)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from attnhal.reference.demo import DemoConfig, run_demo
+    from attnhal.reference.worker import PlanInvalid
+
+    spec = spec_from(args)
+    if not spec.speculative:
+        raise UsageError("--spec-steps=0 (supported: >= 1; the demo runs speculative decoding)")
+    cfg = DemoConfig(spec=spec, platform=resolve_platform(args.platform), backend=args.backend,
+                     batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, graphs=not args.no_graphs,
+                     seed=args.seed)
+    try:
+        report = run_demo(cfg)
+    except (PlanInvalid, LookupError) as exc:
+        print(f"attnhal demo: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report.to_dict(), indent=2) if args.json else format_demo(report))
+    return 0 if report.lossless else 1
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    from attnhal.docgen import capability_matrix
+
+    text = capability_matrix() + "\n"
+    path = Path(args.path)
+    if args.check:
+        current = path.read_text(encoding="utf-8") if path.is_file() else ""
+        if current != text:
+            print(f"{path} is stale: run `attnhal docs`", file=sys.stderr)
+            return 1
+        print(f"{path} is current")
+        return 0
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote {path}")
+    return 0
+
+
 # --- parser ----------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
@@ -292,6 +345,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--feature", action="append", type=choice("--feature", [f.value for f in Feature]))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("demo", help="the reference speculative worker end to end, checked lossless")
+    add_spec_flags(p)
+    p.set_defaults(spec_steps=3)
+    p.add_argument("--backend", help="registered backend name for every role (default: the registry's choice)")
+    p.add_argument("--batch-size", type=positive("--batch-size"), default=4)
+    p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=32)
+    p.add_argument("--seed", type=positive("--seed", 0), default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("docs", help="write the generated capability matrix (docs/capabilities.md)")
+    p.add_argument("--path", default="docs/capabilities.md")
+    p.add_argument("--check", action="store_true", help="exit 1 if the file is not current")
+    p.set_defaults(func=cmd_docs)
     return parser
 
 

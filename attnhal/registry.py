@@ -95,8 +95,10 @@ class BackendEntry:
     def reasons(self, request: AttentionRequest, platform: Platform) -> list[Reason]:
         """Every reason this backend cannot serve ``request`` on ``platform``."""
         out = self.unavailable_reasons()
-        if self.capabilities is not None:
-            out += not_supported_reasons(self.capabilities, request, platform)
+        if self.backend is not None:
+            out += not_supported_reasons(self.backend.capabilities, request, platform)
+            if not out:
+                out += self.backend.runtime_reasons(platform)
         return out
 
 

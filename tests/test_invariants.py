@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for d in ("attnhal", "backends") for p in (ROOT / d).rglob("*.py")
                  if not p.relative_to(ROOT).as_posix().startswith("attnhal/platform"))
 VENDOR_NAMES = re.compile(r"torch\.version\.(hip|cuda)|\b_?is_(hip|cuda|rocm)\b|gcnArchName")
-VENDOR_WORDS = {"cuda", "hip", "rocm", "nvidia", "amd", "cpu"}
+# "cpu" is left out: host-vs-device checks (`tensor.device.type == "cpu"`) are not vendor branches.
+VENDOR_WORDS = {"cuda", "hip", "rocm", "nvidia", "amd"}
 
 
 def vendor_compares(tree: ast.AST) -> list[int]:

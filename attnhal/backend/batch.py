@@ -17,7 +17,25 @@ phase                     query tokens                 row ``r``, query ``i`` at
 ========================  ===========================  =====================================================
 
 Every phase writes the new tokens' K/V to ``out_cache_loc`` before attending.
+``draft_path`` is read when ``forward`` runs, never baked into metadata ahead of it: a
+draft tree re-parents its branches between steps by rewriting ``draft_path`` in place
+(inside a captured graph too).
 Positions in ``req_to_token`` rows are token positions (page size 1).
+
+Conventions the table relies on:
+
+* Query tokens are row-major: token ``i`` of row ``r`` is ``q[r * T + i]`` in the
+  uniform phases, and rows follow each other in ``prefill``.
+* Draft token ``j`` of ``target_verify`` sits at position ``seq_lens - T + j`` of the
+  row. For every phase but ``draft_decode``, the new tokens' positions are already
+  in ``req_to_token`` and hold the slots the tokens write to:
+  ``req_to_token[req_pool_indices[r], prefix + i] == out_cache_loc`` of token ``i``
+  (padding tokens excepted); attention reads every slot through ``req_to_token``.
+* ``draft_decode``: ``seq_lens`` counts the committed prefix only; the draft tokens
+  are not in ``req_to_token`` — their slots come from ``draft_path``, and
+  ``out_cache_loc == draft_path[:, draft_step]``.
+* Padding: ``draft_extend`` tokens ``i >= extend_lens[r]`` and the rows a graph
+  runner pads with (request ``PADDING_REQ``) write to the padding slot.
 """
 
 from __future__ import annotations

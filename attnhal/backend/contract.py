@@ -21,7 +21,9 @@ import torch
 
 from attnhal.backend.batch import ForwardBatch
 from attnhal.backend.kv_pool import KVPool
-from attnhal.capabilities import BackendCapabilities, Phase
+from attnhal.backend.validate import maybe_validate_forward
+from attnhal.capabilities import BackendCapabilities, Phase, Reason
+from attnhal.platform import Platform
 
 if TYPE_CHECKING:
     from attnhal.plan import SpecConfig
@@ -91,12 +93,29 @@ class AttentionBackend(ABC):
         self.config = config
         self.pool = pool
 
+    @classmethod
+    def runtime_reasons(cls, platform: Platform) -> list[Reason]:
+        """Why this process cannot run the backend on ``platform`` although the descriptor fits.
+
+        The descriptor says what the hardware can do; this says what *this process*
+        can do (e.g. a Triton backend on a simulated platform, whose tensors live on
+        the CPU, needs the Triton interpreter). Default: nothing stands in the way.
+        """
+        return []
+
     # --- metadata -------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Eager: prepare whatever ``forward`` needs for ``batch`` (called once per batch)."""
 
     def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """Allocate every static buffer graph capture and replay will use, once."""
+
+    def share_graph_state(self, leader: AttentionBackend) -> None:
+        """Optionally reuse ``leader``'s graph scratch buffers; called before ``init_graph_state``.
+
+        ``leader`` runs in the same graph, never concurrently (the steps of a
+        :class:`~attnhal.backend.MultiStepDraft`). Default: share nothing.
+        """
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
         """Before capturing ``batch`` (whose tensors are the graph runner's static buffers)."""
@@ -118,6 +137,7 @@ class AttentionBackend(ABC):
             supported = ", ".join(sorted(p.value for p in self.capabilities.phases))
             raise UnsupportedPhase(f"backend {self.capabilities.name!r}: phase={phase.value} "
                                    f"(supported: {supported})")
+        maybe_validate_forward(q, k, v, layer, batch, self.pool, self.config)  # debug only; no-op in graphs
         if k is not None and v is not None:
             self.pool.write(layer, batch.out_cache_loc, k, v)
         method = getattr(self, f"forward_{phase.value}")

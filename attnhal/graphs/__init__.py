@@ -2,7 +2,8 @@
 
 ``new_graph(kind)`` takes the value of ``Platform.graph_kind``: "device"
 (``torch.cuda.CUDAGraph``, which torch maps to hipGraph on ROCm) or
-"emulated" (the CPU emulator).
+"emulated" (the CPU emulator). :class:`GraphRunner` captures the phases a
+plan captures, pads batches to capture sizes and replays (docs/graphs.md).
 """
 
 from __future__ import annotations
@@ -11,7 +12,20 @@ from .base import CaptureError, Graph
 from .device import DeviceGraph
 from .emulator import EmulatedGraph
 
-__all__ = ["CaptureError", "DeviceGraph", "EmulatedGraph", "Graph", "new_graph"]
+__all__ = [
+    "CaptureError",
+    "DeviceGraph",
+    "EmulatedGraph",
+    "Graph",
+    "GraphCaptureWarning",
+    "GraphRunner",
+    "InputSpec",
+    "MetadataOwner",
+    "PhaseStats",
+    "PhaseStep",
+    "StepOutputs",
+    "new_graph",
+]
 
 GRAPH_KINDS = ("device", "emulated")
 
@@ -28,3 +42,15 @@ def new_graph(kind: str, pool: object | None = None) -> Graph:
     if kind == "emulated":
         return EmulatedGraph()
     raise ValueError(f"graph_kind={kind!r} (supported: {', '.join(GRAPH_KINDS)})")
+
+
+# Last: the runner builds graphs through new_graph above.
+from .runner import (  # noqa: E402
+    GraphCaptureWarning,
+    GraphRunner,
+    InputSpec,
+    MetadataOwner,
+    PhaseStats,
+    PhaseStep,
+    StepOutputs,
+)

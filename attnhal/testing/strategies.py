@@ -1,11 +1,28 @@
 """Hypothesis strategies for attnhal, in the spirit of ``hypothesis.extra``.
 
-Platform, spec-config and descriptor strategies need no backend; batch strategies
-bound to a backend's descriptor live in :mod:`attnhal.testing.batches`.
+Two families:
+
+* **unbound** — need no backend: :func:`platforms` (simulated), :func:`platform_specs`,
+  :func:`spec_configs`, :func:`spec_limits`, :func:`graph_policies`, :func:`descriptors`,
+  :func:`head_configs`, :func:`tree_parents`, :func:`tree_masks`;
+* **bound to a descriptor** — draw only what a backend's
+  :class:`~attnhal.capabilities.BackendCapabilities` claims: :func:`dtypes`,
+  :func:`head_sizes`, :func:`page_sizes`, :func:`spec_configs_for` (within a claim's
+  :class:`~attnhal.capabilities.SpecLimits`), and the batches of each phase:
+  :func:`case_specs` (a :class:`~attnhal.testing.batches.CaseSpec`, readable when
+  shrunk), :func:`cases` (built: config, pool with random K/V, ForwardBatch, q, k, v),
+  :func:`multi_step_specs` and :func:`graph_case_specs`.
+
+Shapes stay small by default (``max_requests=3``, ``max_seq_len=48``) so that a kernel
+run by the Triton interpreter takes well under a second per example.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
 from hypothesis import strategies as st
 
 from attnhal.capabilities import (
@@ -17,9 +34,28 @@ from attnhal.capabilities import (
     SpecLimits,
 )
 from attnhal.plan import GraphPolicy, SpecConfig
-from attnhal.platform import Platform, Vendor, parse
+from attnhal.platform import Platform, Vendor, detect, parse
+from attnhal.testing.batches import Case, CaseSpec, build_case, tree_mask
 
-__all__ = ["descriptors", "graph_policies", "platform_specs", "platforms", "spec_configs", "spec_limits"]
+__all__ = [
+    "case_specs",
+    "cases",
+    "descriptors",
+    "dtypes",
+    "graph_case_specs",
+    "graph_policies",
+    "head_configs",
+    "head_sizes",
+    "multi_step_specs",
+    "page_sizes",
+    "platform_specs",
+    "platforms",
+    "spec_configs",
+    "spec_configs_for",
+    "spec_limits",
+    "tree_masks",
+    "tree_parents",
+]
 
 _CUDA_ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100")
 _HIP_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100")
@@ -38,9 +74,12 @@ def platform_specs(vendors: tuple[Vendor, ...] = tuple(Vendor), graphs: bool | N
         lambda v: st.builds(spec, st.just(v), st.sampled_from(archs[v]), nographs))
 
 
-def platforms(vendors: tuple[Vendor, ...] = tuple(Vendor), graphs: bool | None = None) -> st.SearchStrategy[Platform]:
-    """Simulated platforms (see :func:`platform_specs`)."""
-    return platform_specs(vendors, graphs).map(parse)
+def platforms(vendors: tuple[Vendor, ...] = tuple(Vendor), graphs: bool | None = None,
+              real: bool = False) -> st.SearchStrategy[Platform]:
+    """Simulated platforms (see :func:`platform_specs`); with ``real=True`` the platform this
+    process runs on (:func:`attnhal.platform.detect`) is drawn too."""
+    simulated = platform_specs(vendors, graphs).map(parse)
+    return st.one_of(st.builds(detect), simulated) if real else simulated
 
 
 def spec_configs(max_steps: int = 5, max_topk: int = 4, speculative: bool | None = None) -> st.SearchStrategy[SpecConfig]:
@@ -89,3 +128,188 @@ def descriptors(draw: st.DrawFn, vendors: tuple[Vendor, ...] = tuple(Vendor),
         features=draw(st.frozensets(st.sampled_from(list(Feature)))),
         min_arch=draw(st.fixed_dictionaries({}, optional=archs)) if min_arch else {},
     )
+
+
+# --- bound to a descriptor: what a backend claims ------------------------------------------
+
+def _claimed(values: Sequence[object], what: str, caps: BackendCapabilities) -> list[object]:
+    if not values:
+        raise ValueError(f"backend {caps.name!r} claims no {what}")
+    return list(values)
+
+
+def dtypes(caps: BackendCapabilities) -> st.SearchStrategy[str]:
+    """The compute dtypes ``caps`` claims, by name, in :data:`~attnhal.capabilities.DTYPES` order."""
+    return st.sampled_from(_claimed([d for d in DTYPES if d in caps.dtypes], "dtypes", caps))
+
+
+def head_sizes(caps: BackendCapabilities, max_size: int | None = None) -> st.SearchStrategy[int]:
+    """The head sizes ``caps`` claims (at most ``max_size``), smallest first."""
+    return st.sampled_from(_claimed(sorted(h for h in caps.head_sizes if max_size is None or h <= max_size),
+                                    "head sizes", caps))
+
+
+def page_sizes(caps: BackendCapabilities) -> st.SearchStrategy[int]:
+    """The page sizes ``caps`` claims (the KV pool of attnhal has page size 1)."""
+    return st.sampled_from(_claimed(sorted(caps.page_sizes), "page sizes", caps))
+
+
+def head_configs(max_kv_heads: int = 2, max_group: int = 4) -> st.SearchStrategy[tuple[int, int]]:
+    """``(num_q_heads, num_kv_heads)``: MHA (group 1), GQA, and MQA (one KV head).
+
+    Shrinks towards one head; a bug that needs grouped heads shrinks to the smallest GQA.
+    """
+    return st.builds(lambda kv, group: (kv * group, kv), st.integers(1, max_kv_heads), st.integers(1, max_group))
+
+
+def tree_parents(num_tokens: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """A draft tree of ``num_tokens`` tokens: the parent of each token (root ``-1``, parents earlier)."""
+    if num_tokens < 1:
+        return st.just(())
+    return st.tuples(st.just(-1), *(st.integers(0, j - 1) for j in range(1, num_tokens)))
+
+
+def tree_masks(num_tokens: int) -> st.SearchStrategy[torch.Tensor]:
+    """``[T, T]`` bool ancestor-closed masks of draft trees (see :func:`~attnhal.testing.batches.tree_mask`)."""
+    return tree_parents(num_tokens).map(tree_mask)
+
+
+def spec_configs_for(caps: BackendCapabilities, phase: Phase, limits: SpecLimits | None = None,
+                     max_steps: int = 4, max_topk: int = 3) -> st.SearchStrategy[SpecConfig]:
+    """EAGLE configs under which ``caps`` runs ``phase`` within ``limits`` (e.g. a graph claim's).
+
+    ``target_verify`` draws trees (``topk > 1``) only if ``caps`` claims ``custom_mask``;
+    ``draft_decode`` has ``num_steps >= 2`` (one step runs no draft decode).
+    """
+    limits = limits or SpecLimits()
+    low = 2 if phase is Phase.DRAFT_DECODE else 1
+    steps_top = min(max_steps, limits.max_num_steps or max_steps)
+    topk_top = min(max_topk, limits.max_topk or max_topk)
+    if phase is Phase.TARGET_VERIFY and Feature.CUSTOM_MASK not in caps.features:
+        topk_top = 1
+    if steps_top < low or topk_top < 1:
+        return st.nothing()
+
+    @st.composite
+    def draw(draw_: st.DrawFn) -> SpecConfig:
+        steps, topk = draw_(st.integers(low, steps_top)), draw_(st.integers(1, topk_top))
+        top_tokens = min(topk * steps + 1, limits.max_draft_tokens or topk * steps + 1)
+        if topk == 1 and steps + 1 <= top_tokens:
+            return SpecConfig.eagle(steps)
+        if top_tokens < 2:
+            return draw_(st.nothing())
+        return SpecConfig.eagle(steps, topk, draw_(st.integers(2, top_tokens)))
+
+    return draw()
+
+
+def _lens(draw: st.DrawFn, low: int, high: int, n: int) -> tuple[int, ...]:
+    return tuple(draw(st.integers(low, max(low, high))) for _ in range(n))
+
+
+@st.composite
+def case_specs(draw: st.DrawFn, caps: BackendCapabilities, phase: Phase, *, dtype: str | None = None,
+               head_size: int | None = None, spec: SpecConfig | None = None, requests: int | None = None,
+               max_requests: int = 3, max_seq_len: int = 48, tree: bool | None = None,
+               multi_step: bool = False, max_kv_heads: int = 2, max_group: int = 4) -> CaseSpec:
+    """A valid forward of ``phase`` that ``caps`` claims to run, as a :class:`CaseSpec`.
+
+    Draws the dtype and head size among the claimed ones (unless given), the head
+    config (MHA/GQA/MQA), 1..``max_requests`` requests with lengths up to
+    ``max_seq_len`` including the edges (``prefill`` rows of 0 new tokens and prefix 0,
+    ``decode`` seq len 1), the speculative shape (:func:`spec_configs_for`), a draft tree
+    (``target_verify`` with ``topk > 1``; ``tree=True`` forces one), accepted lengths
+    (``draft_extend``), the draft path and step (``draft_decode``; ``multi_step=True``:
+    step 0 with re-parenting between forwards), layers and a slot layout.
+    """
+    heads = draw(head_configs(max_kv_heads, max_group))
+    if spec is None and phase is not Phase.PREFILL and phase is not Phase.DECODE:
+        spec = draw(spec_configs_for(caps, phase).filter(lambda s: not tree or s.topk > 1))
+    n = requests if requests is not None else draw(st.integers(1, max_requests))
+    layers = draw(st.integers(1, 2))
+    return CaseSpec(phase, dtype=dtype or draw(dtypes(caps)), num_q_heads=heads[0], num_kv_heads=heads[1],
+                    head_size=head_size or draw(head_sizes(caps)), spec=spec, num_layers=layers,
+                    layer=draw(st.integers(0, layers - 1)), slot_seed=draw(st.integers(0, 2**16)),
+                    seed=draw(st.integers(0, 2**16)), host_seq_lens=caps.needs_host_seq_lens,
+                    **draw(_phase_fields(phase, spec, n, max_seq_len, multi_step)))
+
+
+@st.composite
+def _phase_fields(draw: st.DrawFn, phase: Phase, spec: SpecConfig | None, n: int, max_seq_len: int,
+                  multi_step: bool) -> dict[str, object]:
+    """The per-phase fields of a :class:`CaseSpec` (lengths, tree, draft path)."""
+    if phase is Phase.PREFILL:
+        new = _lens(draw, 0, min(16, max_seq_len), n)
+        return {"new_lens": new, "prefix_lens": tuple(draw(st.integers(0, max_seq_len - x)) for x in new)}
+    if phase is Phase.DECODE:
+        return {"prefix_lens": _lens(draw, 0, max_seq_len - 1, n)}
+    assert spec is not None
+    if phase is Phase.TARGET_VERIFY:
+        T = spec.num_draft_tokens
+        trees = tuple(draw(tree_parents(T)) for _ in range(n)) if spec.topk > 1 else ()
+        return {"prefix_lens": _lens(draw, 0, max_seq_len - T, n), "tree_parents": trees}
+    if phase is Phase.DRAFT_EXTEND:
+        new = _lens(draw, 1, spec.draft_extend_len, n)
+        return {"new_lens": new, "prefix_lens": tuple(draw(st.integers(0, max_seq_len - x)) for x in new)}
+    k, steps = spec.topk, spec.num_steps
+    prefix = _lens(draw, 1, max_seq_len, n)
+    if multi_step:
+        reparent = tuple(tuple(tuple(draw(st.integers(0, k - 1)) for _ in range(k)) for _ in range(n))
+                         for _ in range(steps - 2))
+        return {"prefix_lens": prefix, "reparent": reparent}
+    step = draw(st.integers(0, steps - 2))
+    picks = tuple(tuple(tuple(draw(st.integers(0, k - 1)) for _ in range(step)) for _ in range(k))
+                  for _ in range(n))
+    return {"prefix_lens": prefix, "draft_step": step, "draft_picks": picks}
+
+
+def cases(caps: BackendCapabilities, phase: Phase, *, device: str = "cpu", **kwargs: object) -> st.SearchStrategy[Case]:
+    """Built cases: :func:`case_specs` (same keyword arguments) through
+    :func:`~attnhal.testing.batches.build_case` on ``device``: config, pool with random K/V,
+    batch, ``q``, ``k``, ``v``."""
+    return case_specs(caps, phase, **kwargs).map(lambda spec: build_case(spec, device=device))  # type: ignore[arg-type]
+
+
+def multi_step_specs(caps: BackendCapabilities, **kwargs: object) -> st.SearchStrategy[CaseSpec]:
+    """Step-0 ``draft_decode`` cases for :class:`~attnhal.backend.MultiStepDraft`, with a
+    spec config within ``caps.multi_step`` and re-parenting between forwards."""
+    limits = caps.multi_step or SpecLimits()
+    return spec_configs_for(caps, Phase.DRAFT_DECODE, limits).flatmap(
+        lambda spec: case_specs(caps, Phase.DRAFT_DECODE, spec=spec, multi_step=True, **kwargs))  # type: ignore[arg-type]
+
+
+@st.composite
+def graph_case_specs(draw: st.DrawFn, caps: BackendCapabilities, phase: Phase, *,
+                     capture_sizes: tuple[int, ...] = (1, 2, 4), replays: tuple[int, int] = (1, 3),
+                     multi_step: bool = False, **kwargs: object) -> tuple[CaseSpec, ...]:
+    """The batches replayed through one captured graph of ``phase``: same dtype, heads, layers
+    and spec config (within the graph claim's limits), each of 1..``max(capture_sizes)``
+    requests, so most are padded up to a capture size.
+
+    ``draft_decode`` batches are at step 0 (a graph replays from the first forward);
+    ``multi_step=True`` also keeps the spec within ``caps.multi_step`` and draws re-parenting.
+    """
+    limits = caps.graph_limits(phase) or SpecLimits()
+    if multi_step and caps.multi_step is not None:
+        limits = _tighter(limits, caps.multi_step)
+    multi_step = multi_step or phase is Phase.DRAFT_DECODE
+    spec = None if phase is Phase.DECODE else draw(spec_configs_for(caps, phase, limits))
+    first = draw(case_specs(caps, phase, spec=spec, requests=draw(st.integers(1, max(capture_sizes))),
+                            multi_step=multi_step, **kwargs))  # type: ignore[arg-type]
+    more = []
+    for _ in range(draw(st.integers(*replays)) - 1):
+        other = draw(case_specs(caps, phase, spec=spec, dtype=first.dtype, head_size=first.head_size,
+                                requests=draw(st.integers(1, max(capture_sizes))), multi_step=multi_step,
+                                **kwargs))  # type: ignore[arg-type]
+        more.append(replace(other, num_q_heads=first.num_q_heads, num_kv_heads=first.num_kv_heads,
+                            num_layers=first.num_layers, layer=first.layer))
+    return (first, *more)
+
+
+def _tighter(a: SpecLimits, b: SpecLimits) -> SpecLimits:
+    """Limits that hold where both ``a`` and ``b`` hold."""
+    def low(x: int | None, y: int | None) -> int | None:
+        return y if x is None else x if y is None else min(x, y)
+
+    return SpecLimits(max_topk=low(a.max_topk, b.max_topk), max_num_steps=low(a.max_num_steps, b.max_num_steps),
+                      max_draft_tokens=low(a.max_draft_tokens, b.max_draft_tokens))

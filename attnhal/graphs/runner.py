@@ -1,0 +1,414 @@
+"""GraphRunner: capture what a :class:`~attnhal.plan.GraphPlan` says, pad, replay, fall back.
+
+For each phase the plan captures, the runner allocates static buffers sized for
+the largest capture batch size, captures one graph per size (largest first, so
+that device graphs share one memory pool) and, at :meth:`GraphRunner.run`,
+copies a batch into the static buffers, pads it up to the next captured size
+and replays. Batches above the largest size, and phases that are not captured,
+run eagerly. A capture that fails turns that phase, and only that phase, eager.
+
+The graph kind comes from :attr:`Platform.graph_kind` (a real CUDA/HIP graph or
+the CPU emulator); nothing here looks at the vendor or at the backend's class.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, NamedTuple, Protocol, Union
+
+import torch
+
+from attnhal.backend.batch import ForwardBatch, SpecInfo
+from attnhal.backend.kv_pool import PADDING_REQ, PADDING_SLOT
+from attnhal.capabilities import Phase
+from attnhal.plan import GraphPlan, SpecConfig
+from attnhal.platform import GraphKind, Platform
+
+from . import new_graph
+from .base import Graph
+
+__all__ = ["GraphCaptureWarning", "GraphRunner", "InputSpec", "MetadataOwner", "PhaseStats",
+           "PhaseStep", "StepOutputs", "tokens_per_row"]
+
+logger = logging.getLogger(__name__)
+
+StepOutputs = Union[torch.Tensor, tuple[torch.Tensor, ...]]
+Inputs = Mapping[str, torch.Tensor]
+
+
+class GraphCaptureWarning(RuntimeWarning):
+    """A phase's capture failed; the phase runs eagerly (see ``GraphRunner.plan``)."""
+
+
+class MetadataOwner(Protocol):
+    """What owns a phase's attention metadata: an ``AttentionBackend`` or a ``MultiStepDraft``."""
+
+    def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None: ...
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None: ...
+
+    def init_capture_metadata(self, batch: ForwardBatch) -> None: ...
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None: ...
+
+    def graph_seq_len_fill_value(self, spec: SpecConfig | None = None) -> int: ...
+
+
+class InputSpec(NamedTuple):
+    """One step input: ``[num_tokens or rows, *shape]`` of ``dtype``."""
+
+    per: Literal["token", "row"]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class PhaseStep:
+    """What the runner captures for one phase.
+
+    Attributes
+    ----------
+    metadata: owner of the phase's attention metadata (see :class:`MetadataOwner`).
+    forward: ``forward(batch, inputs)`` -> a tensor or a tuple of tensors whose
+        leading dim is ``num_tokens`` or ``rows``; this is what a graph records
+        (a whole model forward of the phase, or just its attention).
+    inputs: name -> ``(per, trailing shape, dtype)``; ``per`` is ``"token"``
+        (``[num_tokens, *shape]``, e.g. ``q``) or ``"row"`` (``[rows, *shape]``).
+    rows_per_request: ForwardBatch rows per request (``topk`` for ``draft_decode``,
+        else 1); capture sizes count requests.
+    """
+
+    metadata: MetadataOwner
+    forward: Callable[[ForwardBatch, dict[str, torch.Tensor]], StepOutputs]
+    inputs: Mapping[str, InputSpec | tuple[str, tuple[int, ...], torch.dtype]] = field(default_factory=dict)
+    rows_per_request: int = 1
+    #: ``inputs`` as :class:`InputSpec` s.
+    input_specs: Mapping[str, InputSpec] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        specs = {name: InputSpec(*s) for name, s in self.inputs.items()}
+        bad = [f"{n}.per={s.per!r}" for n, s in specs.items() if s.per not in ("token", "row")]
+        if bad or self.rows_per_request < 1:
+            raise ValueError(f"{', '.join(bad) or f'rows_per_request={self.rows_per_request}'} "
+                             "(supported: per 'token' or 'row'; rows_per_request >= 1)")
+        object.__setattr__(self, "input_specs", specs)
+
+
+@dataclass
+class PhaseStats:
+    """Counters of one phase; ``failure`` is the capture error, if any."""
+
+    captured_sizes: tuple[int, ...] = ()
+    failure: str | None = None
+    replays: int = 0
+    eager_runs: int = 0
+    replay_allocations: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"captured_sizes": list(self.captured_sizes), "failure": self.failure,
+                "replays": self.replays, "eager_runs": self.eager_runs,
+                "replay_allocations": self.replay_allocations}
+
+
+def tokens_per_row(phase: Phase, spec: SpecConfig) -> int:
+    """Query tokens per ForwardBatch row of a capturable phase (see ``attnhal.backend.batch``)."""
+    if phase is Phase.PREFILL:
+        raise ValueError("phase=prefill (supported: decode, draft_decode, draft_extend, target_verify; "
+                         "prefill has a variable token count)")
+    return {Phase.TARGET_VERIFY: spec.num_draft_tokens, Phase.DRAFT_EXTEND: spec.draft_extend_len}.get(phase, 1)
+
+
+def _put(name: str, dst: torch.Tensor, src: torch.Tensor, n: int, padded: int, fill: float) -> None:
+    """``dst[:n] = src``, ``dst[n:padded] = fill``; exact shapes (``copy_`` would broadcast)."""
+    if tuple(src.shape) != tuple(dst[:n].shape):
+        raise ValueError(f"{name}.shape={tuple(src.shape)} (supported: {tuple(dst[:n].shape)} for this batch)")
+    dst[:n].copy_(src)
+    dst[n:padded].fill_(fill)
+
+
+class _StaticBuffers:
+    """The static tensors of one phase, sized for the largest capture size.
+
+    Every captured size reads views of their leading rows, so one copy feeds
+    whichever graph replays.
+    """
+
+    def __init__(self, phase: Phase, spec: SpecConfig, step: PhaseStep, max_rows: int,
+                 fill: int, device: torch.device) -> None:
+        self.phase, self.spec, self.fill = phase, spec, fill
+        self.rows_per_request, self.tpr = step.rows_per_request, tokens_per_row(phase, spec)
+        rows, tokens = max_rows, max_rows * self.tpr
+        i32, i64 = torch.int32, torch.int64
+        self.req_pool_indices = torch.full((rows,), PADDING_REQ, dtype=i64, device=device)
+        self.seq_lens = torch.full((rows,), fill, dtype=i32, device=device)
+        self.seq_lens_cpu = torch.full((rows,), fill, dtype=i32)  # host metadata, never captured
+        self.out_cache_loc = torch.full((tokens,), PADDING_SLOT, dtype=i64, device=device)
+        self.extend_lens = (torch.ones(rows, dtype=i32, device=device)
+                            if phase is Phase.DRAFT_EXTEND else None)
+        # Padded rows get a causal (chain) mask: valid for any backend's tree path.
+        self.causal = torch.ones(self.tpr, self.tpr, dtype=torch.bool, device=device).tril()
+        self.custom_mask = (self.causal.expand(rows, -1, -1).clone()
+                            if phase is Phase.TARGET_VERIFY and spec.topk > 1 else None)
+        self.draft_path = (torch.full((rows, spec.num_steps), PADDING_SLOT, dtype=i64, device=device)
+                           if phase is Phase.DRAFT_DECODE else None)
+        self.input_specs = step.input_specs
+        self.inputs = {name: torch.zeros((rows if s.per == "row" else tokens, *s.shape), dtype=s.dtype,
+                                         device=device) for name, s in self.input_specs.items()}
+
+    def _count(self, name: str, rows: int) -> int:
+        return rows if self.input_specs[name].per == "row" else rows * self.tpr
+
+    def view(self, size: int) -> tuple[ForwardBatch, dict[str, torch.Tensor]]:
+        """The static batch and inputs of capture size ``size`` (views; build once per size)."""
+        rows = size * self.rows_per_request
+        info = None
+        if self.phase is not Phase.DECODE:
+            info = SpecInfo(topk=self.spec.topk, num_draft_tokens=self.spec.num_draft_tokens,
+                            draft_extend_len=self.spec.draft_extend_len,
+                            custom_mask=None if self.custom_mask is None else self.custom_mask[:rows],
+                            draft_path=None if self.draft_path is None else self.draft_path[:rows])
+        batch = ForwardBatch(
+            phase=self.phase, req_pool_indices=self.req_pool_indices[:rows], seq_lens=self.seq_lens[:rows],
+            out_cache_loc=self.out_cache_loc[:rows * self.tpr], seq_lens_cpu=self.seq_lens_cpu[:rows],
+            extend_lens=None if self.extend_lens is None else self.extend_lens[:rows], spec=info)
+        return batch, {name: buf[:self._count(name, rows)] for name, buf in self.inputs.items()}
+
+    def replayable(self, batch: ForwardBatch) -> bool:
+        """Whether a graph captured from these buffers can run ``batch``; raises on a malformed batch."""
+        if batch.batch_size % self.rows_per_request:
+            raise ValueError(f"batch_size={batch.batch_size} (supported: a multiple of "
+                             f"rows_per_request={self.rows_per_request} for phase={self.phase.value})")
+        if batch.tokens_per_row != self.tpr or batch.num_tokens != batch.batch_size * self.tpr:
+            raise ValueError(f"tokens={batch.num_tokens} for {batch.batch_size} rows (supported: "
+                             f"{self.tpr} per row for phase={self.phase.value} under the plan's spec)")
+        if batch.spec is not None and batch.spec.custom_mask is not None and self.custom_mask is None:
+            raise ValueError(f"custom_mask given (supported: none for phase={self.phase.value} "
+                             f"with topk={self.spec.topk})")
+        # draft_step is a Python int, frozen into a graph at capture (where it is 0).
+        return batch.spec is None or batch.spec.draft_step == 0
+
+    def load(self, batch: ForwardBatch, inputs: Inputs, size: int) -> None:
+        """Copy ``batch`` and ``inputs`` into the leading rows and pad up to ``size`` requests."""
+        n, rows, t = batch.batch_size, size * self.rows_per_request, self.tpr
+        _put("req_pool_indices", self.req_pool_indices, batch.req_pool_indices, n, rows, PADDING_REQ)
+        _put("seq_lens", self.seq_lens, batch.seq_lens, n, rows, self.fill)
+        # Without a host copy from the engine this is one device-to-host copy, outside the graph.
+        host = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens
+        _put("seq_lens_cpu", self.seq_lens_cpu, host, n, rows, self.fill)
+        _put("out_cache_loc", self.out_cache_loc, batch.out_cache_loc, n * t, rows * t, PADDING_SLOT)
+        if self.extend_lens is not None:
+            if batch.extend_lens is None:
+                raise ValueError(f"extend_lens=None (supported: a [bs] tensor for phase={self.phase.value})")
+            _put("extend_lens", self.extend_lens, batch.extend_lens, n, rows, 1)
+        spec = batch.spec or SpecInfo()
+        if self.custom_mask is not None:
+            mask = spec.custom_mask if spec.custom_mask is not None else self.causal.expand(n, -1, -1)
+            _put("custom_mask", self.custom_mask, mask, n, n, 0)
+            self.custom_mask[n:rows].copy_(self.causal)
+        if self.draft_path is not None:
+            if spec.draft_path is None:
+                raise ValueError(f"draft_path=None (supported: a [rows, num_steps] tensor for "
+                                 f"phase={self.phase.value})")
+            _put("draft_path", self.draft_path, spec.draft_path, n, rows, PADDING_SLOT)
+        if set(inputs) != set(self.inputs):
+            raise ValueError(f"inputs={sorted(inputs)} (supported: {sorted(self.inputs)})")
+        for name, buf in self.inputs.items():
+            if inputs[name].dtype != buf.dtype:  # a silent cast would hide a caller's mistake
+                raise ValueError(f"{name}.dtype={inputs[name].dtype} (supported: {buf.dtype})")
+            _put(name, buf, inputs[name], self._count(name, n), self._count(name, rows), 0)
+
+
+@dataclass
+class _Captured:
+    graph: Graph
+    batch: ForwardBatch
+    inputs: dict[str, torch.Tensor]
+    outputs: StepOutputs
+
+
+def _checked(outputs: object) -> StepOutputs:
+    if isinstance(outputs, torch.Tensor) or (
+            isinstance(outputs, tuple) and all(isinstance(t, torch.Tensor) for t in outputs)):
+        return outputs
+    raise TypeError(f"step output={type(outputs).__name__} (supported: a tensor or a tuple of tensors)")
+
+
+def _slice(outputs: StepOutputs, keep: Mapping[int, int]) -> StepOutputs:
+    """Views of ``outputs`` cut to the real rows/tokens: leading dim ``padded`` -> ``keep[padded]``."""
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        return t[:keep[t.shape[0]]] if t.dim() and t.shape[0] in keep else t
+
+    return cut(outputs) if isinstance(outputs, torch.Tensor) else tuple(cut(t) for t in outputs)
+
+
+class GraphRunner:
+    """Captures the phases a plan captures and runs batches through graphs or eagerly.
+
+    Parameters
+    ----------
+    plan: the plan; phases with ``capture=True`` that have a step are captured at
+        every ``plan.capture_sizes`` (batch sizes in requests).
+    platform: where tensors live (``torch_device``) and how graphs are captured
+        (``graph_kind``).
+    steps: per phase, what to run (see :class:`PhaseStep`). Only these phases can be run.
+
+    Construction captures. It never raises for a failing capture: the phase
+    falls back to eager, :attr:`plan` records ``capture_failed`` with the error,
+    and a :class:`GraphCaptureWarning` is issued once for that phase.
+    """
+
+    def __init__(self, plan: GraphPlan, platform: Platform,
+                 steps: Mapping[Phase, PhaseStep] | Mapping[str, PhaseStep]) -> None:
+        self._plan = plan
+        self.platform = platform
+        self._steps = {Phase(p): s for p, s in steps.items()}
+        self._stats = {p: PhaseStats() for p in self._steps}
+        self._buffers: dict[Phase, _StaticBuffers] = {}
+        self._graphs: dict[Phase, dict[int, _Captured]] = {}
+        self._capture_all()
+
+    @property
+    def plan(self) -> GraphPlan:
+        """The plan as run: phases whose capture failed have ``capture=False`` and a reason."""
+        return self._plan
+
+    def captured_sizes(self, phase: Phase | str) -> tuple[int, ...]:
+        """Capture sizes (requests) with a graph for ``phase``; empty when it runs eagerly."""
+        return tuple(sorted(self._graphs.get(Phase(phase), {})))
+
+    def summary(self) -> dict[Phase, PhaseStats]:
+        """Per phase: captured sizes, capture failure, replays, eager runs, replay allocations."""
+        return {p: replace(s) for p, s in self._stats.items()}
+
+    # --- capture --------------------------------------------------------------------
+    def _capture_all(self) -> None:
+        phases = [p for p in self._steps if self._plan[p].capture]
+        sizes = tuple(sorted(self._plan.capture_sizes, reverse=True))
+        if not phases or not sizes:
+            return
+        phases = self._init_graph_states(phases, sizes[0])
+        bar = self._progress(len(phases) * len(sizes))
+        try:
+            for phase in phases:
+                try:
+                    self._graphs[phase] = self._capture_phase(phase, sizes, bar)
+                except Exception as exc:  # noqa: BLE001 - any capture error means "run this phase eagerly"
+                    self._fail(phase, exc, stacklevel=4)
+                    continue
+                self._stats[phase].captured_sizes = self.captured_sizes(phase)
+                logger.info("captured phase=%s at batch sizes %s (%s graphs)", phase.value,
+                            self._stats[phase].captured_sizes, self.platform.graph_kind.value)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _init_graph_states(self, phases: list[Phase], max_size: int) -> list[Phase]:
+        """Call ``init_graph_state`` once per metadata owner, sized for every phase it serves
+        (a second call would re-allocate buffers an earlier phase's graphs already hold)."""
+        groups: dict[int, list[Phase]] = {}
+        for phase in phases:
+            groups.setdefault(id(self._steps[phase].metadata), []).append(phase)
+        ok = []
+        for group in groups.values():
+            rows = [max_size * self._steps[p].rows_per_request for p in group]
+            try:
+                tokens = [r * tokens_per_row(p, self._plan.spec) for r, p in zip(rows, group)]
+                self._steps[group[0]].metadata.init_graph_state(max(rows), max(tokens))
+            except Exception as exc:  # noqa: BLE001 - as a capture error: these phases run eagerly
+                for phase in group:
+                    self._fail(phase, exc, stacklevel=5)
+                continue
+            ok += group
+        return ok
+
+    def _capture_phase(self, phase: Phase, sizes: tuple[int, ...], bar: Any) -> dict[int, _Captured]:
+        step = self._steps[phase]
+        fill = step.metadata.graph_seq_len_fill_value(self._plan.spec)
+        buffers = _StaticBuffers(phase, self._plan.spec, step, sizes[0] * step.rows_per_request, fill,
+                                 torch.device(self.platform.torch_device))
+        self._buffers[phase] = buffers
+        graphs: dict[int, _Captured] = {}
+        pool: object | None = None
+        for size in sizes:  # largest first: later graphs fit in the first one's pool
+            batch, inputs = buffers.view(size)
+            step.metadata.init_capture_metadata(batch)
+            run = functools.partial(step.forward, batch, inputs)
+            with torch.no_grad():
+                run()  # warm-up: lazy initialization stays out of the graph
+            graph = new_graph(self.platform.graph_kind.value, pool=pool)
+            graphs[size] = _Captured(graph, batch, inputs, _checked(graph.capture(run)))
+            pool = pool if pool is not None else graph.pool
+            if bar is not None:
+                bar.update(1)
+        return graphs
+
+    def _fail(self, phase: Phase, exc: BaseException, stacklevel: int) -> None:
+        why = f"{type(exc).__name__}: {exc}"
+        self._plan = self._plan.with_capture_failure(phase, why)
+        self._stats[phase].failure = why
+        self._graphs.pop(phase, None)
+        self._buffers.pop(phase, None)
+        warnings.warn(f"graph capture of phase={phase.value} failed, it runs eagerly: {why}",
+                      GraphCaptureWarning, stacklevel=stacklevel)
+
+    def _progress(self, total: int) -> Any:
+        # Only real captures take long enough to want a bar; tqdm is optional.
+        if self.platform.graph_kind is not GraphKind.DEVICE:
+            return None
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return None
+        return tqdm(total=total, desc="capturing graphs", unit="graph")
+
+    # --- run ----------------------------------------------------------------------
+    def run(self, phase: Phase | str, batch: ForwardBatch, inputs: Inputs) -> StepOutputs:
+        """Run ``batch`` of ``phase``: replay the smallest captured size that fits, else eagerly.
+
+        ``inputs`` follow the step's :class:`InputSpec` s, e.g. ``q``: ``[num_tokens,
+        num_q_heads, head_size]``. Replayed outputs are **views of the graph's static
+        outputs**, cut to the real ``rows``/``num_tokens``; they stay valid until the next
+        ``run`` of this phase (clone to keep them). Eager outputs are fresh tensors.
+        Both run under ``torch.no_grad()``.
+        """
+        phase = Phase(phase)
+        if phase not in self._steps:
+            raise KeyError(f"phase={phase.value} (supported: {sorted(p.value for p in self._steps)})")
+        if batch.phase is not phase:
+            raise ValueError(f"batch.phase={batch.phase.value} (supported: {phase.value})")
+        size = self._replay_size(phase, batch)
+        if size is None:
+            return self._eager(phase, batch, inputs)
+        return self._replay(phase, size, batch, inputs)
+
+    def _replay_size(self, phase: Phase, batch: ForwardBatch) -> int | None:
+        graphs = self._graphs.get(phase)
+        if not graphs or not self._buffers[phase].replayable(batch):
+            return None
+        sizes = sorted(graphs)
+        i = bisect.bisect_left(sizes, batch.batch_size // self._buffers[phase].rows_per_request)
+        return sizes[i] if i < len(sizes) else None
+
+    def _eager(self, phase: Phase, batch: ForwardBatch, inputs: Inputs) -> StepOutputs:
+        step = self._steps[phase]
+        self._stats[phase].eager_runs += 1
+        with torch.no_grad():
+            step.metadata.init_forward_metadata(batch)
+            return step.forward(batch, dict(inputs))
+
+    def _replay(self, phase: Phase, size: int, batch: ForwardBatch, inputs: Inputs) -> StepOutputs:
+        buffers, captured = self._buffers[phase], self._graphs[phase][size]
+        buffers.load(batch, inputs, size)
+        self._steps[phase].metadata.init_replay_metadata(captured.batch)
+        captured.graph.replay()
+        stats = self._stats[phase]
+        stats.replays += 1
+        stats.replay_allocations += captured.graph.replay_allocations
+        rows, padded = batch.batch_size, size * buffers.rows_per_request
+        # Row-major outputs: padded rows (or their tokens) are dropped by cutting the lead dim.
+        return _slice(captured.outputs, {padded * buffers.tpr: rows * buffers.tpr, padded: rows})

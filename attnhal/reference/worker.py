@@ -1,0 +1,374 @@
+"""A reference speculative worker: EAGLE-style draft/verify/extend over attnhal backends.
+
+The worker holds no capability or vendor logic of its own. The backend of each
+role comes from the registry; whether each phase is captured comes only from
+:func:`attnhal.plan`; :class:`~attnhal.graphs.GraphRunner` captures and replays.
+
+One speculative step for a batch of requests (greedy):
+
+1. ``draft_extend``: the draft model reads the tokens committed since its last
+   step (padded to ``draft_extend_len``) and proposes ``topk`` first tokens.
+2. ``draft_decode`` (``num_steps > 1``): ``num_steps - 1`` forwards grow a tree of
+   ``topk`` branches per level, all captured as one graph.
+3. ``target_verify``: the target scores the best ``num_draft_tokens - 1`` nodes plus
+   the root under the tree mask.
+4. Greedy acceptance; the accepted nodes' target K/V slots are kept, the rest freed.
+
+KV bookkeeping: the target's cache holds every committed token but the last (the
+root of the next tree); the draft's holds every committed token after its
+extend. Draft-decode K/V go to scratch slots owned by the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+
+from attnhal.backend import (
+    PADDING_SLOT,
+    AttentionBackend,
+    ForwardBatch,
+    KVPool,
+    MultiStepDraft,
+    SpecInfo,
+)
+from attnhal.capabilities import AttentionRequest, Phase, Reason
+from attnhal.graphs import GraphRunner, PhaseStep
+from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, SpecConfig, plan
+from attnhal.platform import Platform, current
+from attnhal.reference.model import TinyLlama
+from attnhal.reference.tree import DraftTree, VerifyTree, accept, first_level, grow, select
+from attnhal.registry import Registry, default_registry
+
+__all__ = ["Generation", "PlanInvalid", "SpecWorker"]
+
+BackendClass = type[AttentionBackend]
+
+
+class PlanInvalid(RuntimeError):
+    """The plan has a running phase without a capable backend."""
+
+    def __init__(self, graph_plan: GraphPlan) -> None:
+        self.plan = graph_plan
+        lines = [f"  {p.value}: {r}" for p, d in graph_plan.phases.items() if d.blocking for r in d.reasons]
+        super().__init__("the plan is invalid:\n" + "\n".join(lines))
+
+
+@dataclass
+class Generation:
+    """Generated tokens per request and what it took."""
+
+    tokens: list[list[int]]
+    accepted: list[int] = field(default_factory=list)  # accepted draft tokens per verify, per request
+    verify_steps: int = 0
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens committed per verify step (accepted draft tokens + the bonus token)."""
+        return 1.0 + sum(self.accepted) / len(self.accepted) if self.accepted else 0.0
+
+
+@dataclass
+class _Request:
+    tokens: list[int]  # prompt + generated
+    prompt_len: int
+    target_row: int
+    draft_row: int = 0
+    target_len: int = 0  # tokens in the target's KV cache
+    draft_len: int = 0  # tokens in the draft's KV cache
+
+
+def _pick(registry: Registry, platform: Platform, model: TinyLlama, name: str | None) -> BackendClass:
+    cfg = model.cfg.attention
+    request = AttentionRequest(dtype="float32", head_size=cfg.head_size, num_q_heads=cfg.num_q_heads,
+                               num_kv_heads=cfg.num_kv_heads)
+    backend = registry.select(platform, request, name=name).backend
+    assert backend is not None
+    return backend
+
+
+def _int(values: list[int], device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+class SpecWorker:
+    """Greedy generation with (or, for ``SpecConfig()``, without) speculative decoding.
+
+    Parameters
+    ----------
+    target, draft: the models (``draft`` unused without speculation).
+    spec: the speculative config.
+    platform: a Platform or spec string (``"hip:gfx942"``); detected when None.
+    backend: registered backend name for every role; the registry's choice when None.
+    role_backends: per role (``"target"``, ``"draft_decode"``, ``"draft_extend"``), over ``backend``.
+    policy: graph policy (capture sizes).
+    max_context_len: the longest prompt + generation + draft tokens per request.
+    """
+
+    def __init__(self, target: TinyLlama, draft: TinyLlama | None, spec: SpecConfig, *,
+                 platform: Platform | str | None = None, backend: str | None = None,
+                 role_backends: Mapping[str, str] | None = None,
+                 policy: GraphPolicy | None = None, max_context_len: int = 512,
+                 registry: Registry | None = None) -> None:
+        self.target, self.draft, self.spec = target, draft, spec
+        self.platform = current(platform)
+        self.policy = policy or GraphPolicy(max_batch_size=8)
+        self.device = torch.device(self.platform.torch_device)
+        registry = registry or default_registry()
+        names = {**dict.fromkeys(("target", "draft_decode", "draft_extend"), backend), **(role_backends or {})}
+        speculative = spec.speculative and draft is not None
+        self.classes: dict[str, BackendClass] = {"target": _pick(registry, self.platform, target, names.get("target"))}
+        if speculative:
+            assert draft is not None
+            self.classes["draft_extend"] = _pick(registry, self.platform, draft, names.get("draft_extend"))
+            if spec.num_steps > 1:
+                self.classes["draft_decode"] = _pick(registry, self.platform, draft, names.get("draft_decode"))
+        caps = {role: cls.capabilities for role, cls in self.classes.items()}
+        self.initial_plan = plan(spec, self.platform, PhaseBackends(
+            caps["target"], caps.get("draft_decode"), caps.get("draft_extend")), self.policy)
+        if not self.initial_plan.valid:
+            raise PlanInvalid(self.initial_plan)
+        self._build(max_context_len)
+
+    # --- construction ------------------------------------------------------------------------
+    def _pool(self, model: TinyLlama, max_context_len: int, extra_slots: int = 0) -> KVPool:
+        cfg, max_reqs = model.cfg, self.policy.capture_sizes()[-1] * 2
+        return KVPool(num_layers=cfg.num_layers, num_slots=max_reqs * max_context_len + extra_slots,
+                      num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=torch.float32,
+                      max_reqs=max_reqs, max_context_len=max_context_len, device=self.device)
+
+    def _build(self, max_context_len: int) -> None:
+        self.target.to(self.device)
+        self.target_pool = self._pool(self.target, max_context_len)
+        self.target_backend = self.classes["target"](self.target.cfg.attention, self.target_pool)
+        steps = {Phase.DECODE: self._decode_step(), Phase.TARGET_VERIFY: self._verify_step()}
+        if "draft_extend" in self.classes:
+            assert self.draft is not None
+            self.draft.to(self.device)
+            max_rows = self.policy.capture_sizes()[-1] * 2 * self.spec.topk
+            self.draft_pool = self._pool(self.draft, max_context_len, extra_slots=max_rows * self.spec.num_steps)
+            self.extend_backend = self.classes["draft_extend"](self.draft.cfg.attention, self.draft_pool)
+            # Scratch slots for draft-decode K/V, one per (row, step); never committed.
+            self.scratch = self.draft_pool.alloc_slots(max_rows * self.spec.num_steps).view(max_rows, -1)
+            steps[Phase.DRAFT_EXTEND] = self._extend_step()
+            if "draft_decode" in self.classes:
+                self.multi_step = MultiStepDraft(self.classes["draft_decode"], self.draft.cfg.attention,
+                                                 self.draft_pool, self.spec)
+                steps[Phase.DRAFT_DECODE] = self._draft_decode_step()
+        self.runner = GraphRunner(self.initial_plan, self.platform,
+                                  {p: s for p, s in steps.items() if self.initial_plan[p].runs})
+
+    @property
+    def plan(self) -> GraphPlan:
+        """The plan as run: capture failures, if any, are recorded in it."""
+        return self.runner.plan
+
+    # --- the captured phase functions ----------------------------------------------------------
+    def _token_inputs(self) -> dict[str, Any]:
+        return {"input_ids": ("token", (), torch.int64), "positions": ("token", (), torch.int64)}
+
+    def _decode_step(self) -> PhaseStep:
+        def forward(batch: ForwardBatch, x: dict[str, torch.Tensor]) -> torch.Tensor:
+            return self.target(x["input_ids"], x["positions"], batch, self.target_backend).argmax(-1)
+        return PhaseStep(self.target_backend, forward, self._token_inputs())
+
+    def _verify_step(self) -> PhaseStep:
+        return PhaseStep(self.target_backend, self._decode_step().forward, self._token_inputs())
+
+    def _extend_step(self) -> PhaseStep:
+        draft, backend = self.draft, self.extend_backend
+        assert draft is not None
+
+        def forward(batch: ForwardBatch, x: dict[str, torch.Tensor]) -> torch.Tensor:
+            logits = draft(x["input_ids"], x["positions"], batch, backend)
+            assert batch.extend_lens is not None and batch.tokens_per_row is not None
+            rows = torch.arange(batch.batch_size, device=logits.device)
+            last = rows * batch.tokens_per_row + batch.extend_lens.long() - 1
+            return logits[last]  # [bs, vocab]: logits after each request's last committed token
+        return PhaseStep(backend, forward, self._token_inputs())
+
+    def _draft_decode_step(self) -> PhaseStep:
+        draft, multi, k = self.draft, self.multi_step, self.spec.topk
+        assert draft is not None
+
+        def forward(batch: ForwardBatch, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+            """All num_steps - 1 forwards; returns per row and step (token, score, parent branch)."""
+            path = batch._spec().draft_path
+            assert path is not None
+            tokens, scores = x["tokens"], x["scores"]
+            outs: list[tuple[torch.Tensor, ...]] = []
+            for s, step_batch in enumerate(multi.step_batches(batch)):
+                positions = batch.seq_lens.long() + s
+                logits = draft(tokens, positions, step_batch, multi.backend(s))
+                tokens, scores, parent = grow(scores.view(-1, k), logits)
+                # Each new branch continues its parent's path: re-parent the slots written so far.
+                path[:, : s + 1].copy_(path[:, : s + 1].view(-1, k, s + 1)
+                                       .gather(1, parent[:, :, None].expand(-1, -1, s + 1)).view(-1, s + 1))
+                tokens, scores = tokens.reshape(-1), scores.reshape(-1)
+                outs.append((tokens, scores, parent.reshape(-1)))
+            return tuple(torch.stack(col, dim=1) for col in zip(*outs))
+        inputs = {"tokens": ("row", (), torch.int64), "scores": ("row", (), torch.float32)}
+        return PhaseStep(multi, forward, inputs, rows_per_request=k)
+
+    # --- generation ---------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> Generation:
+        """Greedy continuation of each prompt by ``max_new_tokens`` tokens."""
+        if not prompts or any(not p for p in prompts):
+            raise ValueError("prompts: supported: a non-empty list of non-empty token lists")
+        reqs = [_Request(list(p), len(p), self.target_pool.alloc_req()) for p in prompts]
+        result = Generation(tokens=[])
+        try:
+            self._prefill(reqs)
+            active = [r for r in reqs if len(r.tokens) - r.prompt_len < max_new_tokens]
+            while active:
+                for chunk in self._chunks(active):
+                    if "draft_extend" in self.classes:
+                        self._speculate(chunk, result)
+                    else:
+                        self._decode(chunk)
+                active = [r for r in active if len(r.tokens) - r.prompt_len < max_new_tokens]
+        finally:
+            self._release(reqs)
+        result.tokens = [r.tokens[r.prompt_len: r.prompt_len + max_new_tokens] for r in reqs]
+        return result
+
+    def _chunks(self, reqs: list[_Request]) -> list[list[_Request]]:
+        size = self.policy.capture_sizes()[-1]
+        return [reqs[i: i + size] for i in range(0, len(reqs), size)]
+
+    def _release(self, reqs: list[_Request]) -> None:
+        for r in reqs:
+            self.target_pool.free_slots(self.target_pool.req_to_token[r.target_row, : r.target_len].long())
+            self.target_pool.free_req(r.target_row)
+            if r.draft_row:
+                self.draft_pool.free_slots(self.draft_pool.req_to_token[r.draft_row, : r.draft_len].long())
+                self.draft_pool.free_req(r.draft_row)
+
+    def _append(self, pool: KVPool, row: int, start: int, count: int) -> torch.Tensor:
+        slots = pool.alloc_slots(count)
+        pool.req_to_token[row, start: start + count] = slots.to(torch.int32)
+        return slots
+
+    def _prefill(self, reqs: list[_Request]) -> None:
+        """Target (and draft) prefill of the prompts; the target's argmax is the first new token."""
+        prompts = [r.tokens for r in reqs]
+        logits = self._prefill_model(self.target, self.target_backend, self.target_pool,
+                                     [r.target_row for r in reqs], prompts)
+        for r, tok in zip(reqs, logits.argmax(-1).tolist()):
+            r.target_len = r.prompt_len
+            r.tokens.append(tok)
+        if "draft_extend" in self.classes:
+            assert self.draft is not None
+            for r in reqs:
+                r.draft_row = self.draft_pool.alloc_req()
+            self._prefill_model(self.draft, self.extend_backend, self.draft_pool,
+                                [r.draft_row for r in reqs], [r.tokens[: r.prompt_len] for r in reqs])
+            for r in reqs:
+                r.draft_len = r.prompt_len
+
+    def _prefill_model(self, model: TinyLlama, backend: AttentionBackend, pool: KVPool, rows: list[int],
+                       prompts: list[list[int]]) -> torch.Tensor:
+        lens = [len(p) for p in prompts]
+        loc = torch.cat([self._append(pool, row, 0, n) for row, n in zip(rows, lens)])
+        batch = ForwardBatch(Phase.PREFILL, _int(rows, self.device), _int(lens, self.device, torch.int32), loc,
+                             extend_lens=_int(lens, self.device, torch.int32), extend_lens_cpu=lens,
+                             seq_lens_cpu=torch.tensor(lens, dtype=torch.int32))
+        ids = _int([t for p in prompts for t in p], self.device)
+        positions = _int([i for n in lens for i in range(n)], self.device)
+        backend.init_forward_metadata(batch)
+        last = torch.tensor(lens).cumsum(0) - 1
+        return model(ids, positions, batch, backend)[last.to(self.device)]
+
+    def _decode(self, reqs: list[_Request]) -> None:
+        """Plain greedy decode: one token per request."""
+        for r in reqs:
+            self._append(self.target_pool, r.target_row, r.target_len, 1)
+        rows = _int([r.target_row for r in reqs], self.device)
+        seq = [r.target_len + 1 for r in reqs]
+        loc = self.target_pool.req_to_token[rows, _int([r.target_len for r in reqs], self.device)].long()
+        batch = ForwardBatch(Phase.DECODE, rows, _int(seq, self.device, torch.int32), loc,
+                             seq_lens_cpu=torch.tensor(seq, dtype=torch.int32))
+        inputs = {"input_ids": _int([r.tokens[-1] for r in reqs], self.device),
+                  "positions": _int([r.target_len for r in reqs], self.device)}
+        out = cast(torch.Tensor, self.runner.run(Phase.DECODE, batch, inputs))
+        for r, tok in zip(reqs, out.tolist()):
+            r.target_len += 1
+            r.tokens.append(tok)
+
+    # --- one speculative step -----------------------------------------------------------------
+    def _speculate(self, reqs: list[_Request], result: Generation) -> None:
+        tree = first_level(self._draft_extend(reqs), self.spec.topk)
+        if "draft_decode" in self.classes:
+            tree = self._draft_decode(reqs, tree)
+        roots = _int([r.tokens[-1] for r in reqs], self.device)
+        verify = select(tree, roots, self.spec.num_draft_tokens, self.spec.num_steps)
+        slots, target_next = self._verify(reqs, verify)
+        node_tokens = verify.tokens.tolist()
+        for r, toks, row_slots, (path, bonus) in zip(reqs, node_tokens, slots, accept(verify, target_next)):
+            self._commit(r, toks, row_slots, path, bonus)
+            result.accepted.append(len(path) - 1)
+        result.verify_steps += 1
+
+    def _draft_extend(self, reqs: list[_Request]) -> torch.Tensor:
+        """The draft reads the tokens committed since its last step; logits ``[bs, vocab]``."""
+        width = self.spec.draft_extend_len
+        new = [r.tokens[r.draft_len:] for r in reqs]
+        ids, positions, locs = [], [], []
+        for r, toks in zip(reqs, new):
+            slots = self._append(self.draft_pool, r.draft_row, r.draft_len, len(toks)).tolist()
+            pad = width - len(toks)
+            ids += toks + [0] * pad
+            positions += list(range(r.draft_len, r.draft_len + width))
+            locs += slots + [PADDING_SLOT] * pad
+            r.draft_len += len(toks)
+        batch = ForwardBatch(
+            Phase.DRAFT_EXTEND, _int([r.draft_row for r in reqs], self.device),
+            _int([r.draft_len for r in reqs], self.device, torch.int32), _int(locs, self.device),
+            extend_lens=_int([len(t) for t in new], self.device, torch.int32),
+            seq_lens_cpu=torch.tensor([r.draft_len for r in reqs], dtype=torch.int32),
+            spec=SpecInfo(topk=self.spec.topk, num_draft_tokens=self.spec.num_draft_tokens, draft_extend_len=width))
+        inputs = {"input_ids": _int(ids, self.device), "positions": _int(positions, self.device)}
+        return cast(torch.Tensor, self.runner.run(Phase.DRAFT_EXTEND, batch, inputs))
+
+    def _draft_decode(self, reqs: list[_Request], tree: DraftTree) -> DraftTree:
+        k, bs = self.spec.topk, len(reqs)
+        rows = torch.arange(bs * k, device=self.device)
+        batch = ForwardBatch(
+            Phase.DRAFT_DECODE, _int([r.draft_row for r in reqs for _ in range(k)], self.device),
+            _int([r.draft_len for r in reqs for _ in range(k)], self.device, torch.int32),
+            self.scratch[rows, 0].clone(),
+            seq_lens_cpu=torch.tensor([r.draft_len for r in reqs for _ in range(k)], dtype=torch.int32),
+            spec=SpecInfo(topk=k, num_draft_tokens=self.spec.num_draft_tokens,
+                          draft_extend_len=self.spec.draft_extend_len, draft_path=self.scratch[rows].clone()))
+        out = cast(tuple[torch.Tensor, ...], self.runner.run(Phase.DRAFT_DECODE, batch, {"tokens": tree.tokens.reshape(-1),
+                                                           "scores": tree.scores.reshape(-1)}))
+        tokens, scores, parents = (t.view(bs, k, -1) for t in out)
+        for s in range(tokens.shape[-1]):
+            tree = tree.add_level(tokens[:, :, s], scores[:, :, s], parents[:, :, s])
+        return tree
+
+    def _verify(self, reqs: list[_Request], tree: VerifyTree) -> tuple[list[list[int]], torch.Tensor]:
+        n = tree.tokens.shape[1]
+        slots = [self._append(self.target_pool, r.target_row, r.target_len, n) for r in reqs]
+        base = _int([r.target_len for r in reqs], self.device)
+        batch = ForwardBatch(
+            Phase.TARGET_VERIFY, _int([r.target_row for r in reqs], self.device),
+            (base + n).to(torch.int32), torch.cat(slots),
+            seq_lens_cpu=(base + n).to(torch.int32).cpu(),
+            spec=SpecInfo(topk=self.spec.topk, num_draft_tokens=n, draft_extend_len=self.spec.draft_extend_len,
+                          custom_mask=tree.mask if self.spec.topk > 1 else None))
+        inputs = {"input_ids": tree.tokens.reshape(-1), "positions": (base[:, None] + tree.depth).reshape(-1)}
+        out = cast(torch.Tensor, self.runner.run(Phase.TARGET_VERIFY, batch, inputs))
+        return [s.tolist() for s in slots], out.view(len(reqs), n)
+
+    def _commit(self, r: _Request, tokens: list[int], slots: list[int], path: list[int], bonus: int) -> None:
+        """Keep the accepted nodes' target K/V in order, free the rest, append the tokens."""
+        kept = [slots[i] for i in path]
+        pool = self.target_pool
+        pool.req_to_token[r.target_row, r.target_len: r.target_len + len(kept)] = _int(kept, self.device, torch.int32)
+        pool.free_slots(_int(sorted(set(slots) - set(kept)), self.device))
+        r.target_len += len(kept)
+        r.tokens += [tokens[i] for i in path[1:]] + [bonus]

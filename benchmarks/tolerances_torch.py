@@ -1,0 +1,81 @@
+"""Measure the torch backend's error against the fp64 reference, per dtype.
+
+    python benchmarks/tolerances_torch.py [--cases 60]
+
+For random cases of every phase (head configs, head sizes, slot layouts, tree
+masks, accepted lengths) it prints, per dtype, the largest absolute error and
+the smallest ``tol`` with ``|out - ref| <= tol + tol * |ref|`` on every element,
+next to the tolerance the descriptor declares. Uses ``tests/reference.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from reference import make_case  # noqa: E402
+
+from attnhal.capabilities import Phase  # noqa: E402
+from attnhal_torch import TorchBackend  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+HEADS = [(1, 1), (4, 2), (4, 1), (8, 2)]
+
+
+def _params(phase: Phase, rng: random.Random, bs: int) -> dict[str, object]:
+    if phase is Phase.PREFILL:
+        return {"extend_lens": [rng.randint(0, 24) for _ in range(bs)]}
+    if phase is Phase.TARGET_VERIFY:
+        topk = rng.randint(1, 3)
+        return {"topk": topk, "num_draft_tokens": rng.randint(2, 3 * topk + 1), "custom_mask": topk > 1}
+    if phase is Phase.DRAFT_EXTEND:
+        t = rng.randint(1, 6)
+        return {"draft_extend_len": t, "extend_lens": [rng.randint(1, t) for _ in range(bs)]}
+    if phase is Phase.DRAFT_DECODE:
+        return {"topk": rng.randint(1, 3), "num_steps": 4, "draft_step": rng.randint(0, 2)}
+    return {}
+
+
+def measure(dtype_name: str, cases: int) -> tuple[float, float]:
+    """(max abs error, smallest tol = atol = rtol that passes) over ``cases`` random cases."""
+    rng = random.Random(0)
+    worst_abs, worst_tol = 0.0, 0.0
+    for i in range(cases):
+        phase = list(Phase)[i % len(Phase)]
+        bs = rng.randint(1, 4)
+        q, kv = rng.choice(HEADS)
+        case = make_case(phase, seed=i, bs=bs, num_q_heads=q, num_kv_heads=kv,
+                         head_size=rng.choice([16, 64, 128, 256]), dtype=DTYPES[dtype_name],
+                         prefix_lens=[rng.randint(0, 200) for _ in range(bs)], **_params(phase, rng, bs))
+        ref = case.reference()
+        backend = TorchBackend(case.config, case.pool)
+        backend.init_forward_metadata(case.batch)
+        out = backend.forward(case.q, case.k, case.v, case.layer, case.batch).double()
+        err = (out - ref).abs()
+        if err.numel():
+            worst_abs = max(worst_abs, err.max().item())
+            worst_tol = max(worst_tol, (err / (1 + ref.abs())).max().item())
+    return worst_abs, worst_tol
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", type=int, default=60)
+    cases = ap.parse_args().cases
+    caps = TorchBackend.capabilities
+    print(f"{'dtype':9} {'max |err|':>10} {'needed tol':>11} {'declared atol/rtol':>19}")
+    for name in DTYPES:
+        worst_abs, worst_tol = measure(name, cases)
+        tol = caps.tolerance(name)
+        print(f"{name:9} {worst_abs:10.2e} {worst_tol:11.2e} {tol.atol:9.1e}/{tol.rtol:.1e}")
+
+
+if __name__ == "__main__":
+    with torch.no_grad():
+        main()

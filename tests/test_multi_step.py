@@ -1,0 +1,164 @@
+"""MultiStepDraft: refusals with reasons, per-step batches, eager steps and one graph for all steps."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import make_case, one_thread, reference_forward
+
+from attnhal.backend import AttentionBackend, ForwardBatch, KVPool, MultiStepDraft, MultiStepUnsupported
+from attnhal.capabilities import BackendCapabilities, Phase, ReasonCode, SpecLimits
+from attnhal.graphs import EmulatedGraph
+from attnhal.plan import SpecConfig
+from attnhal_torch import TorchBackend
+
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)
+CAPS = TorchBackend.capabilities
+
+
+def _backend_with(caps: BackendCapabilities) -> type[AttentionBackend]:
+    class Backend(AttentionBackend):
+        capabilities: ClassVar[BackendCapabilities] = caps
+
+    return Backend
+
+
+def _case(num_steps: int, topk: int, seed: int, pool: KVPool | None = None, bs: int = 2, **kw: Any) -> Any:
+    return make_case(Phase.DRAFT_DECODE, seed=seed, bs=bs, topk=topk, num_steps=num_steps, draft_step=0,
+                     num_q_heads=4, num_kv_heads=2, head_size=16, pool=pool, **kw)
+
+
+def _step_qkv(case: Any, steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(case.q.shape, generator=gen), torch.randn(case.k.shape, generator=gen),
+             torch.randn(case.v.shape, generator=gen)) for _ in range(steps)]
+
+
+# --- refusals ------------------------------------------------------------------------------------
+
+def test_refuses_backend_without_multi_step() -> None:
+    caps = replace(CAPS, name="single", multi_step=None)
+    case = _case(3, 1, seed=0)
+    with pytest.raises(MultiStepUnsupported) as err:
+        MultiStepDraft(_backend_with(caps), case.config, case.pool, SpecConfig.eagle(3))
+    assert [r.code for r in err.value.reasons] == [ReasonCode.MULTI_STEP]
+    assert "backend 'single' declares no multi-step draft support" in str(err.value)
+
+
+def test_refuses_one_step() -> None:
+    case = _case(3, 1, seed=0)
+    with pytest.raises(MultiStepUnsupported, match="draft_decode does not run when num_steps == 1") as err:
+        MultiStepDraft(TorchBackend, case.config, case.pool, SpecConfig.eagle(1))
+    assert err.value.reasons[0].code is ReasonCode.PHASE_NOT_RUN
+
+
+def test_refuses_spec_beyond_backend_limits() -> None:
+    caps = replace(CAPS, name="chain_only", multi_step=SpecLimits(max_topk=1, max_num_steps=3))
+    case = _case(3, 1, seed=0)
+    with pytest.raises(MultiStepUnsupported) as err:
+        MultiStepDraft(_backend_with(caps), case.config, case.pool, SpecConfig.eagle(4, topk=2, num_draft_tokens=6))
+    messages = [r.message for r in err.value.reasons]
+    assert all(r.code is ReasonCode.MULTI_STEP for r in err.value.reasons)
+    assert any(m.startswith("topk=2 (supported: <= 1") for m in messages)
+    assert any(m.startswith("num_steps=4 (supported: <= 3") for m in messages)
+
+
+def test_refuses_backend_without_draft_decode_phase() -> None:
+    caps = replace(CAPS, name="no_dd", phases=frozenset({Phase.DECODE}), graph={})
+    case = _case(3, 1, seed=0)
+    with pytest.raises(MultiStepUnsupported) as err:
+        MultiStepDraft(_backend_with(caps), case.config, case.pool, SpecConfig.eagle(3))
+    assert err.value.reasons[0].code is ReasonCode.PHASE
+
+
+# --- step batches ------------------------------------------------------------------------------------
+
+def test_step_batches_are_views_with_their_step() -> None:
+    case = _case(4, 2, seed=1)
+    msd = MultiStepDraft(TorchBackend, case.config, case.pool, SpecConfig.eagle(4, topk=2, num_draft_tokens=5))
+    assert msd.num_forwards == 3
+    steps = msd.step_batches(case.batch)
+    assert msd.step_batches(case.batch) is steps  # same list: metadata and forwards agree
+    path = case.batch.spec.draft_path
+    for s, b in enumerate(steps):
+        assert b.spec is not None and b.spec.draft_step == s and b.phase is Phase.DRAFT_DECODE
+        assert b.out_cache_loc.untyped_storage().data_ptr() == path.untyped_storage().data_ptr()
+        assert torch.equal(b.out_cache_loc, path[:, s])
+        assert b.req_pool_indices is case.batch.req_pool_indices and b.seq_lens is case.batch.seq_lens
+    with pytest.raises(IndexError):
+        msd.backend(3)
+
+
+def test_step_batches_refuse_other_phases_and_short_paths() -> None:
+    case = _case(3, 1, seed=1)
+    msd = MultiStepDraft(TorchBackend, case.config, case.pool, SpecConfig.eagle(3))
+    with pytest.raises(ValueError, match="draft_path.shape"):
+        msd.step_batches(replace(case.batch, spec=replace(case.batch.spec, draft_path=case.batch.spec.draft_path[:, :1])))
+    with pytest.raises(ValueError, match="supported: draft_decode"):
+        msd.step_batches(replace(case.batch, phase=Phase.DECODE))
+
+
+# --- eager and graph equivalence with the reference ------------------------------------------------------
+
+def _run_steps(msd: MultiStepDraft, batch: ForwardBatch, qkv: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
+    return [msd.backend(s).forward(q, k, v, 0, b) for s, (b, (q, k, v)) in enumerate(zip(msd.step_batches(batch), qkv))]
+
+
+@settings(max_examples=15, deadline=None)
+@given(num_steps=st.integers(2, 5), topk=st.integers(1, 3), bs=st.integers(1, 3), seed=st.integers(0, 999),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_eager_steps_match_reference(num_steps: int, topk: int, bs: int, seed: int, dtype: torch.dtype) -> None:
+    case = _case(num_steps, topk, seed, bs=bs, dtype=dtype)
+    spec = SpecConfig.eagle(num_steps, topk=topk, num_draft_tokens=topk * num_steps + 1)
+    msd = MultiStepDraft(TorchBackend, case.config, case.pool, spec, chunk=8)
+    msd.init_forward_metadata(case.batch)
+    tol = CAPS.tolerance(str(dtype).removeprefix("torch."))
+    for s, (b, (q, k, v)) in enumerate(zip(msd.step_batches(case.batch), _step_qkv(case, msd.num_forwards, seed))):
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        ref = reference_forward(q, k, v, 0, b, case.pool, case.config.sm_scale)
+        out = msd.backend(s).forward(q, k, v, 0, b)
+        torch.testing.assert_close(out.double(), ref, atol=tol.atol, rtol=tol.rtol)
+
+
+@settings(max_examples=6, deadline=None)
+@given(num_steps=st.integers(2, 4), topk=st.integers(1, 3), seed=st.integers(0, 999))
+def test_all_steps_in_one_graph(num_steps: int, topk: int, seed: int) -> None:
+    pool = KVPool(num_layers=1, num_slots=400, num_kv_heads=2, head_dim=16, dtype=torch.float32,
+                  max_reqs=6, max_context_len=60)
+    first = _case(num_steps, topk, seed, pool=pool)
+    spec = SpecConfig.eagle(num_steps, topk=topk, num_draft_tokens=topk * num_steps + 1)
+    msd = MultiStepDraft(TorchBackend, first.config, pool, spec, chunk=8)
+    rows = first.batch.batch_size
+    msd.init_graph_state(rows, rows)
+    leader = msd.backend(0)
+    assert all(msd.backend(s)._graph_ws is leader._graph_ws for s in range(msd.num_forwards))
+    msd.init_capture_metadata(first.batch)
+    static = [tuple(t.clone() for t in qkv) for qkv in _step_qkv(first, msd.num_forwards, seed)]
+    graph = EmulatedGraph()
+    outs = graph.capture(lambda: _run_steps(msd, first.batch, static))
+    for replay in (1, 2):
+        case = _case(num_steps, topk, seed + replay, pool=pool)
+        fresh = _step_qkv(case, msd.num_forwards, seed + replay)
+        # eager on a copy of the pool: the expected result of all steps
+        eager_pool = KVPool(num_layers=1, num_slots=400, num_kv_heads=2, head_dim=16, dtype=torch.float32,
+                            max_reqs=6, max_context_len=60)
+        eager_pool.k[0].copy_(pool.k[0]), eager_pool.v[0].copy_(pool.v[0]), eager_pool.req_to_token.copy_(pool.req_to_token)
+        eager = MultiStepDraft(TorchBackend, case.config, eager_pool, spec)
+        eager.init_forward_metadata(case.batch)
+        want = _run_steps(eager, case.batch, fresh)
+        for name in ("req_pool_indices", "seq_lens", "out_cache_loc"):
+            getattr(first.batch, name).copy_(getattr(case.batch, name))
+        first.batch.spec.draft_path.copy_(case.batch.spec.draft_path)
+        for dst, src in zip(static, fresh):
+            for d, s in zip(dst, src):
+                d.copy_(s)
+        msd.init_replay_metadata(first.batch)
+        graph.replay()
+        assert graph.replay_allocations == 0
+        for got, exp in zip(outs, want):
+            torch.testing.assert_close(got, exp, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,122 @@
+"""The reference speculative worker: lossless against plain greedy, one code path on every vendor.
+
+More cases: ATTNHAL_HYPOTHESIS_PROFILE=thorough pytest tests/test_worker.py
+"""
+
+import ast
+import functools
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnhal.capabilities import Phase
+from attnhal.plan import GraphPolicy, SpecConfig
+from attnhal.reference.model import ModelConfig, TinyLlama, draft_of
+from attnhal.reference.tree import first_level, grow, select
+from attnhal.reference.worker import PlanInvalid, SpecWorker
+from attnhal.registry import BackendUnavailable, Registry
+from attnhal.testing.strategies import spec_configs
+from attnhal_torch import TorchBackend
+
+SIZES = (1, 2, 4)
+CONTEXT = 96
+TARGET = TinyLlama(ModelConfig(num_layers=2, hidden_size=64, ffn_size=128, vocab_size=128, head_dim=16))
+DRAFT = draft_of(TARGET)
+
+
+@functools.lru_cache(maxsize=None)
+def worker(spec: SpecConfig, graphs: bool, platform: str, backend: str = "torch") -> SpecWorker:
+    """Workers are reusable across generate calls; caching keeps captures out of the example loop."""
+    draft = DRAFT if spec.speculative else None
+    return SpecWorker(TARGET, draft, spec, platform=platform, backend=backend,
+                      policy=GraphPolicy(enabled=graphs, batch_sizes=SIZES), max_context_len=CONTEXT)
+
+
+def greedy(prompts, n, platform="cpu"):
+    return worker(SpecConfig(), False, platform).generate(prompts, n).tokens
+
+
+prompts_st = st.lists(st.lists(st.integers(0, 127), min_size=1, max_size=12), min_size=1, max_size=5)
+
+
+@settings(max_examples=25)
+@given(prompts_st, st.integers(1, 12), spec_configs(max_steps=4, max_topk=4, speculative=True), st.booleans(),
+       st.sampled_from(["cuda:sm90", "hip:gfx942"]))
+def test_speculative_output_is_plain_greedy(prompts, n, spec, graphs, platform):
+    out = worker(spec, graphs, platform).generate(prompts, n)
+    assert out.tokens == greedy(prompts, n)
+    assert all(0 <= a <= spec.num_steps for a in out.accepted)
+
+
+@settings(max_examples=8)
+@given(prompts_st, st.integers(1, 10), spec_configs(max_steps=3, max_topk=3, speculative=True))
+def test_cuda_and_hip_give_identical_plans_and_tokens(prompts, n, spec):
+    cuda, hip = worker(spec, True, "cuda:sm90"), worker(spec, True, "hip:gfx942")
+    assert cuda.plan.to_dict()["phases"] == hip.plan.to_dict()["phases"]
+    assert cuda.generate(prompts, n).tokens == hip.generate(prompts, n).tokens
+
+
+@pytest.mark.parametrize("platform", ["cuda:sm90", "hip:gfx942"])
+def test_one_step_captures_draft_extend_end_to_end(platform):
+    w = worker(SpecConfig.eagle(1), True, platform)
+    assert not w.plan[Phase.DRAFT_DECODE].runs
+    assert w.plan[Phase.DRAFT_EXTEND].capture and w.plan[Phase.TARGET_VERIFY].capture
+    prompts = [[5, 6, 7], [1], [9, 9, 9, 9, 9]]
+    before = w.runner.summary()[Phase.DRAFT_EXTEND].replays
+    assert w.generate(prompts, 8).tokens == greedy(prompts, 8)
+    assert w.runner.summary()[Phase.DRAFT_EXTEND].replays > before
+
+
+def test_acceptance_is_neither_zero_nor_total():
+    out = worker(SpecConfig.eagle(3), False, "cpu").generate([[1, 2, 3], [4, 5], [6]], 24)
+    assert 1.2 < out.mean_accept_length < 4.0
+
+
+def test_batches_above_the_largest_capture_size_run_eagerly():
+    w = worker(SpecConfig.eagle(2), True, "cpu")
+    prompts = [[i, i + 1] for i in range(6)]  # 6 requests, capture sizes up to 4: chunks of 4 and 2
+    assert w.generate(prompts, 6).tokens == greedy(prompts, 6)
+
+
+def test_backend_that_does_not_fit_is_an_error_with_reasons():
+    with pytest.raises(BackendUnavailable, match="vendor=cpu"):
+        SpecWorker(TARGET, DRAFT, SpecConfig.eagle(2), platform="cpu", backend="triton", max_context_len=CONTEXT)
+
+
+def test_invalid_plan_is_an_error_with_reasons():
+    class NoMultiStep(TorchBackend):
+        capabilities = replace(TorchBackend.capabilities, name="no-multi-step", multi_step=None)
+
+    registry = Registry(discover=lambda: [])
+    registry.register(NoMultiStep)
+    with pytest.raises(PlanInvalid, match="draft_decode: .multi_step."):
+        SpecWorker(TARGET, DRAFT, SpecConfig.eagle(2), platform="cpu", backend="no-multi-step",
+                   registry=registry, max_context_len=CONTEXT)
+
+
+def test_no_vendor_checks_and_no_isinstance_on_backends():
+    for path in Path("attnhal/reference").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                 and n.func.id in ("isinstance", "issubclass", "hasattr", "type")]
+        assert not calls, f"{path}: {[ast.unparse(c) for c in calls]}"
+        text = path.read_text()
+        assert "Vendor" not in text and ".vendor" not in text and "torch.version" not in text, path
+
+
+def test_tree_selection_is_ancestor_closed():
+    torch.manual_seed(0)
+    bs, k, steps, vocab = 3, 3, 4, 20
+    tree = first_level(torch.randn(bs, vocab), k)
+    for _ in range(steps - 1):
+        tree = tree.add_level(*grow(tree.branch_scores, torch.randn(bs * k, vocab)))
+    verify = select(tree, torch.zeros(bs, dtype=torch.long), 8, steps)
+    for b in range(bs):
+        for node in range(1, 8):
+            parent = int(verify.parent[b, node])
+            assert parent < node and verify.depth[b, node] == verify.depth[b, parent] + 1
+            assert bool(verify.mask[b, node, parent]) and bool(verify.mask[b, node, 0])
