@@ -81,6 +81,7 @@ class ReasonCode(str, Enum):
     FEATURE = "feature"
     MODULE_MISSING = "module_missing"
     LOAD_ERROR = "load_error"
+    RUNTIME = "runtime"
     NO_BACKEND = "no_backend"
     MULTI_STEP = "multi_step"
     SPEC_LIMIT = "spec_limit"

@@ -289,6 +289,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if report.lossless else 1
 
 
+def cmd_conformance(args: argparse.Namespace) -> int:
+    from attnhal.testing.report import run_conformance
+
+    platform = resolve_platform(args.platform)
+    names = [args.backend] if args.backend else [e.name for e in default_registry().ordered(platform)]
+    reports = []
+    for name in names:
+        try:
+            reports.append(run_conformance(name, max_examples=args.examples, platform=platform))
+        except LookupError as exc:
+            raise UsageError(f"backend={name}: {exc}") from None
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports], indent=2))
+    else:
+        print("\n\n".join(r.format() for r in reports))
+    return 0 if all(r.ok for r in reports) else 1
+
+
 def cmd_docs(args: argparse.Namespace) -> int:
     from attnhal.docgen import capability_matrix
 
@@ -355,6 +373,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=positive("--seed", 0), default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("conformance", help="check every claim of a backend's descriptor by running it")
+    p.add_argument("backend", nargs="?", help="registered name or module:attr (default: every registered backend)")
+    p.add_argument("--platform")
+    p.add_argument("--examples", type=positive("--examples", 0), default=None,
+                   help="random examples per check on top of the fixed ones (default 2)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_conformance)
 
     p = sub.add_parser("docs", help="write the generated capability matrix (docs/capabilities.md)")
     p.add_argument("--path", default="docs/capabilities.md")

@@ -14,15 +14,20 @@ random permutation, and the same K/V laid out contiguously for SDPA.
 
 Timings are medians of interleaved repeats (the contenders alternate, so drift in
 machine load hits all of them alike). KV GB/s counts the K and V bytes a decode
-must read once: ``2 * bs * ctx * kv_heads * D * itemsize``.
+must read once: ``2 * bs * ctx * kv_heads * D * itemsize``. ``cpu ms`` is the
+process's CPU time per call (all threads): on a machine shared with other jobs
+wall times stretch, and CPU time shows the work itself. The load average is
+printed before and after: compare runs only at similar load.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +43,25 @@ def _time(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _setup(bs: int, ctx: int, hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int) -> dict[str, object]:
+def _times(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall, process CPU) seconds of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+@dataclass
+class _Setup:
+    backend: TorchBackend
+    batch: ForwardBatch
+    q: torch.Tensor  # [bs, q_heads, D]
+    k: torch.Tensor  # [bs, kv_heads, ctx, D], contiguous copies of the pool's K
+    v: torch.Tensor
+    k_rep: torch.Tensor  # [bs, q_heads, ctx, D], K repeated per query head
+    v_rep: torch.Tensor
+
+
+def _setup(bs: int, ctx: int, hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int) -> _Setup:
     gen = torch.Generator().manual_seed(seed)
     pool = KVPool(num_layers=1, num_slots=bs * ctx, num_kv_heads=hkv, head_dim=d, dtype=dtype,
                   max_reqs=bs, max_context_len=ctx)
@@ -46,28 +69,25 @@ def _setup(bs: int, ctx: int, hq: int, hkv: int, d: int, dtype: torch.dtype, see
     pool.v[0].copy_(torch.randn(pool.v[0].shape, generator=gen).to(dtype))
     slots = (torch.randperm(bs * ctx, generator=gen) + 1).view(bs, ctx)
     pool.req_to_token[1:bs + 1] = slots.to(torch.int32)
-    batch = ForwardBatch(Phase.DECODE, req_pool_indices=torch.arange(1, bs + 1), seq_lens=torch.full((bs,), ctx, dtype=torch.int32),
-                         out_cache_loc=slots[:, -1].clone(), seq_lens_cpu=torch.full((bs,), ctx, dtype=torch.int32))
+    lens = torch.full((bs,), ctx, dtype=torch.int32)
+    batch = ForwardBatch(Phase.DECODE, req_pool_indices=torch.arange(1, bs + 1), seq_lens=lens,
+                         out_cache_loc=slots[:, -1].clone(), seq_lens_cpu=lens.clone())
     q = torch.randn(bs, hq, d, generator=gen).to(dtype)
     backend = TorchBackend(AttentionConfig(hq, hkv, d, dtype), pool)
     # Contiguous copies of the same K/V for SDPA: [bs, kv_heads, ctx, D].
     k = pool.k[0][slots].transpose(1, 2).contiguous()
     v = pool.v[0][slots].transpose(1, 2).contiguous()
     rep = hq // hkv
-    return {"pool": pool, "batch": batch, "q": q, "backend": backend, "k": k, "v": v,
-            "k_rep": k.repeat_interleave(rep, 1), "v_rep": v.repeat_interleave(rep, 1)}
+    return _Setup(backend, batch, q, k, v, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
 
 
-def _contenders(s: dict[str, object]) -> dict[str, Callable[[], object]]:
-    backend, batch, q = s["backend"], s["batch"], s["q"]
-    assert isinstance(backend, TorchBackend) and isinstance(batch, ForwardBatch) and isinstance(q, torch.Tensor)
-    bs, hq, d = q.shape
-    q4 = q.view(bs, hq, 1, d)
-    k, v, kr, vr = (s[n] for n in ("k", "v", "k_rep", "v_rep"))
+def _contenders(s: _Setup) -> dict[str, Callable[[], torch.Tensor]]:
+    bs, hq, d = s.q.shape
+    q4 = s.q.view(bs, hq, 1, d)
     return {
-        "paged (TorchBackend)": lambda: backend.forward(q, None, None, 0, batch),
-        "sdpa gqa": lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=True),  # type: ignore[arg-type]
-        "sdpa expanded": lambda: F.scaled_dot_product_attention(q4, kr, vr),  # type: ignore[arg-type]
+        "paged (TorchBackend)": lambda: s.backend.forward(s.q, None, None, 0, s.batch),
+        "sdpa gqa": lambda: F.scaled_dot_product_attention(q4, s.k, s.v, enable_gqa=True),
+        "sdpa expanded": lambda: F.scaled_dot_product_attention(q4, s.k_rep, s.v_rep),
     }
 
 
@@ -80,36 +100,39 @@ def _read_bandwidth(repeats: int) -> float:
 
 def run(bs: int, ctx: int, hq: int, hkv: int, d: int, repeats: int) -> None:
     print(f"decode: bs={bs} ctx={ctx} q_heads={hq} kv_heads={hkv} head_dim={d}, page size 1, random slots; "
-          f"threads={torch.get_num_threads()}, torch {torch.__version__}")
+          f"threads={torch.get_num_threads()}, torch {torch.__version__}; "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         s = _setup(bs, ctx, hq, hkv, d, dtype, seed=0)
-        backend, batch = s["backend"], s["batch"]
-        assert isinstance(backend, TorchBackend) and isinstance(batch, ForwardBatch)
-        meta_s = statistics.median(_time(lambda: backend.init_forward_metadata(batch)) for _ in range(3))
+        meta_s = statistics.median(_time(lambda: s.backend.init_forward_metadata(s.batch)) for _ in range(3))
         fns = _contenders(s)
-        ref = fns["sdpa gqa"]().float().view(bs, hq, d)  # type: ignore[union-attr]
-        err = (fns["paged (TorchBackend)"]().float() - ref).abs().max().item()  # type: ignore[union-attr]
+        ref = fns["sdpa gqa"]().float().view(bs, hq, d)
+        err = (fns["paged (TorchBackend)"]().float() - ref).abs().max().item()
         times: dict[str, list[float]] = {name: [] for name in fns}
+        cpu: dict[str, list[float]] = {name: [] for name in fns}
         bw_samples = []
         for _ in range(repeats):  # interleaved
             for name, fn in fns.items():
-                times[name].append(_time(fn))
+                wall_s, cpu_s = _times(fn)
+                times[name].append(wall_s)
+                cpu[name].append(cpu_s)
             bw_samples.append(_read_bandwidth(1))
         bw = statistics.median(bw_samples)
         kv_bytes = 2 * bs * ctx * hkv * d * torch.empty((), dtype=dtype).element_size()
         med = {name: statistics.median(t) for name, t in times.items()}
         base_name = min(("sdpa gqa", "sdpa expanded"), key=lambda n: med[n])
         for name, t in med.items():
-            rows.append((str(dtype).removeprefix("torch."), name, t * 1e3, med[base_name] / t,
-                         kv_bytes / t / 1e9, kv_bytes / t / 1e9 / bw, base_name == name))
+            rows.append((str(dtype).removeprefix("torch."), name, t * 1e3, statistics.median(cpu[name]) * 1e3,
+                         med[base_name] / t, kv_bytes / t / 1e9, kv_bytes / t / 1e9 / bw, base_name == name))
         print(f"  {dtype}: read bw {bw:.1f} GB/s (sum over 512 MB); paged metadata {meta_s * 1e3:.2f} ms "
               f"per batch (all layers); max |paged - sdpa| = {err:.1e}")
+    print(f"  load average after: {os.getloadavg()[0]:.2f}")
     print()
-    print(f"{'dtype':9} {'contender':22} {'ms':>8} {'vs best sdpa':>13} {'KV GB/s':>8} {'% read bw':>10}")
-    for dt, name, ms, ratio, gbs, frac, base in rows:
+    print(f"{'dtype':9} {'contender':22} {'ms':>8} {'cpu ms':>8} {'vs best sdpa':>13} {'KV GB/s':>8} {'% read bw':>10}")
+    for dt, name, ms, cpu_ms, ratio, gbs, frac, base in rows:
         mark = " (baseline)" if base else ""
-        print(f"{dt:9} {name:22} {ms:8.2f} {ratio:12.2f}x {gbs:8.1f} {frac * 100:9.0f}%{mark}")
+        print(f"{dt:9} {name:22} {ms:8.2f} {cpu_ms:8.2f} {ratio:12.2f}x {gbs:8.1f} {frac * 100:9.0f}%{mark}")
 
 
 def main() -> None:

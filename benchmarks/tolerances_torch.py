@@ -14,6 +14,7 @@ import argparse
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,7 +29,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 HEADS = [(1, 1), (4, 2), (4, 1), (8, 2)]
 
 
-def _params(phase: Phase, rng: random.Random, bs: int) -> dict[str, object]:
+def _params(phase: Phase, rng: random.Random, bs: int) -> dict[str, Any]:
     if phase is Phase.PREFILL:
         return {"extend_lens": [rng.randint(0, 24) for _ in range(bs)]}
     if phase is Phase.TARGET_VERIFY:

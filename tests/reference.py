@@ -13,7 +13,7 @@ permutations, and a ForwardBatch following the per-phase layout.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -303,7 +303,7 @@ def _draft_decode(rng: random.Random, gen: torch.Generator, bs: int, prefix: lis
     return ForwardBatch(Phase.DRAFT_DECODE, _i64(rep), _i32(seq), draft_path[:, draft_step].clone(), spec=spec)
 
 
-_BUILDERS = {
+_BUILDERS: dict[Phase, Callable[..., ForwardBatch]] = {
     Phase.PREFILL: _prefill,
     Phase.DECODE: _decode,
     Phase.TARGET_VERIFY: _target_verify,

@@ -83,3 +83,30 @@ def test_python_dash_m_entry():
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["valid"]
+
+
+def test_info_lists_the_torch_backend_available_on_cpu(capsys):
+    code, out, _ = run(capsys, "info", "--platform", "cpu", "--json")
+    backends = json.loads(out)["backends"]
+    assert code == 0 and backends["torch"] == {"available": True, "reasons": []}
+    _, text, _ = run(capsys, "info", "--platform", "cpu")
+    torch_row = next(line for line in text.splitlines() if line.startswith("torch "))
+    assert "available" in torch_row and "unavailable" not in torch_row
+    assert "capabilities:" in text and "draft_decode" in text
+
+
+def test_plan_with_the_registered_torch_backend(capsys):
+    code, out, _ = run(capsys, "plan", "--backend", "torch", "--platform", "hip:gfx942", "--spec-steps", "1", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["valid"]
+    assert data["phases"]["draft_extend"]["capture"] and data["phases"]["draft_extend"]["backend"] == "torch"
+
+
+def test_demo_json_is_lossless(capsys):
+    code, out, _ = run(capsys, "demo", "--platform", "hip:gfx942", "--backend", "torch", "--spec-steps", "1",
+                       "--batch-size", "2", "--max-new-tokens", "6", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["lossless"] and data["platform"] == "hip:gfx942"
+    assert data["plan"]["phases"]["draft_extend"]["capture"]
+    assert data["capture"]["draft_extend"]["replays"] > 0
+    assert set(data["runs"]) == {"eager", "graphs"}

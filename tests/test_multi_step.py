@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -105,11 +106,12 @@ def test_step_batches_refuse_other_phases_and_short_paths() -> None:
 
 # --- eager and graph equivalence with the reference ------------------------------------------------------
 
-def _run_steps(msd: MultiStepDraft, batch: ForwardBatch, qkv: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
+def _run_steps(msd: MultiStepDraft, batch: ForwardBatch,
+               qkv: Sequence[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
     return [msd.backend(s).forward(q, k, v, 0, b) for s, (b, (q, k, v)) in enumerate(zip(msd.step_batches(batch), qkv))]
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(num_steps=st.integers(2, 5), topk=st.integers(1, 3), bs=st.integers(1, 3), seed=st.integers(0, 999),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]))
 def test_eager_steps_match_reference(num_steps: int, topk: int, bs: int, seed: int, dtype: torch.dtype) -> None:
@@ -125,7 +127,7 @@ def test_eager_steps_match_reference(num_steps: int, topk: int, bs: int, seed: i
         torch.testing.assert_close(out.double(), ref, atol=tol.atol, rtol=tol.rtol)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(num_steps=st.integers(2, 4), topk=st.integers(1, 3), seed=st.integers(0, 999))
 def test_all_steps_in_one_graph(num_steps: int, topk: int, seed: int) -> None:
     pool = KVPool(num_layers=1, num_slots=400, num_kv_heads=2, head_dim=16, dtype=torch.float32,
@@ -135,8 +137,8 @@ def test_all_steps_in_one_graph(num_steps: int, topk: int, seed: int) -> None:
     msd = MultiStepDraft(TorchBackend, first.config, pool, spec, chunk=8)
     rows = first.batch.batch_size
     msd.init_graph_state(rows, rows)
-    leader = msd.backend(0)
-    assert all(msd.backend(s)._graph_ws is leader._graph_ws for s in range(msd.num_forwards))
+    workspaces = {id(getattr(msd.backend(s), "_graph_ws")) for s in range(msd.num_forwards)}
+    assert len(workspaces) == 1  # the steps share one scratch workspace
     msd.init_capture_metadata(first.batch)
     static = [tuple(t.clone() for t in qkv) for qkv in _step_qkv(first, msd.num_forwards, seed)]
     graph = EmulatedGraph()
@@ -162,3 +164,48 @@ def test_all_steps_in_one_graph(num_steps: int, topk: int, seed: int) -> None:
         assert graph.replay_allocations == 0
         for got, exp in zip(outs, want):
             torch.testing.assert_close(got, exp, atol=1e-5, rtol=1e-5)
+
+
+# --- through the GraphRunner: the whole multi-step draft as one graph per size ------------------------
+
+def test_graph_runner_captures_all_steps_in_one_graph() -> None:
+    from attnhal.graphs import GraphRunner, PhaseStep
+    from attnhal.plan import GraphPolicy, PhaseBackends, plan
+    from attnhal.platform import parse
+
+    spec = SpecConfig.eagle(3, topk=2, num_draft_tokens=5)
+    pool = KVPool(num_layers=1, num_slots=500, num_kv_heads=2, head_dim=16, dtype=torch.float32,
+                  max_reqs=8, max_context_len=48)
+    case = _case(3, 2, seed=3, pool=pool, bs=3)
+    msd = MultiStepDraft(TorchBackend, case.config, pool, spec)
+    steps = msd.num_forwards
+
+    def forward(batch: ForwardBatch, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return tuple(msd.backend(s).forward(x["q"][:, s], x["k"][:, s], x["v"][:, s], 0, b)
+                     for s, b in enumerate(msd.step_batches(batch)))
+
+    f32 = torch.float32
+    step = PhaseStep(metadata=msd, forward=forward, rows_per_request=spec.topk,
+                     inputs={"q": ("row", (steps, 4, 16), f32), "k": ("row", (steps, 2, 16), f32),
+                             "v": ("row", (steps, 2, 16), f32)})
+    cpu = parse("cpu")
+    the_plan = plan(spec, cpu, PhaseBackends.same(CAPS, spec), GraphPolicy(batch_sizes=(1, 2, 4)))
+    runner = GraphRunner(the_plan, cpu, {Phase.DRAFT_DECODE: step})
+    assert runner.captured_sizes(Phase.DRAFT_DECODE) == (1, 2, 4)
+    for seed, bs in ((4, 3), (5, 1), (6, 2)):  # 3 requests replay the size-4 graph with a padded request
+        case = _case(3, 2, seed=seed, pool=pool, bs=bs)
+        rows = case.batch.batch_size
+        gen = torch.Generator().manual_seed(seed)
+        x = {"q": torch.randn(rows, steps, 4, 16, generator=gen), "k": torch.randn(rows, steps, 2, 16, generator=gen),
+             "v": torch.randn(rows, steps, 2, 16, generator=gen)}
+        want = []
+        for s in range(steps):  # the reference, step by step on the pool as the steps leave it
+            b = replace(case.batch, out_cache_loc=case.batch.spec.draft_path[:, s],
+                        spec=replace(case.batch.spec, draft_step=s))
+            want.append(reference_forward(x["q"][:, s], x["k"][:, s], x["v"][:, s], 0, b, pool, case.config.sm_scale))
+            pool.write(0, b.out_cache_loc, x["k"][:, s], x["v"][:, s])
+        got = runner.run(Phase.DRAFT_DECODE, case.batch, x)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.double(), w, atol=1e-5, rtol=1e-5)
+    stats = runner.summary()[Phase.DRAFT_DECODE]
+    assert stats.replays == 3 and stats.eager_runs == 0 and stats.replay_allocations == 0

@@ -113,7 +113,7 @@ def test_registered_through_entry_point() -> None:
 # --- eager, every phase -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("phase", list(Phase), ids=lambda p: p.value)
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_phase_matches_reference(phase: Phase, data: st.DataObject) -> None:
     case, kernel = data.draw(phase_cases(phase))
@@ -159,7 +159,8 @@ def test_draft_path_is_read_at_forward_time() -> None:
     case = make_case(Phase.DRAFT_DECODE, seed=4, bs=2, topk=2, num_steps=3, draft_step=1)
     backend = TorchBackend(case.config, case.pool)
     backend.init_forward_metadata(case.batch)
-    path = case.batch.spec.draft_path  # type: ignore[union-attr]
+    assert case.batch.spec is not None and case.batch.spec.draft_path is not None
+    path = case.batch.spec.draft_path
     path[:, 0] = path[:, 0].flip(0)  # re-parent the branches after the metadata was built
     assert_matches(backend.forward(case.q, case.k, case.v, case.layer, case.batch), case.reference(), "float32")
 
@@ -207,7 +208,7 @@ def graph_pool(base: dict[str, Any]) -> KVPool:
 
 
 @pytest.mark.parametrize("phase", GRAPH_PHASES, ids=lambda p: p.value)
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(data=st.data())
 def test_graph_replay_matches_reference(phase: Phase, data: st.DataObject) -> None:
     base = data.draw(common(max_bs=3))
@@ -245,7 +246,8 @@ def _real_tokens(batch: ForwardBatch) -> torch.Tensor:
 
 @pytest.mark.parametrize("phase", GRAPH_PHASES, ids=lambda p: p.value)
 def test_replay_metadata_has_no_host_sync(phase: Phase) -> None:
-    params = {Phase.TARGET_VERIFY: {"topk": 2, "num_draft_tokens": 4}, Phase.DRAFT_DECODE: {"topk": 2}}
+    params: dict[Phase, dict[str, Any]] = {Phase.TARGET_VERIFY: {"topk": 2, "num_draft_tokens": 4},
+                                           Phase.DRAFT_DECODE: {"topk": 2}}
     case = make_case(phase, seed=7, bs=3, **params.get(phase, {}))
     backend = TorchBackend(case.config, case.pool)
     backend.init_graph_state(case.batch.batch_size, case.batch.num_tokens)
@@ -271,3 +273,36 @@ def test_host_sync_in_forward_would_be_caught() -> None:
     """Sanity of the harness: the emulator does catch a host read in a captured forward."""
     with pytest.raises(CaptureError):
         EmulatedGraph().capture(lambda: int(torch.ones(1).sum()))
+
+
+# --- through the GraphRunner (padding to capture sizes, fill values) ----------------------------------------
+
+@pytest.mark.parametrize("phase", [Phase.DECODE, Phase.TARGET_VERIFY, Phase.DRAFT_EXTEND], ids=lambda p: p.value)
+def test_graph_runner_replays_match_reference(phase: Phase) -> None:
+    from attnhal.graphs import GraphRunner, PhaseStep
+    from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
+    from attnhal.platform import parse
+
+    spec = SpecConfig() if phase is Phase.DECODE else SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
+    pool = KVPool(num_layers=1, num_slots=400, num_kv_heads=2, head_dim=32, dtype=torch.float32,
+                  max_reqs=8, max_context_len=40)
+    first = make_case(phase, seed=0, bs=1, num_q_heads=4, num_kv_heads=2, head_size=32, pool=pool)
+    backend = TorchBackend(first.config, pool, chunk=16)
+    f32 = torch.float32
+    step = PhaseStep(metadata=backend, forward=lambda b, x: backend.forward(x["q"], x["k"], x["v"], 0, b),
+                     inputs={"q": ("token", (4, 32), f32), "k": ("token", (2, 32), f32), "v": ("token", (2, 32), f32)})
+    cpu = parse("cpu")
+    the_plan = plan(spec, cpu, PhaseBackends.same(CAPS, spec), GraphPolicy(batch_sizes=(2, 4)))
+    runner = GraphRunner(the_plan, cpu, {phase: step})
+    assert runner.captured_sizes(phase) == (2, 4)
+    by_phase: dict[Phase, dict[str, Any]] = {Phase.TARGET_VERIFY: {"topk": 2, "num_draft_tokens": 4},
+                                             Phase.DRAFT_EXTEND: {"draft_extend_len": spec.draft_extend_len}}
+    params = by_phase.get(phase, {})
+    for seed, bs in ((1, 3), (2, 1), (3, 4)):
+        case = make_case(phase, seed=seed, bs=bs, num_q_heads=4, num_kv_heads=2, head_size=32, pool=pool, **params)
+        ref = case.reference()
+        out = runner.run(phase, case.batch, {"q": case.q, "k": case.k, "v": case.v})
+        assert isinstance(out, torch.Tensor)
+        assert_matches(out, ref, "float32")
+    stats = runner.summary()[phase]
+    assert stats.replays == 3 and stats.replay_allocations == 0

@@ -1,4 +1,54 @@
 """Testing tools for backend authors: hypothesis strategies and the conformance kit.
 
-Importing ``attnhal.testing`` needs ``hypothesis`` (``pip install 'attnhal[test]'``).
+* :mod:`attnhal.testing.strategies` — hypothesis strategies, most bound to a backend's
+  descriptor (batches of each phase drawing only what it claims);
+* :mod:`attnhal.testing.batches` — :class:`CaseSpec` / :func:`build_case`, the valid forwards
+  those strategies draw;
+* :mod:`attnhal.testing.reference` — the fp64 reference attention;
+* :mod:`attnhal.testing.conformance` — :class:`BackendConformance`, the pytest mixin;
+* :mod:`attnhal.testing.report` — :func:`run_conformance` and :class:`ConformanceReport`;
+* :mod:`attnhal.testing.plugin` — the pytest plugin (``pytest --attnhal-backend NAME``).
+
+Importing ``attnhal.testing`` itself is light; its submodules need ``hypothesis`` and
+``torch`` (``pip install 'attnhal[test]'``). See docs/conformance.md.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnhal.testing.batches import Case, CaseSpec, build_case
+    from attnhal.testing.checks import Claim, ClaimFalsified, ClaimResult, Status
+    from attnhal.testing.conformance import BackendConformance
+    from attnhal.testing.report import ConformanceReport, run_conformance
+
+__all__ = [
+    "BackendConformance",
+    "Case",
+    "CaseSpec",
+    "Claim",
+    "ClaimFalsified",
+    "ClaimResult",
+    "ConformanceReport",
+    "Status",
+    "build_case",
+    "run_conformance",
+]
+
+_WHERE = {
+    "BackendConformance": "conformance",
+    "Case": "batches", "CaseSpec": "batches", "build_case": "batches",
+    "Claim": "checks", "ClaimFalsified": "checks", "ClaimResult": "checks", "Status": "checks",
+    "ConformanceReport": "report", "run_conformance": "report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `import attnhal.testing.plugin` (loaded by every pytest run) must not pull in
+    # torch or hypothesis through this package.
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f"attnhal.testing.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'attnhal.testing' has no attribute {name!r}")

@@ -19,10 +19,10 @@ run by the Triton interpreter takes well under a second per example.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-import torch
 from hypothesis import strategies as st
 
 from attnhal.capabilities import (
@@ -35,7 +35,11 @@ from attnhal.capabilities import (
 )
 from attnhal.plan import GraphPolicy, SpecConfig
 from attnhal.platform import Platform, Vendor, detect, parse
-from attnhal.testing.batches import Case, CaseSpec, build_case, tree_mask
+
+if TYPE_CHECKING:  # the batch strategies need torch; the others stay light
+    import torch
+
+    from attnhal.testing.batches import Case, CaseSpec
 
 __all__ = [
     "case_specs",
@@ -171,6 +175,8 @@ def tree_parents(num_tokens: int) -> st.SearchStrategy[tuple[int, ...]]:
 
 def tree_masks(num_tokens: int) -> st.SearchStrategy[torch.Tensor]:
     """``[T, T]`` bool ancestor-closed masks of draft trees (see :func:`~attnhal.testing.batches.tree_mask`)."""
+    from attnhal.testing.batches import tree_mask
+
     return tree_parents(num_tokens).map(tree_mask)
 
 
@@ -187,7 +193,7 @@ def spec_configs_for(caps: BackendCapabilities, phase: Phase, limits: SpecLimits
     topk_top = min(max_topk, limits.max_topk or max_topk)
     if phase is Phase.TARGET_VERIFY and Feature.CUSTOM_MASK not in caps.features:
         topk_top = 1
-    if steps_top < low or topk_top < 1:
+    if steps_top < low or topk_top < 1 or (limits.max_draft_tokens or 2) < 2:
         return st.nothing()
 
     @st.composite
@@ -222,6 +228,8 @@ def case_specs(draw: st.DrawFn, caps: BackendCapabilities, phase: Phase, *, dtyp
     (``draft_extend``), the draft path and step (``draft_decode``; ``multi_step=True``:
     step 0 with re-parenting between forwards), layers and a slot layout.
     """
+    from attnhal.testing.batches import CaseSpec
+
     heads = draw(head_configs(max_kv_heads, max_group))
     if spec is None and phase is not Phase.PREFILL and phase is not Phase.DECODE:
         spec = draw(spec_configs_for(caps, phase).filter(lambda s: not tree or s.topk > 1))
@@ -236,7 +244,7 @@ def case_specs(draw: st.DrawFn, caps: BackendCapabilities, phase: Phase, *, dtyp
 
 @st.composite
 def _phase_fields(draw: st.DrawFn, phase: Phase, spec: SpecConfig | None, n: int, max_seq_len: int,
-                  multi_step: bool) -> dict[str, object]:
+                  multi_step: bool) -> dict[str, Any]:
     """The per-phase fields of a :class:`CaseSpec` (lengths, tree, draft path)."""
     if phase is Phase.PREFILL:
         new = _lens(draw, 0, min(16, max_seq_len), n)
@@ -267,6 +275,8 @@ def cases(caps: BackendCapabilities, phase: Phase, *, device: str = "cpu", **kwa
     """Built cases: :func:`case_specs` (same keyword arguments) through
     :func:`~attnhal.testing.batches.build_case` on ``device``: config, pool with random K/V,
     batch, ``q``, ``k``, ``v``."""
+    from attnhal.testing.batches import build_case
+
     return case_specs(caps, phase, **kwargs).map(lambda spec: build_case(spec, device=device))  # type: ignore[arg-type]
 
 
@@ -297,11 +307,11 @@ def graph_case_specs(draw: st.DrawFn, caps: BackendCapabilities, phase: Phase, *
     first = draw(case_specs(caps, phase, spec=spec, requests=draw(st.integers(1, max(capture_sizes))),
                             multi_step=multi_step, **kwargs))  # type: ignore[arg-type]
     more = []
+    same = {**kwargs, "dtype": first.dtype, "head_size": first.head_size}  # one graph, one model shape
     for _ in range(draw(st.integers(*replays)) - 1):
-        other = draw(case_specs(caps, phase, spec=spec, dtype=first.dtype, head_size=first.head_size,
-                                requests=draw(st.integers(1, max(capture_sizes))), multi_step=multi_step,
-                                **kwargs))  # type: ignore[arg-type]
-        more.append(replace(other, num_q_heads=first.num_q_heads, num_kv_heads=first.num_kv_heads,
+        other = draw(case_specs(caps, phase, spec=spec, requests=draw(st.integers(1, max(capture_sizes))),
+                                multi_step=multi_step, **same))  # type: ignore[arg-type]
+        more.append(dataclasses.replace(other, num_q_heads=first.num_q_heads, num_kv_heads=first.num_kv_heads,
                             num_layers=first.num_layers, layer=first.layer))
     return (first, *more)
 

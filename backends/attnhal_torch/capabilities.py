@@ -1,9 +1,13 @@
 """The torch backend's descriptor: what it runs, captures and how precisely.
 
 Tolerances are measured against the fp64 reference of ``tests/reference.py``
-(``benchmarks/tolerances_torch.py`` re-measures them): the backend computes in
-fp32 and rounds its output to the query dtype once, so fp16 / bf16 errors are
-that final rounding (half an ulp of the output) plus fp32 noise.
+with ``benchmarks/tolerances_torch.py`` (100 random cases over all phases, head
+configs, head sizes 16-256, contexts up to ~230): the smallest ``tol`` with
+``|out - ref| <= tol * (1 + |ref|)`` was 8.2e-7 (fp32), 2.6e-4 (fp16) and 2.4e-3
+(bf16). The backend computes in fp32 and rounds its output to the query dtype
+once, so fp16 / bf16 errors are bounded by half an output ulp (2^-11, 2^-8
+relative) plus fp32 noise; the declared values keep about 2x over those bounds,
+and fp32 leaves room for long contexts.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ graph records only the capturing thread.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -53,14 +54,19 @@ class HostWorkers:
             future.result()
 
 
-_shared: dict[int, HostWorkers] = {}
+_shared: dict[tuple[int, int], HostWorkers] = {}
 _lock = threading.Lock()
 
 
 def host_workers(count: int) -> HostWorkers:
-    """The process-wide pool of ``count`` workers (created on first use, shared by backends)."""
+    """The process-wide pool of ``count`` workers (created on first use, shared by backends).
+
+    Keyed by process id too: a forked child inherits the pool object but not its
+    threads, and would wait forever on it.
+    """
+    key = (os.getpid(), count)
     with _lock:
-        workers = _shared.get(count)
+        workers = _shared.get(key)
         if workers is None:
-            workers = _shared[count] = HostWorkers(count)
+            workers = _shared[key] = HostWorkers(count)
         return workers

@@ -1,0 +1,209 @@
+"""The conformance suite as a pytest mixin: certify a backend in one line.
+
+.. code-block:: python
+
+    # tests/test_conformance.py of your backend package
+    from attnhal.testing.conformance import BackendConformance
+    from my_backend import MyBackend
+
+    class TestMyBackend(BackendConformance):
+        backend_cls = MyBackend
+
+:class:`BackendConformance` has no ``Test`` prefix, so pytest collects only your
+subclass. Each test method checks one claim of the backend's descriptor (see
+:mod:`attnhal.testing.checks`); a claim the descriptor does not make is skipped as "not
+claimed", one this process cannot check is skipped as "not checked here: <why>", and a
+falsified claim fails with the claim's name and the shrunk counterexample.
+
+Settings, each a class attribute or a fixture of the same name (the attribute wins):
+
+``backend_cls`` (required)
+    the backend class, a registered name (``"torch"``) or ``"module:attr"``.
+``platform``
+    a :class:`~attnhal.platform.Platform` or spec (``"hip:gfx942"`` simulated on CPU);
+    default ``--attnhal-platform``, else :func:`attnhal.platform.detect`.
+``max_examples``
+    random examples per check on top of the fixed ones; ``--attnhal-examples`` and
+    ``$ATTNHAL_CONFORMANCE_EXAMPLES`` override it; default 2.
+``backend_kwargs``
+    keyword arguments for every ``backend_cls(config, pool, **backend_kwargs)``.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import pytest
+
+from attnhal.backend import AttentionBackend
+from attnhal.capabilities import DTYPES, GRAPH_PHASES, Feature, Phase, Vendor
+from attnhal.platform import Platform, current
+from attnhal.testing.checks import (
+    DEFAULT_EXAMPLES,
+    EXAMPLES_ENV,
+    Claim,
+    ClaimFalsified,
+    ClaimKind,
+    ClaimResult,
+    Status,
+    Target,
+    check,
+    claims,
+    not_checked_reason,
+    verify,
+)
+from attnhal.testing.report import resolve_backend
+
+__all__ = ["BackendConformance"]
+
+_PHASES = [p.value for p in Phase]
+_GRAPH_PHASES = [p.value for p in GRAPH_PHASES]
+
+
+def _setting(request: pytest.FixtureRequest, name: str) -> Any:
+    """Class attribute ``name`` if set, else the fixture ``name`` if one exists, else None."""
+    value = getattr(request.cls, name, None)
+    if value is not None:
+        return value
+    try:
+        return request.getfixturevalue(name)
+    except pytest.FixtureLookupError:
+        return None
+
+
+def _examples(request: pytest.FixtureRequest) -> int:
+    import os
+
+    option = request.config.getoption("attnhal_examples", default=None)
+    if option is not None:
+        return int(option)
+    env = os.environ.get(EXAMPLES_ENV, "").strip()
+    if env:
+        return int(env)
+    value = _setting(request, "max_examples")
+    return DEFAULT_EXAMPLES if value is None else int(value)
+
+
+def _backend(request: pytest.FixtureRequest) -> type[AttentionBackend]:
+    option = request.config.getoption("attnhal_backend", default=None)
+    spec = option if getattr(request.cls, "from_option", False) else None
+    spec = spec or _setting(request, "backend_cls") or option
+    if spec is None:
+        raise pytest.UsageError(f"{request.cls.__name__ if request.cls else 'BackendConformance'}: no backend "
+                                "(supported: class attribute backend_cls = YourBackend, a fixture backend_cls, "
+                                "or pytest --attnhal-backend NAME|module:attr)")
+    try:
+        return resolve_backend(spec)
+    except LookupError as exc:
+        raise pytest.UsageError(f"backend {spec!r}: {exc}") from exc
+
+
+def _platform(request: pytest.FixtureRequest) -> Platform:
+    option = request.config.getoption("attnhal_platform", default=None)
+    return current(option or _setting(request, "platform"))
+
+
+class BackendConformance:
+    """Every claim of ``backend_cls``'s descriptor, checked by running it (see the module docs).
+
+    Subclass it with a ``Test`` name and set ``backend_cls``; nothing else is required.
+    """
+
+    backend_cls: ClassVar[type[AttentionBackend] | str | None] = None
+    platform: ClassVar[Platform | str | None] = None
+    max_examples: ClassVar[int | None] = None
+    backend_kwargs: ClassVar[Mapping[str, Any] | None] = None
+    #: The plugin's generated suite reads the backend from ``--attnhal-backend`` first.
+    from_option: ClassVar[bool] = False
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def attnhal_target(cls, request: pytest.FixtureRequest) -> Target:
+        """What every test of the class runs: backend, platform, example count."""
+        return Target(_backend(request), _platform(request), max_examples=_examples(request),
+                      backend_kwargs=dict(_setting(request, "backend_kwargs") or {}))
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("phase", _PHASES)
+    def test_phase(self, attnhal_target: Target, request: pytest.FixtureRequest, phase: str, dtype: str) -> None:
+        """Every claimed head size of ``phase`` in ``dtype`` matches the fp64 reference."""
+        _claim(attnhal_target, request, Claim(ClaimKind.PHASE, phase, dtype))
+
+    @pytest.mark.parametrize("phase", _PHASES)
+    def test_unclaimed_phase(self, attnhal_target: Target, request: pytest.FixtureRequest, phase: str) -> None:
+        """A phase the descriptor leaves out raises ``UnsupportedPhase``."""
+        _claim(attnhal_target, request, Claim(ClaimKind.UNCLAIMED, phase))
+
+    @pytest.mark.parametrize("feature", [f.value for f in Feature])
+    def test_feature(self, attnhal_target: Target, request: pytest.FixtureRequest, feature: str) -> None:
+        """A claimed feature works (``custom_mask``: draft-tree masks in ``target_verify``)."""
+        _claim(attnhal_target, request, Claim(ClaimKind.FEATURE, feature))
+
+    @pytest.mark.parametrize("phase", _GRAPH_PHASES)
+    def test_graph(self, attnhal_target: Target, request: pytest.FixtureRequest, phase: str) -> None:
+        """A claimed graph phase captures, replays equal to eager, without host sync or allocation."""
+        _claim(attnhal_target, request, Claim(ClaimKind.GRAPH, phase))
+
+    @pytest.mark.parametrize("phase", _GRAPH_PHASES)
+    def test_seq_len_fill(self, attnhal_target: Target, request: pytest.FixtureRequest, phase: str) -> None:
+        """Padded rows (seq len = the declared fill value) are finite and leave real rows alone."""
+        _claim(attnhal_target, request, Claim(ClaimKind.SEQ_LEN_FILL, phase))
+
+    def test_multi_step(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
+        """``MultiStepDraft``: every forward matches the reference as the draft tree re-parents."""
+        _claim(attnhal_target, request, Claim(ClaimKind.MULTI_STEP))
+
+    @pytest.mark.parametrize("vendor", [v.value for v in Vendor])
+    def test_vendor(self, attnhal_target: Target, request: pytest.FixtureRequest, vendor: str) -> None:
+        """Where the claims ran: the claimed vendors without a device here are reported skipped."""
+        _claim(attnhal_target, request, Claim(ClaimKind.VENDOR, vendor))
+
+    def test_other_declared_values(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
+        """Page sizes other than 1 and KV dtypes other than the compute dtypes: reported, not run."""
+        extra = [c for c in claims(attnhal_target.caps) if c.kind in (ClaimKind.PAGE_SIZE, ClaimKind.KV_DTYPE)]
+        for claim in extra:
+            _record(request, attnhal_target, ClaimResult(claim, Status.NOT_CHECKED,
+                                                         not_checked_reason(attnhal_target, claim) or ""))
+        if not extra:
+            pytest.skip("no page sizes other than 1 and no KV dtypes beyond the compute dtypes are claimed")
+        pytest.skip("not checked here: " + "; ".join(
+            f"{c.name}: {not_checked_reason(attnhal_target, c)}" for c in extra))
+
+
+def _claim(target: Target, request: pytest.FixtureRequest, claim: Claim) -> None:
+    """Skip an unmade claim, skip (and record) one not checkable here, else check it."""
+    if claim not in claims(target.caps):
+        pytest.skip(f"{claim.name} is not claimed by {target.caps.name!r}: not tested")
+    why = not_checked_reason(target, claim)
+    if why is not None:
+        _record(request, target, ClaimResult(claim, Status.NOT_CHECKED, why))
+        pytest.skip(f"not checked here: {claim.name}: {why}")
+    if claim.kind is ClaimKind.VENDOR:  # where the claims ran: nothing to run for it
+        _record(request, target, verify(target, claim))
+        return
+    try:
+        detail, count = check(target, claim)
+    except ClaimFalsified as exc:
+        notes = "\n".join(getattr(exc, "__notes__", ()))
+        _record(request, target, ClaimResult(claim, Status.FALSIFIED, exc.detail, counterexample=notes or None))
+        failure = "\n".join(filter(None, (str(exc), notes, _cause(exc))))
+    else:
+        _record(request, target, ClaimResult(claim, Status.VERIFIED, detail, examples=count))
+        return
+    pytest.fail(failure, pytrace=False)  # outside the handler: no "during handling" chain in the output
+
+
+def _cause(exc: BaseException) -> str:
+    """Where in the backend an exception behind a falsification came from."""
+    if exc.__cause__ is None:
+        return ""
+    lines = traceback.format_exception(exc.__cause__)
+    return "caused by:\n" + "".join(lines[-12:]).rstrip()
+
+
+def _record(request: pytest.FixtureRequest, target: Target, result: ClaimResult) -> None:
+    from attnhal.testing import plugin
+
+    plugin.record(request.config, f"{target.caps.name} on {target.platform.spec}", result)

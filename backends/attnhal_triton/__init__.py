@@ -1,0 +1,29 @@
+"""attnhal Triton backend for CUDA and HIP.
+
+``import attnhal_triton`` imports neither torch nor triton: the descriptor
+(:data:`CAPABILITIES`, also ``TritonBackend.capabilities``) and the launch table are
+available even where triton is missing; ``TritonBackend`` (which needs torch) loads
+on first access, and the kernels (which need triton) at the first forward.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from attnhal_triton.descriptor import CAPABILITIES
+from attnhal_triton.launch_table import FALLBACK, TABLE, LaunchRow, UnknownArchWarning, lookup
+
+if TYPE_CHECKING:
+    from attnhal_triton.backend import TritonBackend
+
+__all__ = ["CAPABILITIES", "FALLBACK", "TABLE", "LaunchRow", "TritonBackend", "UnknownArchWarning",
+           "lookup"]
+
+
+def __getattr__(name: str) -> Any:
+    # The entry point "attnhal_triton:TritonBackend" resolves through here.
+    if name == "TritonBackend":
+        from attnhal_triton.backend import TritonBackend
+
+        return TritonBackend
+    raise AttributeError(f"module 'attnhal_triton' has no attribute {name!r}")

@@ -1,0 +1,339 @@
+"""Compile every kernel for CUDA and HIP targets without a GPU.
+
+    python -m attnhal_triton.compile_check [--json] [--kernels decode extend_prefill ...]
+        [--targets cuda:80 hip:gfx942 ...] [--dtypes float16 ...] [--head-sizes 128 ...]
+
+For each (kernel variant, target, dtype, head size) the kernel is compiled with the
+launch row :func:`attnhal_triton.launch_table.lookup` picks for that target's arch
+family (and, with ``--fallback``, the fallback row too) by
+``triton.compile(ASTSource(...), target=GPUTarget(...))`` down to cubin / hsaco, and
+the table reports registers, spills, scratch and shared memory:
+
+* CUDA: ``ptxas -v`` on the generated PTX (registers per thread; spill stores +
+  loads in bytes; stack frame bytes);
+* HIP: the code object's metadata (VGPRs + AGPRs per lane; VGPR + SGPR spill
+  counts; private segment bytes).
+
+Compilation does not work in a process with ``TRITON_INTERPRET`` set (triton reads
+it when kernels are decorated), so :func:`run_compile_check` runs itself in a child
+process without it when needed, and ``main`` re-executes itself likewise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from attnhal.platform import Platform, parse
+from attnhal_triton.launch_table import LaunchRow, UnknownArchWarning, fallback_row, lookup
+
+__all__ = ["DEFAULT_TARGETS", "VARIANTS", "format_table", "main", "run_compile_check"]
+
+#: ``"cuda:<capability>"`` or ``"hip:<gfx arch>"``; the warp size follows the platform.
+DEFAULT_TARGETS = ("cuda:80", "cuda:90", "hip:gfx90a", "hip:gfx942")
+DTYPES = ("float16", "bfloat16", "float32")
+HEAD_SIZES = (64, 128, 256)
+#: Query heads per KV head compiled for (Llama-3-8B-like GQA).
+GROUP = 4
+
+_TRITON_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+#: Shared memory (LDS) a block may use, by target arch: a kernel over it compiles
+#: but cannot launch, so the check reports it as an error. Archs not listed are
+#: not checked.
+SHARED_LIMIT = {"80": 166912, "86": 101376, "89": 101376, "90": 232448,
+                "gfx90a": 65536, "gfx942": 65536, "gfx950": 163840}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled form of a kernel: its table name and the phase's constexpr flags."""
+
+    table_kernel: str
+    function: str
+    flags: Mapping[str, bool] = field(default_factory=dict)
+
+
+#: Every kernel form the backend launches, by the phase(s) it serves.
+VARIANTS: Mapping[str, Variant] = {
+    "decode": Variant("decode", "decode_partial_kernel"),  # decode and draft_decode
+    "decode_reduce": Variant("decode_reduce", "decode_reduce_kernel"),
+    "extend_prefill": Variant("extend", "extend_kernel",
+                              {"PACKED": True, "HAS_EXT_LENS": True, "USE_MASK": False}),
+    "extend_verify": Variant("extend", "extend_kernel",
+                             {"PACKED": False, "HAS_EXT_LENS": False, "USE_MASK": False}),
+    "extend_verify_tree": Variant("extend", "extend_kernel",
+                                  {"PACKED": False, "HAS_EXT_LENS": False, "USE_MASK": True}),
+    "extend_draft": Variant("extend", "extend_kernel",
+                            {"PACKED": False, "HAS_EXT_LENS": True, "USE_MASK": False}),
+}
+
+# Pointer element types; Q/K/V/Out take the compute dtype.
+_POINTERS = {"MidO": "fp32", "MidLse": "fp32", "ReqToToken": "i32", "ReqIdx": "i64",
+             "SeqLens": "i32", "QoIndptr": "i32", "ExtLens": "i32", "Extra": "i64", "Mask": "u8"}
+_DATA = ("Q", "K", "V", "Out")
+# Strides that are multiples of the head size (>= 16) in every real layout: the JIT
+# would specialise them as divisible by 16, so the check does too.
+_ALIGNED = frozenset({"stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
+                      "stride_ob", "stride_oh", "stride_os", "stride_outt", "stride_outh"})
+
+
+@dataclass(frozen=True)
+class Job:
+    variant: str
+    target: str
+    dtype: str
+    head_size: int
+    fallback: bool
+
+    def platform(self) -> Platform:
+        vendor, _, arch = self.target.partition(":")
+        return parse(f"{vendor}:{'sm' + arch if arch.isdigit() else arch}")
+
+    def row(self, kernel: str) -> LaunchRow:
+        if self.fallback:
+            return fallback_row(kernel, self.head_size, self.dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnknownArchWarning)
+            return lookup(kernel, self.platform(), self.head_size, self.dtype)
+
+
+def _gpu_target(spec: str) -> Any:
+    from triton.backends.compiler import GPUTarget
+
+    vendor, _, arch = spec.partition(":")
+    platform = Job("", spec, "", 0, False).platform()
+    return GPUTarget(vendor, int(arch) if arch.isdigit() else arch, platform.warp_size)
+
+
+def _constexprs(job: Job, variant: Variant, row: LaunchRow) -> dict[str, Any]:
+    values: dict[str, Any] = {"HEAD_DIM": job.head_size, **variant.flags}
+    if variant.table_kernel == "decode_reduce":
+        splits = job.row("decode").kv_splits
+        values["BLOCK_S"] = 1 << max(0, splits - 1).bit_length()
+        return values
+    values.update(GROUP=GROUP, DOT_F32=False, **row.constexprs)
+    if variant.table_kernel == "decode":
+        # As ops.decode_partial: the group padded to >= 16 rows, capped by the row.
+        values["BLOCK_H"] = min(row.blocks["BLOCK_H"], max(16, 1 << (GROUP - 1).bit_length()))
+    return values
+
+
+def _source(job: Job, variant: Variant, row: LaunchRow) -> Any:
+    from triton.compiler import ASTSource
+
+    from attnhal_triton import kernels
+
+    fn = getattr(kernels, variant.function)
+    constexprs = _constexprs(job, variant, row)
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for index, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        if name in _DATA or name in _POINTERS:
+            signature[name] = "*" + (_TRITON_DTYPE[job.dtype] if name in _DATA else _POINTERS[name])
+        else:
+            signature[name] = "fp32" if name == "qk_scale" else "i32"
+        if signature[name].startswith("*") or name in _ALIGNED:
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return ASTSource(fn, signature, constexprs, attrs)
+
+
+_PTXAS = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def _cuda_usage(compiled: Any, capability: int) -> dict[str, int]:
+    """Registers and spills from ``ptxas -v`` on the PTX (the cache may skip triton's own run)."""
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        log = subprocess.run(
+            [get_ptxas(capability).path, "-v", "--regAllocOptLevel=2",
+             f"--gpu-name={sm_arch_from_capability(capability)}", ptx, "-o", os.path.join(tmp, "k.o")],
+            check=True, capture_output=True, text=True).stderr
+    regs, spill = _PTXAS.search(log), _SPILL.search(log)
+    return {"registers": int(regs.group(1)) if regs else -1,
+            "spills": int(spill.group(2)) + int(spill.group(3)) if spill else -1,
+            "scratch": int(spill.group(1)) if spill else -1}
+
+
+def _hip_usage(compiled: Any) -> dict[str, int]:
+    """VGPRs (+AGPRs), spill counts and scratch from the code object's metadata."""
+    text = compiled.asm["amdgcn"]
+
+    def meta(key: str) -> int:
+        m = re.search(rf"\.{key}:\s+(\d+)", text)
+        return int(m.group(1)) if m else -1
+
+    return {"registers": meta("vgpr_count") + max(meta("agpr_count"), 0),
+            "spills": meta("vgpr_spill_count") + meta("sgpr_spill_count"),
+            "scratch": meta("private_segment_fixed_size")}
+
+
+def _usage(compiled: Any, target: Any) -> dict[str, int]:
+    """Resource usage, read from whichever binary form the target's compiler produced."""
+    readers = {"ptx": lambda: _cuda_usage(compiled, int(target.arch)),
+               "amdgcn": lambda: _hip_usage(compiled)}
+    for stage, read in readers.items():
+        if stage in compiled.asm:
+            return read()
+    return {"registers": -1, "spills": -1, "scratch": -1}
+
+
+def _compile_one(job: Job) -> dict[str, Any]:
+    """Compile one job; never raises (errors are reported in the row)."""
+    import triton
+
+    variant = VARIANTS[job.variant]
+    row = job.row(variant.table_kernel)
+    result: dict[str, Any] = {**asdict(job), "kernel": job.variant, "row": row.key(),
+                              "ok": False, "registers": None, "spills": None, "scratch": None,
+                              "shared": None, "error": "", "seconds": 0.0}
+    del result["variant"]
+    start = time.perf_counter()
+    try:
+        target = _gpu_target(job.target)
+        with warnings.catch_warnings():
+            # Triton 3.9 announces a future default (fp fusion) on every compile; noise here.
+            warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
+            compiled = triton.compile(_source(job, variant, row), target=target,
+                                      options=row.launch_options)
+        usage = _usage(compiled, target)
+        result.update(usage, shared=int(compiled.metadata.shared), ok=True)
+        limit = SHARED_LIMIT.get(job.target.partition(":")[2])
+        if limit is not None and result["shared"] > limit:
+            result.update(ok=False, error=f"shared memory {result['shared']} B > {limit} B of the target")
+    except Exception as exc:  # report every failure, keep compiling the rest
+        result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    return result
+
+
+def _jobs(kernels: Iterable[str], targets: Iterable[str], dtypes: Iterable[str],
+          head_sizes: Iterable[int], fallback: bool) -> list[Job]:
+    jobs = [Job(k, t, d, h, False) for t in targets for k in kernels for d in dtypes for h in head_sizes]
+    if fallback:
+        jobs += [Job(k, t, d, h, True) for t in targets for k in kernels for d in dtypes
+                 for h in head_sizes]
+    return jobs
+
+
+def _interpreting() -> bool:
+    return "TRITON_INTERPRET" in os.environ
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
+def run_compile_check(kernels: Sequence[str] | None = None, targets: Sequence[str] | None = None,
+                      dtypes: Sequence[str] | None = None, head_sizes: Sequence[int] | None = None,
+                      fallback: bool = False, jobs: int | None = None) -> list[dict[str, Any]]:
+    """Compile the kernel variants for the targets; one dict per compile.
+
+    Each dict: ``kernel, target, dtype, head_size, fallback, row, ok, registers,
+    spills, scratch, shared, error, seconds``. Runs in a child process when this
+    process has ``TRITON_INTERPRET`` set.
+    """
+    kernels = list(kernels or VARIANTS)
+    unknown = sorted(set(kernels) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"kernels={unknown} (supported: {', '.join(VARIANTS)})")
+    targets, dtypes = list(targets or DEFAULT_TARGETS), list(dtypes or DTYPES)
+    head_sizes = list(head_sizes or HEAD_SIZES)
+    if _interpreting():
+        return _run_child(kernels, targets, dtypes, head_sizes, fallback, jobs)
+    work = _jobs(kernels, targets, dtypes, head_sizes, fallback)
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    if workers == 1:
+        return [_compile_one(j) for j in work]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_compile_one, work))
+
+
+def _run_child(kernels: list[str], targets: list[str], dtypes: list[str], head_sizes: list[int],
+               fallback: bool, jobs: int | None) -> list[dict[str, Any]]:
+    argv = [sys.executable, "-m", "attnhal_triton.compile_check", "--json",
+            "--kernels", *kernels, "--targets", *targets, "--dtypes", *dtypes,
+            "--head-sizes", *map(str, head_sizes), "--allow-failures"]
+    argv += ["--fallback"] if fallback else []
+    argv += ["--jobs", str(jobs)] if jobs else []
+    done = subprocess.run(argv, env=_clean_env(), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"compile check child failed ({done.returncode}): {done.stderr[-2000:]}")
+    rows: list[dict[str, Any]] = json.loads(done.stdout)
+    return rows
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A fixed-width table of :func:`run_compile_check` rows plus a summary line."""
+    head = ("kernel", "target", "dtype", "head", "row", "regs", "spills", "scratch", "smem", "status")
+    lines = [[r["kernel"], r["target"], r["dtype"], str(r["head_size"]), r["row"],
+              _num(r["registers"]), _num(r["spills"]), _num(r["scratch"]), _num(r["shared"]),
+              "ok" if r["ok"] else f"ERROR {r['error']}"] for r in rows]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)
+              for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
+    out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*line) for line in lines]
+    failed = sum(not r["ok"] for r in rows)
+    spilled = sum(bool(r["ok"] and r["spills"]) for r in rows)
+    out.append(f"{len(rows)} compiles: {len(rows) - failed} ok, {failed} failed, {spilled} with spills "
+               "(CUDA: ptxas registers/thread, spill bytes; HIP: VGPR+AGPR/lane, spill count)")
+    return "\n".join(out)
+
+
+def _num(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m attnhal_triton.compile_check",
+                                description="Compile attnhal's Triton kernels for CUDA and HIP without a GPU.")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--kernels", nargs="+", choices=list(VARIANTS), metavar="KERNEL",
+                   help=f"kernel variants (default: all of {', '.join(VARIANTS)})")
+    p.add_argument("--targets", nargs="+", metavar="TARGET",
+                   help=f"targets like cuda:90 or hip:gfx942 (default: {' '.join(DEFAULT_TARGETS)})")
+    p.add_argument("--dtypes", nargs="+", choices=DTYPES, metavar="DTYPE", help="default: all")
+    p.add_argument("--head-sizes", nargs="+", type=int, metavar="D",
+                   help=f"default: {' '.join(map(str, HEAD_SIZES))}")
+    p.add_argument("--fallback", action="store_true", help="also compile the fallback rows")
+    p.add_argument("--jobs", type=int, help="parallel compiles (default: CPU count)")
+    p.add_argument("--allow-failures", action="store_true",
+                   help="exit 0 even with errors or spills")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if _interpreting():
+        # Re-run this command in a clean process: compiling needs TRITON_INTERPRET unset.
+        command = [sys.executable, "-m", "attnhal_triton.compile_check",
+                   *(sys.argv[1:] if argv is None else argv)]
+        return subprocess.run(command, env=_clean_env(), check=False).returncode
+    rows = run_compile_check(args.kernels, args.targets, args.dtypes, args.head_sizes,
+                             args.fallback, args.jobs)
+    print(json.dumps(rows, indent=1) if args.json else format_table(rows))
+    bad = any(not r["ok"] or r["spills"] for r in rows)
+    return 0 if args.allow_failures or not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The Triton backend's descriptor. Imports neither torch nor triton."""
+
+from __future__ import annotations
+
+from attnhal.capabilities import BackendCapabilities, Feature, Phase, SeqLenFill, SpecLimits
+from attnhal.platform import Vendor
+
+__all__ = ["CAPABILITIES"]
+
+#: Every claim here is checked by ``tests/test_triton_*.py`` under the interpreter
+#: and the CPU graph emulator, and by the cross-target compile check.
+CAPABILITIES = BackendCapabilities(
+    name="triton",
+    vendors=frozenset((Vendor.CUDA, Vendor.HIP)),
+    # bf16 tensor-core dots need Ampere / CDNA2; older archs are not compiled for.
+    min_arch={Vendor.CUDA: "sm80", Vendor.HIP: "gfx90a"},
+    phases=frozenset(Phase),
+    # Spec phases read all per-batch values from device tensors and the decode split
+    # count is fixed at capture, so any topk / step count / draft token count holds.
+    graph={
+        Phase.DECODE: SpecLimits(),
+        Phase.TARGET_VERIFY: SpecLimits(),
+        Phase.DRAFT_DECODE: SpecLimits(),
+        Phase.DRAFT_EXTEND: SpecLimits(),
+    },
+    # draft_decode serves every step s (prefix plus draft_path[:, :s + 1]).
+    multi_step=SpecLimits(),
+    dtypes=frozenset(("float16", "bfloat16", "float32")),
+    # tl.arange needs a power of two; tl.dot needs K >= 16.
+    head_sizes=frozenset((16, 32, 64, 128, 256)),
+    page_sizes=frozenset((1,)),
+    features=frozenset((Feature.CUSTOM_MASK,)),
+    # Any length >= 0 is safe in padded rows (empty rows give 0, never NaN).
+    seq_len_fill=SeqLenFill(1),
+    needs_host_seq_lens=False,
+    requires=("triton",),
+)

@@ -1,0 +1,265 @@
+"""Launch settings of every Triton kernel, as data.
+
+One :class:`LaunchRow` per (kernel, vendor, arch family, head size, dtype); ``None``
+in ``head_size`` or ``dtype`` matches any value, and :func:`lookup` picks the most
+specific matching row. Settings that exist on one vendor only (AMD's
+``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``) live in that vendor's rows'
+``extra`` and reach the launch as ``**row.launch_options``: the launcher never asks
+which vendor it runs on.
+
+An arch family with no row for a kernel takes the best :data:`FALLBACK` row
+(small tiles, no vendor-only options) with a warning naming the arch.
+The ``("cpu", "cpu")`` rows serve the Triton interpreter (``TRITON_INTERPRET=1``),
+which ignores warps and stages; their blocks keep interpreted tests fast.
+
+This module imports neither torch nor triton.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from attnhal.platform import Platform
+
+__all__ = [
+    "FALLBACK",
+    "KERNELS",
+    "TABLE",
+    "LaunchRow",
+    "UnknownArchWarning",
+    "best_row",
+    "decode_launch",
+    "fallback_row",
+    "lookup",
+    "rows_for",
+]
+
+#: Kernel names the table keys on (see ``kernels.py``).
+KERNELS = ("decode", "decode_reduce", "extend")
+
+
+class UnknownArchWarning(UserWarning):
+    """No launch row for this arch family: the fallback row is used."""
+
+
+@dataclass(frozen=True)
+class LaunchRow:
+    """Launch settings of one kernel for one (vendor, arch family[, head size][, dtype]).
+
+    Attributes
+    ----------
+    kernel: one of :data:`KERNELS`.
+    vendor, arch_family: ``Platform.vendor.value`` and ``Platform.arch_family``
+        (``"cuda"``/``"sm90"``, ``"hip"``/``"gfx94"``); both ``None`` in a fallback row.
+    head_size, dtype: ``None`` matches any.
+    blocks: the kernel's block-size constexprs (upper-case names, e.g. ``BLOCK_N``).
+    num_warps, num_stages: passed to every launch.
+    kv_splits: split-KV count of the decode kernel (fixed when a graph is captured).
+    dot_precision: ``tl.dot`` input precision for fp32 operands (``"ieee"`` everywhere;
+        ``"tf32x3"`` where the vendor offers it: fp32-accurate on tensor cores).
+    extra: vendor-only launch options (HIP: ``waves_per_eu``, ``matrix_instr_nonkdim``,
+        ``kpack``); absent where they do not apply.
+    """
+
+    kernel: str
+    vendor: str | None
+    arch_family: str | None
+    blocks: Mapping[str, int]
+    num_warps: int = 4
+    num_stages: int = 1
+    kv_splits: int = 1
+    head_size: int | None = None
+    dtype: str | None = None
+    dot_precision: str = "ieee"
+    extra: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "blocks", MappingProxyType(dict(self.blocks)))
+        object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+        bad = [k for k in self.blocks if not k.isupper()]
+        if bad or self.kernel not in KERNELS:
+            raise ValueError(f"LaunchRow kernel={self.kernel!r} blocks={sorted(self.blocks)} "
+                             f"(supported: kernel in {KERNELS}, upper-case block names)")
+
+    @property
+    def launch_options(self) -> dict[str, int]:
+        """Keyword options of ``kernel[grid](..., **launch_options)``."""
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, **self.extra}
+
+    @property
+    def specificity(self) -> int:
+        return (self.head_size is not None) + (self.dtype is not None)
+
+    def matches(self, head_size: int, dtype: str) -> bool:
+        return self.head_size in (None, head_size) and self.dtype in (None, dtype)
+
+    @property
+    def constexprs(self) -> dict[str, int | str]:
+        """Kernel constexprs the row sets (blocks plus ``DOT_PRECISION``)."""
+        return {**self.blocks, "DOT_PRECISION": self.dot_precision}
+
+    def encode(self) -> str:
+        """A string form for custom-op arguments: ``"BLOCK_N=64,num_warps=4,..."``.
+
+        Upper-case keys are kernel constexprs, lower-case keys launch options
+        (:func:`decode_launch` splits them back).
+        """
+        items = {**self.constexprs, **self.launch_options}
+        return ",".join(f"{k}={v}" for k, v in items.items())
+
+    def key(self) -> str:
+        where = f"{self.vendor}:{self.arch_family}" if self.vendor else "fallback"
+        return (f"{self.kernel}@{where}"
+                f"[d={self.head_size or '*'},{self.dtype or '*'}]")
+
+
+def decode_launch(encoded: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``LaunchRow.encode()`` back to (constexprs, launch options)."""
+    constexprs: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    for item in filter(None, encoded.split(",")):
+        name, _, text = item.partition("=")
+        value: int | str = int(text) if text.lstrip("-").isdigit() else text
+        (constexprs if name.isupper() else options)[name] = value
+    return constexprs, options
+
+
+# --- the table -----------------------------------------------------------------------
+# Chosen so that every row compiles with 0 register spills and within shared memory
+# for every supported head size and dtype (``python -m attnhal_triton.compile_check
+# --fallback``). They are starting points, not benchmarks: no GPU was available to
+# time them. Row order breaks specificity ties (dtype rows come before head-size rows).
+
+_HIP = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 2}
+# fp32 extend where fp32 dots run on FMA units (NVIDIA, and the fallback): 16x16 tiles,
+# 2 warps up to head size 64, 4 above (ptxas spills a few bytes otherwise).
+_FP32_EXTEND = (
+    ("extend", None, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 2, 1),
+    ("extend", 128, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 4, 1),
+    ("extend", 256, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 4, 1),
+)
+
+
+def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...]],
+          **common: Any) -> list[LaunchRow]:
+    """Rows from ``(kernel, head_size, dtype, blocks, num_warps, num_stages)`` tuples."""
+    return [LaunchRow(kernel, vendor, family, blocks, num_warps=warps, num_stages=stages,
+                      head_size=head, dtype=dtype, **common)
+            for kernel, head, dtype, blocks, warps, stages in specs]
+
+
+def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int],
+            w256: int) -> list[LaunchRow]:
+    # fp32 operands take the FMA path (tf32 would break the fp32 tolerance, and
+    # 3xTF32 needs more registers still): small tiles keep it spill-free.
+    big = {"BLOCK_M": 64, "BLOCK_N": 64}
+    return [
+        *_rows("cuda", family, [
+            ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 2),
+            ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 2),
+            ("decode", 256, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 2),
+        ], kv_splits=16),
+        *_rows("cuda", family, [
+            ("decode_reduce", None, None, {}, 4, 1),
+            *_FP32_EXTEND,
+            ("extend", None, None, big, 8, 2),
+            ("extend", 128, None, d128, 8, 2),
+            ("extend", 256, None, d256, w256, 2),
+        ]),
+    ]
+
+
+def _amd(family: str, splits: int) -> list[LaunchRow]:
+    # One stage: the AMD stream pipeliner gains little here and costs LDS; 16x16
+    # MFMA with kpack=2 suits these fp16/bf16 tiles; fp32 runs on fp32 MFMA.
+    return [
+        *_rows("hip", family, [
+            ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 1),
+            ("decode", 256, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 1),
+        ], kv_splits=splits, extra=_HIP),
+        *_rows("hip", family, [("decode_reduce", None, None, {}, 4, 1)]),
+        *_rows("hip", family, [
+            ("extend", 256, "float32", {"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1),
+            ("extend", None, None, {"BLOCK_M": 64, "BLOCK_N": 32}, 4, 1),
+            ("extend", 256, None, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 1),
+        ], extra=_HIP),
+    ]
+
+
+TABLE: tuple[LaunchRow, ...] = (
+    # Ampere (A100): 108 SMs, 64K registers per SM; head size 128 and 256 need narrower tiles.
+    *_nvidia("sm80", d128={"BLOCK_M": 32, "BLOCK_N": 64}, d256={"BLOCK_M": 32, "BLOCK_N": 32},
+             w256=4),
+    # Hopper (H100/H200): 132 SMs, more shared memory per SM.
+    *_nvidia("sm90", d128={"BLOCK_M": 64, "BLOCK_N": 64}, d256={"BLOCK_M": 64, "BLOCK_N": 32},
+             w256=8),
+    *_amd("gfx90", splits=16),  # CDNA2 (MI200): 110 CUs
+    *_amd("gfx94", splits=32),  # CDNA3 (MI300X): 304 CUs, more KV splits at small batch
+    # The Triton interpreter on CPU: options are ignored; BLOCK_N >= 64 and few
+    # splits keep the number of sequentially interpreted programs small.
+    LaunchRow("decode", "cpu", "cpu", {"BLOCK_N": 64, "BLOCK_H": 16}, kv_splits=4),
+    LaunchRow("decode_reduce", "cpu", "cpu", {}),
+    LaunchRow("extend", "cpu", "cpu", {"BLOCK_M": 64, "BLOCK_N": 64}),
+)
+
+#: Rows for an arch family the table does not know (``vendor`` and ``arch_family``
+#: None): small tiles, 1 stage, IEEE dots and no vendor-only options, so that they
+#: compile spill-free on every target the compile check knows.
+FALLBACK: tuple[LaunchRow, ...] = (
+    *_rows(None, None, [
+        ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 1),
+        ("decode", None, None, {"BLOCK_N": 16, "BLOCK_H": 16}, 4, 1),
+    ], kv_splits=8),
+    *_rows(None, None, [
+        ("decode_reduce", None, None, {}, 4, 1),
+        *_FP32_EXTEND,
+        ("extend", None, None, {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
+    ]),
+)
+
+
+def rows_for(kernel: str, vendor: str, arch_family: str,
+             table: Iterable[LaunchRow] = TABLE) -> list[LaunchRow]:
+    """All rows of ``kernel`` for one arch family (empty if the family is unknown)."""
+    return [r for r in table if r.kernel == kernel and r.vendor == vendor
+            and r.arch_family == arch_family]
+
+
+def best_row(rows: Iterable[LaunchRow], head_size: int, dtype: str) -> LaunchRow:
+    """The most specific row matching ``head_size`` and ``dtype``; the first among equals."""
+    candidates = [r for r in rows if r.matches(head_size, dtype)]
+    if not candidates:
+        # Every family (and the fallback) has a general row; none means a broken table.
+        raise LookupError(f"launch table has no row for head_size={head_size}, dtype={dtype} "
+                          f"among {[r.key() for r in rows]}")
+    return max(candidates, key=lambda r: r.specificity)  # max() keeps the first of equals
+
+
+def fallback_row(kernel: str, head_size: int, dtype: str) -> LaunchRow:
+    """The fallback row of ``kernel`` for ``head_size`` and ``dtype``."""
+    return best_row([r for r in FALLBACK if r.kernel == kernel], head_size, dtype)
+
+
+def lookup(kernel: str, platform: Platform, head_size: int, dtype: str,
+           table: Iterable[LaunchRow] = TABLE) -> LaunchRow:
+    """The launch row of ``kernel`` for ``platform``, ``head_size`` and ``dtype`` (a name).
+
+    Warns (:class:`UnknownArchWarning`) and returns a fallback row when the table
+    has no row of ``kernel`` for ``platform.arch_family``.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r} (supported: {', '.join(KERNELS)})")
+    family = rows_for(kernel, platform.vendor.value, platform.arch_family, table)
+    if family:
+        return best_row(family, head_size, dtype)
+    row = fallback_row(kernel, head_size, dtype)
+    warnings.warn(
+        f"attnhal_triton: no launch settings for arch={platform.arch} "
+        f"(family {platform.arch_family}, vendor {platform.vendor.value}) and kernel "
+        f"{kernel!r}; using the fallback row {row.key()}",
+        UnknownArchWarning, stacklevel=2)
+    return row

@@ -1,0 +1,102 @@
+"""The kit's building blocks: descriptor-bound strategies draw valid batches of claimed
+shapes only, and the fp64 reference agrees with an independent one (tests/reference.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+from reference import reference_forward as other_reference
+
+from attnhal.backend import validate_forward
+from attnhal.capabilities import Phase, SpecLimits
+from attnhal.plan import SpecConfig
+from attnhal.testing import strategies as ast
+from attnhal.testing.batches import CaseSpec, build_case, tree_mask
+from attnhal.testing.reference import real_tokens, reference_forward
+from attnhal_torch import TorchBackend
+
+NARROW = replace(TorchBackend.capabilities, name="narrow", dtypes=frozenset({"float16"}),
+                 head_sizes=frozenset({32, 80}), features=frozenset(),
+                 graph={Phase.TARGET_VERIFY: SpecLimits(max_topk=1, max_num_steps=2)},
+                 multi_step=SpecLimits(max_topk=2, max_num_steps=3))
+
+
+@pytest.mark.parametrize("phase", list(Phase), ids=lambda p: p.value)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_drawn_cases_are_valid_and_claimed(phase: Phase, data: st.DataObject) -> None:
+    spec = data.draw(ast.case_specs(NARROW, phase))
+    assert spec.dtype == "float16" and spec.head_size in (32, 80)
+    assert spec.num_q_heads % spec.num_kv_heads == 0
+    if phase is Phase.TARGET_VERIFY:  # no custom_mask claimed: chains only
+        assert spec.topk == 1 and not spec.tree_parents
+    case = build_case(spec)
+    validate_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config)
+    assert case.q.dtype == torch.float16 and case.batch.seq_lens_cpu is None  # needs_host_seq_lens=False
+
+
+@settings(max_examples=25, deadline=None)
+@given(spec=ast.spec_configs_for(NARROW, Phase.TARGET_VERIFY, NARROW.graph_limits(Phase.TARGET_VERIFY)),
+       ms=ast.spec_configs_for(NARROW, Phase.DRAFT_DECODE, NARROW.multi_step))
+def test_spec_configs_stay_within_limits(spec: SpecConfig, ms: SpecConfig) -> None:
+    assert spec.topk == 1 and spec.num_steps <= 2
+    assert 2 <= ms.num_steps <= 3 and ms.topk <= 2
+
+
+@settings(max_examples=30, deadline=None)
+@given(parents=st.integers(1, 7).flatmap(ast.tree_parents))
+def test_tree_masks_are_ancestor_closed(parents: tuple[int, ...]) -> None:
+    mask = tree_mask(parents)
+    for i in range(len(parents)):
+        assert mask[i, i] and mask[i, 0]  # itself and the root
+        for j in range(len(parents)):
+            if mask[i, j] and j != i:
+                assert mask[parents[i], j] or j == parents[i]  # an ancestor of i is an ancestor of its parent
+
+
+@settings(max_examples=10, deadline=None)
+@given(spec=ast.multi_step_specs(TorchBackend.capabilities))
+def test_multi_step_specs_start_at_step_zero(spec: CaseSpec) -> None:
+    assert spec.draft_step == 0 and spec.spec is not None and spec.spec.num_steps >= 2
+    assert len(spec.reparent) == spec.spec.num_steps - 2
+
+
+def test_edge_cases_are_reachable() -> None:
+    caps = TorchBackend.capabilities
+    empty = find(ast.case_specs(caps, Phase.PREFILL), lambda s: 0 in s.new_lens and 0 in s.prefix_lens)
+    assert empty.new_lens == (0,) and empty.prefix_lens == (0,)
+    short = find(ast.case_specs(caps, Phase.DECODE), lambda s: min(s.seq_lens()) == 1)
+    assert short.seq_lens() == [1]
+    gqa = find(ast.head_configs(), lambda h: h[0] > h[1] > 1)
+    assert gqa == (4, 2)  # the smallest GQA: shrinking keeps what a failure needs
+    assert find(ast.case_specs(caps, Phase.DRAFT_EXTEND), lambda s: max(s.new_lens) > 1).new_lens == (2,)
+
+
+def test_case_spec_repr_is_short_valid_python() -> None:
+    spec = CaseSpec(Phase.DECODE, head_size=32, prefix_lens=(0, 7))
+    assert repr(spec) == "CaseSpec(Phase.DECODE, head_size=32, prefix_lens=(0, 7))"
+    assert eval(repr(spec), {"CaseSpec": CaseSpec, "Phase": Phase}) == spec
+    with pytest.raises(ValueError, match="new_lens"):
+        CaseSpec(Phase.PREFILL, prefix_lens=(1, 2), new_lens=(1,))
+
+
+@pytest.mark.parametrize("phase", list(Phase), ids=lambda p: p.value)
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_reference_agrees_with_an_independent_one(phase: Phase, data: st.DataObject) -> None:
+    case = build_case(data.draw(ast.case_specs(TorchBackend.capabilities, phase, dtype="float32")))
+    mine = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale)
+    other = other_reference(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale)
+    real = real_tokens(case.batch)
+    torch.testing.assert_close(mine[real], other[real], atol=1e-12, rtol=1e-12)
+
+
+def test_reference_rows_padded_by_a_graph_runner_are_not_real() -> None:
+    case = build_case(CaseSpec(Phase.DRAFT_EXTEND, prefix_lens=(3, 4), new_lens=(1, 2), spec=SpecConfig.eagle(2)))
+    assert real_tokens(case.batch) == [0, 3, 4]  # T = 3 per row; the rest is padding
+    case.batch.req_pool_indices[1] = 0  # PADDING_REQ: a graph runner's padded row
+    assert real_tokens(case.batch) == [0]

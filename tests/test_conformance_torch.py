@@ -1,0 +1,66 @@
+"""The conformance kit on the torch reference backend: the whole suite passes, the report says so.
+
+``TestTorchConformance`` is exactly what a backend package writes (one line); the
+other tests check ``run_conformance`` and its report on the same backend.
+"""
+
+from __future__ import annotations
+
+import json
+
+from attnhal.testing.checks import ClaimKind, Status
+from attnhal.testing.conformance import BackendConformance
+from attnhal.testing.report import ConformanceReport, run_conformance
+from attnhal_torch import TorchBackend
+
+
+class TestTorchConformance(BackendConformance):
+    backend_cls = TorchBackend
+
+
+def _report() -> ConformanceReport:
+    return run_conformance("torch", max_examples=1, platform="cpu")
+
+
+def test_run_conformance_verifies_every_claim_it_can_run_here() -> None:
+    report = _report()
+    assert report.ok, report.format()
+    by_status = {s: [r.claim.name for r in report.results if r.status is s] for s in Status}
+    # every claim the CPU can run is verified; only the other vendors' devices are missing here
+    assert by_status[Status.NOT_CHECKED] == ["vendor[cuda]", "vendor[hip]"]
+    assert by_status[Status.FALSIFIED] == []
+    kinds = {r.claim.kind for r in report.results if r.status is Status.VERIFIED}
+    assert {ClaimKind.PHASE, ClaimKind.FEATURE, ClaimKind.GRAPH, ClaimKind.SEQ_LEN_FILL,
+            ClaimKind.MULTI_STEP} <= kinds
+    phase_rows = [r for r in report.results if r.claim.kind is ClaimKind.PHASE]
+    assert len(phase_rows) == 15  # 5 phases x 3 dtypes, each over every claimed head size
+    assert all("head sizes 16, 32, 64, 80, 96, 128, 256" in r.detail for r in phase_rows)
+
+
+def test_report_table_and_json() -> None:
+    report = run_conformance("torch", max_examples=0, only=["graph[decode]", "vendor"])
+    text = report.format()
+    assert text.splitlines()[0] == "attnhal conformance: backend 'torch' (attnhal_torch.backend.TorchBackend)"
+    assert "claim" in text and "| status" in text and "| detail" in text
+    assert "graph[decode]" in text and "emulated graphs at sizes 1, 2, 4" in text
+    assert "not checked here | no cuda device in this process" in text
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["ok"] is True and data["backend"] == "torch"
+    assert [c["claim"] for c in data["claims"]] == ["graph[decode]", "vendor[cuda]", "vendor[hip]", "vendor[cpu]"]
+    assert data["counts"] == {"verified": 2, "falsified": 0, "not checked here": 2}
+
+
+def test_simulated_platform_runs_on_the_cpu_and_says_so() -> None:
+    report = run_conformance("torch", max_examples=0, platform="hip:gfx942", only=["graph[decode]", "vendor"])
+    assert report.ok
+    statuses = {r.claim.name: r.status for r in report.results}
+    # a simulated HIP device is not a HIP device: real hipGraphs are not checked
+    assert statuses == {"graph[decode]": Status.VERIFIED, "vendor[cuda]": Status.NOT_CHECKED,
+                        "vendor[hip]": Status.NOT_CHECKED, "vendor[cpu]": Status.NOT_CHECKED}
+    assert any("simulated" in note for note in report.notes)
+
+
+def test_platform_without_graph_api_leaves_graph_claims_unchecked() -> None:
+    report = run_conformance("torch", max_examples=0, platform="cpu,nographs", only=["graph", "seq_len_fill"])
+    assert report.ok and report.results
+    assert all(r.status is Status.NOT_CHECKED and "has no graph API" in r.detail for r in report.results)
