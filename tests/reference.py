@@ -1,9 +1,8 @@
-"""A slow, obviously correct reference attention, and builders of valid random batches.
+"""Builders of valid random batches for the backend tests, and the slow reference they use.
 
-The reference is the masking table of :mod:`attnhal.backend.batch` written as
-Python loops: for each row and each query token it lists the KV slots that
-token attends, then runs softmax attention over them in fp64. Backends and the
-conformance kit compare against it with the backend's declared tolerance.
+The reference lives in the package (:mod:`attnhal.testing.reference`: the masking table of
+:mod:`attnhal.backend.batch` as Python loops in fp64) so that the conformance kit and these
+tests compare against the same thing; it is re-exported here.
 
 The builders (:func:`make_case`) produce a random but valid :class:`Case` for any
 phase: a KV pool filled with random K/V, request rows with random slot
@@ -21,6 +20,8 @@ import torch
 
 from attnhal.backend import AttentionConfig, ForwardBatch, KVPool, SpecInfo
 from attnhal.capabilities import Phase
+from attnhal.testing.batches import tree_mask
+from attnhal.testing.reference import attended_slots, query_tokens, reference_attention, reference_forward
 
 __all__ = [
     "Case",
@@ -50,107 +51,7 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
-# --- the reference ------------------------------------------------------------------------
-
-def query_tokens(batch: ForwardBatch) -> list[tuple[int, int, int]]:
-    """``(row r, query i, token index in q)`` for every query token of ``batch``."""
-    out = []
-    if batch.phase is Phase.PREFILL:
-        assert batch.extend_lens is not None
-        start = 0
-        for r, n in enumerate(batch.extend_lens.tolist()):
-            out += [(r, i, start + i) for i in range(n)]
-            start += n
-        return out
-    per_row = batch.tokens_per_row
-    assert per_row is not None
-    for r in range(batch.batch_size):
-        out += [(r, i, r * per_row + i) for i in range(per_row)]
-    return out
-
-
-def attended_slots(batch: ForwardBatch, req_to_token: torch.Tensor, r: int, i: int) -> list[int]:
-    """The KV slots query ``i`` of row ``r`` attends, straight from the masking table."""
-    req = int(batch.req_pool_indices[r])
-    seq = int(batch.seq_lens[r])
-    row = [int(s) for s in req_to_token[req].tolist()]
-    phase = batch.phase
-    if phase is Phase.PREFILL:
-        assert batch.extend_lens is not None
-        prefix = seq - int(batch.extend_lens[r])
-        return row[:prefix + i + 1]
-    if phase is Phase.DECODE:
-        return row[:seq]
-    spec = batch.spec
-    assert spec is not None
-    if phase is Phase.TARGET_VERIFY:
-        T = spec.num_draft_tokens
-        prefix = seq - T
-        mask = spec.custom_mask
-        drafts = [j for j in range(T) if (bool(mask[r, i, j]) if mask is not None else j <= i)]
-        return row[:prefix] + [row[prefix + j] for j in drafts]
-    if phase is Phase.DRAFT_EXTEND:
-        assert batch.extend_lens is not None
-        prefix = seq - int(batch.extend_lens[r])
-        return row[:min(prefix + i, seq - 1) + 1]
-    if phase is Phase.DRAFT_DECODE:
-        assert spec.draft_path is not None
-        path = [int(s) for s in spec.draft_path[r, :spec.draft_step + 1].tolist()]
-        return row[:seq] + path
-    raise ValueError(f"phase={phase}")
-
-
-def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        batch: ForwardBatch, req_to_token: torch.Tensor, scale: float) -> torch.Tensor:
-    """fp64 attention of every query token over its attended slots.
-
-    ``q``: ``[num_tokens, H, D]``; ``k_cache``, ``v_cache``: ``[slots, KV, D]`` (already
-    holding the new tokens' K/V). Returns ``[num_tokens, H, D]`` fp64; a token that
-    attends nothing gets zeros.
-    """
-    N, H, D = q.shape
-    KV = k_cache.shape[1]
-    kv_of_head = torch.arange(H) // (H // KV)
-    out = torch.zeros(N, H, D, dtype=torch.float64)
-    for r, i, tok in query_tokens(batch):
-        slots = attended_slots(batch, req_to_token, r, i)
-        if not slots:
-            continue
-        keys = k_cache[slots].double()[:, kv_of_head]  # [n, H, D]
-        values = v_cache[slots].double()[:, kv_of_head]
-        scores = torch.einsum("nhd,hd->hn", keys, q[tok].double()) * scale
-        probs = torch.softmax(scores, dim=-1)
-        out[tok] = torch.einsum("hn,nhd->hd", probs, values)
-    return out
-
-
-def reference_forward(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int,
-                      batch: ForwardBatch, pool: KVPool, scale: float) -> torch.Tensor:
-    """What ``AttentionBackend.forward`` must return, without touching ``pool``: write the
-    new K/V (rounded to the pool's dtype) into a copy of the layer, then attend."""
-    k_cache, v_cache = pool.k[layer].clone(), pool.v[layer].clone()
-    if k is not None and v is not None:
-        k_cache.index_copy_(0, batch.out_cache_loc, k.to(pool.dtype))
-        v_cache.index_copy_(0, batch.out_cache_loc, v.to(pool.dtype))
-    return reference_attention(q, k_cache, v_cache, batch, pool.req_to_token, scale)
-
-
 # --- builders of valid random batches ------------------------------------------------------------
-
-def tree_mask(parents: list[int]) -> torch.Tensor:
-    """``[T, T]`` bool: token ``i`` attends ``j`` iff ``j`` is ``i`` or an ancestor of ``i``.
-
-    ``parents[j]`` is the parent of token ``j`` (``< j``); token 0 (the root) has ``-1``.
-    """
-    T = len(parents)
-    mask = torch.zeros(T, T, dtype=torch.bool)
-    for i in range(T):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = parents[j]
-    return mask
-
 
 @dataclass
 class Case:

@@ -26,6 +26,7 @@ pytest.importorskip("triton")
 from attnhal.backend import AttentionConfig, ForwardBatch, KVPool, SpecInfo  # noqa: E402
 from attnhal.capabilities import Phase  # noqa: E402
 from attnhal.platform import Platform, parse  # noqa: E402
+from attnhal.testing.batches import tree_mask  # noqa: E402
 from attnhal_triton import TritonBackend, ops  # noqa: E402
 
 EXAMPLES = int(os.environ.get("ATTNHAL_TRITON_EXAMPLES", "6"))
@@ -67,18 +68,6 @@ class Shape:
     @property
     def dtype(self) -> torch.dtype:
         return DTYPES[self.dtype_index]
-
-
-def _tree_mask(parents: list[int]) -> torch.Tensor:
-    """``[T, T]`` ancestor-or-self mask of a tree given each node's parent (root: -1)."""
-    t = len(parents)
-    mask = torch.zeros(t, t, dtype=torch.bool)
-    for i in range(t):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = parents[j]
-    return mask
 
 
 def build(shape: Shape, platform: Platform | None = None, pool: KVPool | None = None,
@@ -149,7 +138,7 @@ def _batch(shape: Shape, pool: KVPool, rows: list[int], per_row: list[int], free
         mask = None
         if shape.tree:
             parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
-            mask = torch.stack([_tree_mask(parents) for _ in range(bs)])
+            mask = torch.stack([tree_mask(parents) for _ in range(bs)])
         for r, s in enumerate(slots):
             prefix = len(s) - t
             allow = mask[r] if mask is not None else torch.ones(t, t, dtype=torch.bool).tril()

@@ -1,10 +1,12 @@
 """The reference speculative worker: lossless against plain greedy, one code path on every vendor.
 
-More cases: ATTNHAL_HYPOTHESIS_PROFILE=thorough pytest tests/test_worker.py
+More cases: ATTNHAL_WORKER_EXAMPLES=200 pytest tests/test_worker.py (default 25; a tenth of it for
+the Triton interpreter, at least 3).
 """
 
 import ast
 import functools
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 
 from attnhal.capabilities import Phase
 from attnhal.plan import GraphPolicy, SpecConfig
+from attnhal.platform import parse
 from attnhal.reference.model import ModelConfig, TinyLlama, draft_of
 from attnhal.reference.tree import first_level, grow, select
 from attnhal.reference.worker import PlanInvalid, SpecWorker
@@ -22,6 +25,7 @@ from attnhal.registry import BackendUnavailable, Registry
 from attnhal.testing.strategies import spec_configs
 from attnhal_torch import TorchBackend
 
+EXAMPLES = int(os.environ.get("ATTNHAL_WORKER_EXAMPLES", "25"))
 SIZES = (1, 2, 4)
 CONTEXT = 96
 TARGET = TinyLlama(ModelConfig(num_layers=2, hidden_size=64, ffn_size=128, vocab_size=128, head_dim=16))
@@ -43,7 +47,7 @@ def greedy(prompts, n, platform="cpu"):
 prompts_st = st.lists(st.lists(st.integers(0, 127), min_size=1, max_size=12), min_size=1, max_size=5)
 
 
-@settings(max_examples=25)
+@settings(max_examples=EXAMPLES)
 @given(prompts_st, st.integers(1, 12), spec_configs(max_steps=4, max_topk=4, speculative=True), st.booleans(),
        st.sampled_from(["cuda:sm90", "hip:gfx942"]))
 def test_speculative_output_is_plain_greedy(prompts, n, spec, graphs, platform):
@@ -52,7 +56,7 @@ def test_speculative_output_is_plain_greedy(prompts, n, spec, graphs, platform):
     assert all(0 <= a <= spec.num_steps for a in out.accepted)
 
 
-@settings(max_examples=8)
+@settings(max_examples=max(3, EXAMPLES // 3))
 @given(prompts_st, st.integers(1, 10), spec_configs(max_steps=3, max_topk=3, speculative=True))
 def test_cuda_and_hip_give_identical_plans_and_tokens(prompts, n, spec):
     cuda, hip = worker(spec, True, "cuda:sm90"), worker(spec, True, "hip:gfx942")
@@ -120,3 +124,21 @@ def test_tree_selection_is_ancestor_closed():
             parent = int(verify.parent[b, node])
             assert parent < node and verify.depth[b, node] == verify.depth[b, parent] + 1
             assert bool(verify.mask[b, node, parent]) and bool(verify.mask[b, node, 0])
+
+
+def _triton_ready() -> bool:
+    try:
+        from attnhal_triton import TritonBackend
+    except ImportError:
+        return False
+    return not TritonBackend.runtime_reasons(parse("hip:gfx942"))
+
+
+@pytest.mark.skipif(not _triton_ready(), reason="triton not installed, or no GPU and no TRITON_INTERPRET=1")
+@settings(max_examples=max(3, EXAMPLES // 10))
+@given(st.lists(st.lists(st.integers(0, 127), min_size=1, max_size=6), min_size=1, max_size=2), st.integers(1, 5),
+       st.sampled_from([SpecConfig.eagle(1), SpecConfig.eagle(2, 2, 4), SpecConfig.eagle(3)]), st.booleans(),
+       st.sampled_from(["cuda:sm90", "hip:gfx942"]))
+def test_triton_backend_is_lossless_too(prompts, n, spec, graphs, platform):
+    """The Triton kernels (interpreter on CPU) in every role; fewer cases: ~1-5 s each."""
+    assert worker(spec, graphs, platform, "triton").generate(prompts, n).tokens == greedy(prompts, n)
