@@ -1,6 +1,6 @@
 """Paged decode of the torch backend vs contiguous SDPA and memory read bandwidth, one run.
 
-    python benchmarks/decode_cpu.py [--bs 16] [--ctx 2048] [--repeats 9]
+    python benchmarks/decode_cpu.py [--bs 16] [--ctx 2048] [--repeats 9] [--chunk N]
 
 Same data for every contender: a KV pool with page size 1 whose slots are a
 random permutation, and the same K/V laid out contiguously for SDPA.
@@ -11,6 +11,9 @@ random permutation, and the same K/V laid out contiguously for SDPA.
   ``[bs, kv_heads, ctx, D]`` K/V; ``sdpa expanded``: K/V repeated to the query heads
   beforehand (not timed). The baseline is the faster of the two, per dtype.
 * ``read bw``: ``tensor.sum()`` over 512 MB of fp32, the machine's streaming read rate.
+* ``copy bw``: ``dst.copy_(src)`` of 256 MB (bytes read per second): the ceiling of any
+  gather-then-compute kernel, which must read the K/V rows *and* write them to a buffer
+  (the paged kernel's ``index_select`` of random 512-byte rows reaches ~90% of it).
 
 Timings are medians of interleaved repeats (the contenders alternate, so drift in
 machine load hits all of them alike). KV GB/s counts the K and V bytes a decode
@@ -61,7 +64,8 @@ class _Setup:
     v_rep: torch.Tensor
 
 
-def _setup(bs: int, ctx: int, hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int) -> _Setup:
+def _setup(bs: int, ctx: int, hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int,
+           chunk: int | None = None) -> _Setup:
     gen = torch.Generator().manual_seed(seed)
     pool = KVPool(num_layers=1, num_slots=bs * ctx, num_kv_heads=hkv, head_dim=d, dtype=dtype,
                   max_reqs=bs, max_context_len=ctx)
@@ -73,7 +77,9 @@ def _setup(bs: int, ctx: int, hq: int, hkv: int, d: int, dtype: torch.dtype, see
     batch = ForwardBatch(Phase.DECODE, req_pool_indices=torch.arange(1, bs + 1), seq_lens=lens,
                          out_cache_loc=slots[:, -1].clone(), seq_lens_cpu=lens.clone())
     q = torch.randn(bs, hq, d, generator=gen).to(dtype)
-    backend = TorchBackend(AttentionConfig(hq, hkv, d, dtype), pool)
+    # chunk=None: the backend's own default (what users get).
+    extra = {} if chunk is None else {"chunk": chunk}
+    backend = TorchBackend(AttentionConfig(hq, hkv, d, dtype), pool, **extra)
     # Contiguous copies of the same K/V for SDPA: [bs, kv_heads, ctx, D].
     k = pool.k[0][slots].transpose(1, 2).contiguous()
     v = pool.v[0][slots].transpose(1, 2).contiguous()
@@ -98,13 +104,21 @@ def _read_bandwidth(repeats: int) -> float:
     return big.numel() * 4 / best / 1e9
 
 
-def run(bs: int, ctx: int, hq: int, hkv: int, d: int, repeats: int) -> None:
+def _copy_bandwidth(repeats: int) -> float:
+    src = torch.ones(64 << 20, dtype=torch.float32)  # 256 MB
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = statistics.median(_time(lambda: dst.copy_(src)) for _ in range(repeats))
+    return src.numel() * 4 / best / 1e9
+
+
+def run(bs: int, ctx: int, hq: int, hkv: int, d: int, repeats: int, chunk: int | None = None) -> None:
     print(f"decode: bs={bs} ctx={ctx} q_heads={hq} kv_heads={hkv} head_dim={d}, page size 1, random slots; "
           f"threads={torch.get_num_threads()}, torch {torch.__version__}; "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        s = _setup(bs, ctx, hq, hkv, d, dtype, seed=0)
+        s = _setup(bs, ctx, hq, hkv, d, dtype, seed=0, chunk=chunk)
         meta_s = statistics.median(_time(lambda: s.backend.init_forward_metadata(s.batch)) for _ in range(3))
         fns = _contenders(s)
         ref = fns["sdpa gqa"]().float().view(bs, hq, d)
@@ -125,8 +139,9 @@ def run(bs: int, ctx: int, hq: int, hkv: int, d: int, repeats: int) -> None:
         for name, t in med.items():
             rows.append((str(dtype).removeprefix("torch."), name, t * 1e3, statistics.median(cpu[name]) * 1e3,
                          med[base_name] / t, kv_bytes / t / 1e9, kv_bytes / t / 1e9 / bw, base_name == name))
-        print(f"  {dtype}: read bw {bw:.1f} GB/s (sum over 512 MB); paged metadata {meta_s * 1e3:.2f} ms "
-              f"per batch (all layers); max |paged - sdpa| = {err:.1e}")
+        print(f"  {dtype}: read bw {bw:.1f} GB/s (sum over 512 MB), copy bw {_copy_bandwidth(3):.1f} GB/s; "
+              f"paged chunk {s.backend.chunk}, metadata {meta_s * 1e3:.2f} ms per batch (all layers); "
+              f"max |paged - sdpa| = {err:.1e}")
     print(f"  load average after: {os.getloadavg()[0]:.2f}")
     print()
     print(f"{'dtype':9} {'contender':22} {'ms':>8} {'cpu ms':>8} {'vs best sdpa':>13} {'KV GB/s':>8} {'% read bw':>10}")
@@ -143,9 +158,11 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="KV columns per chunk of the paged backend (default: the backend's default)")
     a = ap.parse_args()
     with torch.no_grad():
-        run(a.bs, a.ctx, a.q_heads, a.kv_heads, a.head_dim, a.repeats)
+        run(a.bs, a.ctx, a.q_heads, a.kv_heads, a.head_dim, a.repeats, a.chunk)
 
 
 if __name__ == "__main__":

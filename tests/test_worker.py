@@ -142,3 +142,11 @@ def _triton_ready() -> bool:
 def test_triton_backend_is_lossless_too(prompts, n, spec, graphs, platform):
     """The Triton kernels (interpreter on CPU) in every role; fewer cases: ~1-5 s each."""
     assert worker(spec, graphs, platform, "triton").generate(prompts, n).tokens == greedy(prompts, n)
+
+
+def test_bad_prompts_are_refused_with_what_is_allowed():
+    w = worker(SpecConfig.eagle(2), False, "cpu")
+    with pytest.raises(ValueError, match=r"prompts: 0 \(supported: 1..8"):
+        w.generate([], 4)
+    with pytest.raises(ValueError, match=r"prompts: 9 \(supported: 1..8"):
+        w.generate([[1]] * 9, 4)

@@ -35,7 +35,7 @@ from attnhal.backend import (
     MultiStepDraft,
     SpecInfo,
 )
-from attnhal.capabilities import AttentionRequest, Phase, Reason
+from attnhal.capabilities import AttentionRequest, Phase
 from attnhal.graphs import GraphRunner, PhaseStep
 from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, SpecConfig, plan
 from attnhal.platform import Platform, current
@@ -106,17 +106,20 @@ class SpecWorker:
     role_backends: per role (``"target"``, ``"draft_decode"``, ``"draft_extend"``), over ``backend``.
     policy: graph policy (capture sizes).
     max_context_len: the longest prompt + generation + draft tokens per request.
+    max_requests: requests one ``generate`` call may hold (KV pool rows); default twice
+        the largest capture size.
     """
 
     def __init__(self, target: TinyLlama, draft: TinyLlama | None, spec: SpecConfig, *,
                  platform: Platform | str | None = None, backend: str | None = None,
                  role_backends: Mapping[str, str] | None = None,
                  policy: GraphPolicy | None = None, max_context_len: int = 512,
-                 registry: Registry | None = None) -> None:
+                 max_requests: int | None = None, registry: Registry | None = None) -> None:
         self.target, self.draft, self.spec = target, draft, spec
         self.platform = current(platform)
         self.policy = policy or GraphPolicy(max_batch_size=8)
         self.device = torch.device(self.platform.torch_device)
+        self.max_requests = max_requests or 2 * self.policy.capture_sizes()[-1]
         registry = registry or default_registry()
         names = {**dict.fromkeys(("target", "draft_decode", "draft_extend"), backend), **(role_backends or {})}
         speculative = spec.speculative and draft is not None
@@ -135,7 +138,7 @@ class SpecWorker:
 
     # --- construction ------------------------------------------------------------------------
     def _pool(self, model: TinyLlama, max_context_len: int, extra_slots: int = 0) -> KVPool:
-        cfg, max_reqs = model.cfg, self.policy.capture_sizes()[-1] * 2
+        cfg, max_reqs = model.cfg, self.max_requests
         return KVPool(num_layers=cfg.num_layers, num_slots=max_reqs * max_context_len + extra_slots,
                       num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=torch.float32,
                       max_reqs=max_reqs, max_context_len=max_context_len, device=self.device)
@@ -148,7 +151,7 @@ class SpecWorker:
         if "draft_extend" in self.classes:
             assert self.draft is not None
             self.draft.to(self.device)
-            max_rows = self.policy.capture_sizes()[-1] * 2 * self.spec.topk
+            max_rows = self.policy.capture_sizes()[-1] * self.spec.topk
             self.draft_pool = self._pool(self.draft, max_context_len, extra_slots=max_rows * self.spec.num_steps)
             self.extend_backend = self.classes["draft_extend"](self.draft.cfg.attention, self.draft_pool)
             # Scratch slots for draft-decode K/V, one per (row, step); never committed.
@@ -216,8 +219,9 @@ class SpecWorker:
     # --- generation ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> Generation:
         """Greedy continuation of each prompt by ``max_new_tokens`` tokens."""
-        if not prompts or any(not p for p in prompts):
-            raise ValueError("prompts: supported: a non-empty list of non-empty token lists")
+        if not prompts or any(not p for p in prompts) or len(prompts) > self.max_requests:
+            raise ValueError(f"prompts: {len(prompts)} (supported: 1..{self.max_requests} non-empty token lists; "
+                             "raise max_requests for more)")
         reqs = [_Request(list(p), len(p), self.target_pool.alloc_req()) for p in prompts]
         result = Generation(tokens=[])
         try:
