@@ -13,8 +13,10 @@ from attnhal.capabilities import (
     SpecLimits,
     not_supported_reasons,
 )
+from attnhal.descriptors import load_descriptor
 from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, SpecConfig, plan
 from attnhal.platform import Platform, Vendor, detect, parse
+from attnhal.registry import default_registry
 
 __version__ = "0.1.0"
 
@@ -32,7 +34,9 @@ __all__ = [
     "SpecConfig",
     "SpecLimits",
     "Vendor",
+    "default_registry",
     "detect",
+    "load_descriptor",
     "not_supported_reasons",
     "parse",
     "plan",
