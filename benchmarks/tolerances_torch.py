@@ -5,7 +5,8 @@
 For random cases of every phase (head configs, head sizes, slot layouts, tree
 masks, accepted lengths) it prints, per dtype, the largest absolute error and
 the smallest ``tol`` with ``|out - ref| <= tol + tol * |ref|`` on every element,
-next to the tolerance the descriptor declares. Uses ``tests/reference.py``.
+next to the tolerance the descriptor declares. Builds the cases with
+:func:`attnhal.testing.batches.build_case` from ``tests/reference.py``'s seeded specs.
 """
 
 from __future__ import annotations
@@ -20,26 +21,29 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from reference import make_case  # noqa: E402
+from reference import expected, random_spec  # noqa: E402
 
 from attnhal.capabilities import Phase  # noqa: E402
+from attnhal.plan import SpecConfig  # noqa: E402
+from attnhal.testing.batches import build_case  # noqa: E402
 from attnhal_torch import TorchBackend  # noqa: E402
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = ("float32", "float16", "bfloat16")
 HEADS = [(1, 1), (4, 2), (4, 1), (8, 2)]
 
 
 def _params(phase: Phase, rng: random.Random, bs: int) -> dict[str, Any]:
     if phase is Phase.PREFILL:
-        return {"extend_lens": [rng.randint(0, 24) for _ in range(bs)]}
-    if phase is Phase.TARGET_VERIFY:
+        return {"new_lens": [rng.randint(0, 24) for _ in range(bs)]}
+    if phase is Phase.TARGET_VERIFY:  # a draft tree when topk > 1
         topk = rng.randint(1, 3)
-        return {"topk": topk, "num_draft_tokens": rng.randint(2, 3 * topk + 1), "custom_mask": topk > 1}
-    if phase is Phase.DRAFT_EXTEND:
-        t = rng.randint(1, 6)
-        return {"draft_extend_len": t, "extend_lens": [rng.randint(1, t) for _ in range(bs)]}
+        return {"spec": SpecConfig.eagle(3, topk, rng.randint(2, 3 * topk + 1))}
+    if phase is Phase.DRAFT_EXTEND:  # draft_extend_len t = num_steps + 1
+        t = rng.randint(2, 6)
+        return {"spec": SpecConfig.eagle(t - 1), "new_lens": [rng.randint(1, t) for _ in range(bs)]}
     if phase is Phase.DRAFT_DECODE:
-        return {"topk": rng.randint(1, 3), "num_steps": 4, "draft_step": rng.randint(0, 2)}
+        topk = rng.randint(1, 3)
+        return {"spec": SpecConfig.eagle(4, topk, 4 * topk + 1), "draft_step": rng.randint(0, 2)}
     return {}
 
 
@@ -51,10 +55,10 @@ def measure(dtype_name: str, cases: int) -> tuple[float, float]:
         phase = list(Phase)[i % len(Phase)]
         bs = rng.randint(1, 4)
         q, kv = rng.choice(HEADS)
-        case = make_case(phase, seed=i, bs=bs, num_q_heads=q, num_kv_heads=kv,
-                         head_size=rng.choice([16, 64, 128, 256]), dtype=DTYPES[dtype_name],
-                         prefix_lens=[rng.randint(0, 200) for _ in range(bs)], **_params(phase, rng, bs))
-        ref = case.reference()
+        case = build_case(random_spec(phase, seed=i, num_q_heads=q, num_kv_heads=kv,
+                                      head_size=rng.choice([16, 64, 128, 256]), dtype=dtype_name,
+                                      prefix_lens=[rng.randint(0, 200) for _ in range(bs)], **_params(phase, rng, bs)))
+        ref = expected(case)
         backend = TorchBackend(case.config, case.pool)
         backend.init_forward_metadata(case.batch)
         out = backend.forward(case.q, case.k, case.v, case.layer, case.batch).double()

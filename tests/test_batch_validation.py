@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from reference import Case, make_case, one_thread
+from reference import one_thread, random_spec
 
 from attnhal.backend import (
     BatchValidationError,
@@ -21,22 +21,24 @@ from attnhal.backend import (
 from attnhal.backend.validate import ENV_VAR
 from attnhal.capabilities import Phase
 from attnhal.graphs import EmulatedGraph
+from attnhal.plan import SpecConfig
+from attnhal.testing.batches import Case, build_case
 from attnhal_torch import TorchBackend
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
 PARAMS: dict[Phase, dict[str, Any]] = {
-    Phase.PREFILL: {"prefix_lens": [3, 0, 5], "extend_lens": [2, 4, 0]},
+    Phase.PREFILL: {"prefix_lens": [3, 0, 5], "new_lens": [2, 4, 0]},
     Phase.DECODE: {},
-    Phase.TARGET_VERIFY: {"topk": 2, "num_draft_tokens": 4},
-    Phase.DRAFT_EXTEND: {"draft_extend_len": 3, "extend_lens": [1, 3, 2]},
-    Phase.DRAFT_DECODE: {"topk": 2, "num_steps": 3, "draft_step": 1},
+    Phase.TARGET_VERIFY: {"spec": SpecConfig.eagle(3, topk=2, num_draft_tokens=4)},
+    Phase.DRAFT_EXTEND: {"spec": SpecConfig.eagle(2), "new_lens": [1, 3, 2]},  # draft_extend_len 3
+    Phase.DRAFT_DECODE: {"spec": SpecConfig.eagle(3, topk=2, num_draft_tokens=4), "draft_step": 1},
 }
 
 
 def case_of(phase: Phase) -> Case:
     params = {"prefix_lens": [4, 7, 2], **PARAMS[phase]}
-    return make_case(phase, seed=11, bs=3, **params)
+    return build_case(random_spec(phase, seed=11, **params))
 
 
 @pytest.fixture

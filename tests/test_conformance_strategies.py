@@ -1,5 +1,5 @@
 """The kit's building blocks: descriptor-bound strategies draw valid batches of claimed
-shapes only, and the fp64 reference agrees with an independent one (tests/reference.py)."""
+shapes only, and the fp64 reference agrees with an independent one (torch SDPA)."""
 
 from __future__ import annotations
 

@@ -10,12 +10,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import make_case, one_thread, reference_forward
+from reference import one_thread, random_spec
 
 from attnhal.backend import AttentionBackend, ForwardBatch, KVPool, MultiStepDraft, MultiStepUnsupported
 from attnhal.capabilities import BackendCapabilities, Phase, ReasonCode, SpecLimits
 from attnhal.graphs import EmulatedGraph
 from attnhal.plan import SpecConfig
+from attnhal.testing.batches import Case, build_case
+from attnhal.testing.reference import reference_forward
 from attnhal_torch import TorchBackend
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
@@ -30,11 +32,13 @@ def _backend_with(caps: BackendCapabilities) -> type[AttentionBackend]:
 
 
 def _case(num_steps: int, topk: int, seed: int, pool: KVPool | None = None, bs: int = 2, **kw: Any) -> Any:
-    return make_case(Phase.DRAFT_DECODE, seed=seed, bs=bs, topk=topk, num_steps=num_steps, draft_step=0,
-                     num_q_heads=4, num_kv_heads=2, head_size=16, pool=pool, **kw)
+    """A step-0 draft decode of ``bs`` requests (random prefixes, scattered slots) for ``num_steps``."""
+    spec = SpecConfig.eagle(num_steps, topk=topk, num_draft_tokens=topk * num_steps + 1)
+    return build_case(random_spec(Phase.DRAFT_DECODE, seed, requests=bs, spec=spec, draft_step=0,
+                                  num_q_heads=4, num_kv_heads=2, head_size=16, **kw), pool=pool)
 
 
-def _step_qkv(case: Any, steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def _step_qkv(case: Case, steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     return [(torch.randn(case.q.shape, generator=gen), torch.randn(case.k.shape, generator=gen),
              torch.randn(case.v.shape, generator=gen)) for _ in range(steps)]
@@ -113,15 +117,15 @@ def _run_steps(msd: MultiStepDraft, batch: ForwardBatch,
 
 @settings(max_examples=25, deadline=None)
 @given(num_steps=st.integers(2, 5), topk=st.integers(1, 3), bs=st.integers(1, 3), seed=st.integers(0, 999),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
-def test_eager_steps_match_reference(num_steps: int, topk: int, bs: int, seed: int, dtype: torch.dtype) -> None:
+       dtype=st.sampled_from(["float32", "bfloat16"]))
+def test_eager_steps_match_reference(num_steps: int, topk: int, bs: int, seed: int, dtype: str) -> None:
     case = _case(num_steps, topk, seed, bs=bs, dtype=dtype)
     spec = SpecConfig.eagle(num_steps, topk=topk, num_draft_tokens=topk * num_steps + 1)
     msd = MultiStepDraft(TorchBackend, case.config, case.pool, spec, chunk=8)
     msd.init_forward_metadata(case.batch)
-    tol = CAPS.tolerance(str(dtype).removeprefix("torch."))
+    tol = CAPS.tolerance(dtype)
     for s, (b, (q, k, v)) in enumerate(zip(msd.step_batches(case.batch), _step_qkv(case, msd.num_forwards, seed))):
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        q, k, v = q.to(case.q.dtype), k.to(case.q.dtype), v.to(case.q.dtype)
         ref = reference_forward(q, k, v, 0, b, case.pool, case.config.sm_scale)
         out = msd.backend(s).forward(q, k, v, 0, b)
         torch.testing.assert_close(out.double(), ref, atol=tol.atol, rtol=tol.rtol)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.metadata
 from typing import Any
 
@@ -9,17 +11,19 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import Case, make_case, one_thread, query_tokens
+from reference import expected, one_thread, random_spec
 
 from attnhal.backend import PADDING_REQ, PADDING_SLOT, ForwardBatch, KVPool, UnsupportedPhase
 from attnhal.capabilities import GRAPH_PHASES, DTYPES, Feature, Phase
 from attnhal.graphs import CaptureError, EmulatedGraph
+from attnhal.plan import SpecConfig
 from attnhal.platform import Vendor
+from attnhal.testing.batches import Case, CaseSpec, PoolSize, build_case, make_pool, pool_size
+from attnhal.testing.reference import query_tokens
+from attnhal.testing.strategies import case_specs, tree_parents
 from attnhal_torch import TorchBackend
 
 CAPS = TorchBackend.capabilities
-HEADS = [(1, 1), (2, 2), (4, 2), (4, 1), (6, 3), (8, 2)]  # MHA, GQA, MQA
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
 
@@ -45,34 +49,14 @@ def run_eager(case: Case, backend: TorchBackend | None = None, **kwargs: Any) ->
 # --- strategies ------------------------------------------------------------------------------
 
 @st.composite
-def common(draw: st.DrawFn, max_bs: int = 4) -> dict[str, Any]:
-    bs = draw(st.integers(1, max_bs))
-    q_heads, kv_heads = draw(st.sampled_from(HEADS))
-    return {
-        "bs": bs, "num_q_heads": q_heads, "num_kv_heads": kv_heads,
-        "head_size": draw(st.sampled_from(sorted(CAPS.head_sizes))),
-        "dtype": TORCH_DTYPES[draw(st.sampled_from(sorted(CAPS.dtypes)))],
-        "prefix_lens": draw(st.lists(st.integers(0, 40), min_size=bs, max_size=bs)),
-        "seed": draw(st.integers(0, 2**16)),
-        "num_layers": draw(st.integers(1, 2)),
-    }
-
-
-@st.composite
-def spec_params(draw: st.DrawFn, phase: Phase, bs: int) -> dict[str, Any]:
-    if phase is Phase.PREFILL:
-        return {"extend_lens": draw(st.lists(st.integers(0, 12), min_size=bs, max_size=bs))}
-    if phase is Phase.TARGET_VERIFY:
-        topk, steps = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-        return {"topk": topk, "num_draft_tokens": draw(st.integers(2, topk * steps + 1)),
-                "custom_mask": True if topk > 1 else draw(st.booleans())}
-    if phase is Phase.DRAFT_EXTEND:
-        t = draw(st.integers(1, 5))
-        return {"draft_extend_len": t, "extend_lens": draw(st.lists(st.integers(1, t), min_size=bs, max_size=bs))}
-    if phase is Phase.DRAFT_DECODE:
-        steps = draw(st.integers(2, 4))
-        return {"topk": draw(st.integers(1, 3)), "num_steps": steps, "draft_step": draw(st.integers(0, steps - 2))}
-    return {}
+def specs(draw: st.DrawFn, phase: Phase, **kwargs: Any) -> CaseSpec:
+    """:func:`case_specs` of the torch claims with MHA/GQA/MQA up to 3 KV heads (6/3 among
+    them); ``target_verify`` chains sometimes carry an explicit tree mask too."""
+    spec = draw(case_specs(CAPS, phase, max_kv_heads=3, max_group=4, max_seq_len=52, **kwargs))
+    if phase is Phase.TARGET_VERIFY and not spec.tree_parents and draw(st.booleans()):
+        T = spec.tokens_per_row or 0
+        spec = dataclasses.replace(spec, tree_parents=tuple(draw(tree_parents(T)) for _ in range(spec.requests)))
+    return spec
 
 
 @st.composite
@@ -88,9 +72,7 @@ def kernel_params(draw: st.DrawFn) -> dict[str, int]:
 
 @st.composite
 def phase_cases(draw: st.DrawFn, phase: Phase) -> tuple[Case, dict[str, int]]:
-    base = draw(common())
-    case = make_case(phase, **base, **draw(spec_params(phase, base["bs"])))
-    return case, draw(kernel_params())
+    return build_case(draw(specs(phase, max_requests=4))), draw(kernel_params())
 
 
 # --- descriptor ------------------------------------------------------------------------------------
@@ -117,37 +99,50 @@ def test_registered_through_entry_point() -> None:
 @given(data=st.data())
 def test_phase_matches_reference(phase: Phase, data: st.DataObject) -> None:
     case, kernel = data.draw(phase_cases(phase))
-    ref = case.reference()
-    assert_matches(run_eager(case, **kernel), ref, str(case.q.dtype).removeprefix("torch."))
+    ref = expected(case)
+    assert_matches(run_eager(case, **kernel), ref, case.spec.dtype)
 
 
 @pytest.mark.parametrize("extend_lens", [[0, 0], [0, 5], [7, 0], [1, 1]])
 def test_prefill_with_empty_rows_and_no_prefix(extend_lens: list[int]) -> None:
-    case = make_case(Phase.PREFILL, seed=3, bs=2, prefix_lens=[0, 0], extend_lens=extend_lens)
-    assert_matches(run_eager(case), case.reference(), "float32")
+    case = build_case(random_spec(Phase.PREFILL, seed=3, prefix_lens=[0, 0], new_lens=extend_lens))
+    assert_matches(run_eager(case), expected(case), "float32")
+
+
+def test_draft_extend_of_one_token_per_row() -> None:
+    """``draft_extend_len == 1`` (no SpecConfig has it, so it is cut from a built batch of
+    ``draft_extend_len == 2`` with one accepted token per row): rows without padding."""
+    case = build_case(random_spec(Phase.DRAFT_EXTEND, seed=6, requests=3, spec=SpecConfig.eagle(1),
+                                  new_lens=[1, 1, 1]))
+    assert case.batch.spec is not None and case.batch.spec.draft_extend_len == 2
+    keep = torch.arange(0, case.batch.num_tokens, 2)  # each row's accepted token, not its padding
+    case.batch = dataclasses.replace(case.batch, out_cache_loc=case.batch.out_cache_loc[keep],
+                                     spec=dataclasses.replace(case.batch.spec, draft_extend_len=1))
+    case.q, case.k, case.v = case.q[keep], case.k[keep], case.v[keep]
+    assert_matches(run_eager(case), expected(case), "float32")
 
 
 def test_long_prefill_splits_query_blocks() -> None:
-    case = make_case(Phase.PREFILL, seed=5, bs=2, prefix_lens=[30, 0], extend_lens=[70, 45],
-                     num_q_heads=4, num_kv_heads=2, head_size=32)
+    case = build_case(random_spec(Phase.PREFILL, seed=5, prefix_lens=[30, 0], new_lens=[70, 45],
+                                  num_q_heads=4, num_kv_heads=2, head_size=32))
     backend = TorchBackend(case.config, case.pool, chunk=8, score_budget_bytes=4096)
     assert backend._prefill_block() < 70  # several pieces per row
-    assert_matches(run_eager(case, backend), case.reference(), "float32")
+    assert_matches(run_eager(case, backend), expected(case), "float32")
 
 
 def test_one_metadata_serves_every_layer() -> None:
-    case = make_case(Phase.TARGET_VERIFY, seed=9, bs=3, num_layers=3, topk=2, num_draft_tokens=4)
+    case = build_case(random_spec(Phase.TARGET_VERIFY, seed=9, requests=3, num_layers=3,
+                                  spec=SpecConfig.eagle(3, topk=2, num_draft_tokens=4)))
     backend = TorchBackend(case.config, case.pool, chunk=4)
     backend.init_forward_metadata(case.batch)
     for layer in range(3):
-        case.layer = layer
-        ref = case.reference()
+        ref = expected(case, layer)
         assert_matches(backend.forward(case.q, case.k, case.v, layer, case.batch), ref, "float32")
 
 
 def test_noncontiguous_q_and_kv_already_in_pool() -> None:
-    case = make_case(Phase.DECODE, seed=2, bs=3, num_q_heads=4, num_kv_heads=2)
-    ref = case.reference()
+    case = build_case(random_spec(Phase.DECODE, seed=2, requests=3, num_q_heads=4, num_kv_heads=2))
+    ref = expected(case)
     case.pool.write(case.layer, case.batch.out_cache_loc, case.k, case.v)
     qkv = torch.cat([case.q, torch.zeros_like(case.q)], dim=1)  # q as a strided slice
     backend = TorchBackend(case.config, case.pool)
@@ -156,17 +151,18 @@ def test_noncontiguous_q_and_kv_already_in_pool() -> None:
 
 
 def test_draft_path_is_read_at_forward_time() -> None:
-    case = make_case(Phase.DRAFT_DECODE, seed=4, bs=2, topk=2, num_steps=3, draft_step=1)
+    case = build_case(random_spec(Phase.DRAFT_DECODE, seed=4, draft_step=1,
+                                  spec=SpecConfig.eagle(3, topk=2, num_draft_tokens=4)))
     backend = TorchBackend(case.config, case.pool)
     backend.init_forward_metadata(case.batch)
     assert case.batch.spec is not None and case.batch.spec.draft_path is not None
     path = case.batch.spec.draft_path
     path[:, 0] = path[:, 0].flip(0)  # re-parent the branches after the metadata was built
-    assert_matches(backend.forward(case.q, case.k, case.v, case.layer, case.batch), case.reference(), "float32")
+    assert_matches(backend.forward(case.q, case.k, case.v, case.layer, case.batch), expected(case), "float32")
 
 
 def test_forward_needs_metadata_of_that_batch() -> None:
-    case = make_case(Phase.DECODE, seed=1)
+    case = build_case(random_spec(Phase.DECODE, seed=1))
     backend = TorchBackend(case.config, case.pool)
     with pytest.raises(RuntimeError, match="init_forward_metadata"):
         backend.forward(case.q, case.k, case.v, 0, case.batch)
@@ -201,41 +197,53 @@ def pad_last_row(batch: ForwardBatch) -> None:
         batch.spec.custom_mask[-1] = torch.ones_like(batch.spec.custom_mask[-1]).tril()
 
 
-def graph_pool(base: dict[str, Any]) -> KVPool:
-    """Large enough for any case the strategies draw."""
-    return KVPool(num_layers=base["num_layers"], num_slots=600, num_kv_heads=base["num_kv_heads"],
-                  head_dim=base["head_size"], dtype=base["dtype"], max_reqs=8, max_context_len=72)
+@st.composite
+def replay_specs(draw: st.DrawFn, first: CaseSpec) -> CaseSpec:
+    """Another batch for the graph captured on ``first``: same shape (requests, heads, layers,
+    spec config, draft step, tree or not), new lengths, K/V, q, slots, tree and draft path."""
+    other = draw(specs(first.phase, spec=first.spec, requests=first.requests, dtype=first.dtype,
+                       head_size=first.head_size))
+    fields: dict[str, Any] = {"num_q_heads": first.num_q_heads, "num_kv_heads": first.num_kv_heads,
+                              "num_layers": first.num_layers, "layer": first.layer}
+    if first.phase is Phase.TARGET_VERIFY:
+        T = first.tokens_per_row or 0
+        fields["tree_parents"] = (tuple(draw(tree_parents(T)) for _ in range(first.requests))
+                                  if first.tree_parents else ())
+    if first.phase is Phase.DRAFT_DECODE:
+        k, step = first.topk, first.draft_step
+        fields["draft_step"] = step
+        fields["draft_picks"] = tuple(tuple(tuple(draw(st.integers(0, k - 1)) for _ in range(step))
+                                            for _ in range(k)) for _ in range(first.requests))
+    return dataclasses.replace(other, **fields)
 
 
 @pytest.mark.parametrize("phase", GRAPH_PHASES, ids=lambda p: p.value)
 @settings(max_examples=12, deadline=None)
 @given(data=st.data())
 def test_graph_replay_matches_reference(phase: Phase, data: st.DataObject) -> None:
-    base = data.draw(common(max_bs=3))
-    pool = graph_pool(base)
-    params = data.draw(spec_params(phase, base["bs"]))
-    params.pop("extend_lens", None)  # each replay draws its own accepted lengths
+    first_spec = data.draw(specs(phase, max_requests=3))
+    replays = [data.draw(replay_specs(first_spec)) for _ in range(2)]
+    pool = make_pool(first_spec, functools.reduce(PoolSize.union, map(pool_size, [first_spec, *replays])))
     kernel = data.draw(kernel_params())
-    first = make_case(phase, **{**base, "seed": base["seed"]}, **params, pool=pool)
+    first = build_case(first_spec, pool=pool)
     backend = TorchBackend(first.config, pool, **kernel)
     backend.init_graph_state(first.batch.batch_size, first.batch.num_tokens)
     backend.init_capture_metadata(first.batch)
     q, k, v = first.q.clone(), first.k.clone(), first.v.clone()
     graph = EmulatedGraph()
     out = graph.capture(lambda: backend.forward(q, k, v, first.layer, first.batch))
-    for replay in range(2):
-        case = make_case(phase, **{**base, "seed": base["seed"] + 1 + replay}, **params, pool=pool)
-        if replay == 1 and base["bs"] > 1:
+    for replay, spec in enumerate(replays):
+        case = build_case(spec, pool=pool)
+        if replay == 1 and spec.requests > 1:
             pad_last_row(case.batch)
-        case.layer = first.layer
-        ref = case.reference()
+        ref = expected(case)
         copy_batch(first.batch, case.batch)
         q.copy_(case.q), k.copy_(case.k), v.copy_(case.v)
         backend.init_replay_metadata(first.batch)
         graph.replay()
         assert graph.replay_allocations == 0
         real = _real_tokens(case.batch)
-        assert_matches(out, ref, str(base["dtype"]).removeprefix("torch."), rows=real)
+        assert_matches(out, ref, spec.dtype, rows=real)
         assert torch.isfinite(out).all()
 
 
@@ -246,9 +254,9 @@ def _real_tokens(batch: ForwardBatch) -> torch.Tensor:
 
 @pytest.mark.parametrize("phase", GRAPH_PHASES, ids=lambda p: p.value)
 def test_replay_metadata_has_no_host_sync(phase: Phase) -> None:
-    params: dict[Phase, dict[str, Any]] = {Phase.TARGET_VERIFY: {"topk": 2, "num_draft_tokens": 4},
-                                           Phase.DRAFT_DECODE: {"topk": 2}}
-    case = make_case(phase, seed=7, bs=3, **params.get(phase, {}))
+    tree = SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
+    specs_of: dict[Phase, SpecConfig] = {Phase.TARGET_VERIFY: tree, Phase.DRAFT_DECODE: tree}
+    case = build_case(random_spec(phase, seed=7, requests=3, spec=specs_of.get(phase)))
     backend = TorchBackend(case.config, case.pool)
     backend.init_graph_state(case.batch.batch_size, case.batch.num_tokens)
     backend.init_capture_metadata(case.batch)
@@ -257,12 +265,12 @@ def test_replay_metadata_has_no_host_sync(phase: Phase) -> None:
 
 
 def test_graph_capture_refuses_prefill_and_oversize_batches() -> None:
-    case = make_case(Phase.PREFILL, seed=1)
+    case = build_case(random_spec(Phase.PREFILL, seed=1))
     backend = TorchBackend(case.config, case.pool)
     backend.init_graph_state(1, 1)
     with pytest.raises(UnsupportedPhase, match="prefill"):
         backend.init_capture_metadata(case.batch)
-    decode = make_case(Phase.DECODE, seed=1, bs=3)
+    decode = build_case(random_spec(Phase.DECODE, seed=1, requests=3))
     backend = TorchBackend(decode.config, decode.pool)
     backend.init_graph_state(2, 2)
     with pytest.raises(ValueError, match="init_graph_state"):
@@ -286,7 +294,9 @@ def test_graph_runner_replays_match_reference(phase: Phase) -> None:
     spec = SpecConfig() if phase is Phase.DECODE else SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
     pool = KVPool(num_layers=1, num_slots=400, num_kv_heads=2, head_dim=32, dtype=torch.float32,
                   max_reqs=8, max_context_len=40)
-    first = make_case(phase, seed=0, bs=1, num_q_heads=4, num_kv_heads=2, head_size=32, pool=pool)
+    shape: dict[str, Any] = {"num_q_heads": 4, "num_kv_heads": 2, "head_size": 32}
+    by_phase = {Phase.TARGET_VERIFY: spec, Phase.DRAFT_EXTEND: spec}  # T 4 with a tree; draft_extend_len 4
+    first = build_case(random_spec(phase, seed=0, requests=1, spec=by_phase.get(phase), **shape), pool=pool)
     backend = TorchBackend(first.config, pool, chunk=16)
     f32 = torch.float32
     step = PhaseStep(metadata=backend, forward=lambda b, x: backend.forward(x["q"], x["k"], x["v"], 0, b),
@@ -295,12 +305,9 @@ def test_graph_runner_replays_match_reference(phase: Phase) -> None:
     the_plan = plan(spec, cpu, PhaseBackends.same(CAPS, spec), GraphPolicy(batch_sizes=(2, 4)))
     runner = GraphRunner(the_plan, cpu, {phase: step})
     assert runner.captured_sizes(phase) == (2, 4)
-    by_phase: dict[Phase, dict[str, Any]] = {Phase.TARGET_VERIFY: {"topk": 2, "num_draft_tokens": 4},
-                                             Phase.DRAFT_EXTEND: {"draft_extend_len": spec.draft_extend_len}}
-    params = by_phase.get(phase, {})
     for seed, bs in ((1, 3), (2, 1), (3, 4)):
-        case = make_case(phase, seed=seed, bs=bs, num_q_heads=4, num_kv_heads=2, head_size=32, pool=pool, **params)
-        ref = case.reference()
+        case = build_case(random_spec(phase, seed=seed, requests=bs, spec=by_phase.get(phase), **shape), pool=pool)
+        ref = expected(case)
         out = runner.run(phase, case.batch, {"q": case.q, "k": case.k, "v": case.v})
         assert isinstance(out, torch.Tensor)
         assert_matches(out, ref, "float32")

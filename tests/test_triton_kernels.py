@@ -25,8 +25,10 @@ pytest.importorskip("triton")
 
 from attnhal.backend import AttentionConfig, ForwardBatch, KVPool, SpecInfo  # noqa: E402
 from attnhal.capabilities import Phase  # noqa: E402
+from attnhal.plan import SpecConfig  # noqa: E402
 from attnhal.platform import Platform, parse  # noqa: E402
-from attnhal.testing.batches import tree_mask  # noqa: E402
+from attnhal.testing.batches import build_case, tree_mask  # noqa: E402
+from attnhal.testing.reference import reference_attention  # noqa: E402
 from attnhal_triton import TritonBackend, ops  # noqa: E402
 
 EXAMPLES = int(os.environ.get("ATTNHAL_TRITON_EXAMPLES", "6"))
@@ -323,14 +325,18 @@ def test_rows_with_nothing_to_attend_give_zero_not_nan() -> None:
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("phase", list(Phase), ids=[p.value for p in Phase])
 def test_matches_project_reference(phase: Phase, seed: int) -> None:
-    """Second oracle: ``tests/reference.py``'s batches (stale req_to_token tails, zero-length
-    prefills, shared draft ancestors) and its fp64 reference, with K/V written by forward."""
+    """Second oracle: the conformance kit's batches (:func:`~attnhal.testing.batches.build_case`:
+    stale req_to_token tails, scattered slots, zero-length prefills, draft trees, shared draft
+    ancestors) from ``tests/reference.py``'s seeded specs, and the package's fp64 reference,
+    with K/V written by forward."""
     reference_mod = pytest.importorskip("reference")
-    case = reference_mod.make_case(phase, seed=seed, bs=3, num_q_heads=8, num_kv_heads=2, head_size=32,
-                                   topk=2 if phase in (Phase.DRAFT_DECODE, Phase.TARGET_VERIFY) else 1,
-                                   num_draft_tokens=5, draft_step=seed % 3, dtype=DTYPES[seed])
+    tree = SpecConfig.eagle(3, topk=2, num_draft_tokens=5)
+    spec = tree if phase in (Phase.DRAFT_DECODE, Phase.TARGET_VERIFY) else None
+    case = build_case(reference_mod.random_spec(
+        phase, seed, requests=3, spec=spec, draft_step=seed % 3, num_q_heads=8, num_kv_heads=2, head_size=32,
+        dtype=str(DTYPES[seed]).removeprefix("torch.")))
     backend = TritonBackend(case.config, case.pool, platform=parse(PLATFORMS[seed]))
-    want = case.reference()
+    want = reference_mod.expected(case)
     backend.init_forward_metadata(case.batch)
     got = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
     tol = backend.capabilities.tolerance(str(got.dtype).removeprefix("torch."))
@@ -455,12 +461,11 @@ def test_multi_step_draft_in_one_graph(platform: str) -> None:
     graphs = pytest.importorskip("attnhal.graphs")
     reference_mod = pytest.importorskip("reference")
     from attnhal.backend import MultiStepDraft
-    from attnhal.plan import SpecConfig
 
     steps, topk = 3, 2
-    case = reference_mod.make_case(Phase.DRAFT_DECODE, seed=5, bs=2, num_q_heads=8, num_kv_heads=2,
-                                   head_size=32, topk=topk, num_steps=steps, prefix_lens=[70, 9])
     spec = SpecConfig.eagle(num_steps=steps, topk=topk, num_draft_tokens=4)
+    case = build_case(reference_mod.random_spec(Phase.DRAFT_DECODE, 5, spec=spec, prefix_lens=[70, 9],
+                                                num_q_heads=8, num_kv_heads=2, head_size=32))
     draft = MultiStepDraft(TritonBackend, case.config, case.pool, spec, platform=parse(platform))
     batch = _static_copy(case.batch)
     assert batch.spec is not None and batch.spec.draft_path is not None
@@ -485,7 +490,7 @@ def test_multi_step_draft_in_one_graph(platform: str) -> None:
             assert eager.spec is not None and eager.spec.draft_path is not None
             eager.spec.draft_step = s
             eager.spec.draft_path[:, 0] = first if s == 0 else reparented
-            out.append(reference_mod.reference_attention(
+            out.append(reference_attention(
                 qs[s], case.pool.k[0], case.pool.v[0], eager, case.pool.req_to_token,
                 case.config.sm_scale))
         return out
@@ -526,7 +531,7 @@ def test_graph_runner_pads_and_replays(phase: Phase) -> None:
     graphs = pytest.importorskip("attnhal.graphs")
     reference_mod = pytest.importorskip("reference")
     from attnhal.backend import MultiStepDraft
-    from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
+    from attnhal.plan import GraphPolicy, PhaseBackends, plan
 
     spec = SpecConfig() if phase is Phase.DECODE else SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
     # Plan and graphs for a simulated MI200; launch rows of the interpreter (fewer splits,
@@ -536,9 +541,7 @@ def test_graph_runner_pads_and_replays(phase: Phase) -> None:
     pool = KVPool(num_layers=1, num_slots=600, num_kv_heads=2, head_dim=32, dtype=f32, max_reqs=8,
                   max_context_len=60)
     cfg = AttentionConfig(8, 2, 32)
-    kw = dict(num_q_heads=8, num_kv_heads=2, head_size=32, pool=pool, topk=spec.topk,
-              num_draft_tokens=spec.num_draft_tokens, draft_extend_len=spec.draft_extend_len,
-              num_steps=spec.num_steps, prefix_lens=None)
+    kw = dict(num_q_heads=8, num_kv_heads=2, head_size=32, spec=None if phase is Phase.DECODE else spec)
     q_in = ("token", (8, 32), f32)
     if phase is Phase.DRAFT_DECODE:
         draft = MultiStepDraft(TritonBackend, cfg, pool, spec, platform=rows_of)
@@ -556,7 +559,7 @@ def test_graph_runner_pads_and_replays(phase: Phase) -> None:
     runner = graphs.GraphRunner(the_plan, platform, {phase: step})
     assert runner.captured_sizes(phase) == (2, 4), runner.plan[phase].reasons
     for seed, bs in ((1, 3), (2, 1)):
-        case = reference_mod.make_case(phase, seed=seed, bs=bs, **kw)
+        case = build_case(reference_mod.random_spec(phase, seed, requests=bs, **kw), pool=pool)
         if phase is Phase.DRAFT_DECODE:
             outs = runner.run(phase, case.batch, {"q": case.q})
             wants = []
@@ -564,11 +567,11 @@ def test_graph_runner_pads_and_replays(phase: Phase) -> None:
                 assert case.batch.spec is not None
                 at_step = _static_copy(case.batch)
                 at_step.spec.draft_step = s  # type: ignore[union-attr]
-                wants.append(reference_mod.reference_attention(
+                wants.append(reference_attention(
                     case.q, pool.k[0], pool.v[0], at_step, pool.req_to_token, cfg.sm_scale))
         else:
             outs = (runner.run(phase, case.batch, {"q": case.q, "k": case.k, "v": case.v}),)
-            wants = [case.reference()]
+            wants = [reference_mod.expected(case)]
         for got, want in zip(outs, wants, strict=True):
             torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
     stats = runner.summary()[phase]
