@@ -13,6 +13,7 @@ and fp32 leaves room for long contexts.
 from __future__ import annotations
 
 from attnhal.capabilities import (
+    GRAPH_PHASES,
     BackendCapabilities,
     Feature,
     Phase,
@@ -30,12 +31,7 @@ CAPABILITIES = BackendCapabilities(
     phases=frozenset(Phase),
     # Every graph phase runs on static buffers sized in init_graph_state over the
     # pool's full max_context_len, with no speculative limit.
-    graph={
-        Phase.DECODE: SpecLimits(),
-        Phase.TARGET_VERIFY: SpecLimits(),
-        Phase.DRAFT_DECODE: SpecLimits(),
-        Phase.DRAFT_EXTEND: SpecLimits(),
-    },
+    graph=dict.fromkeys(GRAPH_PHASES, SpecLimits()),
     multi_step=SpecLimits(),
     dtypes=frozenset(("float32", "float16", "bfloat16")),
     head_sizes=frozenset((16, 32, 64, 80, 96, 128, 256)),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnhal.capabilities import BackendCapabilities, Feature, Phase, SeqLenFill, SpecLimits
+from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Feature, Phase, SeqLenFill, SpecLimits
 from attnhal.platform import Vendor
 
 __all__ = ["CAPABILITIES"]
@@ -17,12 +17,7 @@ CAPABILITIES = BackendCapabilities(
     phases=frozenset(Phase),
     # Spec phases read all per-batch values from device tensors and the decode split
     # count is fixed at capture, so any topk / step count / draft token count holds.
-    graph={
-        Phase.DECODE: SpecLimits(),
-        Phase.TARGET_VERIFY: SpecLimits(),
-        Phase.DRAFT_DECODE: SpecLimits(),
-        Phase.DRAFT_EXTEND: SpecLimits(),
-    },
+    graph=dict.fromkeys(GRAPH_PHASES, SpecLimits()),
     # draft_decode serves every step s (prefix plus draft_path[:, :s + 1]).
     multi_step=SpecLimits(),
     dtypes=frozenset(("float16", "bfloat16", "float32")),
