@@ -2,7 +2,7 @@
 
 from attnhal.backend.batch import ForwardBatch, SpecInfo
 from attnhal.backend.contract import AttentionBackend, AttentionConfig, UnsupportedPhase, dtype_name
-from attnhal.backend.kv_pool import PADDING_REQ, PADDING_SLOT, KVPool
+from attnhal.backend.kv_pool import PADDING_PAGE, PADDING_REQ, PADDING_SLOT, KVPool, slot_of
 from attnhal.backend.multi_step import MultiStepDraft, MultiStepUnsupported
 from attnhal.backend.validate import (
     BatchValidationError,
@@ -13,6 +13,7 @@ from attnhal.backend.validate import (
 )
 
 __all__ = [
+    "PADDING_PAGE",
     "PADDING_REQ",
     "PADDING_SLOT",
     "AttentionBackend",
@@ -27,6 +28,7 @@ __all__ = [
     "debug_enabled",
     "dtype_name",
     "set_debug",
+    "slot_of",
     "validate_batch",
     "validate_forward",
 ]

@@ -20,7 +20,7 @@ Every phase writes the new tokens' K/V to ``out_cache_loc`` before attending.
 ``draft_path`` is read when ``forward`` runs, never baked into metadata ahead of it: a
 draft tree re-parents its branches between steps by rewriting ``draft_path`` in place
 (inside a captured graph too).
-Positions in ``req_to_token`` rows are token positions (page size 1).
+KV positions map to slots through ``pool.req_to_page`` (see :mod:`attnhal.backend.kv_pool`).
 
 Conventions the table relies on:
 
