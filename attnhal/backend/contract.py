@@ -14,7 +14,7 @@ Names are vendor-neutral: nothing here says "cuda".
 from __future__ import annotations
 
 from abc import ABC
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -48,9 +48,27 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Shapes and dtypes of one model's attention layers.
+    """Shapes, dtypes and optional features of one model's attention layers.
 
-    ``scale`` defaults to ``head_size ** -0.5``.
+    Attributes
+    ----------
+    num_q_heads, num_kv_heads, head_size: ``head_size`` is the q/k head size.
+    dtype: compute dtype of q/k/v and the output.
+    scale: softmax scale; defaults to ``head_size ** -0.5``.
+    v_head_size: head size of V and of the output; ``None`` = ``head_size``. MLA (absorbed):
+        ``head_size = kv_lora_rank + rope_dim`` (576) and ``v_head_size = kv_lora_rank`` (512).
+    sliding_window: left window, FlashAttention's ``window_size[0]`` (HF's ``sliding_window - 1``):
+        a query at KV position ``p`` attends keys at positions ``max(0, p - w) .. p``. An int for
+        every layer, or a per-layer tuple where ``None`` marks a full-attention layer.
+    logit_softcap: ``cap``: logits ``s = scale * q.k`` become ``cap * tanh(s / cap)`` before softmax.
+    sinks: ``[num_layers, num_q_heads]`` float32 learned sink logits (gpt-oss): each head's
+        softmax denominator gains ``exp(sink)``; the sink contributes no value.
+
+    A query's KV position ``p`` is its place in the row's layout (see
+    :mod:`attnhal.backend.batch`): ``prefix + i`` for prefill and draft extend,
+    ``seq_lens - 1`` for decode, ``seq_lens + draft_step`` for draft decode, and in target
+    verify ``prefix + depth`` where ``depth`` counts the draft tokens the query attends
+    (itself included) minus one — ``i`` for a chain.
     """
 
     num_q_heads: int
@@ -58,12 +76,26 @@ class AttentionConfig:
     head_size: int
     dtype: torch.dtype = torch.float32
     scale: float | None = None
+    v_head_size: int | None = None
+    sliding_window: int | tuple[int | None, ...] | None = None
+    logit_softcap: float | None = None
+    sinks: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.num_kv_heads < 1 or self.num_q_heads % self.num_kv_heads:
             raise ValueError(f"num_q_heads/num_kv_heads={self.num_q_heads}/{self.num_kv_heads} "
                              "(supported: num_kv_heads >= 1 dividing num_q_heads)")
         dtype_name(self.dtype)
+        windows = self.sliding_window if isinstance(self.sliding_window, tuple) else (self.sliding_window,)
+        bad = [w for w in windows if w is not None and (not isinstance(w, int) or w < 0)]
+        if bad:
+            raise ValueError(f"sliding_window={self.sliding_window!r} (supported: an int >= 0, "
+                             "a per-layer tuple of such ints or None, or None)")
+        if self.logit_softcap is not None and not self.logit_softcap > 0:
+            raise ValueError(f"logit_softcap={self.logit_softcap!r} (supported: a float > 0, or None)")
+        if self.sinks is not None and (self.sinks.dim() != 2 or self.sinks.shape[1] != self.num_q_heads):
+            raise ValueError(f"sinks shape={tuple(self.sinks.shape)} "
+                             f"(supported: [num_layers, num_q_heads={self.num_q_heads}])")
 
     @property
     def sm_scale(self) -> float:
@@ -73,6 +105,17 @@ class AttentionConfig:
     def group_size(self) -> int:
         """Query heads per KV head (GQA)."""
         return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def out_head_size(self) -> int:
+        """Head size of V and of the output."""
+        return self.v_head_size if self.v_head_size is not None else self.head_size
+
+    def window(self, layer: int) -> int | None:
+        """The left window of ``layer``; ``None`` = full attention."""
+        if isinstance(self.sliding_window, tuple):
+            return self.sliding_window[layer]
+        return self.sliding_window
 
 
 class AttentionBackend(ABC):
