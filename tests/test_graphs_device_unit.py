@@ -334,3 +334,17 @@ def test_emulated_platform_ignores_the_minimum_torch(fake: FakeDevice) -> None:
     old = replace(parse("hip:gfx942"), graph_min_torch=(99, 0))
     runner = fake_runner(old, fake_steps(fake, []))
     assert len(runner.plan.captured) == 3 and fake.begins == []  # the emulator captured
+
+
+def test_runner_warms_each_size_up_once_on_the_capture_stream(fake: FakeDevice) -> None:
+    calls: list[tuple[str, bool]] = []
+    steps = fake_steps(fake, [])
+    step = steps[Phase.TARGET_VERIFY]
+
+    def forward(batch: Any, x: dict[str, torch.Tensor]) -> torch.Tensor:
+        calls.append((fake.streams[0].name, fake.capturing is not None))
+        return step.forward(batch, x)
+
+    fake_runner(FAKE_GPU, {Phase.TARGET_VERIFY: replace(step, forward=forward)})
+    assert calls == [("side0", False), ("side0", True)] * len(SIZES)
+    assert fake.streams[0].name == "default0"

@@ -11,6 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Callable, TypeVar
 
+import torch
+
 T = TypeVar("T")
 
 
@@ -57,6 +59,13 @@ class Graph(ABC):
         once. Raises :class:`CaptureError` when ``fn`` does something a graph
         cannot hold (a host sync, a data-dependent output shape).
         """
+
+    def warm_up(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` once eagerly, where :meth:`capture` will run it, so that lazy
+        initialization (library handles, kernel compilation, allocator growth) stays
+        out of the graph."""
+        with torch.no_grad():
+            fn()
 
     @abstractmethod
     def replay(self) -> None:

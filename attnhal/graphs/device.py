@@ -229,8 +229,14 @@ class DeviceGraph(Graph):
         self._index = -1
         self._replay_allocations = 0
 
+    def warm_up(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` once eagerly on the device's capture stream, where :meth:`capture` runs it
+        (per-stream lazy state, such as a BLAS workspace, is created for that stream)."""
+        with self._capture_stream():
+            fn()
+
     def capture(self, fn: Callable[[], T]) -> T:
-        """Warm ``fn`` up, then capture one run of it on the device's capture stream.
+        """Warm ``fn`` up ``warmup_iters`` times, then capture one run of it on the capture stream.
 
         Both run under ``torch.no_grad()`` and the device. A host sync inside ``fn``
         raises :class:`CaptureError` and leaves the device able to capture again; a
@@ -239,36 +245,39 @@ class DeviceGraph(Graph):
         """
         if self._graph is not None:
             raise RuntimeError("this graph is already captured; make a new one")
-        if not self._api.available():
-            raise RuntimeError("no CUDA/HIP device is available; use an emulated graph")
-        index = self._api.index(self._device)
-        state = _state(self._api, index)
-        if state.broken is not None:
-            raise CaptureAbort("device graph capture", f"an earlier capture on device {index} failed in "
-                               f"the driver, so its capture state is not trusted: {state.broken}")
-        graph = self._api.new_graph()
-        with torch.no_grad(), self._api.device_guard(index):
-            out = self._guarded(fn, graph, index, state)
-        self._graph, self._index = graph, index
-        return out
-
-    def _guarded(self, fn: Callable[[], T], graph: Any, index: int, state: _DeviceState) -> T:
-        api, caller = self._api, self._api.current_stream(index)
-        api.wait_stream(state.stream, caller)
-        api.set_stream(state.stream)
-        try:
+        with self._capture_stream() as state:
             for _ in range(self._warmup_iters):
                 fn()
+            graph = self._api.new_graph()
             out, fn_error, empty = self._record(fn, graph, state)
-        finally:
-            api.set_stream(caller)
-            api.wait_stream(caller, state.stream)
         if fn_error is not None:
             raise _as_capture_error(fn_error) from fn_error
         if empty:
             raise CaptureError("device graph capture", "the graph recorded no work: kernels ran on another "
-                               f"device or stream than the capture stream of device {index}")
+                               f"device or stream than the capture stream of device {self._index}")
+        self._graph = graph
         return cast(T, out)
+
+    @contextlib.contextmanager
+    def _capture_stream(self) -> Iterator[_DeviceState]:
+        """Under ``torch.no_grad()``, the device and its capture stream; the caller's stream comes back."""
+        api = self._api
+        if not api.available():
+            raise RuntimeError("no CUDA/HIP device is available; use an emulated graph")
+        self._index = index = api.index(self._device)
+        state = _state(api, index)
+        if state.broken is not None:
+            raise CaptureAbort("device graph capture", f"an earlier capture on device {index} failed in "
+                               f"the driver, so its capture state is not trusted: {state.broken}")
+        with torch.no_grad(), api.device_guard(index):
+            caller = api.current_stream(index)
+            api.wait_stream(state.stream, caller)
+            api.set_stream(state.stream)
+            try:
+                yield state
+            finally:
+                api.set_stream(caller)
+                api.wait_stream(caller, state.stream)
 
     def _record(self, fn: Callable[[], T], graph: Any, state: _DeviceState
                 ) -> tuple[T | None, BaseException | None, bool]:

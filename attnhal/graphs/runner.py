@@ -398,10 +398,9 @@ class GraphRunner:
             batch, inputs = buffers.view(size)
             step.metadata.init_capture_metadata(batch)
             run = functools.partial(step.forward, batch, inputs)
-            with torch.no_grad():
-                run()  # warm-up per size: kernels specialized on this size compile outside the graph
             graph = new_graph(self.platform.graph_kind.value, pool=self._pool, device=self.platform.torch_device,
                               warmup_iters=0, capture_error_mode=self._capture_error_mode)
+            graph.warm_up(run)  # once per size: kernels specialized on this size compile outside the graph
             graphs[size] = _Captured(graph, batch, inputs, _checked(graph.capture(run)))
             self._pool = self._pool if self._pool is not None else graph.pool
             if bar is not None:
