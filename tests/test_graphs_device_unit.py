@@ -348,3 +348,27 @@ def test_runner_warms_each_size_up_once_on_the_capture_stream(fake: FakeDevice) 
     fake_runner(FAKE_GPU, {Phase.TARGET_VERIFY: replace(step, forward=forward)})
     assert calls == [("side0", False), ("side0", True)] * len(SIZES)
     assert fake.streams[0].name == "default0"
+
+
+def test_the_real_api_calls_what_this_torch_has() -> None:
+    """TorchDeviceAPI runs only on a GPU; at least the names and parameters it uses exist here."""
+    import inspect
+
+    for name in ("set_stream", "Stream", "graph_pool_handle", "get_sync_debug_mode", "set_sync_debug_mode",
+                 "memory_stats_as_nested_dict", "synchronize", "empty_cache", "current_stream", "device"):
+        assert hasattr(torch.cuda, name), name
+    assert {"pool", "capture_error_mode"} <= set(inspect.signature(torch.cuda.CUDAGraph.capture_begin).parameters)
+    assert all(hasattr(torch.cuda.CUDAGraph, m) for m in ("capture_end", "replay", "pool"))
+
+
+def test_no_device_is_a_clear_error_before_any_device_call() -> None:
+    from attnhal.graphs import capture_session
+
+    if torch.cuda.is_available():
+        pytest.skip("a device is present")
+    with pytest.raises(RuntimeError, match="no CUDA/HIP device is available"):
+        DeviceGraph().capture(lambda: None)
+    with pytest.raises(RuntimeError, match="no CUDA/HIP device is available"), capture_session("device", "cuda"):
+        pass
+    with capture_session("emulated", "cpu") as pool:
+        assert pool is None
