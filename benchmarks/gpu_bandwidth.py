@@ -139,7 +139,7 @@ def bandwidth(backend: str, shapes: tuple[tuple[int, int], ...]) -> list[str]:
                     print(f"  {name}: n/a ({str(exc)[:80]})")
             cells = ", ".join(f"{n} {case.kv_bytes / s / 1e9:.0f} ({100 * case.kv_bytes / s / peak:.0f} %)"
                               for n, s in row.items())
-            best = min(s for n, s in row.items() if n != backend)
+            best = min((s for n, s in row.items() if n != backend), default=float("nan"))
             print(f"  bs {bs:>3} x L {ctx:>5}: {cells}; {backend} / best sdpa = {best / row[backend]:.2f}x")
             share = case.kv_bytes / row[backend] / peak
             for what, applies, minimum in TARGETS.get(family, ()):
