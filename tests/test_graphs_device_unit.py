@@ -372,3 +372,14 @@ def test_no_device_is_a_clear_error_before_any_device_call() -> None:
         pass
     with capture_session("emulated", "cpu") as pool:
         assert pool is None
+
+
+def test_an_interrupt_inside_capture_ends_the_capture_and_propagates(fake: FakeDevice) -> None:
+    def interrupted() -> None:
+        fake.launch()
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        DeviceGraph(warmup_iters=0).capture(interrupted)
+    assert fake.capturing is None and fake.mode == 0 and fake.streams[0].name == "default0"
+    DeviceGraph(warmup_iters=0).capture(fake.launch)  # the device still captures

@@ -209,7 +209,7 @@ class DeviceGraph(Graph):
     warmup_iters:
         Eager runs of ``fn`` on the capture stream before capture, so that lazy
         initialization (library handles, autotuning, allocator growth) happens outside
-        the graph. The runner warms up itself and passes 0.
+        the graph. The runner calls :meth:`warm_up` once per size and passes 0.
     capture_error_mode:
         One of :data:`CAPTURE_ERROR_MODES`; "thread_local" where other threads (an
         NCCL/RCCL watchdog) make unsafe calls during capture.
@@ -253,8 +253,10 @@ class DeviceGraph(Graph):
                 fn()
             graph = self._api.new_graph()
             out, fn_error, empty = self._record(fn, graph, state)
-        if fn_error is not None:
+        if isinstance(fn_error, Exception):
             raise _as_capture_error(fn_error) from fn_error
+        if fn_error is not None:  # KeyboardInterrupt, SystemExit: not a capture error
+            raise fn_error
         if empty:
             raise CaptureError("device graph capture", "the graph recorded no work: kernels ran on another "
                                f"device or stream than the capture stream of device {self._index}")
@@ -293,7 +295,7 @@ class DeviceGraph(Graph):
         api.set_sync_debug_mode("error")
         try:
             out = fn()
-        except Exception as exc:  # noqa: BLE001 - ended below, re-raised by the caller
+        except BaseException as exc:  # noqa: BLE001 - the capture must end first; re-raised by the caller
             fn_error = exc
         finally:
             api.set_sync_debug_mode(previous)
