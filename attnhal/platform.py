@@ -83,6 +83,10 @@ class Platform:
         calls its devices ``"cuda"``).
     device_name: human-readable name.
     simulated: parsed from a spec rather than detected.
+    graph_min_torch: the oldest torch ``(major, minor)`` whose device graphs report a
+        host sync during capture on this vendor (ROCm: torch < 2.9 may capture it
+        silently, baking the capture-time value into the graph); None: any torch
+        the project supports. The graph runner refuses device capture below it.
     """
 
     vendor: Vendor
@@ -94,6 +98,7 @@ class Platform:
     torch_device: str = "cpu"
     device_name: str = ""
     simulated: bool = False
+    graph_min_torch: tuple[int, int] | None = None
 
     def __str__(self) -> str:
         return self.spec
@@ -181,6 +186,10 @@ def _cuda_fp8(arch: str) -> Fp8Flavor:
     return Fp8Flavor.OCP if _cuda_cc(arch) >= 89 else Fp8Flavor.NONE
 
 
+# Oldest torch whose device graphs report capture errors, where newer than the project's floor.
+_GRAPH_MIN_TORCH = {Vendor.HIP: (2, 9)}
+
+
 def _make(vendor: Vendor, arch: str, *, has_graph_api: bool, graph_kind: GraphKind,
           torch_device: str, device_name: str, simulated: bool) -> Platform:
     arch = normalize_arch(vendor, arch)
@@ -195,6 +204,7 @@ def _make(vendor: Vendor, arch: str, *, has_graph_api: bool, graph_kind: GraphKi
         has_graph_api=has_graph_api,
         graph_kind=graph_kind if has_graph_api else GraphKind.NONE,
         torch_device=torch_device, device_name=device_name, simulated=simulated,
+        graph_min_torch=_GRAPH_MIN_TORCH.get(vendor),
     )
 
 

@@ -387,7 +387,7 @@ def test_graph_kind_and_pool_follow_the_platform(monkeypatch: pytest.MonkeyPatch
         def pool(self) -> object:
             return self.handle
 
-    def fake_new_graph(kind: str, pool: object | None = None) -> EmulatedGraph:
+    def fake_new_graph(kind: str, pool: object | None = None, **_: object) -> EmulatedGraph:
         calls.append((kind, pool))
         return PoolGraph()
 
