@@ -2,7 +2,16 @@
 
 from attnhal.backend.batch import ForwardBatch, SpecInfo
 from attnhal.backend.contract import AttentionBackend, AttentionConfig, UnsupportedPhase, dtype_name
-from attnhal.backend.kv_pool import PADDING_PAGE, PADDING_REQ, PADDING_SLOT, KVPool, slot_of
+from attnhal.backend.kv_pool import (
+    FP8_DTYPES,
+    PADDING_PAGE,
+    PADDING_REQ,
+    PADDING_SLOT,
+    KVPool,
+    kv_dtype_name,
+    kv_storage_dtype,
+    slot_of,
+)
 from attnhal.backend.multi_step import MultiStepDraft, MultiStepUnsupported
 from attnhal.backend.validate import (
     BatchValidationError,
@@ -13,6 +22,7 @@ from attnhal.backend.validate import (
 )
 
 __all__ = [
+    "FP8_DTYPES",
     "PADDING_PAGE",
     "PADDING_REQ",
     "PADDING_SLOT",
@@ -27,6 +37,8 @@ __all__ = [
     "UnsupportedPhase",
     "debug_enabled",
     "dtype_name",
+    "kv_dtype_name",
+    "kv_storage_dtype",
     "set_debug",
     "slot_of",
     "validate_batch",
