@@ -199,6 +199,17 @@ class KVPool:
             return k, v
         return k.float() * self.k_scale[layer], v.float() * self.v_scale[layer]
 
+    def layer_copy(self, layer: int) -> KVPool:
+        """A one-layer pool holding a copy of layer ``layer`` (cache and scales); it shares
+        the page table. For host-side readers that must not touch the pool (the reference)."""
+        copy = KVPool.__new__(KVPool)
+        copy.__dict__.update(self.__dict__)
+        copy.k, copy.v = [self.k[layer].clone()], [self.v[layer].clone()]
+        copy.k_scale = self.k_scale[layer:layer + 1].clone()
+        copy.v_scale = self.v_scale[layer:layer + 1].clone()
+        copy.num_layers = 1
+        return copy
+
     # Host-side bookkeeping for the engine (never called inside a captured region).
     def alloc_pages(self, n: int) -> torch.Tensor:
         """Take ``n`` free pages; returns ``[n]`` int64 page ids on the pool's device."""

@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from attnhal.backend import PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo
+from attnhal.backend import PADDING_PAGE, PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo, kv_storage_dtype
 from attnhal.capabilities import Phase
 from attnhal.plan import SpecConfig
+from attnhal.platform import Fp8Flavor
 
 __all__ = [
     "TORCH_DTYPES",
@@ -73,6 +74,16 @@ class CaseSpec:
         value scatters them through the pool (a seeded permutation).
     seed: seeds the K/V in the pool, the stale table entries and ``q``, ``k``, ``v``.
     host_seq_lens: also give ``seq_lens_cpu`` (for backends declaring ``needs_host_seq_lens``).
+
+    Features (see :class:`~attnhal.backend.AttentionConfig` and :mod:`attnhal.backend.kv_pool`):
+
+    page_size: tokens per KV page; requests own whole pages (scattered with ``slot_seed``).
+    kv_dtype: the KV-cache dtype name; ``None`` = ``dtype``. ``fp8_e4m3`` is stored in
+        ``fp8_flavor`` (``"e4m3fn"`` or ``"e4m3fnuz"``, the simulated platform's).
+    kv_scale: ``k_scale`` of every layer (``v_scale`` is twice it) for fp8 caches.
+    sliding_window, logit_softcap: as in the attention config (one window for every layer).
+    sinks: give seeded random sink logits ``[num_layers, num_q_heads]``.
+    v_head_size: head size of V and the output (MLA: 512 with ``head_size`` 576).
     """
 
     phase: Phase
@@ -92,6 +103,15 @@ class CaseSpec:
     slot_seed: int = 0
     seed: int = 0
     host_seq_lens: bool = False
+    # --- features (issue 12): page table, KV storage, per-layer attention options ------
+    page_size: int = 1
+    kv_dtype: str | None = None
+    fp8_flavor: str = "e4m3fn"
+    kv_scale: float = 1.0
+    sliding_window: int | None = None
+    logit_softcap: float | None = None
+    sinks: bool = False
+    v_head_size: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase(self.phase))
@@ -152,10 +172,21 @@ class CaseSpec:
             raise ValueError(f"spec=None (supported: a SpecConfig for phase={self.phase.value})")
         return self.spec
 
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The KV pool's storage dtype."""
+        return kv_storage_dtype(self.kv_dtype or self.dtype, Fp8Flavor(self.fp8_flavor))
+
     def _errors(self) -> list[str]:
         out = []
         if self.dtype not in TORCH_DTYPES:
             out.append(f"dtype={self.dtype} (supported: {', '.join(TORCH_DTYPES)})")
+        try:
+            self.cache_dtype
+        except ValueError as exc:
+            out.append(str(exc))
+        if self.page_size < 1 or not self.kv_scale > 0:
+            out.append(f"page_size, kv_scale={self.page_size}, {self.kv_scale} (supported: >= 1, > 0)")
         if self.num_kv_heads < 1 or self.num_q_heads % self.num_kv_heads:
             out.append(f"num_q_heads/num_kv_heads={self.num_q_heads}/{self.num_kv_heads} "
                        "(supported: num_kv_heads >= 1 dividing num_q_heads)")
@@ -227,9 +258,9 @@ def tree_mask(parents: Sequence[int]) -> torch.Tensor:
 class Case:
     """One forward built from ``spec``.
 
-    ``q``: ``[num_tokens, num_q_heads, head_size]``; ``k``, ``v``:
-    ``[num_tokens, num_kv_heads, head_size]``, the new tokens' K/V that ``forward``
-    writes to ``batch.out_cache_loc`` of layer ``layer``.
+    ``q``: ``[num_tokens, num_q_heads, head_size]``; ``k``: ``[num_tokens, num_kv_heads,
+    head_size]``, ``v``: ``[num_tokens, num_kv_heads, v_head_size]``, the new tokens' K/V that
+    ``forward`` writes to ``batch.out_cache_loc`` of layer ``layer``.
     """
 
     spec: CaseSpec
@@ -260,56 +291,68 @@ class PoolSize:
 def pool_size(spec: CaseSpec, spare: int = 8) -> PoolSize:
     """The smallest pool that holds ``spec`` (plus ``spare`` context and slots, so that a
     backend reading past a row's end reads stale but valid entries)."""
-    seqs = spec.seq_lens()
+    seqs, P = spec.seq_lens(), spec.page_size
     draft = spec.requests * spec.topk * spec._spec.num_steps if spec.phase is Phase.DRAFT_DECODE else 0
-    return PoolSize(num_slots=sum(seqs) + draft + spare, max_reqs=spec.requests + 1,
-                    max_context_len=max(seqs) + spare)
+    pages = sum(-(-n // P) for n in seqs) + -(-(draft + spare) // P)
+    return PoolSize(num_slots=pages * P, max_reqs=spec.requests + 1, max_context_len=max(seqs) + spare)
 
 
 def make_pool(spec: CaseSpec, size: PoolSize | None = None, device: str | torch.device = "cpu") -> KVPool:
     """An empty pool shaped for ``spec`` (heads, head size, dtype, layers) of ``size``."""
     size = size or pool_size(spec)
-    return KVPool(num_layers=spec.num_layers, num_slots=size.num_slots, num_kv_heads=spec.num_kv_heads,
-                  head_dim=spec.head_size, dtype=TORCH_DTYPES[spec.dtype], max_reqs=size.max_reqs,
-                  max_context_len=size.max_context_len, device=device)
+    pool = KVPool(num_layers=spec.num_layers, num_slots=size.num_slots, num_kv_heads=spec.num_kv_heads,
+                  head_dim=spec.head_size, dtype=spec.cache_dtype, max_reqs=size.max_reqs,
+                  max_context_len=size.max_context_len, device=device, page_size=spec.page_size,
+                  v_head_dim=spec.v_head_size)
+    if pool.is_fp8:
+        pool.k_scale.fill_(spec.kv_scale)
+        pool.v_scale.fill_(2 * spec.kv_scale)
+    return pool
 
 
 def fill_pool(pool: KVPool, gen: torch.Generator) -> None:
-    """Random K/V in every slot of every layer (the padding slot too), in place."""
-    for cache in (*pool.k, *pool.v):
-        cache.copy_(torch.randn(cache.shape, generator=gen).to(cache.dtype))
+    """Random K/V in every slot of every layer (the padding slot too), in place; fp8 caches
+    hold values of about unit size once dequantized."""
+    for caches, scales in ((pool.k, pool.k_scale), (pool.v, pool.v_scale)):
+        for cache, scale in zip(caches, scales.tolist()):
+            draw = torch.randn(cache.shape, generator=gen)
+            cache.copy_((draw / scale if pool.is_fp8 else draw).to(cache.dtype))
 
 
 def build_case(spec: CaseSpec, pool: KVPool | None = None, device: str | torch.device = "cpu") -> Case:
     """Build ``spec`` into tensors, in ``pool`` if given (overwritten in place) or a new one.
 
     Reusing a pool keeps its tensors (a captured graph holds them): the table is
-    rewritten and K/V redrawn with ``copy_``. Entries of ``req_to_token`` past each
-    row's end hold random slots: a backend must never read them.
+    rewritten and K/V redrawn with ``copy_``. Entries of ``req_to_page`` past each
+    row's end hold random pages: a backend must never read them.
     """
     need = pool_size(spec, spare=0)
     if pool is None:
         pool = make_pool(spec, pool_size(spec), device)
-    elif (need.num_slots > pool.num_slots or need.max_reqs > pool.req_to_token.shape[0] - 1
-          or need.max_context_len > pool.max_context_len):
-        raise ValueError(f"pool of {pool.num_slots} slots, {pool.req_to_token.shape[0] - 1} rows, "
-                         f"context {pool.max_context_len} (supported: >= {need} for {spec!r})")
+    elif (need.num_slots > pool.num_slots or need.max_reqs > pool.req_to_page.shape[0] - 1
+          or need.max_context_len > pool.max_context_len or pool.page_size != spec.page_size):
+        raise ValueError(f"pool of {pool.num_slots} slots, {pool.req_to_page.shape[0] - 1} rows, "
+                         f"context {pool.max_context_len}, page size {pool.page_size} "
+                         f"(supported: >= {need}, page size {spec.page_size} for {spec!r})")
     rng = random.Random(spec.seed)
     gen = torch.Generator().manual_seed(spec.seed)
     fill_pool(pool, gen)
-    free = _free_slots(pool.num_slots, spec.slot_seed)
+    P = pool.page_size
+    free = _free_slots(pool.num_slots // P, spec.slot_seed)  # pages
     reqs = list(range(1, spec.requests + 1))
     if spec.slot_seed:
         random.Random(spec.slot_seed).shuffle(reqs)
-    table = torch.tensor([[rng.randint(1, pool.num_slots) for _ in range(pool.max_context_len)]
-                          for _ in range(pool.req_to_token.shape[0])], dtype=torch.int32)
-    table[0] = PADDING_SLOT  # the padding request's row (see attnhal.backend.kv_pool)
+    num_pages = pool.num_slots // P
+    table = torch.tensor([[rng.randint(1, num_pages) for _ in range(pool.req_to_page.shape[1])]
+                          for _ in range(pool.req_to_page.shape[0])], dtype=torch.int32)
+    table[0] = PADDING_PAGE  # the padding request's row (see attnhal.backend.kv_pool)
     slots = []
     for req, n in zip(reqs, spec.seq_lens()):
-        taken = [free.pop() for _ in range(n)]
-        table[req, :n] = torch.tensor(taken, dtype=torch.int32)
-        slots.append(taken)
-    pool.req_to_token.copy_(table.to(pool.device))
+        pages = [free.pop() for _ in range(-(-n // P))]
+        table[req, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        slots.append([pages[i // P] * P + i % P for i in range(n)])
+    pool.req_to_page.copy_(table.to(pool.device))
+    free = [page * P + i for page in free for i in range(P - 1, -1, -1)]  # slots of the pages left
     batch, row_slots = _BUILDERS[spec.phase](spec, reqs, slots, free)
     batch = _to(batch, pool.device)
     config = attention_config(spec)
@@ -318,17 +361,23 @@ def build_case(spec: CaseSpec, pool: KVPool | None = None, device: str | torch.d
 
 
 def attention_config(spec: CaseSpec) -> AttentionConfig:
-    """The attention config of ``spec``: heads, head size, dtype (default scale)."""
+    """The attention config of ``spec``: heads, head sizes, dtype (default scale), features."""
+    sinks = None
+    if spec.sinks:  # seeded apart from the case so that toggling sinks keeps the rest
+        gen = torch.Generator().manual_seed(spec.seed + 7)
+        sinks = 2 * torch.randn((spec.num_layers, spec.num_q_heads), generator=gen)
     return AttentionConfig(num_q_heads=spec.num_q_heads, num_kv_heads=spec.num_kv_heads,
-                           head_size=spec.head_size, dtype=TORCH_DTYPES[spec.dtype])
+                           head_size=spec.head_size, dtype=TORCH_DTYPES[spec.dtype],
+                           v_head_size=spec.v_head_size, sliding_window=spec.sliding_window,
+                           logit_softcap=spec.logit_softcap, sinks=sinks)
 
 
 def new_qkv(config: AttentionConfig, num_tokens: int, gen: torch.Generator,
             device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random ``q`` ``[n, Hq, D]``, ``k``, ``v`` ``[n, Hkv, D]`` in the config's dtype."""
+    """Random ``q`` ``[n, Hq, D]``, ``k`` ``[n, Hkv, D]``, ``v`` ``[n, Hkv, Dv]`` in the config's dtype."""
     shapes = ((num_tokens, config.num_q_heads, config.head_size),
               (num_tokens, config.num_kv_heads, config.head_size),
-              (num_tokens, config.num_kv_heads, config.head_size))
+              (num_tokens, config.num_kv_heads, config.out_head_size))
     q, k, v = (torch.randn(s, generator=gen).to(config.dtype).to(device) for s in shapes)
     return q, k, v
 
@@ -343,7 +392,7 @@ def reparent_rows(spec: CaseSpec, forward: int) -> list[int]:
 
 
 def _free_slots(num_slots: int, slot_seed: int) -> list[int]:
-    """Slots in the order they are taken (``pop`` from the end): ascending, or a seeded shuffle."""
+    """Slots (or pages) in the order they are taken (``pop`` from the end): ascending, or a seeded shuffle."""
     free = list(range(num_slots, 0, -1))
     if slot_seed:
         random.Random(slot_seed).shuffle(free)

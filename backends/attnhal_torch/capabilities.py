@@ -34,9 +34,12 @@ CAPABILITIES = BackendCapabilities(
     graph=dict.fromkeys(GRAPH_PHASES, SpecLimits()),
     multi_step=SpecLimits(),
     dtypes=frozenset(("float32", "float16", "bfloat16")),
-    head_sizes=frozenset((16, 32, 64, 80, 96, 128, 256)),
-    page_sizes=frozenset((1,)),
-    features=frozenset((Feature.CUSTOM_MASK,)),
+    # fp8 KV in either e4m3 flavour (torch has both dtypes) and e5m2, dequantized in fp32.
+    kv_dtypes=frozenset(("float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")),
+    # 576: MLA's absorbed q/k head (latent 512 + rope 64; V and the output are 512).
+    head_sizes=frozenset((16, 32, 64, 80, 96, 128, 256, 576)),
+    page_sizes=frozenset((1, 16, 32, 64, 128)),
+    features=frozenset(Feature),
     # Padded rows may carry any seq len >= 0: layouts clamp positions into the row.
     seq_len_fill=SeqLenFill(base=1),
     needs_host_seq_lens=False,
