@@ -25,7 +25,8 @@ from lying_backends import (
 from attnhal.capabilities import Phase
 from attnhal.platform import parse
 from attnhal.testing.batches import CaseSpec
-from attnhal.testing.checks import Claim, ClaimFalsified, ClaimKind, Status, Target, _eager_body, check
+from attnhal.testing.checks import Claim, ClaimFalsified, ClaimKind, Status, Target, check
+from attnhal.testing.checks.phases import eager_body
 from attnhal.testing.report import ConformanceReport, run_conformance
 
 
@@ -82,7 +83,7 @@ def test_wrong_gqa_mapping_breaks_the_phases_on_gqa_only() -> None:
     assert set(_falsified(report)) == {r.claim.name for r in report.results}  # every phase and dtype
     assert all("(GQA)" in r.detail and r.counterexample for r in report.falsified)
     # MHA and MQA are right: only grouped heads expose the mapping
-    body = _eager_body(Target(WrongGQA, parse("cpu"), max_examples=0), Claim(ClaimKind.PHASE, "decode", "float32"))
+    body = eager_body(Target(WrongGQA, parse("cpu"), max_examples=0), Claim(ClaimKind.PHASE, "decode", "float32"))
     for q_heads, kv_heads in ((2, 2), (4, 1)):
         body(CaseSpec(Phase.DECODE, num_q_heads=q_heads, num_kv_heads=kv_heads, prefix_lens=(5, 9)))
     with pytest.raises(ClaimFalsified, match=r"4 q / 2 kv heads \(GQA\)"):

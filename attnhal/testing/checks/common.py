@@ -1,0 +1,113 @@
+"""What every check shares: running examples through hypothesis, blaming a claim for a
+crash, and comparing outputs and caches."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from attnhal.backend import ForwardBatch, KVPool
+from attnhal.capabilities import Tolerance
+from attnhal.testing.batches import CaseSpec
+from attnhal.testing.checks.claims import Claim, ClaimFalsified
+from attnhal.testing.checks.target import Target
+from attnhal.testing.reference import real_tokens
+
+def run_examples(target: Target, name: str, strategy: st.SearchStrategy[Any], fixed: Sequence[Any],
+         body: Callable[[Any], None]) -> int:
+    """Run ``body`` on the fixed examples then ``target.max_examples`` drawn ones; returns the count."""
+    count = [0]
+
+    def test(case: Any) -> None:
+        body(case)
+        count[0] += 1
+
+    test.__name__ = test.__qualname__ = name  # hypothesis names the counterexample after it
+    wrapped: Any = test
+    for case in reversed(fixed):
+        wrapped = example(case=case)(wrapped)
+    target.hypothesis_settings()(given(case=strategy)(wrapped))()
+    return count[0]
+
+
+@contextlib.contextmanager
+def blame(claim: Claim, what: str) -> Iterator[None]:
+    """Any error of the backend inside is a falsification of ``claim``."""
+    try:
+        yield
+    except ClaimFalsified:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a crash of a claimed capability is a broken claim
+        raise ClaimFalsified(claim, f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def heads(spec: CaseSpec) -> str:
+    kind = "MHA" if spec.num_q_heads == spec.num_kv_heads else "MQA" if spec.num_kv_heads == 1 else "GQA"
+    return f"{spec.num_q_heads} q / {spec.num_kv_heads} kv heads ({kind})"
+
+
+def mismatch(got: torch.Tensor, want: torch.Tensor, tokens: Sequence[int], tol: Tolerance,
+              names: tuple[str, str] = ("out", "ref")) -> str | None:
+    """Why ``got`` is not ``want`` within ``atol + rtol * |want|`` on ``tokens``, or None."""
+    if not tokens:
+        return None
+    index = torch.tensor(list(tokens), dtype=torch.int64)
+    g, w = got.detach().cpu().double()[index], want.detach().cpu().double()[index]
+    if not torch.isfinite(g).all():
+        bad = (~torch.isfinite(g)).nonzero()[0].tolist()
+        return f"non-finite output at token {tokens[bad[0]]}, head {bad[1]}"
+    diff = (g - w).abs()
+    excess = diff - (tol.atol + tol.rtol * w.abs())
+    if excess.max() <= 0:
+        return None
+    t, h, _ = (int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+    over = int((excess > 0).sum())
+    a, b = names
+    return (f"max |{a} - {b}| = {diff.max():.3g} (token {tokens[t]}, head {h}: |{a}| {g[t, h].abs().max():.3g} "
+            f"vs |{b}| {w[t, h].abs().max():.3g}) exceeds atol {tol.atol:g} + rtol {tol.rtol:g}*|{b}| "
+            f"in {over} of {excess.numel()} elements")
+
+
+def check_output(claim: Claim, out: object, q: torch.Tensor, want: torch.Tensor, batch: ForwardBatch,
+                  tol: Tolerance, what: str) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise ClaimFalsified(claim, f"{what} returned {type(out).__name__} (supported: a tensor)")
+    if out.shape != q.shape or out.dtype != q.dtype:
+        raise ClaimFalsified(claim, f"{what} returned {list(out.shape)} {out.dtype} "
+                                    f"(supported: q's shape {list(q.shape)} and dtype {q.dtype})")
+    problem = mismatch(out, want, real_tokens(batch), tol)
+    if problem is None and out.numel() and not torch.isfinite(out).all():
+        problem = "non-finite output in padding tokens (they must be finite)"
+    if problem is not None:
+        raise ClaimFalsified(claim, f"{what}: {problem}")
+
+
+def check_cache(claim: Claim, pool: KVPool, layer: int, before: tuple[torch.Tensor, torch.Tensor],
+                 batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor, what: str) -> None:
+    """Only ``out_cache_loc`` (and the padding slot) of ``layer`` changed, to the new K/V."""
+    for name, cache, old, new in (("K", pool.k[layer], before[0], k), ("V", pool.v[layer], before[1], v)):
+        want = old.clone()
+        want.index_copy_(0, batch.out_cache_loc, new.to(want.dtype))
+        wrong = (cache != want).flatten(1).any(1)
+        wrong[0] = False  # the padding slot: padding tokens write there, in any order
+        if wrong.any():
+            slots = wrong.nonzero().flatten().tolist()
+            raise ClaimFalsified(claim, f"{what}: the {name} cache differs from the expected write at slots "
+                                        f"{slots[:8]} (only out_cache_loc may change, to the new tokens' {name})")
+
+
+
+def with_example(exc: ClaimFalsified, spec: CaseSpec) -> ClaimFalsified:
+    """Attach the (fixed) example as hypothesis attaches a drawn one."""
+    exc.__notes__ = [*getattr(exc, "__notes__", []), f"Failing example: {spec!r}"]
+    return exc
+
