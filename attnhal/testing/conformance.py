@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import pytest
 
 from attnhal.backend import AttentionBackend
-from attnhal.capabilities import DTYPES, GRAPH_PHASES, Feature, Phase, Vendor
+from attnhal.capabilities import DTYPES, GRAPH_PHASES, KV_DTYPES, Feature, Phase, Vendor
 from attnhal.platform import Platform, current
 from attnhal.testing.checks import (
     DEFAULT_EXAMPLES,
@@ -60,6 +60,9 @@ __all__ = ["BackendConformance"]
 
 _PHASES = [p.value for p in Phase]
 _GRAPH_PHASES = [p.value for p in GRAPH_PHASES]
+#: Page sizes a descriptor may claim beyond 1, and KV dtypes beyond the compute dtypes.
+_PAGE_SIZES = [8, 16, 32, 64, 128, 256]
+_EXTRA_KV_DTYPES = [d for d in KV_DTYPES if d not in DTYPES]
 
 
 def _setting(request: pytest.FixtureRequest, name: str) -> Any:
@@ -160,16 +163,20 @@ class BackendConformance:
         """Where the claims ran: the claimed vendors without a device here are reported skipped."""
         _claim(attnhal_target, request, Claim(ClaimKind.VENDOR, vendor))
 
-    def test_other_declared_values(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
-        """Page sizes other than 1 and KV dtypes other than the compute dtypes: reported, not run."""
-        extra = [c for c in claims(attnhal_target.caps) if c.kind in (ClaimKind.PAGE_SIZE, ClaimKind.KV_DTYPE)]
-        for claim in extra:
-            _record(request, attnhal_target, ClaimResult(claim, Status.NOT_CHECKED,
-                                                         not_checked_reason(attnhal_target, claim) or ""))
-        if not extra:
-            pytest.skip("no page sizes other than 1 and no KV dtypes beyond the compute dtypes are claimed")
-        pytest.skip("not checked here: " + "; ".join(
-            f"{c.name}: {not_checked_reason(attnhal_target, c)}" for c in extra))
+    @pytest.mark.parametrize("feature", [f.value for f in Feature if f is not Feature.CUSTOM_MASK])
+    def test_unclaimed_feature(self, attnhal_target: Target, request: pytest.FixtureRequest, feature: str) -> None:
+        """A feature the backend does not claim is refused with ``UnsupportedPhase``, not ignored."""
+        _claim(attnhal_target, request, Claim(ClaimKind.UNCLAIMED_FEATURE, feature))
+
+    @pytest.mark.parametrize("page_size", _PAGE_SIZES)
+    def test_page_size(self, attnhal_target: Target, request: pytest.FixtureRequest, page_size: int) -> None:
+        """A claimed page size > 1: every phase (and graph phase) with requests owning whole pages."""
+        _claim(attnhal_target, request, Claim(ClaimKind.PAGE_SIZE, str(page_size)))
+
+    @pytest.mark.parametrize("kv_dtype", _EXTRA_KV_DTYPES)
+    def test_kv_dtype(self, attnhal_target: Target, request: pytest.FixtureRequest, kv_dtype: str) -> None:
+        """A claimed KV dtype beyond the compute dtypes (fp8 per flavour, with per-layer scales)."""
+        _claim(attnhal_target, request, Claim(ClaimKind.KV_DTYPE, kv_dtype))
 
 
 def _claim(target: Target, request: pytest.FixtureRequest, claim: Claim) -> None:

@@ -78,9 +78,10 @@ def _pool_for(specs: Sequence[CaseSpec], device: str) -> KVPool:
 
 def _inputs(config: AttentionConfig, steps: int, multi: bool) -> dict[str, tuple[str, tuple[int, ...], torch.dtype]]:
     h, kv, d, dt = config.num_q_heads, config.num_kv_heads, config.head_size, config.dtype
+    dv = config.out_head_size
     out: dict[str, tuple[str, tuple[int, ...], torch.dtype]] = {}
     for s in range(steps):
-        out |= {f"q{s}": ("token", (h, d), dt), f"k{s}": ("token", (kv, d), dt), f"v{s}": ("token", (kv, d), dt)}
+        out |= {f"q{s}": ("token", (h, d), dt), f"k{s}": ("token", (kv, d), dt), f"v{s}": ("token", (kv, dv), dt)}
         if multi and s:
             out[f"parent{s}"] = ("row", (), torch.int64)
     return out

@@ -28,6 +28,7 @@ class ClaimKind(str, Enum):
     PHASE = "phase"
     UNCLAIMED = "unclaimed"
     FEATURE = "feature"
+    UNCLAIMED_FEATURE = "unclaimed_feature"
     GRAPH = "graph"
     SEQ_LEN_FILL = "seq_len_fill"
     MULTI_STEP = "multi_step"
@@ -109,6 +110,9 @@ def claims(caps: BackendCapabilities) -> list[Claim]:
     out = [Claim(ClaimKind.PHASE, p.value, d) for p in phases for d in DTYPES if d in caps.dtypes]
     out += [Claim(ClaimKind.UNCLAIMED, p.value) for p in Phase if p not in caps.phases]
     out += [Claim(ClaimKind.FEATURE, f.value) for f in Feature if f in caps.features]
+    # custom_mask is a per-batch input, refused by the phase check of a tree batch instead
+    out += [Claim(ClaimKind.UNCLAIMED_FEATURE, f.value) for f in Feature
+            if f not in caps.features and f is not Feature.CUSTOM_MASK]
     graphs = [p for p in GRAPH_PHASES if p in caps.graph]
     out += [Claim(ClaimKind.GRAPH, p.value) for p in graphs]
     out += [Claim(ClaimKind.SEQ_LEN_FILL, p.value) for p in graphs]

@@ -81,9 +81,10 @@ def check_output(claim: Claim, out: object, q: torch.Tensor, want: torch.Tensor,
                   tol: Tolerance, what: str) -> None:
     if not isinstance(out, torch.Tensor):
         raise ClaimFalsified(claim, f"{what} returned {type(out).__name__} (supported: a tensor)")
-    if out.shape != q.shape or out.dtype != q.dtype:
+    shape = (*q.shape[:2], want.shape[-1])  # the output head size is V's
+    if out.shape != shape or out.dtype != q.dtype:
         raise ClaimFalsified(claim, f"{what} returned {list(out.shape)} {out.dtype} "
-                                    f"(supported: q's shape {list(q.shape)} and dtype {q.dtype})")
+                                    f"(supported: shape {list(shape)} and q's dtype {q.dtype})")
     problem = mismatch(out, want, real_tokens(batch), tol)
     if problem is None and out.numel() and not torch.isfinite(out).all():
         problem = "non-finite output in padding tokens (they must be finite)"
@@ -93,17 +94,25 @@ def check_output(claim: Claim, out: object, q: torch.Tensor, want: torch.Tensor,
 
 def check_cache(claim: Claim, pool: KVPool, layer: int, before: tuple[torch.Tensor, torch.Tensor],
                  batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor, what: str) -> None:
-    """Only ``out_cache_loc`` (and the padding slot) of ``layer`` changed, to the new K/V."""
-    for name, cache, old, new in (("K", pool.k[layer], before[0], k), ("V", pool.v[layer], before[1], v)):
-        want = old.clone()
-        want.index_copy_(0, batch.out_cache_loc, new.to(want.dtype))
-        wrong = (cache != want).flatten(1).any(1)
+    """Only ``out_cache_loc`` (and the padding slot) of ``layer`` changed, to the new K/V
+    (quantized as the pool stores them)."""
+    expect = pool.layer_copy(layer)
+    expect.k[0].copy_(before[0])
+    expect.v[0].copy_(before[1])
+    expect.write(0, batch.out_cache_loc, k, v)
+    for name, cache, want in (("K", pool.k[layer], expect.k[0]), ("V", pool.v[layer], expect.v[0])):
+        wrong = (_bits(cache) != _bits(want)).flatten(1).any(1)
         wrong[0] = False  # the padding slot: padding tokens write there, in any order
         if wrong.any():
             slots = wrong.nonzero().flatten().tolist()
             raise ClaimFalsified(claim, f"{what}: the {name} cache differs from the expected write at slots "
                                         f"{slots[:8]} (only out_cache_loc may change, to the new tokens' {name})")
 
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` comparable with ``!=``: fp8 tensors as their bytes (torch compares no fp8 on CPU)."""
+    return t.view(torch.uint8) if t.dtype.itemsize == 1 else t
 
 
 def with_example(exc: ClaimFalsified, spec: CaseSpec) -> ClaimFalsified:

@@ -58,7 +58,7 @@ def expected(target: Target, claim: Claim, case: Case, multi: bool) -> Expected:
                 rows = torch.tensor(reparent_rows(case.spec, s), dtype=torch.int64, device=target.device)
                 out.inputs[f"parent{s}"] = rows
                 path[:, :s].copy_(path[rows, :s])
-            out.reference.append(reference_forward(q, k, v, layer, batch, pool, case.config.sm_scale))
+            out.reference.append(reference_forward(q, k, v, layer, batch, pool, case.config.sm_scale, case.config))
             out.eager.append(backend.forward(q, k, v, layer, batch).clone())
     pool.k[layer].copy_(saved[0])
     pool.v[layer].copy_(saved[1])

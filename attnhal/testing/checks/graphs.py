@@ -109,6 +109,23 @@ def check_graph(target: Target, claim: Claim) -> tuple[str, int]:
             f"{plural(count, 'example')}"), count
 
 
+def replay_fixed(target: Target, claim: Claim, specs: Sequence[CaseSpec]) -> None:
+    """Capture ``claim``'s phase over ``specs`` and replay each against eager and the
+    reference (the fixed cases of a feature, page size or KV dtype)."""
+    multi = multi_step_graph(target, claim)
+    graph = capture(target, claim, specs, target.capture_sizes)
+    for spec in specs:
+        _replay(target, claim, graph, spec, multi)
+
+
+def in_limits(target: Target, claim: Claim, spec: CaseSpec) -> bool:
+    """Whether ``spec``'s speculative shape is within the graph limits of ``claim``."""
+    limits = limits_of(target, claim)
+    if multi_step_graph(target, claim):
+        limits = ast._tighter(limits, target.caps.multi_step or SpecLimits())
+    return spec.spec is None or not limits.violations(spec.spec, ReasonCode.GRAPH_LIMIT, "")
+
+
 def check_fill(target: Target, claim: Claim) -> tuple[str, int]:
     size = max(*target.capture_sizes, 2)  # at least one padded row
     multi = multi_step_graph(target, claim)

@@ -38,7 +38,8 @@ def canonical_cases(caps: BackendCapabilities, phase: Phase, dtype: str, head_si
 def eager_body(target: Target, claim: Claim) -> Callable[[CaseSpec], None]:
     def body(spec: CaseSpec) -> None:
         case = build_case(spec, device=target.device)
-        want = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale)
+        want = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale,
+                                 case.config)
         before = case.pool.k[case.layer].clone(), case.pool.v[case.layer].clone()
         what = f"head_size={spec.head_size}, {heads(spec)}"
         with blame(claim, f"{what}: the backend"):

@@ -7,7 +7,13 @@ from collections.abc import Callable
 
 from attnhal.platform import GraphKind, Vendor
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind, ClaimResult, Status
-from attnhal.testing.checks.features import check_feature, feature_not_checked
+from attnhal.testing.checks.features import (
+    check_feature,
+    check_kv_dtype,
+    check_page_size,
+    check_unclaimed_feature,
+    feature_not_checked,
+)
 from attnhal.testing.checks.graphs import check_fill, check_graph
 from attnhal.testing.checks.multi_step import check_multi_step
 from attnhal.testing.checks.phases import check_phase, check_unclaimed
@@ -23,14 +29,10 @@ def not_checked_reason(target: Target, claim: Claim) -> str | None:
         arch = caps.min_arch.get(Vendor(claim.subject))
         return (f"no {claim.subject} device in this process (platform {platform.spec}); native kernels "
                 f"and real graphs there are unchecked" + (f", as is min_arch {arch}" if arch else ""))
-    if claim.kind is ClaimKind.PAGE_SIZE:
-        return f"page_size={claim.subject}: the kit's KV pool has page size 1"
-    if claim.kind is ClaimKind.KV_DTYPE:
-        return f"kv_dtype={claim.subject}: the kit runs caches in the compute dtype"
     whole = process_reasons(target)
     if whole:
         return "; ".join(whole)
-    if claim.kind is ClaimKind.FEATURE:
+    if claim.kind in (ClaimKind.FEATURE, ClaimKind.UNCLAIMED_FEATURE):
         return feature_not_checked(target, claim)
     if claim.kind in (ClaimKind.GRAPH, ClaimKind.SEQ_LEN_FILL) and platform.graph_kind is GraphKind.NONE:
         return f"platform {platform.spec} has no graph API"
@@ -69,6 +71,9 @@ def check(target: Target, claim: Claim) -> tuple[str, int]:
         ClaimKind.PHASE: check_phase,
         ClaimKind.UNCLAIMED: check_unclaimed,
         ClaimKind.FEATURE: check_feature,
+        ClaimKind.UNCLAIMED_FEATURE: check_unclaimed_feature,
+        ClaimKind.PAGE_SIZE: check_page_size,
+        ClaimKind.KV_DTYPE: check_kv_dtype,
         ClaimKind.GRAPH: check_graph,
         ClaimKind.SEQ_LEN_FILL: check_fill,
         ClaimKind.MULTI_STEP: check_multi_step,
