@@ -41,7 +41,7 @@ def _replay(target: Target, claim: Claim, graph: CapturedGraph, spec: CaseSpec, 
         raise ClaimFalsified(claim, f"replay allocated {after.replay_allocations - stats.replay_allocations} "
                                     "tensors (a replay may only write into buffers the graph owns)")
     outs = list(got) if isinstance(got, tuple) else [got]
-    tol = target.caps.tolerance(spec.dtype)
+    tol = target.caps.tolerance_for(spec.dtype, spec.kv_dtype)
     for s, (out, eager, ref, batch) in enumerate(zip(outs, exp.eager, exp.reference, exp.batches)):
         step = f"forward {s} of {len(outs)}, " if multi else ""
         for name, want in (("eager", eager), ("reference", ref)):

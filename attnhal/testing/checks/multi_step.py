@@ -23,7 +23,7 @@ def check_multi_step(target: Target, claim: Claim) -> tuple[str, int]:
     def body(spec: CaseSpec) -> None:
         case = build_case(spec, device=target.device)
         exp = expected(target, claim, case, multi=True)
-        tol = caps.tolerance(spec.dtype)
+        tol = caps.tolerance_for(spec.dtype, spec.kv_dtype)
         for s, (eager, ref, batch) in enumerate(zip(exp.eager, exp.reference, exp.batches)):
             problem = mismatch(eager, ref, real_tokens(batch), tol)
             if problem is not None:

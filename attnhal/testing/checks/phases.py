@@ -46,7 +46,7 @@ def eager_body(target: Target, claim: Claim) -> Callable[[CaseSpec], None]:
             backend = target.new_backend(case.config, case.pool)
             backend.init_forward_metadata(case.batch)
             out = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
-        check_output(claim, out, case.q, want, case.batch, target.caps.tolerance(spec.dtype), what)
+        check_output(claim, out, case.q, want, case.batch, target.caps.tolerance_for(spec.dtype, spec.kv_dtype), what)
         check_cache(claim, case.pool, case.layer, before, case.batch, case.k, case.v, what)
 
     return body
