@@ -16,13 +16,21 @@ from lying_backends import (
     ForgetfulReplay,
     HostSyncDecode,
     IgnoresDraftStep,
+    IgnoresSinks,
+    IgnoresSoftcap,
+    IgnoresWindow,
+    MLAWrongScale,
     NaNPadding,
+    PageBlind,
+    SilentWindow,
+    UnscaledFP8,
     ShortWindowDecode,
     StaleReplayDecode,
     WrongGQA,
 )
 
 from attnhal.capabilities import Phase
+from attnhal_torch import TorchBackend
 from attnhal.platform import parse
 from attnhal.testing.batches import CaseSpec
 from attnhal.testing.checks import Claim, ClaimFalsified, ClaimKind, Status, Target, check
@@ -138,3 +146,31 @@ def test_drawn_counterexample_is_shrunk() -> None:
     assert "phase_decode_float32(" in notes and "explicit" not in notes  # a drawn example, not a fixed one
     assert f"prefix_lens=({ShortWindowDecode.WINDOW},)" in notes
     assert "CaseSpec(Phase.DECODE, num_q_heads=1, num_kv_heads=1, prefix_lens=(30,))" in notes
+
+
+# A feature liar is flagged for its own claim while a neighbouring claim stays verified.
+FEATURE_LIES = [
+    (IgnoresWindow, {"feature[sliding_window]"}, "feature[logit_softcap]"),
+    (IgnoresSoftcap, {"feature[logit_softcap]"}, "feature[sinks]"),
+    (IgnoresSinks, {"feature[sinks]"}, "feature[sliding_window]"),
+    (MLAWrongScale, {"feature[mla]"}, "phase[decode, float32]"),
+    (PageBlind, {"page_size[16]", "page_size[64]"}, "kv_dtype[fp8_e5m2]"),
+    (UnscaledFP8, {"kv_dtype[fp8_e4m3]", "kv_dtype[fp8_e5m2]"}, "page_size[16]"),
+    (SilentWindow, {"unclaimed_feature[sliding_window]"}, "feature[sinks]"),
+]
+
+
+@pytest.mark.parametrize("cls, claims, other", FEATURE_LIES, ids=[c.__name__ for c, _, _ in FEATURE_LIES])
+def test_feature_lie_is_flagged_for_its_claim_only(cls: type, claims: set[str], other: str) -> None:
+    report = _run(cls, examples=0, only=[*sorted(claims), other])
+    assert set(_falsified(report)) == claims, report.format()
+    assert other in _verified(report)
+
+
+@pytest.mark.parametrize("platform, flavours", [("cpu", "e4m3fn and e4m3fnuz"), ("hip:gfx942", "e4m3fnuz"),
+                                                ("cuda:sm90", "e4m3fn")])
+def test_fp8_e4m3_runs_the_flavours_of_the_platform(platform: str, flavours: str) -> None:
+    """A platform without fp8 stores both e4m3 flavours; gfx942 only e4m3fnuz, sm90 only e4m3fn."""
+    report = run_conformance(TorchBackend, max_examples=0, platform=platform, only=["kv_dtype[fp8_e4m3]"])
+    (result,) = report.results
+    assert result.status is Status.VERIFIED and result.detail.startswith(f"stored as {flavours}; "), result.detail

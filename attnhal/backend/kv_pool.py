@@ -151,6 +151,11 @@ class KVPool:
         """Usable slots (the padding page excluded)."""
         return self.k[0].shape[0] - self.page_size
 
+    @property
+    def max_slot(self) -> int:
+        """The largest slot index: the last of page ``num_slots / page_size`` (pages count from 1)."""
+        return self.num_slots + self.page_size - 1
+
     def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """KV slots of token ``positions`` of request ``rows``; see :func:`slot_of`."""
         return slot_of(self.req_to_page, rows, positions, self.page_size)

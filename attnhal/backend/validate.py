@@ -146,8 +146,8 @@ def validate_batch(batch: ForwardBatch, pool: KVPool, config: AttentionConfig | 
     if batch.seq_lens_cpu is not None:
         _check_host_copy("seq_lens_cpu", batch.seq_lens_cpu, batch.seq_lens)
     _check_tensor("out_cache_loc", batch.out_cache_loc, None, _INTS, pool.device, ndim=1)
-    _check_range("out_cache_loc", batch.out_cache_loc, 0, pool.num_slots,
-                 f"0..{pool.num_slots}, slots of the pool")
+    _check_range("out_cache_loc", batch.out_cache_loc, 0, pool.max_slot,
+                 f"0..{pool.max_slot}, slots of the pool")
     if batch.phase in _SPEC_PHASES and batch.spec is None:
         raise BatchValidationError("spec", None, f"a SpecInfo for phase={batch.phase.value}")
     _PHASE_CHECKS[batch.phase](batch, pool, bs)
@@ -219,7 +219,7 @@ def _check_draft_decode(batch: ForwardBatch, pool: KVPool, bs: int) -> None:
     if path.shape[0] != bs or path.shape[1] < step + 1:
         raise BatchValidationError("spec.draft_path.shape", tuple(path.shape),
                                    f"[{bs}, n] with n >= draft_step + 1 = {step + 1}")
-    _check_range("spec.draft_path", path, 0, pool.num_slots, f"0..{pool.num_slots}, slots of the pool")
+    _check_range("spec.draft_path", path, 0, pool.max_slot, f"0..{pool.max_slot}, slots of the pool")
     if not torch.equal(batch.out_cache_loc.to(path.dtype), path[:, step]):
         r = int((batch.out_cache_loc.to(path.dtype) != path[:, step]).nonzero()[0, 0])
         raise BatchValidationError(f"out_cache_loc[{r}]", int(batch.out_cache_loc[r]),
@@ -298,11 +298,11 @@ def _check_table(batch: ForwardBatch, pool: KVPool, seq: list[int]) -> None:
         if req == PADDING_REQ:
             continue
         row = table[req, :seq[r]]
-        bad = ((row < 0) | (row > pool.num_slots)).nonzero()
+        bad = ((row < 0) | (row > pool.max_slot)).nonzero()
         if bad.numel():
             p = int(bad[0, 0])
             raise BatchValidationError(f"slot of position {p} of request row {req}", int(row[p]),
-                                       f"0..{pool.num_slots}, slots of the pool (req_to_page)")
+                                       f"0..{pool.max_slot}, slots of the pool (req_to_page)")
 
 
 def _check_new_slots(batch: ForwardBatch, pool: KVPool, prefix: list[int], real: list[int],
