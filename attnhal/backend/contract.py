@@ -169,7 +169,7 @@ class AttentionBackend(ABC):
     def __init__(self, config: AttentionConfig, pool: KVPool) -> None:
         reasons = config_reasons(self.capabilities, config, pool)
         if reasons:
-            raise UnsupportedFeature(f"backend {self.capabilities.name!r}: " + "; ".join(map(str, reasons)))
+            raise UnsupportedFeature(f"backend {self.capabilities.name!r}: " + "; ".join(r.message for r in reasons))
         self.config = config
         self.pool = pool
 

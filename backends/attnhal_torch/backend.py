@@ -104,7 +104,7 @@ class TorchBackend(AttentionBackend):
             raise ValueError(f"chunk, host_workers={chunk}, {host_workers} (supported: >= 1)")
         flavour = pool.platform_reasons(platform) if platform is not None else []
         if flavour:
-            raise UnsupportedFeature("backend 'torch': " + "; ".join(map(str, flavour)))
+            raise UnsupportedFeature("backend 'torch': " + "; ".join(r.message for r in flavour))
         self.layer_params = [self._layer_params(layer) for layer in range(pool.num_layers)]
         self.chunk = chunk
         self.score_budget_bytes = score_budget_bytes
