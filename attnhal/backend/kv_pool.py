@@ -213,6 +213,13 @@ class KVPool:
                              torch.empty(numel, dtype=self.dtype, device=self.device))
         return self._scratch[0][:numel], self._scratch[1][:numel]
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's K/V from slots ``src`` to ``dst`` (``[n]`` int64), as stored
+        (bytes: no requantization). The sources are read before any destination is written."""
+        for cache in (*self.k, *self.v):
+            raw = cache.view(torch.uint8) if self.is_fp8 else cache
+            raw.index_copy_(0, dst, raw.index_select(0, src))
+
     def dequantized(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s K and V as the attention reads them: float32 ``stored * scale``
         for fp8, the stored tensors otherwise (allocates for fp8; host-side readers)."""
