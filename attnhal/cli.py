@@ -271,15 +271,21 @@ def format_demo(report: Any) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from attnhal.backend.kv_pool import kv_storage_dtype
     from attnhal.reference.demo import DemoConfig, run_demo
     from attnhal.reference.worker import PlanInvalid
 
     spec = spec_from(args)
     if not spec.speculative:
         raise UsageError("--spec-steps=0 (supported: >= 1; the demo runs speculative decoding)")
-    cfg = DemoConfig(spec=spec, platform=resolve_platform(args.platform), backend=args.backend,
+    platform = resolve_platform(args.platform)
+    try:  # fp8_e4m3 needs the platform's flavour: never guessed
+        kv_storage_dtype(args.kv_dtype, platform.fp8_flavor)
+    except ValueError as exc:
+        raise UsageError(f"--kv-dtype: {exc}") from None
+    cfg = DemoConfig(spec=spec, platform=platform, backend=args.backend,
                      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, graphs=not args.no_graphs,
-                     seed=args.seed)
+                     seed=args.seed, page_size=args.page_size, kv_dtype=args.kv_dtype)
     try:
         report = run_demo(cfg)
     except (PlanInvalid, LookupError) as exc:
@@ -371,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive("--batch-size"), default=4)
     p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=32)
     p.add_argument("--seed", type=positive("--seed", 0), default=0)
+    p.add_argument("--page-size", type=positive("--page-size"), default=1, help="tokens per KV page")
+    p.add_argument("--kv-dtype", type=choice("--kv-dtype", KV_DTYPES), default="float32",
+                   help="KV-cache dtype; fp8_e4m3 is stored in the platform's flavour")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
 
