@@ -41,6 +41,11 @@ __all__ = [
 
 #: Descriptor dtype names -> torch dtypes.
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: How q, k, v may lie in memory (see ``CaseSpec.qkv_layout``).
+QKV_LAYOUTS = ("contiguous", "fused", "strided")
+#: Largest integer q/k magnitude whose products and sums (head size <= 256) every dtype
+#: and an fp32 accumulator hold exactly (bf16 holds integers up to 256).
+MAX_EXACT_QK = 32
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,16 @@ class CaseSpec:
         value scatters them through the pool (a seeded permutation).
     seed: seeds the K/V in the pool, the stale table entries and ``q``, ``k``, ``v``.
     host_seq_lens: also give ``seq_lens_cpu`` (for backends declaring ``needs_host_seq_lens``).
+    scale: explicit softmax scale of the attention config; ``None`` = ``head_size ** -0.5``.
+    qk_magnitude: ``> 1``: q and every K (new and cached) are integers in
+        ``[-qk_magnitude, qk_magnitude]`` — logits of hundreds that every dtype holds
+        exactly, so a kernel that skips the max-subtraction or accumulates q·k in a narrow
+        type shows, while a correct one is exact up to its softmax.
+    v_magnitude: ``!= 1``: every V (new and cached) uniform in ``[-v_magnitude, v_magnitude]``:
+        values near the dtype's range.
+    qkv_layout: ``"contiguous"``; ``"fused"``: q, k, v are views of one ``[n, H + 2 KV, D]``
+        tensor (a fused qkv projection); ``"strided"``: every other head of a tensor twice as
+        wide (head stride ``2 D``). The last dimension stays contiguous.
     """
 
     phase: Phase
@@ -92,6 +107,11 @@ class CaseSpec:
     slot_seed: int = 0
     seed: int = 0
     host_seq_lens: bool = False
+    # --- input variation (engineer j): scale, magnitudes and memory layout of q/k/v --------
+    scale: float | None = None
+    qk_magnitude: int = 1
+    v_magnitude: float = 1.0
+    qkv_layout: str = "contiguous"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase(self.phase))
@@ -156,6 +176,7 @@ class CaseSpec:
         out = []
         if self.dtype not in TORCH_DTYPES:
             out.append(f"dtype={self.dtype} (supported: {', '.join(TORCH_DTYPES)})")
+        out += self._input_errors()
         if self.num_kv_heads < 1 or self.num_q_heads % self.num_kv_heads:
             out.append(f"num_q_heads/num_kv_heads={self.num_q_heads}/{self.num_kv_heads} "
                        "(supported: num_kv_heads >= 1 dividing num_q_heads)")
@@ -193,6 +214,19 @@ class CaseSpec:
                 _bad_tree(p, self.tokens_per_row or 0) for p in self.tree_parents)):
             out.append(f"tree_parents={self.tree_parents} (supported: per request, parent < token "
                        "for each draft token, -1 for the root token 0)")
+        return out
+
+
+    def _input_errors(self) -> list[str]:
+        out = []
+        if self.scale is not None and not self.scale > 0:
+            out.append(f"scale={self.scale} (supported: None or > 0)")
+        if not 1 <= self.qk_magnitude <= MAX_EXACT_QK:
+            out.append(f"qk_magnitude={self.qk_magnitude} (supported: 1..{MAX_EXACT_QK}, exact in every dtype)")
+        if not self.v_magnitude > 0:
+            out.append(f"v_magnitude={self.v_magnitude} (supported: > 0)")
+        if self.qkv_layout not in QKV_LAYOUTS:
+            out.append(f"qkv_layout={self.qkv_layout} (supported: {', '.join(QKV_LAYOUTS)})")
         return out
 
 
@@ -274,10 +308,28 @@ def make_pool(spec: CaseSpec, size: PoolSize | None = None, device: str | torch.
                   max_context_len=size.max_context_len, device=device)
 
 
-def fill_pool(pool: KVPool, gen: torch.Generator) -> None:
-    """Random K/V in every slot of every layer (the padding slot too), in place."""
-    for cache in (*pool.k, *pool.v):
-        cache.copy_(torch.randn(cache.shape, generator=gen).to(cache.dtype))
+def fill_pool(pool: KVPool, gen: torch.Generator, qk_magnitude: int = 1, v_magnitude: float = 1.0) -> None:
+    """Random K/V in every slot of every layer (the padding slot too), in place; K and V
+    drawn as :func:`new_qkv` draws them (see ``CaseSpec.qk_magnitude``, ``v_magnitude``)."""
+    for cache in pool.k:
+        cache.copy_(_draw(cache.shape, gen, qk_magnitude).to(cache.dtype))
+    for cache in pool.v:
+        cache.copy_(_draw_v(cache.shape, gen, v_magnitude).to(cache.dtype))
+
+
+def _draw(shape: tuple[int, ...] | torch.Size, gen: torch.Generator, magnitude: int) -> torch.Tensor:
+    """Unit normal values, or integers in ``[-magnitude, magnitude]`` when ``magnitude > 1``."""
+    if magnitude > 1:
+        return torch.randint(-magnitude, magnitude + 1, tuple(shape), generator=gen).float()
+    return torch.randn(shape, generator=gen)
+
+
+def _draw_v(shape: tuple[int, ...] | torch.Size, gen: torch.Generator, magnitude: float) -> torch.Tensor:
+    """Unit normal values, or uniform in ``[-magnitude, magnitude]`` (bounded: near a
+    dtype's range, a normal tail would overflow it)."""
+    if magnitude != 1:
+        return (torch.rand(shape, generator=gen) * 2 - 1) * magnitude
+    return torch.randn(shape, generator=gen)
 
 
 def build_case(spec: CaseSpec, pool: KVPool | None = None, device: str | torch.device = "cpu") -> Case:
@@ -294,15 +346,13 @@ def build_case(spec: CaseSpec, pool: KVPool | None = None, device: str | torch.d
           or need.max_context_len > pool.max_context_len):
         raise ValueError(f"pool of {pool.num_slots} slots, {pool.req_to_token.shape[0] - 1} rows, "
                          f"context {pool.max_context_len} (supported: >= {need} for {spec!r})")
-    rng = random.Random(spec.seed)
     gen = torch.Generator().manual_seed(spec.seed)
-    fill_pool(pool, gen)
+    fill_pool(pool, gen, spec.qk_magnitude, spec.v_magnitude)
     free = _free_slots(pool.num_slots, spec.slot_seed)
     reqs = list(range(1, spec.requests + 1))
     if spec.slot_seed:
         random.Random(spec.slot_seed).shuffle(reqs)
-    table = torch.tensor([[rng.randint(1, pool.num_slots) for _ in range(pool.max_context_len)]
-                          for _ in range(pool.req_to_token.shape[0])], dtype=torch.int32)
+    table = torch.randint(1, pool.num_slots + 1, tuple(pool.req_to_token.shape), generator=gen, dtype=torch.int32)
     table[0] = PADDING_SLOT  # the padding request's row (see attnhal.backend.kv_pool)
     slots = []
     for req, n in zip(reqs, spec.seq_lens()):
@@ -313,24 +363,39 @@ def build_case(spec: CaseSpec, pool: KVPool | None = None, device: str | torch.d
     batch, row_slots = _BUILDERS[spec.phase](spec, reqs, slots, free)
     batch = _to(batch, pool.device)
     config = attention_config(spec)
-    q, k, v = new_qkv(config, batch.num_tokens, gen, pool.device)
+    q, k, v = new_qkv(config, batch.num_tokens, gen, pool.device, spec)
     return Case(spec, config, pool, batch, q, k, v, layer=spec.layer, row_slots=row_slots)
 
 
 def attention_config(spec: CaseSpec) -> AttentionConfig:
-    """The attention config of ``spec``: heads, head size, dtype (default scale)."""
+    """The attention config of ``spec``: heads, head size, dtype, scale."""
     return AttentionConfig(num_q_heads=spec.num_q_heads, num_kv_heads=spec.num_kv_heads,
-                           head_size=spec.head_size, dtype=TORCH_DTYPES[spec.dtype])
+                           head_size=spec.head_size, dtype=TORCH_DTYPES[spec.dtype], scale=spec.scale)
 
 
-def new_qkv(config: AttentionConfig, num_tokens: int, gen: torch.Generator,
-            device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random ``q`` ``[n, Hq, D]``, ``k``, ``v`` ``[n, Hkv, D]`` in the config's dtype."""
-    shapes = ((num_tokens, config.num_q_heads, config.head_size),
-              (num_tokens, config.num_kv_heads, config.head_size),
-              (num_tokens, config.num_kv_heads, config.head_size))
-    q, k, v = (torch.randn(s, generator=gen).to(config.dtype).to(device) for s in shapes)
+def new_qkv(config: AttentionConfig, num_tokens: int, gen: torch.Generator, device: str | torch.device = "cpu",
+            spec: CaseSpec | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random ``q`` ``[n, Hq, D]``, ``k``, ``v`` ``[n, Hkv, D]`` in the config's dtype,
+    with the magnitudes and memory layout of ``spec`` (unit normal, contiguous without)."""
+    n, H, KV, D = num_tokens, config.num_q_heads, config.num_kv_heads, config.head_size
+    qk, vm, layout = (spec.qk_magnitude, spec.v_magnitude, spec.qkv_layout) if spec else (1, 1.0, "contiguous")
+    q, k, v = _draw((n, H, D), gen, qk), _draw((n, KV, D), gen, qk), _draw_v((n, KV, D), gen, vm)
+    q, k, v = (x.to(config.dtype).to(device) for x in (q, k, v))
+    if layout == "fused":
+        fused = torch.cat([q, k, v], dim=1)  # [n, H + 2 KV, D], as one qkv projection writes it
+        return fused[:, :H], fused[:, H:H + KV], fused[:, H + KV:]
+    if layout == "strided":
+        return _every_other_head(q), _every_other_head(k), _every_other_head(v)
     return q, k, v
+
+
+def _every_other_head(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the even heads of a tensor twice as wide (head stride ``2 D``; odd heads NaN,
+    so a kernel reading them shows)."""
+    n, h, d = x.shape
+    wide = torch.full((n, 2 * h, d), float("nan"), dtype=x.dtype, device=x.device)
+    wide[:, ::2] = x
+    return wide[:, ::2]
 
 
 def reparent_rows(spec: CaseSpec, forward: int) -> list[int]:

@@ -19,6 +19,8 @@ phase              query ``i`` of row ``r`` attends (positions of its table row)
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
@@ -58,7 +60,7 @@ def real_tokens(batch: ForwardBatch) -> list[int]:
 def attended_slots(batch: ForwardBatch, req_to_token: torch.Tensor, r: int, i: int) -> list[int]:
     """The KV slots query ``i`` of row ``r`` attends, in position order (the table above)."""
     req, seq = int(batch.req_pool_indices[r]), int(batch.seq_lens[r])
-    row = [int(s) for s in req_to_token[req].tolist()]
+    row: list[int] = req_to_token[req, :max(seq, 0)].tolist()  # every phase attends within seq_lens
     phase = batch.phase
     if phase is Phase.DECODE:
         return row[:seq]
@@ -97,19 +99,31 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     """
     N, H, D = q.shape
     KV = k_cache.shape[1]
-    kv_of_head = torch.arange(H) // (H // KV)
-    q64, k64, v64 = q.detach().cpu().double(), k_cache.detach().cpu().double(), v_cache.detach().cpu().double()
-    host = batch_to_cpu(batch)
-    table = req_to_token.cpu()
-    out = torch.zeros(N, H, D, dtype=torch.float64)
-    for r, i, tok in query_tokens(host):
-        slots = attended_slots(host, table, r, i)
-        if not slots:
-            continue
-        keys, values = k64[slots][:, kv_of_head], v64[slots][:, kv_of_head]  # [n, H, D]
-        probs = torch.softmax(torch.einsum("nhd,hd->hn", keys, q64[tok]) * scale, dim=-1)
-        out[tok] = torch.einsum("hn,nhd->hd", probs, values)
+    with _one_thread():
+        q64 = q.detach().cpu().double().view(N, KV, H // KV, D)  # query heads grouped per KV head
+        k_cache, v_cache = k_cache.detach().cpu(), v_cache.detach().cpu()
+        host = batch_to_cpu(batch)
+        table = req_to_token.cpu()
+        out = torch.zeros(N, H, D, dtype=torch.float64)
+        for r, i, tok in query_tokens(host):
+            slots = torch.tensor(attended_slots(host, table, r, i), dtype=torch.int64)
+            if not len(slots):
+                continue
+            keys, values = k_cache[slots].double(), v_cache[slots].double()  # [n, KV, D]
+            probs = torch.softmax(torch.einsum("nkd,kgd->kgn", keys, q64[tok]) * scale, dim=-1)
+            out[tok] = torch.einsum("kgn,nkd->kgd", probs, values).reshape(H, D)
     return out
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    # Thousands of small ops: intra-op threads only add contention (10x slower on a busy host).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def reference_forward(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int,
