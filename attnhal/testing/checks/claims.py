@@ -115,10 +115,12 @@ class ClaimResult:
 
 
 
-def examples_from_env(default: int = DEFAULT_EXAMPLES) -> int:
-    """``$ATTNHAL_CONFORMANCE_EXAMPLES`` if set, else ``default``."""
+def examples_from_env(default: int | None = None) -> int:
+    """``$ATTNHAL_CONFORMANCE_EXAMPLES`` if set, else ``default`` (:data:`DEFAULT_EXAMPLES`)."""
     raw = os.environ.get(EXAMPLES_ENV, "").strip()
-    return int(raw) if raw else default
+    if raw:
+        return int(raw)
+    return DEFAULT_EXAMPLES if default is None else default
 
 
 # --- which claims, and which can run here -----------------------------------------------------------
