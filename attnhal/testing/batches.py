@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import Any
 
 import torch
@@ -42,6 +43,11 @@ __all__ = [
 
 #: Descriptor dtype names -> torch dtypes.
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: How q, k, v may lie in memory (see ``CaseSpec.qkv_layout``).
+QKV_LAYOUTS = ("contiguous", "fused", "strided")
+#: Largest integer q/k magnitude whose products and sums (head size <= 256) every dtype
+#: and an fp32 accumulator hold exactly (bf16 holds integers up to 256).
+MAX_EXACT_QK = 32
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,16 @@ class CaseSpec:
         value scatters them through the pool (a seeded permutation).
     seed: seeds the K/V in the pool, the stale table entries and ``q``, ``k``, ``v``.
     host_seq_lens: also give ``seq_lens_cpu`` (for backends declaring ``needs_host_seq_lens``).
+    scale: explicit softmax scale of the attention config; ``None`` = ``head_size ** -0.5``.
+    qk_magnitude: ``> 1``: q and every K (new and cached) are integers in
+        ``[-qk_magnitude, qk_magnitude]`` — logits of hundreds that every dtype holds
+        exactly, so a kernel that skips the max-subtraction or accumulates q·k in a narrow
+        type shows, while a correct one is exact up to its softmax.
+    v_magnitude: ``!= 1``: every V (new and cached) uniform in ``[-v_magnitude, v_magnitude]``:
+        values near the dtype's range.
+    qkv_layout: ``"contiguous"``; ``"fused"``: q, k, v are views of one ``[n, H + 2 KV, D]``
+        tensor (a fused qkv projection); ``"strided"``: every other head of a tensor twice as
+        wide (head stride ``2 D``). The last dimension stays contiguous.
 
     Features (see :class:`~attnhal.backend.AttentionConfig` and :mod:`attnhal.backend.kv_pool`):
 
@@ -103,6 +119,11 @@ class CaseSpec:
     slot_seed: int = 0
     seed: int = 0
     host_seq_lens: bool = False
+    # --- input variation (engineer j): scale, magnitudes and memory layout of q/k/v --------
+    scale: float | None = None
+    qk_magnitude: int = 1
+    v_magnitude: float = 1.0
+    qkv_layout: str = "contiguous"
     # --- features (issue 12): page table, KV storage, per-layer attention options ------
     page_size: int = 1
     kv_dtype: str | None = None
@@ -181,6 +202,7 @@ class CaseSpec:
         out = []
         if self.dtype not in TORCH_DTYPES:
             out.append(f"dtype={self.dtype} (supported: {', '.join(TORCH_DTYPES)})")
+        out += self._input_errors()
         try:
             self.cache_dtype
         except ValueError as exc:
@@ -224,6 +246,19 @@ class CaseSpec:
                 _bad_tree(p, self.tokens_per_row or 0) for p in self.tree_parents)):
             out.append(f"tree_parents={self.tree_parents} (supported: per request, parent < token "
                        "for each draft token, -1 for the root token 0)")
+        return out
+
+
+    def _input_errors(self) -> list[str]:
+        out = []
+        if self.scale is not None and not self.scale > 0:
+            out.append(f"scale={self.scale} (supported: None or > 0)")
+        if not 1 <= self.qk_magnitude <= MAX_EXACT_QK:
+            out.append(f"qk_magnitude={self.qk_magnitude} (supported: 1..{MAX_EXACT_QK}, exact in every dtype)")
+        if not self.v_magnitude > 0:
+            out.append(f"v_magnitude={self.v_magnitude} (supported: > 0)")
+        if self.qkv_layout not in QKV_LAYOUTS:
+            out.append(f"qkv_layout={self.qkv_layout} (supported: {', '.join(QKV_LAYOUTS)})")
         return out
 
 
@@ -310,13 +345,30 @@ def make_pool(spec: CaseSpec, size: PoolSize | None = None, device: str | torch.
     return pool
 
 
-def fill_pool(pool: KVPool, gen: torch.Generator) -> None:
-    """Random K/V in every slot of every layer (the padding slot too), in place; fp8 caches
-    hold values of about unit size once dequantized."""
-    for caches, scales in ((pool.k, pool.k_scale), (pool.v, pool.v_scale)):
+def fill_pool(pool: KVPool, gen: torch.Generator, qk_magnitude: int = 1, v_magnitude: float = 1.0) -> None:
+    """Random K/V in every slot of every layer (the padding slot too), in place; K and V
+    drawn as :func:`new_qkv` draws them (see ``CaseSpec.qk_magnitude``, ``v_magnitude``);
+    fp8 caches store them divided by the layer's scale (they dequantize to those values)."""
+    for caches, scales, draw in ((pool.k, pool.k_scale, partial(_draw, magnitude=qk_magnitude)),
+                                 (pool.v, pool.v_scale, partial(_draw_v, magnitude=v_magnitude))):
         for cache, scale in zip(caches, scales.tolist()):
-            draw = torch.randn(cache.shape, generator=gen)
-            cache.copy_((draw / scale if pool.is_fp8 else draw).to(cache.dtype))
+            values = draw(cache.shape, gen)
+            cache.copy_((values / scale if pool.is_fp8 else values).to(cache.dtype))
+
+
+def _draw(shape: tuple[int, ...] | torch.Size, gen: torch.Generator, magnitude: int) -> torch.Tensor:
+    """Unit normal values, or integers in ``[-magnitude, magnitude]`` when ``magnitude > 1``."""
+    if magnitude > 1:
+        return torch.randint(-magnitude, magnitude + 1, tuple(shape), generator=gen).float()
+    return torch.randn(shape, generator=gen)
+
+
+def _draw_v(shape: tuple[int, ...] | torch.Size, gen: torch.Generator, magnitude: float) -> torch.Tensor:
+    """Unit normal values, or uniform in ``[-magnitude, magnitude]`` (bounded: near a
+    dtype's range, a normal tail would overflow it)."""
+    if magnitude != 1:
+        return (torch.rand(shape, generator=gen) * 2 - 1) * magnitude
+    return torch.randn(shape, generator=gen)
 
 
 def build_case(spec: CaseSpec, pool: KVPool | None = None, device: str | torch.device = "cpu") -> Case:
@@ -334,17 +386,15 @@ def build_case(spec: CaseSpec, pool: KVPool | None = None, device: str | torch.d
         raise ValueError(f"pool of {pool.num_slots} slots, {pool.req_to_page.shape[0] - 1} rows, "
                          f"context {pool.max_context_len}, page size {pool.page_size} "
                          f"(supported: >= {need}, page size {spec.page_size} for {spec!r})")
-    rng = random.Random(spec.seed)
     gen = torch.Generator().manual_seed(spec.seed)
-    fill_pool(pool, gen)
+    fill_pool(pool, gen, spec.qk_magnitude, spec.v_magnitude)
     P = pool.page_size
-    free = _free_slots(pool.num_slots // P, spec.slot_seed)  # pages
+    num_pages = pool.num_slots // P
+    free = _free_slots(num_pages, spec.slot_seed)  # pages
     reqs = list(range(1, spec.requests + 1))
     if spec.slot_seed:
         random.Random(spec.slot_seed).shuffle(reqs)
-    num_pages = pool.num_slots // P
-    table = torch.tensor([[rng.randint(1, num_pages) for _ in range(pool.req_to_page.shape[1])]
-                          for _ in range(pool.req_to_page.shape[0])], dtype=torch.int32)
+    table = torch.randint(1, num_pages + 1, tuple(pool.req_to_page.shape), generator=gen, dtype=torch.int32)
     table[0] = PADDING_PAGE  # the padding request's row (see attnhal.backend.kv_pool)
     slots = []
     for req, n in zip(reqs, spec.seq_lens()):
@@ -356,30 +406,47 @@ def build_case(spec: CaseSpec, pool: KVPool | None = None, device: str | torch.d
     batch, row_slots = _BUILDERS[spec.phase](spec, reqs, slots, free)
     batch = _to(batch, pool.device)
     config = attention_config(spec)
-    q, k, v = new_qkv(config, batch.num_tokens, gen, pool.device)
+    q, k, v = new_qkv(config, batch.num_tokens, gen, pool.device, spec)
     return Case(spec, config, pool, batch, q, k, v, layer=spec.layer, row_slots=row_slots)
 
 
 def attention_config(spec: CaseSpec) -> AttentionConfig:
-    """The attention config of ``spec``: heads, head sizes, dtype (default scale), features."""
+    """The attention config of ``spec``: heads, head sizes, dtype, scale, features."""
     sinks = None
     if spec.sinks:  # seeded by the shape alone: cases replayed through one graph share them
         gen = torch.Generator().manual_seed(7)
         sinks = 2 * torch.randn((spec.num_layers, spec.num_q_heads), generator=gen)
     return AttentionConfig(num_q_heads=spec.num_q_heads, num_kv_heads=spec.num_kv_heads,
-                           head_size=spec.head_size, dtype=TORCH_DTYPES[spec.dtype],
+                           head_size=spec.head_size, dtype=TORCH_DTYPES[spec.dtype], scale=spec.scale,
                            v_head_size=spec.v_head_size, sliding_window=spec.sliding_window,
                            logit_softcap=spec.logit_softcap, sinks=sinks)
 
 
-def new_qkv(config: AttentionConfig, num_tokens: int, gen: torch.Generator,
-            device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random ``q`` ``[n, Hq, D]``, ``k`` ``[n, Hkv, D]``, ``v`` ``[n, Hkv, Dv]`` in the config's dtype."""
-    shapes = ((num_tokens, config.num_q_heads, config.head_size),
-              (num_tokens, config.num_kv_heads, config.head_size),
-              (num_tokens, config.num_kv_heads, config.out_head_size))
-    q, k, v = (torch.randn(s, generator=gen).to(config.dtype).to(device) for s in shapes)
+def new_qkv(config: AttentionConfig, num_tokens: int, gen: torch.Generator, device: str | torch.device = "cpu",
+            spec: CaseSpec | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random ``q`` ``[n, Hq, D]``, ``k`` ``[n, Hkv, D]``, ``v`` ``[n, Hkv, Dv]`` in the config's
+    dtype, with the magnitudes and memory layout of ``spec`` (unit normal, contiguous without)."""
+    n, H, KV, D, Dv = num_tokens, config.num_q_heads, config.num_kv_heads, config.head_size, config.out_head_size
+    qk, vm, layout = (spec.qk_magnitude, spec.v_magnitude, spec.qkv_layout) if spec else (1, 1.0, "contiguous")
+    q, k, v = _draw((n, H, D), gen, qk), _draw((n, KV, D), gen, qk), _draw_v((n, KV, Dv), gen, vm)
+    q, k, v = (x.to(config.dtype).to(device) for x in (q, k, v))
+    if layout == "fused":  # one [n, H D + KV D + KV Dv] row per token, as one qkv projection writes it
+        fused = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+        ends = (H * D, H * D + KV * D)
+        return (fused[:, :ends[0]].unflatten(1, (H, D)), fused[:, ends[0]:ends[1]].unflatten(1, (KV, D)),
+                fused[:, ends[1]:].unflatten(1, (KV, Dv)))
+    if layout == "strided":
+        return _every_other_head(q), _every_other_head(k), _every_other_head(v)
     return q, k, v
+
+
+def _every_other_head(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the even heads of a tensor twice as wide (head stride ``2 D``; odd heads NaN,
+    so a kernel reading them shows)."""
+    n, h, d = x.shape
+    wide = torch.full((n, 2 * h, d), float("nan"), dtype=x.dtype, device=x.device)
+    wide[:, ::2] = x
+    return wide[:, ::2]
 
 
 def reparent_rows(spec: CaseSpec, forward: int) -> list[int]:

@@ -25,6 +25,8 @@ tests can cross-check it against SDPA with an explicit mask and sink column.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -78,7 +80,7 @@ def attended(batch: ForwardBatch, table: torch.Tensor, r: int, i: int) -> tuple[
     included, minus one), a ``draft_decode`` path token ``j`` at ``seq_lens + j``.
     """
     req, seq = int(batch.req_pool_indices[r]), int(batch.seq_lens[r])
-    row = [int(s) for s in table[req].tolist()]
+    row: list[int] = table[req, :max(seq, 0)].tolist()  # every phase attends within seq_lens
     phase = batch.phase
     if phase is Phase.DECODE:
         return list(zip(row[:seq], range(seq))), seq - 1
@@ -142,29 +144,41 @@ def reference_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     ``h // (H // KV)`` (GQA groups of consecutive query heads); a token that attends
     nothing gets zeros (with sinks: also zeros, the sink carries no value).
     """
-    N, H, _ = q.shape
+    N, H, D = q.shape
     KV, Dv = k_cache.shape[1], v_cache.shape[2]
-    kv_of_head = torch.arange(H) // (H // KV)
-    q64, k64, v64 = q.detach().cpu().double(), k_cache.detach().cpu().double(), v_cache.detach().cpu().double()
-    host = batch_to_cpu(batch)
-    table = table.cpu()
-    sinks = None if features.sinks is None else features.sinks.detach().cpu().double()
-    out = torch.zeros(N, H, Dv, dtype=torch.float64)
-    for r, i, tok in query_tokens(host):
-        keys, p = attended(host, table, r, i)
-        w = features.window
-        slots = [slot for slot, pos in keys if w is None or pos >= p - w]
-        if not slots:
-            continue
-        keys64, values = k64[slots][:, kv_of_head], v64[slots][:, kv_of_head]  # [n, H, D]
-        logits = torch.einsum("nhd,hd->hn", keys64, q64[tok]) * scale
-        if features.softcap is not None:
-            logits = features.softcap * torch.tanh(logits / features.softcap)
-        if sinks is not None:  # one more softmax column per head, with no value
-            logits = torch.cat([logits, sinks.view(H, 1)], dim=1)
-        probs = torch.softmax(logits, dim=-1)[:, :len(slots)]
-        out[tok] = torch.einsum("hn,nhd->hd", probs, values)
+    G, w = H // KV, features.window
+    with _one_thread():
+        q64 = q.detach().cpu().double().view(N, KV, G, D)  # query heads grouped per KV head
+        k_cache, v_cache = k_cache.detach().cpu(), v_cache.detach().cpu()
+        host = batch_to_cpu(batch)
+        table = table.cpu()
+        sinks = None if features.sinks is None else features.sinks.detach().cpu().double().view(KV, G, 1)
+        out = torch.zeros(N, H, Dv, dtype=torch.float64)
+        for r, i, tok in query_tokens(host):
+            keys, p = attended(host, table, r, i)
+            slots = torch.tensor([slot for slot, pos in keys if w is None or pos >= p - w], dtype=torch.int64)
+            if not len(slots):
+                continue
+            k64, v64 = k_cache[slots].double(), v_cache[slots].double()  # [n, KV, D], [n, KV, Dv]
+            logits = torch.einsum("nkd,kgd->kgn", k64, q64[tok]) * scale
+            if features.softcap is not None:
+                logits = features.softcap * torch.tanh(logits / features.softcap)
+            if sinks is not None:  # one more softmax column per head, with no value
+                logits = torch.cat([logits, sinks], dim=-1)
+            probs = torch.softmax(logits, dim=-1)[..., :len(slots)]
+            out[tok] = torch.einsum("kgn,nkd->kgd", probs, v64).reshape(H, Dv)
     return out
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    # Thousands of small ops: intra-op threads only add contention (10x slower on a busy host).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def reference_forward(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int,

@@ -44,6 +44,7 @@ from __future__ import annotations
 from attnhal.testing.checks.claims import (
     DEFAULT_EXAMPLES,
     EXAMPLES_ENV,
+    THOROUGH_EXAMPLES,
     Claim,
     ClaimFalsified,
     ClaimKind,
@@ -59,6 +60,7 @@ from attnhal.testing.checks.target import Target, checkable_dtypes, process_reas
 __all__ = [
     "DEFAULT_EXAMPLES",
     "EXAMPLES_ENV",
+    "THOROUGH_EXAMPLES",
     "Claim",
     "ClaimFalsified",
     "ClaimKind",

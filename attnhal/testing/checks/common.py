@@ -4,23 +4,34 @@ crash, and comparing outputs and caches."""
 from __future__ import annotations
 
 import contextlib
+import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
-from hypothesis import example, given
+from hypothesis import example, given, seed
 from hypothesis import strategies as st
 
 from attnhal.backend import ForwardBatch, KVPool
 from attnhal.capabilities import Tolerance
-from attnhal.testing.batches import CaseSpec
+from attnhal.testing.batches import Case, CaseSpec
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.target import Target
 from attnhal.testing.reference import real_tokens
 
+#: Random examples per round when a check runs for a time (``Target.seconds``).
+ROUND = 4
+
+
 def run_examples(target: Target, name: str, strategy: st.SearchStrategy[Any], fixed: Sequence[Any],
-         body: Callable[[Any], None]) -> int:
-    """Run ``body`` on the fixed examples then ``target.max_examples`` drawn ones; returns the count."""
+                 body: Callable[[Any], None]) -> int:
+    """Run ``body`` on the fixed examples then the drawn ones; returns the count.
+
+    Drawn: ``target.max_examples``, or with ``target.seconds`` rounds of :data:`ROUND`
+    examples (each its own seed) until the time is spent or ``max_examples`` are run.
+    """
     count = [0]
 
     def test(case: Any) -> None:
@@ -31,8 +42,54 @@ def run_examples(target: Target, name: str, strategy: st.SearchStrategy[Any], fi
     wrapped: Any = test
     for case in reversed(fixed):
         wrapped = example(case=case)(wrapped)
-    target.hypothesis_settings()(given(case=strategy)(wrapped))()
+    if target.seconds is None:
+        target.hypothesis_settings()(given(case=strategy)(wrapped))()
+        return count[0]
+    end = time.monotonic() + target.seconds
+    first = replace(target, max_examples=min(ROUND, target.max_examples))
+    first.hypothesis_settings()(given(case=strategy)(wrapped))()
+    base = zlib.crc32(name.encode())
+    rounds = 1
+    while time.monotonic() < end and count[0] - len(fixed) < target.max_examples:
+        more = replace(target, max_examples=min(ROUND, target.max_examples - (count[0] - len(fixed))),
+                       derandomize=False, database=None)
+        drawn = more.hypothesis_settings(explicit=False)(given(case=strategy)(test))
+        seed(base + rounds)(drawn)()
+        rounds += 1
     return count[0]
+
+
+def input_tolerance(tol: Tolerance, case: Case) -> Tolerance:
+    """``tol`` (declared for unit-scale inputs) for the inputs of ``case``.
+
+    ``atol`` counts in units of V's magnitude (the output is a weighted mean of V). With
+    large q/k the softmax is ill-conditioned: a correct fp32 exponent of a logit ``s`` is
+    off by ``~eps * |s|``, so the largest logit ``L`` adds ``4 eps L`` (times V's magnitude).
+    """
+    spec = case.spec
+    if spec.qk_magnitude == 1 and spec.v_magnitude == 1:
+        return tol
+    atol = tol.atol
+    if spec.qk_magnitude > 1:
+        atol += 4 * torch.finfo(torch.float32).eps * _largest_logit(case)
+    return replace(tol, atol=atol * spec.v_magnitude)
+
+
+def _largest_logit(case: Case) -> float:
+    """``max |scale * q . k|`` over the queries and every key of the layer (a bound on the attended)."""
+    slots = {s for row in case.row_slots for s in row} | set(case.batch.out_cache_loc.tolist())
+    spec = case.batch.spec
+    if spec is not None and spec.draft_path is not None:
+        slots |= set(spec.draft_path.flatten().tolist())
+    index = torch.tensor(sorted(slots), dtype=torch.int64)
+    keys = case.pool.k[case.layer].detach().cpu()[index].float()  # [S, KV, D], the new K written or not:
+    keys = torch.cat([keys, case.k.detach().cpu().float()])       # both bound the attended logits
+    q = case.q.detach().cpu().float()
+    n, h, d = q.shape
+    kv = keys.shape[1]
+    grouped = q.reshape(n, kv, h // kv, d)
+    logits = torch.einsum("nkgd,skd->nkgs", grouped, keys)
+    return float(logits.abs().max()) * case.config.sm_scale
 
 
 @contextlib.contextmanager

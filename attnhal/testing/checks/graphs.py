@@ -75,7 +75,7 @@ def _graph_cases(target: Target, claim: Claim, sizes: tuple[int, ...],
         max_seq_len=target.max_seq_len))
 
 
-def _fixed_graph_cases(target: Target, claim: Claim, requests: Sequence[int]) -> list[tuple[CaseSpec, ...]]:
+def fixed_graph_cases(target: Target, claim: Claim, requests: Sequence[int]) -> list[tuple[CaseSpec, ...]]:
     """One fixed example: the canonical case of the phase at ``requests`` requests per replay."""
     caps, phase = target.caps, claim.phase
     dtype, head = checkable_dtypes(target)[0], min(caps.head_sizes)
@@ -102,7 +102,7 @@ def check_graph(target: Target, claim: Claim) -> tuple[str, int]:
         for spec in specs:
             _replay(target, claim, graph, spec, multi)
 
-    fixed = _fixed_graph_cases(target, claim, (3, 1))  # 3 requests replay the size-4 graph, padded
+    fixed = fixed_graph_cases(target, claim, (3, 1))  # 3 requests replay the size-4 graph, padded
     count = run_examples(target, f"graph_{claim.subject}", _graph_cases(target, claim, sizes, (1, 2)), fixed, body)
     how = "all forwards of a MultiStepDraft in one graph, " if multi else ""
     return (f"{how}{target.platform.graph_kind.value} graphs at sizes {', '.join(map(str, sizes))}; "
@@ -137,7 +137,7 @@ def check_fill(target: Target, claim: Claim) -> tuple[str, int]:
         for spec in small:
             _replay(target, graph_claim, graph, spec, multi, fill_claim=claim)
 
-    fixed = _fixed_graph_cases(target, claim, (1,))
+    fixed = fixed_graph_cases(target, claim, (1,))
     count = run_examples(target, f"seq_len_fill_{claim.subject}", _graph_cases(target, claim, (size,), (1, 2)), fixed, body)
     return f"rows padded up to {size} requests: finite, real rows as eager; {plural(count, 'example')}", count
 

@@ -12,8 +12,18 @@ from attnhal.capabilities import DTYPES, BackendCapabilities, Feature, Phase
 from attnhal.plan import SpecConfig
 from attnhal.testing import strategies as ast
 from attnhal.testing.batches import CaseSpec, build_case
+from attnhal.testing.checks import fixed
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
-from attnhal.testing.checks.common import blame, check_cache, check_output, heads, plural, run_examples, with_example
+from attnhal.testing.checks.common import (
+    blame,
+    check_cache,
+    check_output,
+    heads,
+    input_tolerance,
+    plural,
+    run_examples,
+    with_example,
+)
 from attnhal.testing.checks.target import Target
 from attnhal.testing.reference import reference_forward
 
@@ -46,21 +56,45 @@ def eager_body(target: Target, claim: Claim) -> Callable[[CaseSpec], None]:
             backend = target.new_backend(case.config, case.pool)
             backend.init_forward_metadata(case.batch)
             out = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
-        check_output(claim, out, case.q, want, case.batch, target.caps.tolerance_for(spec.dtype, spec.kv_dtype), what)
+        tol = input_tolerance(target.caps.tolerance_for(spec.dtype, spec.kv_dtype), case)
+        check_output(claim, out, case.q, want, case.batch, tol, what + _inputs(spec))
         check_cache(claim, case.pool, case.layer, before, case.batch, case.k, case.v, what)
 
     return body
+
+
+def _inputs(spec: CaseSpec) -> str:
+    """The input variations of ``spec``, for a failure's description."""
+    out = [f"scale={spec.scale:g}"] if spec.scale is not None else []
+    out += [f"qk_magnitude={spec.qk_magnitude}"] if spec.qk_magnitude != 1 else []
+    out += [f"v_magnitude={spec.v_magnitude:g}"] if spec.v_magnitude != 1 else []
+    out += [f"{spec.qkv_layout} q/k/v"] if spec.qkv_layout != "contiguous" else []
+    return "".join(f", {x}" for x in out)
+
+
+def phase_examples(target: Target, phase: Phase, dtype: str) -> list[CaseSpec]:
+    """The fixed examples of ``phase`` in ``dtype``: the canonical case at every claimed head
+    size, then (at the smallest) block boundaries, edge rows, head layouts and input
+    variations (:mod:`attnhal.testing.checks.fixed`), within the target's bounds."""
+    caps = target.caps
+    sizes = sorted(caps.head_sizes)
+    out = [c for h in sizes for c in canonical_cases(caps, phase, dtype, h)]
+    base = canonical_cases(caps, phase, dtype, sizes[0])[0]
+    out += [*fixed.boundary_cases(base, target.thorough), *fixed.edge_cases(base), *fixed.layout_cases(base),
+            *fixed.input_cases(base, dtype)]
+    return [c for c in out if fixed.fits(c, target.max_seq_len, target.max_cost)]
 
 
 def check_phase(target: Target, claim: Claim) -> tuple[str, int]:
     caps, phase, dtype = target.caps, claim.phase, claim.dtype
     assert dtype is not None
     sizes = sorted(caps.head_sizes)
-    fixed = [c for h in sizes for c in canonical_cases(caps, phase, dtype, h)]
+    examples = phase_examples(target, phase, dtype)
     strategy = ast.case_specs(caps, phase, dtype=dtype, max_requests=target.max_requests,
-                              max_seq_len=target.max_seq_len)
-    count = run_examples(target, f"{claim.kind.value}_{phase.value}_{dtype}", strategy, fixed, eager_body(target, claim))
-    return f"head sizes {', '.join(map(str, sizes))}; {plural(count, 'example')} ({len(fixed)} fixed)", count
+                              max_seq_len=target.max_seq_len, max_cost=target.max_cost, inputs=True)
+    count = run_examples(target, f"{claim.kind.value}_{phase.value}_{dtype}", strategy, examples,
+                         eager_body(target, claim))
+    return f"head sizes {', '.join(map(str, sizes))}; {plural(count, 'example')} ({len(examples)} fixed)", count
 
 
 

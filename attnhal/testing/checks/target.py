@@ -15,6 +15,7 @@ from attnhal.backend import AttentionBackend, AttentionConfig, KVPool
 from attnhal.capabilities import DTYPES, BackendCapabilities
 from attnhal.platform import Platform
 from attnhal.testing.checks.claims import DEFAULT_EXAMPLES
+from attnhal.testing.strategies import DEFAULT_MAX_COST, DEFAULT_MAX_SEQ_LEN
 
 _PROFILE_DATABASE: Any = object()  # sentinel: use the loaded hypothesis profile's database
 
@@ -30,9 +31,15 @@ class Target:
         (``graph_kind``): the real device, or a simulated platform on the CPU.
     max_examples: random hypothesis examples per check, on top of the fixed ones
         (one per claimed head size, plus edge cases); ``0`` runs the fixed ones only.
+        With ``seconds``: the most random examples.
     backend_kwargs: passed to every ``backend_cls(config, pool, **backend_kwargs)``.
     capture_sizes: graph capture sizes (requests).
-    max_requests, max_seq_len: bounds of drawn batches (keep them small for interpreters).
+    max_requests, max_seq_len, max_cost: bounds of drawn batches and of the fixed
+        examples (see :func:`attnhal.testing.strategies.batch_cost`; keep them small for
+        interpreters).
+    thorough: also the costlier fixed examples (more long contexts).
+    seconds: time for each check's random examples: drawn in rounds until it is spent
+        (at least one round); ``None``: exactly ``max_examples``.
     derandomize, database: hypothesis settings (``database`` defaults to the profile's).
     """
 
@@ -42,7 +49,10 @@ class Target:
     backend_kwargs: Mapping[str, Any] = field(default_factory=dict)
     capture_sizes: tuple[int, ...] = (1, 2, 4)
     max_requests: int = 3
-    max_seq_len: int = 48
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN
+    max_cost: int = DEFAULT_MAX_COST
+    thorough: bool = False
+    seconds: float | None = None
     derandomize: bool = False
     database: ExampleDatabase | None = _PROFILE_DATABASE
 
@@ -57,13 +67,15 @@ class Target:
     def new_backend(self, config: AttentionConfig, pool: KVPool) -> AttentionBackend:
         return self.backend_cls(config, pool, **self.backend_kwargs)
 
-    def hypothesis_settings(self) -> settings:
+    def hypothesis_settings(self, explicit: bool = True) -> settings:
+        """Settings of one hypothesis run; ``explicit=False`` leaves out the fixed examples."""
         kwargs: dict[str, Any] = {
             "max_examples": max(1, self.max_examples), "deadline": None, "derandomize": self.derandomize,
             "suppress_health_check": list(HealthCheck), "report_multiple_bugs": False, "print_blob": False}
         # No "explain" phase: its list of code lines run by failing cases is noise in a report.
-        kwargs["phases"] = (HypothesisPhase.explicit,) if self.max_examples == 0 else tuple(
+        phases = (HypothesisPhase.explicit,) if self.max_examples == 0 else tuple(
             p for p in HypothesisPhase if p.name != "explain")
+        kwargs["phases"] = tuple(p for p in phases if explicit or p is not HypothesisPhase.explicit)
         if self.database is not _PROFILE_DATABASE:
             kwargs["database"] = self.database
         return settings(**kwargs)
