@@ -93,7 +93,8 @@ def attended(batch: ForwardBatch, table: torch.Tensor, r: int, i: int) -> tuple[
     spec = batch._spec()
     if phase is Phase.TARGET_VERIFY:
         T = spec.num_draft_tokens
-        prefix = seq - T
+        prefix = max(seq - T, 0)  # a graph's padded rows may carry seq_lens < T (backends clamp too)
+        row = table[req, :prefix + T].tolist()
         mask = spec.custom_mask
 
         def drafts_of(x: int) -> list[int]:
