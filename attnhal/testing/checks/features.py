@@ -16,19 +16,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import torch
 from hypothesis import strategies as st
 
-from attnhal.backend import UnsupportedPhase
 from attnhal.capabilities import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Fp8Flavor, GraphKind
 from attnhal.testing import strategies as ast
-from attnhal.testing.batches import CaseSpec, build_case
+from attnhal.testing.batches import CaseSpec
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
-from attnhal.testing.checks.common import plural, run_examples, with_example
+from attnhal.testing.checks.common import plural, run_examples
 from attnhal.testing.checks.expected import resize
 from attnhal.testing.checks.graphs import in_limits, replay_fixed
-from attnhal.testing.checks.phases import canonical_cases, eager_body
+from attnhal.testing.checks.phases import canonical_cases, eager_body, expect_refusal
 from attnhal.testing.checks.target import Target, checkable_dtypes
 
 __all__ = ["MLA_HEAD_SIZE", "MLA_V_HEAD_SIZE", "check_feature", "check_kv_dtype", "check_page_size",
@@ -102,24 +100,10 @@ def check_kv_dtype(target: Target, claim: Claim) -> tuple[str, int]:
 def check_unclaimed_feature(target: Target, claim: Claim) -> tuple[str, int]:
     """A config with a feature the backend does not claim is refused, at construction or forward."""
     caps = target.caps
-    feature = Feature(claim.subject)
-    spec = _fields(_FIXED[feature][0])(canonical_cases(caps, Phase.DECODE, checkable_dtypes(target)[0],
-                                                       min(caps.head_sizes))[0])
-    case = build_case(spec, device=target.device)
-    try:
-        backend = target.new_backend(case.config, case.pool)
-        backend.init_forward_metadata(case.batch)
-        out = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
-    except UnsupportedPhase as exc:
-        return f"{type(exc).__name__}: {exc}", 1
-    except Exception as exc:  # noqa: BLE001 - anything else is the wrong refusal
-        raise with_example(ClaimFalsified(claim, f"{feature.value} is not claimed, yet the backend raised "
-                                                 f"{type(exc).__name__}: {exc} (supported: UnsupportedPhase)"),
-                           spec) from exc
-    shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-    raise with_example(ClaimFalsified(claim, f"{feature.value} is not claimed, yet forward returned {shape} "
-                                             "instead of raising UnsupportedPhase (a backend must not "
-                                             "compute attention without a feature it was given)"), spec)
+    spec = _fields(_FIXED[Feature(claim.subject)][0])(
+        canonical_cases(caps, Phase.DECODE, checkable_dtypes(target)[0], min(caps.head_sizes))[0])
+    return expect_refusal(target, claim, spec, claim.subject,
+                          " (a backend must not compute attention without a feature it was given)")
 
 
 # --- running a variant ------------------------------------------------------------------------------

@@ -101,20 +101,25 @@ def check_phase(target: Target, claim: Claim) -> tuple[str, int]:
 def check_unclaimed(target: Target, claim: Claim) -> tuple[str, int]:
     caps, phase = target.caps, claim.phase
     dtype = next(d for d in DTYPES if d in caps.dtypes)
-    spec = canonical_cases(caps, phase, dtype, min(caps.head_sizes))[0]
+    return expect_refusal(target, claim, canonical_cases(caps, phase, dtype, min(caps.head_sizes))[0], phase.value)
+
+
+def expect_refusal(target: Target, claim: Claim, spec: CaseSpec, what: str, why: str = "") -> tuple[str, int]:
+    """Run ``spec`` through a new backend, which must raise ``UnsupportedPhase`` (or a subclass)
+    because ``what`` is not claimed; ``why`` adds to the falsification when it computes instead."""
     case = build_case(spec, device=target.device)
     try:
         backend = target.new_backend(case.config, case.pool)
         backend.init_forward_metadata(case.batch)
         out = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
     except UnsupportedPhase as exc:
-        return f"UnsupportedPhase: {exc}", 1
+        return f"{type(exc).__name__}: {exc}", 1
     except Exception as exc:  # noqa: BLE001 - anything else is the wrong refusal
-        raise with_example(ClaimFalsified(claim, f"{phase.value} is not claimed, yet the backend raised "
-                                                  f"{type(exc).__name__}: {exc} (supported: UnsupportedPhase)"),
-                            spec) from exc
+        raise with_example(ClaimFalsified(claim, f"{what} is not claimed, yet the backend raised "
+                                                 f"{type(exc).__name__}: {exc} (supported: UnsupportedPhase)"),
+                           spec) from exc
     shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-    raise with_example(ClaimFalsified(claim, f"{phase.value} is not claimed, yet forward returned {shape} "
-                                              "instead of raising UnsupportedPhase"), spec)
+    raise with_example(ClaimFalsified(claim, f"{what} is not claimed, yet forward returned {shape} "
+                                             f"instead of raising UnsupportedPhase{why}"), spec)
 
 
