@@ -173,7 +173,7 @@ def head_sizes(caps: BackendCapabilities, max_size: int | None = None) -> st.Sea
 
 
 def page_sizes(caps: BackendCapabilities) -> st.SearchStrategy[int]:
-    """The page sizes ``caps`` claims (the KV pool of attnhal has page size 1)."""
+    """The page sizes ``caps`` claims (``CaseSpec.page_size`` builds requests owning whole pages)."""
     return st.sampled_from(_claimed(sorted(caps.page_sizes), "page sizes", caps))
 
 
