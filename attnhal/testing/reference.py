@@ -60,7 +60,7 @@ def real_tokens(batch: ForwardBatch) -> list[int]:
 def attended_slots(batch: ForwardBatch, req_to_token: torch.Tensor, r: int, i: int) -> list[int]:
     """The KV slots query ``i`` of row ``r`` attends, in position order (the table above)."""
     req, seq = int(batch.req_pool_indices[r]), int(batch.seq_lens[r])
-    row: list[int] = req_to_token[req, :max(seq, 0)].tolist()  # every phase attends within seq_lens
+    row: list[int] = req_to_token[req].tolist()
     phase = batch.phase
     if phase is Phase.DECODE:
         return row[:seq]
