@@ -80,7 +80,7 @@ def attended(batch: ForwardBatch, table: torch.Tensor, r: int, i: int) -> tuple[
     included, minus one), a ``draft_decode`` path token ``j`` at ``seq_lens + j``.
     """
     req, seq = int(batch.req_pool_indices[r]), int(batch.seq_lens[r])
-    row: list[int] = table[req, :max(seq, 0)].tolist()  # every phase attends within seq_lens
+    row: list[int] = table[req].tolist()
     phase = batch.phase
     if phase is Phase.DECODE:
         return list(zip(row[:seq], range(seq))), seq - 1
@@ -94,7 +94,6 @@ def attended(batch: ForwardBatch, table: torch.Tensor, r: int, i: int) -> tuple[
     if phase is Phase.TARGET_VERIFY:
         T = spec.num_draft_tokens
         prefix = max(seq - T, 0)  # a graph's padded rows may carry seq_lens < T (backends clamp too)
-        row = table[req, :prefix + T].tolist()
         mask = spec.custom_mask
 
         def drafts_of(x: int) -> list[int]:

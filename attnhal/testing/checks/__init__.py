@@ -5,14 +5,15 @@ A backend's :class:`~attnhal.capabilities.BackendCapabilities` is a list of clai
 (hypothesis-driven: fixed examples plus ``max_examples`` random ones) and raises
 :class:`ClaimFalsified` naming the claim, with the shrunk counterexample attached by
 hypothesis as a note; :func:`verify` turns that into a :class:`ClaimResult`
-(verified / falsified / not checked here). The pytest mixin
+(verified / falsified, possibly flaky / not checked here / kit error). The pytest mixin
 (:mod:`attnhal.testing.conformance`) and :func:`attnhal.testing.report.run_conformance`
 both drive these functions.
 
 One module per claim family, so each claim's check is found in one short module:
 :mod:`.phases` (``phase``, ``unclaimed``), :mod:`.features`, :mod:`.graphs` (``graph``,
-``seq_len_fill``; capture in :mod:`.capture`), :mod:`.multi_step`; :mod:`.claims` and
-:mod:`.target` hold the records, :mod:`.run` dispatches.
+``seq_len_fill``; capture in :mod:`.capture`), :mod:`.multi_step`, :mod:`.properties`
+(``deterministic``, ``inputs_unchanged``); :mod:`.claims` and :mod:`.target` hold the
+records, :mod:`.fixed` the fixed examples, :mod:`.run` dispatches.
 
 =========================  ================================================================
 claim                      what is run
@@ -32,7 +33,15 @@ claim                      what is run
                            outputs and leave real rows as eager computes them
 ``multi_step``             :class:`~attnhal.backend.MultiStepDraft`: every forward matches the
                            reference while the draft tree re-parents between forwards
+``deterministic``          every backend: one batch run twice, one graph replayed twice, give
+                           bitwise-equal outputs
+``inputs_unchanged``       every backend: q/k/v, the batch, the pool's table and the other
+                           layers are untouched by a forward
 =========================  ================================================================
+
+The fixed examples (:mod:`.fixed`) reach KV block boundaries, a long context, edge rows at
+every position, wide GQA and MQA layouts and input variations (explicit scale, logits of
+hundreds, V near the dtype's range, fused and strided q/k/v).
 
 A claim that cannot be run in this process (no device of a claimed vendor, no graph
 API, a Triton backend on a CPU platform without the interpreter, ...) is reported

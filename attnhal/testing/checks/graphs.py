@@ -15,6 +15,7 @@ from attnhal.testing.checks.capture import CapturedGraph, capture
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
 from attnhal.testing.checks.common import blame, check_cache, mismatch, plural, run_examples
 from attnhal.testing.checks.expected import expected, resize
+from attnhal.testing.checks.fixed import at_lengths, fits
 from attnhal.testing.checks.phases import canonical_cases
 from attnhal.testing.checks.specs import limits_of, multi_step_graph
 from attnhal.testing.checks.target import Target, checkable_dtypes
@@ -103,6 +104,9 @@ def check_graph(target: Target, claim: Claim) -> tuple[str, int]:
             _replay(target, claim, graph, spec, multi)
 
     fixed = fixed_graph_cases(target, claim, (3, 1))  # 3 requests replay the size-4 graph, padded
+    # the same past KV block boundaries: replay metadata must cover long rows too
+    longer = [(at_lengths(case[0], (257, 65, 129)), at_lengths(case[1], (300,))) for case in fixed]
+    fixed += [case for case in longer if all(fits(s, target.max_seq_len, target.max_cost) for s in case)]
     count = run_examples(target, f"graph_{claim.subject}", _graph_cases(target, claim, sizes, (1, 2)), fixed, body)
     how = "all forwards of a MultiStepDraft in one graph, " if multi else ""
     return (f"{how}{target.platform.graph_kind.value} graphs at sizes {', '.join(map(str, sizes))}; "

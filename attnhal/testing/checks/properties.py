@@ -97,7 +97,12 @@ def _check_replays(target: Target, claim: Claim) -> int:
         if not cases or graph_specs(target, graph_claim).is_empty:
             continue
         spec = fixed.at_lengths(cases[0][0], (129, 65))
-        _replay_twice(target, claim, graph_claim, spec)
+        try:
+            _replay_twice(target, claim, graph_claim, spec)
+        except ClaimFalsified as exc:
+            if exc.claim != graph_claim.name:
+                raise
+            continue  # no working graph to replay: the graph claim reports why
         ran += 1
     return ran
 
