@@ -432,9 +432,11 @@ def new_qkv(config: AttentionConfig, num_tokens: int, gen: torch.Generator, devi
     q, k, v = (x.to(config.dtype).to(device) for x in (q, k, v))
     if layout == "fused":  # one [n, H D + KV D + KV Dv] row per token, as one qkv projection writes it
         fused = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
-        ends = (H * D, H * D + KV * D)
-        return (fused[:, :ends[0]].unflatten(1, (H, D)), fused[:, ends[0]:ends[1]].unflatten(1, (KV, D)),
-                fused[:, ends[1]:].unflatten(1, (KV, Dv)))
+
+        def heads(start: int, count: int, size: int) -> torch.Tensor:
+            return fused.as_strided((n, count, size), (fused.shape[1], size, 1), start)
+
+        return heads(0, H, D), heads(H * D, KV, D), heads((H + KV) * D, KV, Dv)
     if layout == "strided":
         return _every_other_head(q), _every_other_head(k), _every_other_head(v)
     return q, k, v
