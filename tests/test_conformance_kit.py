@@ -133,3 +133,14 @@ def test_rounds_run_until_the_time_is_spent_or_the_cap_is_reached() -> None:
     assert count == len(seen) > 3 * ROUND and seen[0] == 7  # the fixed example first
     capped = Target(ToyDecode, parse("cpu"), max_examples=6, seconds=60.0)
     assert run_examples(capped, "capped", st.integers(0, 10**6), [], lambda x: None) == 6
+
+
+def test_a_batch_without_query_tokens_under_large_inputs_is_checked() -> None:
+    """Every prefill row empty, large q/k: nothing to compare, and no kit error (found by --thorough)."""
+    from attnhal.testing.batches import CaseSpec
+    from attnhal.testing.checks.phases import eager_body
+    from attnhal_torch import TorchBackend
+
+    body = eager_body(Target(TorchBackend, parse("cpu")), Claim(ClaimKind.PHASE, "prefill", "float16"))
+    body(CaseSpec(Phase.PREFILL, dtype="float16", prefix_lens=(0, 3), new_lens=(0, 0), qk_magnitude=32,
+                  v_magnitude=2.0**15))

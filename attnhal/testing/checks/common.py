@@ -86,6 +86,8 @@ def _largest_logit(case: Case) -> float:
     keys = torch.cat([keys, case.k.detach().cpu().float()])       # both bound the attended logits
     q = case.q.detach().cpu().float()
     n, h, d = q.shape
+    if not q.numel() or not len(index):
+        return 0.0  # no query token (every prefill row empty): nothing is compared
     kv = keys.shape[1]
     grouped = q.reshape(n, kv, h // kv, d)
     logits = torch.einsum("nkgd,skd->nkgs", grouped, keys)
