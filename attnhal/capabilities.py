@@ -476,6 +476,8 @@ class BackendCapabilities:
     seq_len_fill: the seq len written into padded rows of a captured batch.
     needs_host_seq_lens: whether replay metadata needs a host copy of seq lens.
     tolerances: per-dtype (atol, rtol) against the torch reference; the conformance kit uses these.
+        Keys are compute dtypes, and optionally KV dtypes (``fp8_e4m3``...): a forward over
+        such a cache is held to the looser of the two (:meth:`tolerance_for`).
     requires: Python modules that must be importable for the backend to load.
     archs: per vendor, the archs it runs on (exact names and ranges, :class:`~attnhal.platform.ArchSet`).
     models: model kinds it serves (default ``{mha, gqa}``, plus ``mla`` for the old ``mla`` feature).
@@ -538,6 +540,12 @@ class BackendCapabilities:
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances[dtype]
+
+    def tolerance_for(self, dtype: str, kv_dtype: str | None = None) -> Tolerance:
+        """The tolerance of compute ``dtype`` over a ``kv_dtype`` cache: the looser of the
+        two declared ones (the compute dtype's when ``kv_dtype`` declares none)."""
+        tol, kv = self.tolerances[dtype], self.tolerances.get(kv_dtype or dtype)
+        return tol if kv is None else Tolerance(max(tol.atol, kv.atol), max(tol.rtol, kv.rtol))
 
     def graph_limits(self, phase: Phase) -> SpecLimits | None:
         """Limits under which ``phase`` is capturable, or None if it never is."""
@@ -624,9 +632,9 @@ def _validate(caps: BackendCapabilities) -> None:
         bad = sorted(set(getattr(caps, name)) - set(allowed))
         if bad:
             errors.append(f"{name}={bad} (supported: {fmt_set(allowed)})")
-    bad_tol = sorted(set(caps.tolerances) - set(DTYPES))
+    bad_tol = sorted(set(caps.tolerances) - set(KV_DTYPES))
     if bad_tol:
-        errors.append(f"tolerances={bad_tol} (supported: {fmt_set(DTYPES)})")
+        errors.append(f"tolerances={bad_tol} (supported: {fmt_set(KV_DTYPES)})")
     for name in ("head_sizes", "page_sizes"):
         bad_int = sorted(v for v in getattr(caps, name) if not isinstance(v, int) or v < 1)
         if bad_int:

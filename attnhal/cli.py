@@ -346,15 +346,21 @@ def format_demo(report: Any) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from attnhal.backend.kv_pool import kv_storage_dtype
     from attnhal.reference.demo import DemoConfig, run_demo
     from attnhal.reference.worker import PlanInvalid
 
     spec = spec_from(args)
     if not spec.speculative:
         raise UsageError("--spec-steps=0 (supported: >= 1; the demo runs speculative decoding)")
-    cfg = DemoConfig(spec=spec, platform=resolve_platform(args.platform), backend=args.backend,
+    platform = resolve_platform(args.platform)
+    try:  # fp8_e4m3 needs the platform's flavour: never guessed
+        kv_storage_dtype(args.kv_dtype, platform.fp8_flavor)
+    except ValueError as exc:
+        raise UsageError(f"--kv-dtype: {exc}") from None
+    cfg = DemoConfig(spec=spec, platform=platform, backend=args.backend,
                      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, graphs=not args.no_graphs,
-                     seed=args.seed)
+                     seed=args.seed, page_size=args.page_size, kv_dtype=args.kv_dtype)
     try:
         report = run_demo(cfg)
     except (PlanInvalid, LookupError) as exc:
@@ -369,17 +375,46 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
     platform = resolve_platform(args.platform)
     names = [args.backend] if args.backend else [e.name for e in default_registry().ordered(platform)]
+    progress = _ConformanceProgress(sys.stderr) if sys.stderr.isatty() and not args.json else None
     reports = []
     for name in names:
         try:
-            reports.append(run_conformance(name, max_examples=args.examples, platform=platform))
+            reports.append(run_conformance(name, max_examples=args.examples, platform=platform, budget=args.budget,
+                                           thorough=args.thorough, allow_unchecked=args.allow_unchecked,
+                                           progress=progress))
         except LookupError as exc:
             raise UsageError(f"backend={name}: {exc}") from None
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
         print("\n\n".join(r.format() for r in reports))
+    # falsified, a kit error, or a claim not checked here (unless waived): the run fails
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--budget={text!r} (supported: seconds > 0)")
+    return value
+
+
+class _ConformanceProgress:
+    """One line per claim on a terminal: ``[3/40] graph[decode] ...`` then its result and time."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def __call__(self, index: int, total: int, claim: Any, result: Any) -> None:
+        head = f"[{index + 1}/{total}] {claim.name}"
+        if result is None:
+            self.stream.write(f"\r\033[K{head} ...")
+        else:
+            self.stream.write(f"\r\033[K{head}: {result.label} ({result.seconds:.1f} s)\n")
+        self.stream.flush()
 
 
 def cmd_docs(args: argparse.Namespace) -> int:
@@ -448,6 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive("--batch-size"), default=4)
     p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=32)
     p.add_argument("--seed", type=positive("--seed", 0), default=0)
+    p.add_argument("--page-size", type=positive("--page-size"), default=1, help="tokens per KV page")
+    p.add_argument("--kv-dtype", type=choice("--kv-dtype", KV_DTYPES), default="float32",
+                   help="KV-cache dtype; fp8_e4m3 is stored in the platform's flavour")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
 
@@ -455,7 +493,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("backend", nargs="?", help="registered name or module:attr (default: every registered backend)")
     p.add_argument("--platform")
     p.add_argument("--examples", type=positive("--examples", 0), default=None,
-                   help="random examples per check on top of the fixed ones (default 2)")
+                   help="random examples per check on top of the fixed ones (default 3; 25 with --thorough; "
+                        "with --budget: the most per check)")
+    p.add_argument("--budget", type=_seconds, default=None, metavar="SECONDS",
+                   help="seconds for random examples, spread over the claims (each runs rounds until its share "
+                        "is spent)")
+    p.add_argument("--thorough", action="store_true",
+                   help="release check: more random examples and the costlier fixed ones (more long contexts)")
+    p.add_argument("--allow-unchecked", action="store_true",
+                   help="exit 0 despite claims not checked here (e.g. device-only claims on a CPU machine); "
+                        "the report still lists them")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_conformance)
 

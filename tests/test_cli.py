@@ -151,3 +151,17 @@ def test_plan_bad_new_flags_exit_2(capsys, argv, needle):
     except SystemExit as exc:
         code, err = exc.code, capsys.readouterr().err
     assert code == 2 and needle in err
+
+
+def test_demo_with_pages_and_fp8_in_the_platform_flavour(capsys):
+    code, out, _ = run(capsys, "demo", "--platform", "hip:gfx942", "--backend", "torch", "--spec-steps", "1",
+                       "--batch-size", "2", "--max-new-tokens", "6", "--page-size", "16", "--kv-dtype", "fp8_e4m3",
+                       "--json")
+    data = json.loads(out)
+    assert code == 0 and data["lossless"]
+    assert data["kv_cache"] == {"page_size": 16, "kv_dtype": "fp8_e4m3", "storage": "torch.float8_e4m3fnuz"}
+
+
+def test_demo_fp8_e4m3_without_a_platform_flavour_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "demo", "--platform", "cpu", "--kv-dtype", "fp8_e4m3")
+    assert code == 2 and "--kv-dtype: kv_dtype=fp8_e4m3 with fp8_flavor=none" in err

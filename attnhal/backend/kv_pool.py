@@ -9,6 +9,16 @@ Layout (the contract every backend reads):
   ``req_to_page[r, pos // page_size] * page_size + pos % page_size``.
   With ``page_size == 1`` a page is a slot and ``req_to_page`` is the token table.
 
+KV dtypes (the names descriptors use, see :data:`attnhal.capabilities.KV_DTYPES`):
+``float32``/``float16``/``bfloat16`` are stored as is. ``fp8_e4m3`` is stored in the
+platform's e4m3 flavour (:class:`~attnhal.platform.Fp8Flavor`: ``e4m3fn`` ->
+``torch.float8_e4m3fn``, ``e4m3fnuz`` -> ``torch.float8_e4m3fnuz``) and ``fp8_e5m2`` as
+``torch.float8_e5m2``, with per-layer scales ``k_scale``/``v_scale``: a write stores
+``(x / scale).clamp(-max, max)`` (``max`` = the format's largest finite value), a read
+computes ``stored.float() * scale``. The flavour is a fact of the stored bytes, recorded
+on the pool: a pool of one e4m3 flavour refuses a platform whose hardware computes in the
+other (:meth:`KVPool.platform_reasons`).
+
 Page 0 (slots ``0 .. page_size - 1``) and request row 0 are reserved for padding: a
 captured graph's padded rows point at request 0 (whose row is all page 0) and write their
 K/V to slot 0, so they never touch a real request's cache.
@@ -16,13 +26,61 @@ K/V to slot 0, so they never touch a real request's cache.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
-__all__ = ["KVPool", "PADDING_PAGE", "PADDING_REQ", "PADDING_SLOT", "slot_of"]
+from attnhal.capabilities import Reason, ReasonCode, fmt_set, reason
+from attnhal.platform import Fp8Flavor, Platform
+
+__all__ = ["FP8_DTYPES", "KVPool", "PADDING_PAGE", "PADDING_REQ", "PADDING_SLOT", "kv_dtype_name",
+           "kv_storage_dtype", "slot_of"]
 
 PADDING_SLOT = 0
 PADDING_PAGE = 0
 PADDING_REQ = 0
+
+
+#: The e4m3 storage dtype of each flavour (data, not a branch: a new flavour is a row).
+_E4M3 = MappingProxyType({Fp8Flavor.OCP: torch.float8_e4m3fn, Fp8Flavor.FNUZ: torch.float8_e4m3fnuz})
+#: Storage dtype -> (KV dtype name, e4m3 flavour recorded on the pool).
+_STORAGE = MappingProxyType({
+    torch.float32: ("float32", Fp8Flavor.NONE),
+    torch.float16: ("float16", Fp8Flavor.NONE),
+    torch.bfloat16: ("bfloat16", Fp8Flavor.NONE),
+    torch.float8_e5m2: ("fp8_e5m2", Fp8Flavor.NONE),
+    **{dtype: ("fp8_e4m3", flavor) for flavor, dtype in _E4M3.items()},
+})
+#: The fp8 storage dtypes: written quantized with a per-layer scale.
+FP8_DTYPES = frozenset(d for d, (name, _) in _STORAGE.items() if name.startswith("fp8"))
+
+
+def kv_storage_dtype(kv_dtype: str, fp8_flavor: Fp8Flavor) -> torch.dtype:
+    """The torch dtype a KV cache named ``kv_dtype`` is stored in, under ``fp8_flavor``.
+
+    ``fp8_e4m3`` needs a flavour: a platform whose flavour is ``none`` (the CPU, pre-fp8
+    GPUs) has no native one, so the caller must name one (e.g. the flavour of the
+    platform the cache is for) — this function never picks one for it.
+    """
+    if kv_dtype == "fp8_e4m3":
+        try:
+            return _E4M3[fp8_flavor]
+        except KeyError:
+            raise ValueError(f"kv_dtype=fp8_e4m3 with fp8_flavor={fp8_flavor.value} (supported: "
+                             f"fp8_flavor in {fmt_set(f.value for f in _E4M3)}; a platform without "
+                             "fp8 names no flavour, pass one explicitly)") from None
+    for dtype, (name, _) in _STORAGE.items():
+        if name == kv_dtype and dtype not in _E4M3.values():
+            return dtype
+    raise ValueError(f"kv_dtype={kv_dtype!r} (supported: {fmt_set(n for n, _ in _STORAGE.values())})")
+
+
+def kv_dtype_name(dtype: torch.dtype) -> str:
+    """The KV dtype name of storage ``dtype`` (``torch.float8_e4m3fnuz`` -> ``"fp8_e4m3"``)."""
+    try:
+        return _STORAGE[dtype][0]
+    except KeyError:
+        raise ValueError(f"dtype={dtype} (supported: {fmt_set(str(d) for d in _STORAGE)})") from None
 
 
 def slot_of(req_to_page: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
@@ -40,22 +98,37 @@ class KVPool:
     k, v: per layer, ``[num_slots + page_size, num_kv_heads, head_dim]`` (the padding page first).
     req_to_page: ``[max_reqs + 1, ceil(max_context_len / page_size)]`` int32.
     page_size: tokens per page.
+    dtype: the storage dtype; ``kv_dtype``: its name (``"fp8_e4m3"`` for both e4m3 flavours);
+    fp8_flavor: the e4m3 flavour of the stored bytes (``Fp8Flavor.NONE`` unless ``fp8_e4m3``).
+    k_scale, v_scale: ``[num_layers]`` float32 dequantization scales, 1.0 at start; set a
+        layer's with ``pool.k_scale[layer] = s`` (before its K/V are written). Read only
+        for fp8 storage.
+    head_dim, v_head_dim: head sizes of K and of V (``v_head_dim`` = ``head_dim`` unless
+        given; MLA stores V = the latent part, e.g. 576 and 512).
     """
 
     def __init__(self, *, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, max_reqs: int, max_context_len: int, page_size: int = 1,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", v_head_dim: int | None = None) -> None:
         for name, value in (("num_layers", num_layers), ("num_slots", num_slots),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                             ("max_reqs", max_reqs), ("max_context_len", max_context_len),
-                            ("page_size", page_size)):
+                            ("page_size", page_size),
+                            ("v_head_dim", head_dim if v_head_dim is None else v_head_dim)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} (supported: an int >= 1)")
         if num_slots % page_size:
             raise ValueError(f"num_slots={num_slots} (supported: a multiple of page_size={page_size})")
-        shape = (num_slots + page_size, num_kv_heads, head_dim)  # + the padding page
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.kv_dtype = kv_dtype_name(dtype)
+        self.fp8_flavor = _STORAGE[dtype][1]
+        v_dim = head_dim if v_head_dim is None else v_head_dim
+        slots = num_slots + page_size  # + the padding page
+        self.k = [torch.zeros((slots, num_kv_heads, head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros((slots, num_kv_heads, v_dim), dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_scale = torch.ones(num_layers, dtype=torch.float32, device=device)
+        self.v_scale = torch.ones(num_layers, dtype=torch.float32, device=device)
+        self.v_head_dim = v_dim
+        self._scratch = (torch.empty(0, device=device), torch.empty(0, dtype=dtype, device=device))
         pages_per_req = -(-max_context_len // page_size)
         self.req_to_page = torch.zeros((max_reqs + 1, pages_per_req), dtype=torch.int32, device=device)
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
@@ -78,14 +151,94 @@ class KVPool:
         """Usable slots (the padding page excluded)."""
         return self.k[0].shape[0] - self.page_size
 
+    @property
+    def max_slot(self) -> int:
+        """The largest slot index: the last of page ``num_slots / page_size`` (pages count from 1)."""
+        return self.num_slots + self.page_size - 1
+
     def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """KV slots of token ``positions`` of request ``rows``; see :func:`slot_of`."""
         return slot_of(self.req_to_page, rows, positions, self.page_size)
 
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype in FP8_DTYPES
+
+    def token_table(self) -> torch.Tensor:
+        """``[max_reqs + 1, max_context_len]`` int64: the slot of every position of every row.
+
+        Allocates: for host-side readers (the reference, validation), never in a forward.
+        """
+        rows = torch.arange(self.req_to_page.shape[0], device=self.device).view(-1, 1)
+        positions = torch.arange(self.max_context_len, device=self.device).view(1, -1)
+        return self.slots(rows, positions)
+
+    def platform_reasons(self, platform: Platform) -> list[Reason]:
+        """Why a backend running on ``platform`` must not read this pool: an e4m3 cache
+        whose flavour differs from the one ``platform``'s hardware computes in."""
+        theirs = platform.fp8_flavor
+        if self.fp8_flavor is Fp8Flavor.NONE or theirs is Fp8Flavor.NONE or theirs is self.fp8_flavor:
+            return []
+        return [reason(ReasonCode.KV_DTYPE, "kv_dtype", f"fp8_e4m3 stored as {self.fp8_flavor.value}",
+                       f"fp8_e4m3 as {theirs.value}, the flavour of platform {platform.spec}")]
+
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store new K/V ``[num_tokens, num_kv_heads, head_dim]`` at slots ``loc`` ``[num_tokens]``."""
-        self.k[layer].index_copy_(0, loc, k.to(self.dtype))
-        self.v[layer].index_copy_(0, loc, v.to(self.dtype))
+        """Store new K ``[num_tokens, num_kv_heads, head_dim]`` and V (``v_head_dim``) at
+        slots ``loc`` ``[num_tokens]``; fp8 pools quantize with the layer's scales."""
+        self._store(self.k[layer], loc, k, self.k_scale[layer])
+        self._store(self.v[layer], loc, v, self.v_scale[layer])
+
+    def _store(self, cache: torch.Tensor, loc: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) -> None:
+        if not self.is_fp8:
+            cache.index_copy_(0, loc, x.to(self.dtype))
+            return
+        wide, narrow = self._quant_scratch(x.numel())
+        wide, narrow = wide.view(x.shape), narrow.view(x.shape)
+        top = torch.finfo(self.dtype).max
+        torch.div(x, scale, out=wide)
+        wide.clamp_(-top, top)
+        narrow.copy_(wide)
+        # torch has no fp8 index_copy on every device: move the bytes.
+        cache.view(torch.uint8).index_copy_(0, loc, narrow.view(torch.uint8))
+
+    def _quant_scratch(self, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 and storage-dtype scratch of ``numel`` elements for quantizing a write.
+
+        Grown on demand and kept: a captured graph's replay reuses the buffers its
+        capture took instead of allocating (a later, larger eager write grows new ones;
+        the graph keeps the old).
+        """
+        if self._scratch[0].numel() < numel:
+            self._scratch = (torch.empty(numel, dtype=torch.float32, device=self.device),
+                             torch.empty(numel, dtype=self.dtype, device=self.device))
+        return self._scratch[0][:numel], self._scratch[1][:numel]
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's K/V from slots ``src`` to ``dst`` (``[n]`` int64), as stored
+        (bytes: no requantization). The sources are read before any destination is written."""
+        for cache in (*self.k, *self.v):
+            raw = cache.view(torch.uint8) if self.is_fp8 else cache
+            raw.index_copy_(0, dst, raw.index_select(0, src))
+
+    def dequantized(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s K and V as the attention reads them: float32 ``stored * scale``
+        for fp8, the stored tensors otherwise (allocates for fp8; host-side readers)."""
+        k, v = self.k[layer], self.v[layer]
+        if not self.is_fp8:
+            return k, v
+        return k.float() * self.k_scale[layer], v.float() * self.v_scale[layer]
+
+    def layer_copy(self, layer: int) -> KVPool:
+        """A one-layer pool holding a copy of layer ``layer`` (cache and scales); it shares
+        the page table. For host-side readers that must not touch the pool (the reference)."""
+        copy = KVPool.__new__(KVPool)
+        copy.__dict__.update(self.__dict__)
+        copy.k, copy.v = [self.k[layer].clone()], [self.v[layer].clone()]
+        copy._scratch = (torch.empty(0, device=self.device), torch.empty(0, dtype=self.dtype, device=self.device))
+        copy.k_scale = self.k_scale[layer:layer + 1].clone()
+        copy.v_scale = self.v_scale[layer:layer + 1].clone()
+        copy.num_layers = 1
+        return copy
 
     # Host-side bookkeeping for the engine (never called inside a captured region).
     def alloc_pages(self, n: int) -> torch.Tensor:
