@@ -44,10 +44,15 @@ MIN_SPLIT_LEN = 256
 TASKS_PER_THREAD = 4
 
 
-def split_count(rows: int, kv_heads: int, length: int, threads: int) -> int:
-    """KV splits per (row, KV head): about ``TASKS_PER_THREAD`` tasks per thread, and no
-    split shorter than ``MIN_SPLIT_LEN`` positions of a ``length``-long row."""
-    want = -(-TASKS_PER_THREAD * threads // max(1, rows * kv_heads))
+def split_count(rows: int, length: int, threads: int) -> int:
+    """KV splits per row: about ``TASKS_PER_THREAD`` tasks per thread, and no split
+    shorter than ``MIN_SPLIT_LEN`` positions of a ``length``-long row.
+
+    A task is (row, KV-head group, split); the kernel groups all KV heads of a row into
+    one task when their query vectors fit (see ``csrc/attention.cpp``), so rows × splits
+    is the task count to aim at.
+    """
+    want = -(-TASKS_PER_THREAD * threads // max(1, rows))
     return max(1, min(want, -(-length // MIN_SPLIT_LEN)))
 
 
@@ -90,7 +95,7 @@ class CpuBackend(AttentionBackend):
     Parameters
     ----------
     config, pool: see :class:`~attnhal.backend.AttentionBackend`; the pool lives on the CPU.
-    num_splits: KV splits per (row, KV head); ``None``: :func:`split_count` per batch.
+    num_splits: KV splits per row; ``None``: :func:`split_count` per batch.
 
     Raises :class:`~attnhal_cpu.ops.NativeUnavailable` when the kernel cannot be built
     here (``runtime_reasons`` says so before construction).
@@ -167,7 +172,7 @@ class CpuBackend(AttentionBackend):
     def _splits(self, rows: int, length: int) -> int:
         if self.num_splits is not None:
             return self.num_splits
-        return split_count(rows, self.config.num_kv_heads, length, torch.get_num_threads())
+        return split_count(rows, length, torch.get_num_threads())
 
     def _eager_scratch(self, tokens: int, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Split scratch for eager batches, grown on demand and reused."""

@@ -33,7 +33,7 @@ ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "DEFAULT": (),
 }
 #: OpenMP: the kernel parallelises with ``at::parallel_for``, which is OpenMP in torch's CPU builds.
-BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fno-math-errno")
+BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", "-ffp-contract=fast")
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ typedef _Float16 vf16 __attribute__((vector_size(W * 2)));
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // K/V rows of the tile after next are prefetched (into L2) while this tile computes.
 constexpr int kPrefetchTiles = 2;
+// Query vectors one task holds at most when grouping KV heads (q and accumulators stay in L1/L2).
+constexpr int64_t kMaxVectors = 64;
 
 inline vf splat(float x) { return vf{} + x; }
 
@@ -136,6 +138,7 @@ struct Problem {
   const bool* mask;          // [rows, T, T] tree mask, or null (causal)
   const int64_t* extra; int64_t extra_s0; int64_t num_extra;  // [rows, >= num_extra] slots after the prefix
   int64_t rows, T, G, KV, D, S;
+  int64_t HG;                // KV heads per task (a divisor of KV)
   float scale;
   float* mid_o;    // [rows, KV, S, M, D]: each split's normalised output
   float* mid_lse;  // [rows, KV, S, M]: each split's log-sum-exp (-inf: attended nothing)
@@ -147,21 +150,20 @@ struct Problem {
 // mask (mask mode, where open_t = prefix) — causal mode has open_t = min(prefix + t + 1, len).
 struct RowView {
   int64_t len, prefix, total, min_open;
-  std::vector<int64_t>* open;
 };
 
 template <typename T>
 struct Worker {
   const Problem& P;
-  int64_t M;
-  std::vector<float> q, rows_f32, p;  // scaled queries [M, D]; converted K/V rows [W, D]; probs [M, W]
-  std::vector<float> run_max, run_sum;
-  std::vector<vf> dots;               // [W] per query vector
-  std::vector<int64_t> open, slots;   // [T]; [(1 + kPrefetchTiles) * W]
+  int64_t M, J;                         // query vectors per KV head (T * G), per task (HG * M)
+  std::vector<float> q, rows_f32, p;    // scaled queries [J, D]; widened K/V rows [W, D]; probs [J, W]
+  std::vector<float> run_max, run_sum;  // [J]
+  std::vector<float*> acc;              // [J] each vector's accumulator (its slice of mid_o)
+  std::vector<int64_t> open;            // [T]
 
   explicit Worker(const Problem& prob)
-      : P(prob), M(prob.T * prob.G), q(M * prob.D), rows_f32(W * prob.D), p(M * W),
-        run_max(M), run_sum(M), dots(W), open(prob.T), slots((1 + kPrefetchTiles) * W) {}
+      : P(prob), M(prob.T * prob.G), J(prob.HG * M), q(J * prob.D), rows_f32(W * prob.D), p(J * W),
+        run_max(J), run_sum(J), acc(J), open(prob.T) {}
 
   int64_t slot(int64_t r, const RowView& row, int64_t pos) const {
     if (pos >= row.len) return P.extra[r * P.extra_s0 + (pos - row.len)];
@@ -173,12 +175,21 @@ struct Worker {
   const T* k_row(int64_t slot, int64_t h) const { return static_cast<const T*>(P.k) + slot * P.k_s0 + h * P.k_s1; }
   const T* v_row(int64_t slot, int64_t h) const { return static_cast<const T*>(P.v) + slot * P.v_s0 + h * P.v_s1; }
 
-  void prefetch(int64_t slot, int64_t h) const {
-    const char* kp = reinterpret_cast<const char*>(k_row(slot, h));
-    const char* vp = reinterpret_cast<const char*>(v_row(slot, h));
-    for (int64_t b = 0; b < P.D * static_cast<int64_t>(sizeof(T)); b += 64) {
-      __builtin_prefetch(kp + b, 0, 2);
-      __builtin_prefetch(vp + b, 0, 2);
+  // always_inline: GCC sees __builtin_prefetch as free of side effects, marks an
+  // out-of-line prefetch function "const" and deletes its calls.
+  __attribute__((always_inline)) void prefetch_tile(int64_t r, const RowView& row, int64_t h0, int64_t start,
+                                                    int64_t end) const {
+    const int64_t bytes = P.D * static_cast<int64_t>(sizeof(T));
+    for (int64_t pos = start; pos < std::min(end, start + W); ++pos) {
+      const int64_t sl = slot(r, row, pos);
+      for (int64_t h = h0; h < h0 + P.HG; ++h) {
+        const char* kp = reinterpret_cast<const char*>(k_row(sl, h));
+        const char* vp = reinterpret_cast<const char*>(v_row(sl, h));
+        for (int64_t b = 0; b < bytes; b += 64) {
+          __builtin_prefetch(kp + b, 0, 2);  // into L2: the rows are read a few tiles later
+          __builtin_prefetch(vp + b, 0, 2);
+        }
+      }
     }
   }
 
@@ -195,104 +206,116 @@ struct Worker {
     }
   }
 
-  static float dot(const float* a, const float* b, int64_t D, vf* out) {
-    vf s0 = splat(0), s1 = splat(0);
+  // W scores q . rows[n] (rows: W pointers, every one valid). Four query vectors stay in
+  // registers while the W rows stream past, so q is loaded once per tile, not per row.
+  vf scores(const float* q, const float* const* rows) const {
+    vf d[W];
+    for (int n = 0; n < W; ++n) d[n] = splat(0);
     int64_t c = 0;
-    for (; c + 2 * W <= D; c += 2 * W) {
-      s0 += load(a + c) * load(b + c);
-      s1 += load(a + c + W) * load(b + c + W);
+    for (; c + 4 * W <= P.D; c += 4 * W) {
+      const vf q0 = load(q + c), q1 = load(q + c + W), q2 = load(q + c + 2 * W), q3 = load(q + c + 3 * W);
+      for (int n = 0; n < W; ++n) {
+        const float* k = rows[n] + c;
+        d[n] += q0 * load(k) + q1 * load(k + W) + q2 * load(k + 2 * W) + q3 * load(k + 3 * W);
+      }
     }
-    for (; c + W <= D; c += W) s0 += load(a + c) * load(b + c);
-    float tail = 0;
-    for (; c < D; ++c) tail += a[c] * b[c];
-    *out = s0 + s1;
-    return tail;
+    for (; c + W <= P.D; c += W) {
+      const vf q0 = load(q + c);
+      for (int n = 0; n < W; ++n) d[n] += q0 * load(rows[n] + c);
+    }
+    vf out = transpose_sum(d);
+    for (; c < P.D; ++c)
+      for (int n = 0; n < W; ++n) out[n] += q[c] * rows[n][c];
+    return out;
   }
 
-  // One task: row r, KV head h, split s.
-  void run(int64_t r, int64_t h, int64_t s) {
-    const int64_t T_ = P.T, G = P.G, D = P.D;
+  // a += sum_n w[n] * rows[n] over D: a chunk of the accumulator stays in registers for all W rows.
+  void accumulate(float* a, const float* w, const float* const* rows) const {
+    int64_t c = 0;
+    for (; c + 4 * W <= P.D; c += 4 * W) {
+      vf a0 = load(a + c), a1 = load(a + c + W), a2 = load(a + c + 2 * W), a3 = load(a + c + 3 * W);
+      for (int n = 0; n < W; ++n) {
+        const vf wn = splat(w[n]);
+        const float* v = rows[n] + c;
+        a0 += wn * load(v); a1 += wn * load(v + W); a2 += wn * load(v + 2 * W); a3 += wn * load(v + 3 * W);
+      }
+      store(a + c, a0); store(a + c + W, a1); store(a + c + 2 * W, a2); store(a + c + 3 * W, a3);
+    }
+    for (; c + W <= P.D; c += W) {
+      vf a0 = load(a + c);
+      for (int n = 0; n < W; ++n) a0 += splat(w[n]) * load(rows[n] + c);
+      store(a + c, a0);
+    }
+    for (; c < P.D; ++c)
+      for (int n = 0; n < W; ++n) a[c] += w[n] * rows[n][c];
+  }
+
+  RowView view(int64_t r) {
     RowView row;
     row.len = P.seq[r];
-    int64_t real = P.ext ? P.ext[r] : T_;
+    const int64_t real = P.ext ? P.ext[r] : P.T;
     row.prefix = row.len - real > 0 ? row.len - real : 0;
     row.total = row.len + P.num_extra;
     row.min_open = row.len;
-    for (int64_t t = 0; t < T_; ++t) {
-      int64_t o = P.mask ? row.prefix : std::min(row.prefix + t + 1, row.len);
-      open[t] = o;
-      row.min_open = std::min(row.min_open, o);
+    for (int64_t t = 0; t < P.T; ++t) {
+      open[t] = P.mask ? row.prefix : std::min(row.prefix + t + 1, row.len);
+      row.min_open = std::min(row.min_open, open[t]);
     }
+    return row;
+  }
+
+  // One task: row r, KV heads [h0, h0 + HG), split s. All heads of a group read each
+  // slot together: a slot's K (or V) row of every head is one contiguous block, so a
+  // group touches each page once instead of once per head (TLB misses dominated otherwise).
+  void run(int64_t r, int64_t h0, int64_t s) {
+    const int64_t G = P.G, D = P.D;
+    const RowView row = view(r);
     // Split s covers [begin, end), W-aligned, from this row's own length (read here, so
     // a captured graph follows new lengths at replay).
     int64_t per = (row.total + P.S - 1) / P.S;
     per = (per + W - 1) / W * W;
     const int64_t begin = std::min(row.total, s * per), end = std::min(row.total, begin + per);
 
-    float* acc = P.mid_o + ((r * P.KV + h) * P.S + s) * M * D;
-    float* lse = P.mid_lse + ((r * P.KV + h) * P.S + s) * M;
-    std::fill(acc, acc + M * D, 0.0f);
-    for (int64_t m = 0; m < M; ++m) {
-      run_max[m] = kNegInf;
-      run_sum[m] = 0.0f;
-      const int64_t t = m / G, g = m % G;
-      const int64_t base = (r * T_ + t) * P.q_s0 + (h * G + g) * P.q_s1;
-      for (int64_t c = 0; c < D; ++c) q[m * D + c] = read_float(P.q, P.q_type, base + c) * P.scale;
+    for (int64_t j = 0; j < J; ++j) {
+      const int64_t h = h0 + j / M, m = j % M, t = m / G, g = m % G;
+      acc[j] = P.mid_o + (((r * P.KV + h) * P.S + s) * M + m) * D;
+      std::fill(acc[j], acc[j] + D, 0.0f);
+      run_max[j] = kNegInf;
+      run_sum[j] = 0.0f;
+      const int64_t base = (r * P.T + t) * P.q_s0 + (h * G + g) * P.q_s1;
+      for (int64_t c = 0; c < D; ++c) q[j * D + c] = read_float(P.q, P.q_type, base + c) * P.scale;
     }
 
-    const int64_t ring = (1 + kPrefetchTiles) * W;
-    auto fill_slots = [&](int64_t tile_start) {
-      for (int n = 0; n < W; ++n) {
-        int64_t pos = tile_start + n;
-        int64_t sl = pos < end ? slot(r, row, pos) : -1;
-        slots[((tile_start - begin) + n) % ring] = sl;
-        if (sl >= 0 && tile_start > begin) prefetch(sl, h);
-      }
-    };
-    for (int64_t i = 0; i <= kPrefetchTiles; ++i) fill_slots(begin + i * W);
-
+    for (int64_t i = 0; i < kPrefetchTiles; ++i) prefetch_tile(r, row, h0, begin + i * W, end);
+    int64_t tile[W];
+    const float* rows[W];
     for (int64_t p0 = begin; p0 < end; p0 += W) {
-      const int64_t* tile = slots.data() + (p0 - begin) % ring;
+      prefetch_tile(r, row, h0, p0 + kPrefetchTiles * W, end);
       const int n_valid = static_cast<int>(std::min<int64_t>(W, end - p0));
-      // QK^T of the tile: dots[n] holds q_m . k_n in W lanes, transposed into W scores.
-      const float* krows[W];
-      for (int n = 0; n < n_valid; ++n) krows[n] = widen(k_row(tile[n], h), n);
+      for (int n = 0; n < n_valid; ++n) tile[n] = slot(r, row, p0 + n);
       const bool full = p0 + n_valid <= row.min_open || p0 >= row.len;
-      for (int64_t m = 0; m < M; ++m) {
-        float tails[W];
-        for (int n = 0; n < W; ++n) {
-          tails[n] = n < n_valid ? dot(q.data() + m * D, krows[n], D, &dots[n]) : 0.0f;
-          if (n >= n_valid) dots[n] = splat(0);
-        }
-        vf sc = transpose_sum(dots.data());
-        for (int n = 0; n < W; ++n) {
-          sc[n] += tails[n];
-          if (n >= n_valid) sc[n] = kNegInf;
-        }
-        if (!full) mask_tile(sc, r, row, m / G, p0, n_valid);
-        softmax_tile(sc, m, acc + m * D);
-      }
-      // P V: every query vector takes its share of each V row.
-      for (int n = 0; n < n_valid; ++n) {
-        const float* vrow = widen(v_row(tile[n], h), n);
+      // Rows past the split's end repeat row 0: their scores are masked, their weights 0.
+      for (int n = n_valid; n < W; ++n) tile[n] = tile[0];
+      for (int64_t hh = 0; hh < P.HG; ++hh) {
+        for (int n = 0; n < W; ++n) rows[n] = widen(k_row(tile[n], h0 + hh), n);
         for (int64_t m = 0; m < M; ++m) {
-          const float w = p[m * W + n];
-          if (w == 0.0f) continue;
-          float* a = acc + m * D;
-          const vf wv = splat(w);
-          int64_t c = 0;
-          for (; c + W <= D; c += W) store(a + c, load(a + c) + wv * load(vrow + c));
-          for (; c < D; ++c) a[c] += w * vrow[c];
+          const int64_t j = hh * M + m;
+          vf sc = scores(q.data() + j * D, rows);
+          for (int n = n_valid; n < W; ++n) sc[n] = kNegInf;
+          if (!full) mask_tile(sc, r, row, m / G, p0, n_valid);
+          softmax_tile(sc, j);
         }
+        for (int n = 0; n < W; ++n) rows[n] = widen(v_row(tile[n], h0 + hh), n);
+        for (int64_t j = hh * M; j < (hh + 1) * M; ++j) accumulate(acc[j], p.data() + j * W, rows);
       }
-      fill_slots(p0 + (1 + kPrefetchTiles) * W);
     }
 
-    for (int64_t m = 0; m < M; ++m) {
-      const float l = run_sum[m];
-      lse[m] = l > 0 ? run_max[m] + std::log(l) : kNegInf;
+    for (int64_t j = 0; j < J; ++j) {
+      const int64_t h = h0 + j / M, m = j % M;
+      const float l = run_sum[j];
+      P.mid_lse[((r * P.KV + h) * P.S + s) * M + m] = l > 0 ? run_max[j] + std::log(l) : kNegInf;
       const float inv = l > 0 ? 1.0f / l : 0.0f;
-      for (int64_t c = 0; c < D; ++c) acc[m * D + c] *= inv;
+      for (int64_t c = 0; c < D; ++c) acc[j][c] *= inv;
     }
   }
 
@@ -307,7 +330,8 @@ struct Worker {
 
   // Online softmax: fold one tile's scores of query vector m into its running max/sum,
   // rescaling what was accumulated before when the max grows.
-  void softmax_tile(vf sc, int64_t m, float* a) {
+  void softmax_tile(vf sc, int64_t m) {
+    float* a = acc[m];
     const float tile_max = lane_max(sc);
     const float new_max = std::max(run_max[m], tile_max);
     vf e = splat(0);
@@ -359,11 +383,12 @@ void reduce(const Problem& P, void* out, at::ScalarType out_type, int64_t o_s0, 
 
 template <typename T>
 void attend_splits(const Problem& P) {
-  at::parallel_for(0, P.rows * P.KV * P.S, 1, [&](int64_t lo, int64_t hi) {
+  const int64_t groups = P.KV / P.HG;
+  at::parallel_for(0, P.rows * groups * P.S, 1, [&](int64_t lo, int64_t hi) {
     Worker<T> worker(P);
     for (int64_t i = lo; i < hi; ++i) {
-      const int64_t s = i % P.S, rh = i / P.S;
-      worker.run(rh / P.KV, rh % P.KV, s);
+      const int64_t s = i % P.S, rg = i / P.S;
+      worker.run(rg / groups, rg % groups * P.HG, s);
     }
   });
 }
@@ -412,6 +437,11 @@ void attend(at::Tensor out, at::Tensor mid_o, at::Tensor mid_lse, const at::Tens
   TORCH_CHECK(num_splits >= 1, "num_splits=", num_splits, " (supported: >= 1)");
   P.G = q.size(1) / P.KV;
   P.S = num_splits;
+  // Heads per task: as many KV heads as keep a task's query vectors within kMaxVectors.
+  P.HG = 1;
+  for (int64_t hg = P.KV; hg >= 1; --hg) {
+    if (P.KV % hg == 0 && hg * P.T * P.G <= kMaxVectors) { P.HG = hg; break; }
+  }
   const int64_t parts = P.rows * P.KV * P.S * P.T * P.G;
   TORCH_CHECK(mid_lse.numel() >= parts && mid_o.numel() >= parts * P.D, "mid_o/mid_lse numel=", mid_o.numel(), "/",
               mid_lse.numel(), " (supported: >= rows*kv_heads*splits*T*G=", parts, " [*head_size])");
