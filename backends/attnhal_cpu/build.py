@@ -48,6 +48,7 @@ class NativeBuild:
     seconds: float
     error: str | None = None
     path: str | None = None
+    compiled: bool = False
 
     @property
     def ok(self) -> bool:
@@ -56,7 +57,8 @@ class NativeBuild:
     def describe(self) -> str:
         if self.error is not None:
             return f"{self.name}: build failed after {self.seconds:.1f} s: {self.error}"
-        return f"{self.name}: ready in {self.seconds:.1f} s ({self.isa}; {self.path})"
+        how = "compiled and loaded" if self.compiled else "loaded from the build cache"
+        return f"{self.name}: {how} in {self.seconds:.2f} s ({self.isa}; {self.path})"
 
 
 _LOCK = threading.Lock()
@@ -106,7 +108,7 @@ def _build() -> NativeBuild:
 
     isa = _isa()
     name = f"attnhal_cpu_{isa.lower()}"
-    start = time.perf_counter()
+    start, started_at = time.perf_counter(), time.time()
     try:
         _ensure_ninja_on_path()
         path = cpp_extension.load(
@@ -116,4 +118,5 @@ def _build() -> NativeBuild:
         described = str(torch.ops.attnhal_cpu.isa())
     except Exception as exc:  # noqa: BLE001 - any build or load failure is the backend's reason
         return NativeBuild(name, isa, time.perf_counter() - start, error=_short(exc))
-    return NativeBuild(name, f"{isa}: {described}", time.perf_counter() - start, path=str(path))
+    compiled = path is not None and os.path.getmtime(str(path)) >= started_at - 1
+    return NativeBuild(name, f"{isa}: {described}", time.perf_counter() - start, path=str(path), compiled=compiled)
