@@ -152,7 +152,10 @@ class CpuBackend(AttentionBackend):
         seq = (batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens).tolist()
         reqs = batch.req_pool_indices.tolist()
         T = max(1, min(PREFILL_BLOCK, max((int(n) for n in ext), default=1)))
-        req, lens, real, index = [], [], [], []
+        req: list[int] = []
+        lens: list[int] = []
+        real: list[int] = []
+        index: list[int] = []
         for r, (n, s) in enumerate(zip(ext, seq)):
             prefix = int(s) - int(n)
             for t0 in range(0, int(n), T):

@@ -77,7 +77,7 @@ def _ensure_ninja_on_path() -> None:
     if shutil.which("ninja") is not None:
         return
     try:
-        import ninja  # type: ignore[import-not-found]
+        import ninja
     except ImportError:
         return
     bin_dir = getattr(ninja, "BIN_DIR", None)

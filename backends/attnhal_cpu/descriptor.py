@@ -8,7 +8,7 @@ delegated to another backend.
 
 from __future__ import annotations
 
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Feature, Phase, SeqLenFill, SpecLimits
+from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Feature, Phase, SeqLenFill, SpecLimits, Tolerance
 from attnhal.platform import Vendor
 
 __all__ = ["CAPABILITIES", "NATIVE_PHASES", "PREFILL_BLOCK"]
@@ -38,8 +38,8 @@ CAPABILITIES = BackendCapabilities(
     seq_len_fill=SeqLenFill(base=1),
     needs_host_seq_lens=False,
     tolerances={
-        "float32": (1e-5, 1e-5),
-        "float16": (1e-3, 1e-3),
-        "bfloat16": (8e-3, 8e-3),
+        "float32": Tolerance(atol=1e-5, rtol=1e-5),
+        "float16": Tolerance(atol=1e-3, rtol=1e-3),
+        "bfloat16": Tolerance(atol=8e-3, rtol=8e-3),
     },
 )

@@ -14,6 +14,9 @@
 // floats, AVX2: 8, otherwise 4): tiles wider than the registers run several times slower.
 
 #include <ATen/ATen.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -59,9 +62,18 @@ inline vf splat(float x) { return vf{} + x; }
 // --- widening loads: W cache elements -> W fp32 lanes ---------------------------------
 inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
 inline vf load(const c10::BFloat16* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vf>(_mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16)));
+#elif defined(__AVX2__)
+  // One zero-extend and one shift (the generic form below compiles to a slower shuffle chain).
+  return reinterpret_cast<vf>(_mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16)));
+#else
   vh h; std::memcpy(&h, p, sizeof h);
   vu u = __builtin_convertvector(h, vu) << 16;  // bf16 is the high half of an fp32
   vf v; std::memcpy(&v, &u, sizeof v); return v;
+#endif
 }
 inline vf load(const c10::Half* p) {
   vf16 h; std::memcpy(&h, p, sizeof h);
@@ -198,10 +210,11 @@ struct Worker {
     if constexpr (std::is_same_v<T, float>) {
       return src;
     } else {
-      float* dst = rows_f32.data() + n * P.D;
+      const int64_t D = P.D;
+      float* dst = rows_f32.data() + n * D;
       int64_t c = 0;
-      for (; c + W <= P.D; c += W) store(dst + c, load(src + c));
-      for (; c < P.D; ++c) dst[c] = static_cast<float>(src[c]);
+      for (; c + W <= D; c += W) store(dst + c, load(src + c));
+      for (; c < D; ++c) dst[c] = static_cast<float>(src[c]);
       return dst;
     }
   }
@@ -229,22 +242,41 @@ struct Worker {
     return out;
   }
 
-  // a += sum_n w[n] * rows[n] over D: a chunk of the accumulator stays in registers for all W rows.
-  void accumulate(float* a, const float* w, const float* const* rows) const {
+  // a += sum_n wa[n] * rows[n] and b += sum_n wb[n] * rows[n] over D: two query vectors
+  // share every V load; a chunk of both accumulators stays in registers for all W rows.
+  void accumulate2(float* a, float* b, const float* wa, const float* wb, const float* const* rows) const {
     int64_t c = 0;
-    for (; c + 4 * W <= P.D; c += 4 * W) {
-      vf a0 = load(a + c), a1 = load(a + c + W), a2 = load(a + c + 2 * W), a3 = load(a + c + 3 * W);
+    for (; c + 2 * W <= P.D; c += 2 * W) {
+      vf a0 = load(a + c), a1 = load(a + c + W), b0 = load(b + c), b1 = load(b + c + W);
       for (int n = 0; n < W; ++n) {
-        const vf wn = splat(w[n]);
-        const float* v = rows[n] + c;
-        a0 += wn * load(v); a1 += wn * load(v + W); a2 += wn * load(v + 2 * W); a3 += wn * load(v + 3 * W);
+        const vf x = splat(wa[n]), y = splat(wb[n]);
+        const vf v0 = load(rows[n] + c), v1 = load(rows[n] + c + W);
+        a0 += x * v0; a1 += x * v1; b0 += y * v0; b1 += y * v1;
       }
-      store(a + c, a0); store(a + c + W, a1); store(a + c + 2 * W, a2); store(a + c + 3 * W, a3);
+      store(a + c, a0); store(a + c + W, a1); store(b + c, b0); store(b + c + W, b1);
     }
     for (; c + W <= P.D; c += W) {
-      vf a0 = load(a + c);
-      for (int n = 0; n < W; ++n) a0 += splat(w[n]) * load(rows[n] + c);
-      store(a + c, a0);
+      vf a0 = load(a + c), b0 = load(b + c);
+      for (int n = 0; n < W; ++n) {
+        const vf v0 = load(rows[n] + c);
+        a0 += splat(wa[n]) * v0; b0 += splat(wb[n]) * v0;
+      }
+      store(a + c, a0); store(b + c, b0);
+    }
+    for (; c < P.D; ++c)
+      for (int n = 0; n < W; ++n) { a[c] += wa[n] * rows[n][c]; b[c] += wb[n] * rows[n][c]; }
+  }
+
+  // a += sum_n w[n] * rows[n] over D (the odd query vector of a head).
+  void accumulate(float* a, const float* w, const float* const* rows) const {
+    int64_t c = 0;
+    for (; c + 2 * W <= P.D; c += 2 * W) {
+      vf a0 = load(a + c), a1 = load(a + c + W);
+      for (int n = 0; n < W; ++n) {
+        const vf x = splat(w[n]);
+        a0 += x * load(rows[n] + c); a1 += x * load(rows[n] + c + W);
+      }
+      store(a + c, a0); store(a + c + W, a1);
     }
     for (; c < P.D; ++c)
       for (int n = 0; n < W; ++n) a[c] += w[n] * rows[n][c];
@@ -306,7 +338,10 @@ struct Worker {
           softmax_tile(sc, j);
         }
         for (int n = 0; n < W; ++n) rows[n] = widen(v_row(tile[n], h0 + hh), n);
-        for (int64_t j = hh * M; j < (hh + 1) * M; ++j) accumulate(acc[j], p.data() + j * W, rows);
+        int64_t j = hh * M;
+        for (; j + 1 < (hh + 1) * M; j += 2)
+          accumulate2(acc[j], acc[j + 1], p.data() + j * W, p.data() + (j + 1) * W, rows);
+        if (j < (hh + 1) * M) accumulate(acc[j], p.data() + j * W, rows);
       }
     }
 
