@@ -88,6 +88,28 @@ class _GraphState:
     mid_lse: torch.Tensor
     masks: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict)
 
+    def bind(self, batch: ForwardBatch, allocate: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Copy ``batch``'s per-row tensors into the static buffers and return the views the
+        kernel reads. ``draft_path`` stays the batch's own tensor: a multi-step draft rewrites
+        it in place between steps, inside the graph too."""
+        rows = batch.batch_size
+        if rows > self.max_bs:
+            raise ValueError(f"batch_size={rows} (supported: <= max_bs={self.max_bs} given to init_graph_state)")
+        self.req[:rows].copy_(batch.req_pool_indices)
+        self.seq[:rows].copy_(batch.seq_lens)
+        ext, mask = _ext(batch), _mask(batch)
+        if ext is not None:
+            ext = self.ext[:rows].copy_(ext)
+        if mask is not None:
+            shape = tuple(mask.shape[1:])
+            if shape not in self.masks:
+                if not allocate:
+                    raise RuntimeError(f"replay with a custom_mask of shape {shape} that was never captured")
+                self.masks[shape] = torch.zeros((self.max_bs, *shape), dtype=torch.bool)
+            mask = self.masks[shape][:rows].copy_(mask)
+        return self.req[:rows], self.seq[:rows], ext, mask
+
 
 class CpuBackend(AttentionBackend):
     """Fused paged attention on the CPU for every phase, eager and in graphs.
@@ -214,52 +236,20 @@ class CpuBackend(AttentionBackend):
             self.init_forward_metadata(batch)  # never captured: a variable token count
             return
         maybe_validate_batch(batch, self.pool, self.config)
-        state = self._graph_state(batch)
-        req, seq, ext, mask = self._copy_in(state, batch, allocate=True)
-        T = _tokens_per_row(batch)
+        state = self._static()
+        req, seq, ext, mask = state.bind(batch, allocate=True)
         # Fixed for this captured size: replays of any length use the same split count.
         splits = self._splits(batch.batch_size, self._graph_length() + _extra_columns(batch))
-        self._meta = _Meta(batch, req, seq, ext, mask, T, splits, state.mid_o, state.mid_lse)
+        self._meta = _Meta(batch, req, seq, ext, mask, _tokens_per_row(batch), splits, state.mid_o, state.mid_lse)
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         """Copy ``batch``'s per-row tensors into the static buffers: no allocation, no host sync."""
-        self._copy_in(self._graph_state(batch), batch, allocate=False)
+        self._static().bind(batch, allocate=False)
 
-    def _graph_state(self, batch: ForwardBatch) -> _GraphState:
+    def _static(self) -> _GraphState:
         if self._graph is None:
             raise RuntimeError("init_graph_state(max_bs, max_num_tokens) must run before capture")
-        if batch.batch_size > self._graph.max_bs:
-            raise ValueError(f"batch_size={batch.batch_size} (supported: <= max_bs={self._graph.max_bs} "
-                             "given to init_graph_state)")
         return self._graph
-
-    @staticmethod
-    def _copy_in(state: _GraphState, batch: ForwardBatch, allocate: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Write the batch's per-row tensors into static buffers; returns their views.
-
-        ``draft_path`` is not copied: ``forward`` reads the batch's own tensor, which a
-        multi-step draft rewrites in place between steps, inside the graph too.
-        """
-        bs = batch.batch_size
-        req, seq = state.req[:bs], state.seq[:bs]
-        req.copy_(batch.req_pool_indices)
-        seq.copy_(batch.seq_lens)
-        ext = _ext(batch)
-        if ext is not None:
-            state.ext[:bs].copy_(ext)
-            ext = state.ext[:bs]
-        mask = _mask(batch)
-        if mask is not None:
-            shape = tuple(mask.shape[1:])
-            if shape not in state.masks:
-                if not allocate:
-                    raise RuntimeError(f"replay with a custom_mask of shape {shape} that was never captured")
-                state.masks[shape] = torch.zeros((state.max_bs, *shape), dtype=torch.bool)
-            static = state.masks[shape][:bs]
-            static.copy_(mask)
-            mask = static
-        return req, seq, ext, mask
 
     def _meta_for(self, batch: ForwardBatch) -> _Meta:
         if self._meta is None or self._meta.batch is not batch:
