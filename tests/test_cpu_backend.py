@@ -210,3 +210,26 @@ print(json.dumps({"reasons": reasons, "chosen": chosen, "refused": refused}))
     line = next(ln for ln in info.stdout.splitlines() if ln.startswith("cpu "))
     assert "unavailable" in line and "native_build=" in line, info.stdout
     assert "build failed" in info.stdout
+
+
+@needs_kernel
+@pytest.mark.usefixtures("no_debug_validation")
+def test_decode_benchmark_quick_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CI smoke run of benchmarks/decode_cpu.py: every contender runs (or says why not)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("decode_cpu", ROOT / "benchmarks" / "decode_cpu.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["decode_cpu"] = bench  # dataclasses look their module up there
+    spec.loader.exec_module(bench)
+    plot = importlib.util.find_spec("matplotlib") is not None
+    args = ["--quick", "--page-sizes", "1", "16"] + (["--plot", str(tmp_path / "sweep.png")] if plot else [])
+    bench.main(args)
+    out = capsys.readouterr().out
+    for name in ("sdpa gqa", "sdpa folded", "cpu p1", "cpu p16", "torch p1", "read bw", "load average after"):
+        assert name in out
+    assert "torch p16" in out and "n/a  page_size=16 (supported: {1})" in out
+    assert "(baseline)" in out
+    if plot:
+        assert (tmp_path / "sweep.png").stat().st_size > 0
