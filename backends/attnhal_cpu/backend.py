@@ -22,15 +22,8 @@ import torch
 
 from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, dtype_name
 from attnhal.backend.validate import maybe_validate_batch
-from attnhal.capabilities import (
-    AttentionRequest,
-    BackendCapabilities,
-    Phase,
-    Reason,
-    ReasonCode,
-    not_supported_reasons,
-    reason,
-)
+from attnhal.capabilities import AttentionRequest, BackendCapabilities, Phase, Reason, ReasonCode
+from attnhal.capabilities import not_supported_reasons, reason
 from attnhal.platform import Platform, parse
 from attnhal_cpu.build import native_build
 from attnhal_cpu.descriptor import CAPABILITIES, PREFILL_BLOCK
