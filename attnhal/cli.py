@@ -325,6 +325,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("\nbackends:\n" + table(("name", "status", "reasons", "source"), rows))
     print("\ncapabilities:\n" + table(("name", "vendors", "phases", "graph", "multi_step", "dtypes",
                                        "head_sizes", "features"), capability_rows(entries)))
+    if args.build:
+        builds = [(e.name, e.backend.build_info()) for e in entries if e.backend is not None]
+        print("\nnative builds (first use builds, later runs load the cache):\n"
+              + table(("name", "build"), [(n, b) for n, b in builds if b is not None] or [("-", "none")]))
     return 0
 
 
@@ -449,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="platform, Triton, registered backends and their capabilities")
     p.add_argument("--platform")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--build", action="store_true", help="also build/load native kernels and print their build time")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("plan", help="which attention phases run and are captured as graphs")

@@ -44,7 +44,7 @@ GROUP = "attnhal.backends"
 DEFAULT_PRIORITY: dict[Vendor, tuple[str, ...]] = {
     Vendor.CUDA: ("triton", "torch"),
     Vendor.HIP: ("triton", "torch"),
-    Vendor.CPU: ("torch",),
+    Vendor.CPU: ("cpu", "torch"),
 }
 
 

@@ -183,6 +183,12 @@ class AttentionBackend(ABC):
         """
         return []
 
+    @classmethod
+    def build_info(cls) -> str | None:
+        """What native code this backend built or loaded in this process, and how long it took
+        (``attnhal info --build`` prints it); ``None``: the backend has no native build step."""
+        return None
+
     # --- metadata -------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Eager: prepare whatever ``forward`` needs for ``batch`` (called once per batch)."""
