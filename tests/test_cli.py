@@ -21,10 +21,14 @@ def test_plan_json_seed_scenario(capsys, platform):
     data = json.loads(out)
     assert code == 0 and data["valid"] and data["platform"] == platform
     assert set(data["phases"]) == {"prefill", "decode", "draft_decode", "draft_extend", "target_verify"}
-    assert data["phases"]["draft_extend"] == {"runs": True, "capture": True, "backend": "triton-like", "reasons": []}
+    extend = data["phases"]["draft_extend"]
+    assert {k: extend[k] for k in ("runs", "capture", "backend", "reasons")} == \
+        {"runs": True, "capture": True, "backend": "triton-like", "reasons": []}
+    assert extend["role"] == "draft_extend" and extend["seq_len_fill"] == 1 and extend["capture_sizes"][0] == 1
     assert data["phases"]["draft_decode"]["runs"] is False
     for d in data["phases"].values():
-        assert set(d) == {"runs", "capture", "backend", "reasons"}
+        assert set(d) == {"runs", "capture", "backend", "reasons", "role", "capture_sizes", "seq_len_fill",
+                          "variants"}
         assert all(set(r) == {"code", "message"} for r in d["reasons"])
 
 

@@ -39,7 +39,7 @@ def test_dump_then_parse_round_trips(caps):
 
 @pytest.mark.parametrize("patch, needle", [
     ({"colour": "red"}, "colour='red'"),
-    ({"vendors": ["nvidia"]}, "vendors='nvidia' (supported: cuda, hip, cpu)"),
+    ({"vendors": ["nvidia"]}, "vendors='nvidia' (supported: cuda, hip, cpu, xpu, npu, musa)"),
     ({"phases": "decode"}, "phases='decode'"),
     ({"graph": {"verify": {}}}, "graph='verify'"),
     ({"graph": {"decode": {"max_topk": 0}}}, "graph.decode.max_topk=0"),
@@ -47,7 +47,7 @@ def test_dump_then_parse_round_trips(caps):
     ({"graph": {"target_verify": {}}}, "graph=['target_verify']"),
     ({"multi_step": "yes"}, "multi_step='yes'"),
     ({"head_sizes": [64, -1]}, "head_sizes=[64, -1]"),
-    ({"seq_len_fill": {"plus": "topk"}}, "seq_len_fill.plus='topk'"),
+    ({"seq_len_fill": {"plus": "bogus"}}, "seq_len_fill.plus='bogus'"),
     ({"needs_host_seq_lens": "no"}, "needs_host_seq_lens='no'"),
     ({"tolerances": {"float16": {"atol": 1}}}, "tolerances.float16"),
     ({"min_arch": {"hip": "mi300"}}, "min_arch.hip"),

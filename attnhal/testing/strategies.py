@@ -34,7 +34,7 @@ from attnhal.capabilities import (
     SpecLimits,
 )
 from attnhal.plan import GraphPolicy, SpecConfig
-from attnhal.platform import Platform, Vendor, detect, parse
+from attnhal.platform import VENDORS, Platform, Vendor, detect, parse
 
 if TYPE_CHECKING:  # the batch strategies need torch; the others stay light
     import torch
@@ -67,7 +67,9 @@ _HIP_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100")
 
 def platform_specs(vendors: tuple[Vendor, ...] = tuple(Vendor), graphs: bool | None = None) -> st.SearchStrategy[str]:
     """Spec strings for :func:`attnhal.platform.parse` (``"hip:gfx942"``, ``"cpu,nographs"``, ...)."""
-    archs = {Vendor.CUDA: _CUDA_ARCHS, Vendor.HIP: _HIP_ARCHS, Vendor.CPU: ("",)}
+    # Other vendors draw from their row's known archs (attnhal.platform.VENDORS).
+    archs = {**{v: tuple(row.known) for v, row in VENDORS.items()},
+             Vendor.CUDA: _CUDA_ARCHS, Vendor.HIP: _HIP_ARCHS, Vendor.CPU: ("",)}
 
     def spec(vendor: Vendor, arch: str, nographs: bool) -> str:
         base = f"{vendor.value}:{arch}" if arch else vendor.value
