@@ -237,6 +237,8 @@ def format_plan(p: GraphPlan) -> str:
 # --- commands ------------------------------------------------------------------------
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.engine or args.engine_args:
+        return _engine_command("cmd_engine_plan", args)
     platform = resolve_platform(args.platform)
     spec = spec_from(args)
     registry = default_registry()
@@ -399,6 +401,16 @@ def cmd_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_command(name: str, args: argparse.Namespace) -> int:
+    """The engine-vocabulary commands live with the adapters (attnhal.engines.command)."""
+    from attnhal.engines import command
+
+    if name == "cmd_engine_plan" and not args.engine:
+        raise UsageError(f"{' '.join(args.engine_args)}: engine flags need --engine (supported: sglang)")
+    code: int = getattr(command, name)(args)
+    return code
+
+
 # --- parser ----------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
@@ -424,6 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-extend-backend")
     add_plan_input_flags(p, context=True, roles=True)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--engine", type=choice("--engine", ("sglang",)),
+                   help="read the engine's own flags after `--` (SGLang server arguments)")
+    p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("explain", help="why a backend does or does not fit")
@@ -458,6 +473,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random examples per check on top of the fixed ones (default 2)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_conformance)
+
+    p = sub.add_parser("catalog", help="the catalogued attention backends of real engines (sglang:NAME, vllm:NAME)")
+    p.add_argument("--engine", help="only this engine's backends")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda args: _engine_command("cmd_catalog", args))
 
     p = sub.add_parser("docs", help="write the generated capability matrix (docs/capabilities.md)")
     p.add_argument("--path", default="docs/capabilities.md")

@@ -1,0 +1,108 @@
+"""The engine side of the command line: ``attnhal catalog`` and ``attnhal plan --engine sglang -- ...``.
+
+Kept apart from :mod:`attnhal.cli` so that the engine vocabulary lives with the
+adapters; ``attnhal.cli`` registers these commands and imports this module lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+
+from attnhal import catalog
+from attnhal.engines import sglang
+
+__all__ = ["cmd_catalog", "cmd_engine_plan", "split_own_flags"]
+
+#: attnhal's own flags accepted among the engine's flags (after ``--``), as in
+#: ``attnhal plan --engine sglang -- --attention-backend aiter ... --platform hip:gfx942``.
+OWN_FLAGS = ("platform", "model")
+
+
+def split_own_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """Pull attnhal's own ``--platform`` / ``--model`` out of an engine command line."""
+    own: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].removeprefix("--").partition("=")
+        if argv[i].startswith("--") and name in OWN_FLAGS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise sglang.EngineArgError(f"--{name}", f"--{name} needs a value")
+                value, i = argv[i + 1], i + 1
+            own[name] = value
+        else:
+            rest.append(argv[i])
+        i += 1
+    return own, rest
+
+
+def _attnhal_flags_given(args: argparse.Namespace) -> list[str]:
+    """attnhal's own plan flags given beside --engine (they would be silently dropped)."""
+    from attnhal.cli import build_parser
+
+    defaults = vars(build_parser().parse_args(["plan"]))
+    keep = {"engine", "engine_args", "func", "json", "command", *OWN_FLAGS}
+    return ["--" + k.replace("_", "-") for k, v in vars(args).items() if k not in keep and v != defaults.get(k)]
+
+
+def cmd_engine_plan(args: argparse.Namespace) -> int:
+    """``attnhal plan --engine sglang -- <SGLang flags>``: the plan SGLang's flags lead to."""
+    from attnhal.cli import UsageError, format_plan, resolve_platform
+
+    mixed = _attnhal_flags_given(args)
+    if mixed:
+        raise UsageError(f"{mixed[0]} with --engine (supported: the engine's own flags after `--`, "
+                         f"and {', '.join('--' + f for f in (*OWN_FLAGS, 'json'))})")
+    try:
+        own, engine_argv = split_own_flags(args.engine_args)
+        env = {sglang.DRAFT_EXTEND_GRAPH_OFF: os.environ.get(sglang.DRAFT_EXTEND_GRAPH_OFF, "")}
+        config = sglang.from_server_args(sglang.parse_cli(engine_argv), env=env,
+                                         model=own.get("model") or getattr(args, "model", None))
+    except (sglang.EngineArgError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    platform = resolve_platform(own.get("platform") or args.platform)
+    result = config.plan(platform)
+    if args.json:
+        print(json.dumps({"engine": "sglang", "version": sglang.SGLANG_VERSION, "roles": dict(config.roles),
+                          "ignored": list(config.ignored), "notes": list(config.notes),
+                          "plan": result.to_dict()}, indent=2))
+        return 0 if result.valid else 1
+    roles = ", ".join(f"{role}={name}" for role, name in config.roles.items() if name is not None)
+    print(f"engine: SGLang {sglang.SGLANG_VERSION} flags -> roles: {roles}")
+    print(format_plan(result))
+    for phase, decision in result.phases.items():
+        if decision.capture:
+            print(f"why: {phase.value} is captured: {decision.backend} declares {phase.value} graphs and "
+                  "their limits hold, the platform has a graph API and the policy allows them")
+    for note in config.notes:
+        print(f"note: {note}")
+    for name in dict.fromkeys(n for n in config.roles.values() if n is not None):
+        for differs in catalog.load(f"sglang:{name}").meta.get("engine_differs", ()):
+            print(f"engine differs (sglang:{name}): {differs}")
+    if config.ignored:
+        print("ignored (cannot change an attention-graph decision): "
+              + ", ".join("--" + n.replace("_", "-") for n in config.ignored))
+    return 0 if result.valid else 1
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    """``attnhal catalog [--engine E]``: every catalogued engine backend."""
+    from attnhal.cli import UsageError, table
+
+    try:
+        found = catalog.entries(args.engine)
+    except catalog.CatalogError as exc:
+        raise UsageError(f"--engine: {exc}") from None
+    if args.json:
+        print(json.dumps([{"name": e.qualified_name, "engine": e.engine, "version": e.version,
+                           "vendors": sorted(v.value for v in e.descriptor.vendors), "summary": e.summary}
+                          for e in found], indent=2))
+        return 0
+    rows = [(e.qualified_name, ",".join(sorted(v.value for v in e.descriptor.vendors)),
+             f"{e.engine} {e.version}", e.summary) for e in found]
+    print(table(("name", "vendors", "describes", "summary"), rows))
+    return 0

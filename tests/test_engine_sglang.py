@@ -1,0 +1,145 @@
+"""SGLang adapter: SGLang's server arguments in, attnhal's plan inputs and plan out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from attnhal.capabilities import Phase
+from attnhal.cli import main
+from attnhal.engines import sglang
+
+EAGLE = {"attention_backend": "triton", "speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
+         "speculative_eagle_topk": 1}
+
+
+def test_parse_cli_forms() -> None:
+    argv = ["--attention-backend", "aiter", "--speculative-num-steps=2", "--disable-cuda-graph",
+            "--cuda-graph-bs", "1", "2", "4", "--port", "30000"]
+    assert sglang.parse_cli(argv) == {"attention_backend": "aiter", "speculative_num_steps": "2",
+                                      "disable_cuda_graph": True, "cuda_graph_bs": "1 2 4", "port": "30000"}
+    with pytest.raises(sglang.EngineArgError, match="--page-size needs a value"):
+        sglang.parse_cli(["--page-size"])
+
+
+def test_dict_and_namespace_give_the_same_config() -> None:
+    a = sglang.from_server_args(EAGLE, model="mha")
+    b = sglang.from_server_args(argparse.Namespace(**EAGLE), model="mha")
+    assert a == b
+    assert a.spec.num_steps == 3 and a.spec.num_draft_tokens == 4 and a.context.page_size == 1
+
+
+@pytest.mark.parametrize("args,flag", [
+    ({"attention_backend": "fa9"}, "--attention-backend"),
+    ({"decode_attention_backend": "nope", "attention_backend": "triton"}, "--decode-attention-backend"),
+    ({**EAGLE, "enable_dp_attention": True}, "--enable-dp-attention"),
+    ({**EAGLE, "speculative_algorithm": "DFLASH"}, "--speculative-algorithm"),
+    ({**EAGLE, "speculative_eagle_topk": 0}, "--speculative-eagle-topk"),
+    ({**EAGLE, "speculative_eagle_topk": 2}, "--speculative-num-draft-tokens"),
+    ({**EAGLE, "page_size": "x"}, "--page-size"),
+    ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 1}, "--attention-backend"),
+    ({**EAGLE, "speculative_num_steps": None}, "--speculative-num-steps"),
+])
+def test_bad_flags_name_the_flag(args: dict[str, object], flag: str) -> None:
+    with pytest.raises(sglang.EngineArgError) as info:
+        sglang.from_server_args(args)
+    assert info.value.flag == flag and str(info.value).startswith(flag)
+
+
+def test_harmless_flags_are_listed_as_ignored() -> None:
+    config = sglang.from_server_args({**EAGLE, "model_path": "x", "tp_size": 8, "port": 1})
+    assert config.ignored == ("model_path", "port", "tp_size")
+
+
+def test_roles_follow_sglang() -> None:
+    args = {**EAGLE, "prefill_attention_backend": "fa3", "decode_attention_backend": "flashinfer"}
+    assert sglang.from_server_args(args).roles == {
+        "prefill": "fa3", "decode": "flashinfer", "target_verify": "fa3", "draft_decode": "flashinfer",
+        "draft_extend": "fa3"}
+    decode_mode = sglang.from_server_args({**args, "speculative_attention_mode": "decode"}).roles
+    assert decode_mode["target_verify"] == decode_mode["draft_extend"] == "flashinfer"
+    draft = sglang.from_server_args({**args, "speculative_draft_attention_backend": "triton"}).roles
+    assert draft["draft_decode"] == draft["draft_extend"] == "triton" and draft["target_verify"] == "fa3"
+    one_step = sglang.from_server_args({**EAGLE, "speculative_num_steps": 1}).roles
+    assert one_step["draft_decode"] is None
+    # cute-dsl MLA is decode-only: prefill and draft extend run trtllm_mla (aliases resolve too).
+    cute = sglang.from_server_args({**EAGLE, "attention_backend": "tokenspeed_mla"}).roles
+    assert cute["decode"] == "cutedsl_mla" and cute["prefill"] == cute["draft_extend"] == "trtllm_mla"
+    assert sglang.from_server_args({**EAGLE, "attention_backend": "nsa"}).roles["decode"] == "dsa"
+
+
+def test_topk_1_sets_draft_tokens_like_sglang_and_says_so() -> None:
+    config = sglang.from_server_args({**EAGLE, "speculative_num_draft_tokens": 9})
+    assert config.spec.num_draft_tokens == 4
+    assert config.notes and "num_steps + 1" in config.notes[0]
+
+
+def test_graph_switches() -> None:
+    for off in ({"disable_cuda_graph": True}, {"disable_decode_cuda_graph": "true"},
+                {"cuda_graph_backend_decode": "disabled"}):
+        assert not sglang.plan_server_args({**EAGLE, **off}, "cuda:sm90", model="mha").captured
+    env = {sglang.DRAFT_EXTEND_GRAPH_OFF: "1"}
+    result = sglang.plan_server_args(EAGLE, "cuda:sm90", env=env, model="mha")
+    assert not result[Phase.DRAFT_EXTEND].capture and result[Phase.TARGET_VERIFY].capture
+    sizes = sglang.from_server_args({**EAGLE, "cuda_graph_bs_decode": "1 3 5"}).policy
+    assert sizes.capture_sizes() == (1, 3, 5) and sizes.max_batch_size == 5
+    assert sglang.from_server_args({**EAGLE, "cuda_graph_max_bs": 16}).policy.max_batch_size == 16
+
+
+def test_ngram_verifies_only() -> None:
+    result = sglang.plan_server_args({"attention_backend": "flashinfer", "speculative_algorithm": "NGRAM",
+                                      "speculative_num_draft_tokens": 8,
+                                      "speculative_ngram_max_bfs_breadth": 2}, "cuda:sm90", model="mha")
+    assert result.valid and [p for p in Phase if result[p].runs] == [Phase.PREFILL, Phase.TARGET_VERIFY]
+    assert result[Phase.TARGET_VERIFY].capture
+
+
+def test_aiter_trees_are_invalid_at_draft_extend() -> None:
+    result = sglang.plan_server_args({**EAGLE, "attention_backend": "aiter", "speculative_eagle_topk": 2,
+                                      "speculative_num_draft_tokens": 5}, "hip:gfx942", model="mha")
+    assert not result.valid
+    codes = {r.code.value for r in result[Phase.DRAFT_EXTEND].reasons}
+    assert "spec_limit" in codes
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+SEED = ["--", "--attention-backend", "aiter", "--speculative-algorithm", "EAGLE",
+        "--speculative-num-steps", "1", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2",
+        "--platform", "hip:gfx942"]
+
+
+def test_cli_seed_scenario_captures_draft_extend(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", *SEED)
+    assert code == 0, out
+    extend = next(line for line in out.splitlines() if line.startswith("draft_extend"))
+    assert extend.split()[1:4] == ["yes", "yes", "sglang:aiter"]
+    assert "roles:" in out and "plan: valid" in out
+    assert "why: draft_extend is captured" in out
+    assert "engine differs (sglang:aiter)" in out and "eagle_worker_v2.py:546-565" in out and "D1" in out
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--json", *SEED, "--port", "30000")
+    data = json.loads(out)
+    assert data["plan"]["phases"]["draft_extend"]["capture"] is True and data["ignored"] == ["port"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--attention-backend", "fa9"], "--attention-backend"),
+    (["--enable-dp-attention"], "--enable-dp-attention"),
+    (["--platform"], "--platform"),
+])
+def test_cli_bad_engine_flags_exit_2(capsys: pytest.CaptureFixture[str], extra: list[str], needle: str) -> None:
+    code, _, err = run(capsys, "plan", "--engine", "sglang", *SEED, *extra)
+    assert code == 2 and needle in err
+
+
+def test_cli_engine_flags_need_engine_and_attnhal_flags_stay_out(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "plan", *SEED)
+    assert code == 2 and "need --engine" in err
+    code, _, err = run(capsys, "plan", "--engine", "sglang", "--page-size", "16", *SEED)
+    assert code == 2 and "--page-size with --engine" in err
