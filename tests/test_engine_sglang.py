@@ -143,3 +143,15 @@ def test_cli_engine_flags_need_engine_and_attnhal_flags_stay_out(capsys: pytest.
     assert code == 2 and "need --engine" in err
     code, _, err = run(capsys, "plan", "--engine", "sglang", "--page-size", "16", *SEED)
     assert code == 2 and "--page-size with --engine" in err
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE3", "NEXTN", "STANDALONE"])
+@pytest.mark.parametrize("backend,platform", [("aiter", "hip:gfx942"), ("triton", "cuda:sm90"), ("fa3", "cuda:sm90")])
+def test_eagle_family_plans_like_eagle(algorithm: str, backend: str, platform: str) -> None:
+    for steps in (1, 3):
+        base = {**EAGLE, "attention_backend": backend, "speculative_num_steps": steps}
+        eagle = sglang.plan_server_args(base, platform, model="mha")
+        other = sglang.plan_server_args({**base, "speculative_algorithm": algorithm}, platform, model="mha")
+        assert other.spec.algorithm.value == {"EAGLE3": "eagle3", "NEXTN": "mtp", "STANDALONE": "standalone"}[algorithm]
+        assert [(p, d.runs, d.capture) for p, d in other.phases.items()] == \
+            [(p, d.runs, d.capture) for p, d in eagle.phases.items()]
