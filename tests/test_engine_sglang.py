@@ -67,13 +67,25 @@ def test_roles_follow_sglang() -> None:
     # cute-dsl MLA is decode-only: prefill and draft extend run trtllm_mla (aliases resolve too).
     cute = sglang.from_server_args({**EAGLE, "attention_backend": "tokenspeed_mla"}).roles
     assert cute["decode"] == "cutedsl_mla" and cute["prefill"] == cute["draft_extend"] == "trtllm_mla"
+    split = sglang.from_server_args({**EAGLE, "attention_backend": "fa3", "decode_attention_backend": "cutedsl_mla"})
+    assert split.roles["prefill"] == "trtllm_mla"  # SGLang fills the prefill backend (overrides.py:1233-1260)
     assert sglang.from_server_args({**EAGLE, "attention_backend": "nsa"}).roles["decode"] == "dsa"
 
 
 def test_topk_1_sets_draft_tokens_like_sglang_and_says_so() -> None:
-    config = sglang.from_server_args({**EAGLE, "speculative_num_draft_tokens": 9})
+    config = sglang.from_server_args({**EAGLE, "speculative_num_draft_tokens": 9, "cuda_graph_max_bs": 8})
     assert config.spec.num_draft_tokens == 4
-    assert config.notes and "num_steps + 1" in config.notes[0]
+    assert config.notes == ("speculative_num_draft_tokens=9 -> 4: SGLang sets num_steps + 1 for topk 1",)
+    assert "GPU memory" in sglang.from_server_args(EAGLE).notes[0]
+
+
+def test_dtypes_reach_the_context() -> None:
+    config = sglang.from_server_args({**EAGLE, "dtype": "half", "kv_cache_dtype": "fp8_e4m3"})
+    assert (config.context.dtype, config.context.kv_dtype) == ("float16", "fp8_e4m3")
+    auto = sglang.from_server_args({**EAGLE, "dtype": "auto", "kv_cache_dtype": "auto"}).context
+    assert (auto.dtype, auto.kv_dtype) == (None, None)
+    fa3 = sglang.plan_server_args({**EAGLE, "attention_backend": "fa3", "kv_cache_dtype": "fp8_e5m2"}, "cuda:sm90")
+    assert not fa3.valid and "kv_dtype=fp8_e5m2" in str(fa3[Phase.TARGET_VERIFY].reasons[0])
 
 
 def test_graph_switches() -> None:
@@ -93,6 +105,9 @@ def test_ngram_verifies_only() -> None:
                                       "speculative_num_draft_tokens": 8,
                                       "speculative_ngram_max_bfs_breadth": 2}, "cuda:sm90", model="mha")
     assert result.valid and [p for p in Phase if result[p].runs] == [Phase.PREFILL, Phase.TARGET_VERIFY]
+    roles = sglang.from_server_args({"attention_backend": "flashinfer", "speculative_algorithm": "NGRAM",
+                                     "speculative_num_draft_tokens": 8}).roles
+    assert roles["draft_decode"] is None and roles["draft_extend"] is None and roles["target_verify"] == "flashinfer"
     assert result[Phase.TARGET_VERIFY].capture
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from attnhal import catalog
 from attnhal.capabilities import BackendCapabilities, Phase
-from attnhal.plan import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, plan
+from attnhal.plan import ALGORITHM_PHASES, AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform
 from attnhal.spec import ModelKind, RequestContext, SpecConfig
 
@@ -48,8 +48,12 @@ _ALGORITHMS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp", "STANDALONE
 #: ``--kv-cache-dtype`` -> attnhal kv dtype; ``auto`` = the model dtype (arg_groups/fields/model.py:197-210).
 _KV_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
               "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+#: ``--dtype`` -> attnhal compute dtype; ``auto`` = the checkpoint's dtype (not checked).
+_DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
 #: SGLang's default page size on CUDA/HIP when none is given (arg_groups/overrides.py:1361-1362).
 DEFAULT_PAGE_SIZE = 1
+#: attnhal's capture limit when SGLang's is not given (SGLang sizes it from GPU memory).
+DEFAULT_MAX_BS = 32
 
 #: Flags that cannot change which attention phases run or are captured: accepted, listed as ignored.
 HARMLESS = frozenset("""
@@ -59,7 +63,7 @@ tp_size dp_size ep_size random_seed log_level log_requests enable_metrics show_t
 speculative_draft_model_path speculative_draft_model_revision speculative_draft_load_format
 speculative_token_map speculative_accept_threshold_single speculative_accept_threshold_acc
 schedule_policy schedule_conservativeness disable_radix_cache quantization watchdog_timeout
-api_key skip_server_warmup device dtype enable_torch_compile torch_compile_max_bs
+api_key skip_server_warmup enable_torch_compile torch_compile_max_bs
 """.split())
 
 
@@ -133,6 +137,7 @@ FLAGS: Mapping[str, _Flag] = {
     "speculative_attention_mode": _Flag(_one_of(("prefill", "decode"))),
     "page_size": _Flag(_int),
     "kv_cache_dtype": _Flag(_one_of(("auto", *_KV_DTYPES))),
+    "dtype": _Flag(_one_of(("auto", *_DTYPES))),
     "disable_cuda_graph": _Flag(_bool, boolean=True),
     "disable_decode_cuda_graph": _Flag(_bool, boolean=True),
     "cuda_graph_backend_decode": _Flag(_one_of(("full", "disabled"))),
@@ -259,20 +264,19 @@ def roles(values: Mapping[str, Any], spec: SpecConfig) -> dict[str, str | None]:
     """
     base = values.get("attention_backend")
     decode = values.get("decode_attention_backend", base)
-    prefill = values.get("prefill_attention_backend", _EXTEND_ON.get(base, base) if base else None)
+    prefill = values.get("prefill_attention_backend") or _EXTEND_ON.get(decode) or base
     if prefill is None or decode is None:
         raise EngineArgError("--attention-backend", "--attention-backend is required (SGLang picks one per model "
                              "and GPU when omitted; attnhal does not model that choice)")
     follow = decode if values.get("speculative_attention_mode") == "decode" else prefill
     draft = values.get("speculative_draft_attention_backend")
     extend = draft or follow
-    return {
-        "prefill": prefill,
-        "decode": decode,
-        "target_verify": follow,
-        "draft_decode": (draft or decode) if spec.speculative and spec.num_steps > 1 else None,
-        "draft_extend": _EXTEND_ON.get(extend, extend),
-    }
+    names = {"prefill": prefill, "decode": decode, "target_verify": follow, "draft_decode": draft or decode,
+             "draft_extend": _EXTEND_ON.get(extend, extend)}
+    # The speculative roles exist only where their phase runs (no draft backend for n-gram or one step).
+    runs = ALGORITHM_PHASES[spec.algorithm] - ({Phase.DRAFT_DECODE} if spec.num_steps == 1 else set())
+    runs |= {Phase.PREFILL, Phase.DECODE}
+    return {role: name if Phase(role) in runs else None for role, name in names.items()}
 
 
 def _descriptor(name: str | None) -> BackendCapabilities | None:
@@ -298,7 +302,7 @@ def _policy(values: Mapping[str, Any], env: Mapping[str, str]) -> GraphPolicy:
     if max_bs is None and sizes is not None:
         max_bs = max(sizes)
     off = env.get(DRAFT_EXTEND_GRAPH_OFF, "").lower() in ("1", "true")
-    return GraphPolicy(enabled=not disabled, max_batch_size=max_bs or 32, batch_sizes=sizes,
+    return GraphPolicy(enabled=not disabled, max_batch_size=max_bs or DEFAULT_MAX_BS, batch_sizes=sizes,
                        disabled_phases=frozenset((Phase.DRAFT_EXTEND,)) if off else frozenset())
 
 
@@ -323,8 +327,11 @@ def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[
     notes: list[str] = []
     spec = _spec(values, notes)
     names = roles(values, spec)
-    kv = values.get("kv_cache_dtype", "auto")
-    context = RequestContext(model=_model(model), kv_dtype=_KV_DTYPES.get(kv),
+    if not {"cuda_graph_max_bs", "cuda_graph_max_bs_decode", "cuda_graph_bs", "cuda_graph_bs_decode"} & set(values):
+        notes.append(f"capture batch sizes up to {DEFAULT_MAX_BS}: SGLang sizes them from GPU memory; "
+                     "give --cuda-graph-max-bs-decode to match a server")
+    context = RequestContext(model=_model(model), dtype=_DTYPES.get(values.get("dtype", "auto")),
+                             kv_dtype=_KV_DTYPES.get(values.get("kv_cache_dtype", "auto")),
                              page_size=values.get("page_size", DEFAULT_PAGE_SIZE))
     return EngineConfig(spec=spec, backends=_backends(names, values.get("speculative_attention_mode", "prefill")),
                         policy=_policy(values, env or {}), context=context, roles=names, ignored=ignored,
