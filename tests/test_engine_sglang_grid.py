@@ -4,7 +4,8 @@ For every catalogued SGLang backend, on CUDA and HIP where it exists, for num_st
 1, 2, 3, 5, topk 1, 2, 4, 8, each page size it supports and each model kind it
 serves, the plan that ``attnhal.engines.sglang`` builds from the engine's own flags
 is compared with ``engine_transcripts.sglang_decisions`` — a hand transcription of
-the engine's code, rule by rule with its source lines. Every difference must be a
+the engine's code, rule by rule with its source lines. Split prefill/decode backends under
+both ``--speculative-attention-mode`` values are planned too. Every difference must be a
 documented discrepancy in docs/catalog.md: the test asserts the set of differences
 *exactly*, so a new difference (or a fixed one) fails it.
 """
@@ -57,6 +58,10 @@ DOCUMENTED = {
     ("fa4", "cuda", "attnhal: plan invalid, engine runs"): "D5",
     ("torch_native", "cuda", "attnhal: plan invalid, engine runs"): "D6",
     ("torch_native", "hip", "attnhal: plan invalid, engine runs"): "D6",
+    ("aiter/triton/prefill", "hip", "draft_extend: attnhal captures, engine eager"): "D7",
+    ("aiter/triton/decode", "hip", "draft_extend: attnhal captures, engine eager"): "D7",
+    ("triton/aiter/prefill", "hip", "draft_extend: attnhal captures, engine eager"): "D7",
+    ("triton/aiter/decode", "hip", "draft_extend: attnhal captures, engine eager"): "D7",
 }
 
 
@@ -74,8 +79,29 @@ def cases() -> Iterator[tuple[Case, str]]:
                                 yield case, f"{vendor}:{arch}"
 
 
+#: Split prefill/decode backends (--attention-backend X --decode-attention-backend Y) under both
+#: --speculative-attention-mode values, per vendor.
+SPLIT = {"cuda": ("triton", "fa3", "flashinfer"), "hip": ("triton", "aiter")}
+
+
+def split_cases() -> Iterator[tuple[Case, str]]:
+    for vendor, names in SPLIT.items():
+        arch = {"cuda": "sm90", "hip": "gfx942"}[vendor]
+        for prefill in names:
+            for decode in names:
+                if prefill == decode:
+                    continue
+                for mode in ("prefill", "decode"):
+                    for steps in STEPS:
+                        for topk in (1, 2):
+                            case = Case(prefill, vendor, arch, "mha", steps, topk, 1, decode_backend=decode,
+                                        attention_mode=mode)
+                            yield case, f"{vendor}:{arch}"
+
+
 def attnhal_view(case: Case, platform: str) -> tuple[bool, frozenset[str], frozenset[str]]:
-    args = {"attention_backend": case.backend, "speculative_algorithm": case.algorithm,
+    args = {"attention_backend": case.backend, "decode_attention_backend": case.decode,
+            "speculative_attention_mode": case.attention_mode, "speculative_algorithm": case.algorithm,
             "speculative_num_draft_tokens": case.topk * case.num_steps + 1, "page_size": case.page_size}
     if case.algorithm == "NGRAM":
         args["speculative_ngram_max_bfs_breadth"] = case.topk
@@ -108,10 +134,11 @@ def differences(case: Case, platform: str) -> set[str]:
 def test_grid_differences_are_exactly_the_documented_ones() -> None:
     found: dict[tuple[str, str, str], Case] = {}
     count = 0
-    for case, platform in cases():
+    for case, platform in [*cases(), *split_cases()]:
         count += 1
+        label = case.backend if case.decode == case.backend else f"{case.backend}/{case.decode}/{case.attention_mode}"
         for what in differences(case, platform):
-            found.setdefault((case.backend, case.vendor, what), case)
+            found.setdefault((label, case.vendor, what), case)
     assert count > 1000, count
     unexplained = {k: found[k] for k in set(found) - set(DOCUMENTED)}
     assert not unexplained, f"differences not documented in docs/catalog.md: {unexplained}"
@@ -139,6 +166,7 @@ def test_seed_scenario_num_steps_1_captures_draft_extend(backend: str, platform:
 
 def test_each_difference_is_also_noted_in_the_backends_catalogue_file() -> None:
     """`attnhal plan --engine sglang` prints these notes next to the plan."""
-    for (backend, _, _), entry_id in DOCUMENTED.items():
-        notes = catalog.load(f"sglang:{backend}").meta.get("engine_differs", ())
-        assert any(f"docs/catalog.md {entry_id}" in n for n in notes), (backend, entry_id)
+    for (label, _, _), entry_id in DOCUMENTED.items():
+        for backend in label.split("/")[:2]:
+            notes = catalog.load(f"sglang:{backend}").meta.get("engine_differs", ())
+            assert any(f"docs/catalog.md {entry_id}" in n for n in notes), (backend, entry_id)

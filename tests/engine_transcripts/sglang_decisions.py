@@ -26,7 +26,9 @@ EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 
 @dataclass(frozen=True)
 class Case:
-    """One engine configuration: a backend for every role, one platform, one spec setting."""
+    """One engine configuration: one platform, one spec setting, and the backends:
+    ``backend`` is ``--attention-backend`` (the prefill backend), ``decode_backend``
+    ``--decode-attention-backend`` (default: the same)."""
 
     backend: str
     vendor: str  # "cuda" | "hip" | "cpu"
@@ -38,6 +40,18 @@ class Case:
     algorithm: str = "EAGLE"
     graphs: bool = True  # not --disable-cuda-graph / --disable-decode-cuda-graph
     draft_extend_graph_env_off: bool = False  # SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH=1
+    decode_backend: str | None = None
+    attention_mode: str = "prefill"  # --speculative-attention-mode
+
+    @property
+    def decode(self) -> str:
+        """The decode backend: it also builds the multi-step draft (draft_utils.py:55-61, 115-120)."""
+        return self.decode_backend or self.backend
+
+    @property
+    def extend(self) -> str:
+        """The draft-extend backend: prefill or decode, as the mode says (draft_utils.py:145-149)."""
+        return self.decode if self.attention_mode == "decode" else self.backend
 
 
 @dataclass(frozen=True)
@@ -119,8 +133,8 @@ def engine_page_size(case: Case) -> int:
     return page
 
 
-def _arch_refusal(case: Case) -> str | None:
-    name, arch = case.backend, case.arch
+def _arch_refusal(case: Case, name: str) -> str | None:
+    arch = case.arch
     if name == "fa3" and case.vendor == "cuda":
         ok = (arch.startswith("sm8") and case.model == "mha") or arch.startswith("sm9")
         return None if ok else "fa3 needs SM 8.x (non-MLA) or 9.x (layers/attention/attention_registry.py:241-246)"
@@ -133,12 +147,20 @@ def _arch_refusal(case: Case) -> str | None:
     return None
 
 
-def _model_refusal(case: Case) -> str | None:
+def _model_refusal(case: Case, name: str) -> str | None:
     mla_only = ("trtllm_mla", "cutedsl_mla", "flashmla", "dsa")
-    if case.backend in mla_only and case.model != "mla":
-        return f"{case.backend} needs an MLA model (layers/attention/attention_registry.py:94-125; draft_utils.py:358-393)"
-    if case.backend == "trtllm_mha" and case.model == "mla":
+    if name in mla_only and case.model != "mla":
+        return f"{name} needs an MLA model (layers/attention/attention_registry.py:94-125; draft_utils.py:358-393)"
+    if name == "trtllm_mha" and case.model == "mla":
         return "trtllm_mha needs a non-MLA model (layers/attention/attention_registry.py:277-283)"
+    return None
+
+
+def _platform_refusal(case: Case) -> str | None:
+    for name in dict.fromkeys((case.backend, case.decode)):
+        why = _arch_refusal(case, name) or _model_refusal(case, name)
+        if why:
+            return why
     return None
 
 
@@ -148,22 +170,24 @@ def refusal(case: Case, page_size: int) -> str | None:
         # The device check (arg_groups/speculative_hook.py:1287-1290) passes on ROCm: its device is "cuda".
         if case.topk > 1 and page_size > 1 and case.backend != "flashinfer":
             return "NGRAM topk > 1 with page_size > 1 only on flashinfer (speculative_hook.py:1355-1364)"
-        return _arch_refusal(case) or _model_refusal(case)
-    why = _arch_refusal(case) or _model_refusal(case)
+        return _platform_refusal(case)
+    why = _platform_refusal(case)
     if why:
         return why
-    if case.backend not in _DRAFT_BACKENDS:
-        return f"EAGLE is not supported in attention backend {case.backend} (speculative/draft_utils.py:63-64, 126-154)"
-    if case.backend == "trtllm_mha" and case.topk > 1:
+    builders = ([case.decode] if case.num_steps > 1 else []) + [case.extend]  # draft_utils.py:84-168
+    for name in builders:
+        if name not in _DRAFT_BACKENDS:
+            return f"EAGLE is not supported in attention backend {name} (speculative/draft_utils.py:63-64, 96-154)"
+    if "trtllm_mha" in (case.backend, case.decode) and case.topk > 1:
         return "trtllm_mha only supports topk = 1 (arg_groups/speculative_hook.py:1176-1180)"
     if case.topk > 1 and page_size > 1 and case.backend not in _PAGE_TREE_SPEC_BACKENDS:
         return "topk > 1 with page_size > 1 only on flashinfer/fa3/triton (speculative_hook.py:1271-1282)"
     if case.num_steps > 1 and case.topk > 1:
-        if case.backend == "flashinfer" and case.model == "mla":
+        if case.decode == "flashinfer" and case.model == "mla":
             return "FlashInferMLAMultiStepDraftBackend raises for topk > 1 (layers/attention/flashinfer_mla_backend.py:1196-1199)"
-        if case.backend == "flashmla":
+        if case.decode == "flashmla":
             return "FlashMLAMultiStepDraftBackend raises for topk > 1 (layers/attention/flashmla_backend.py:608-611)"
-    if case.backend == "aiter" and case.topk > 1:
+    if case.extend == "aiter" and case.topk > 1:
         return "AiterAttnBackend draft extend raises for topk > 1 (layers/attention/aiter_backend.py:1396-1401, called at 2210 and 3344)"
     return None
 
@@ -171,7 +195,7 @@ def refusal(case: Case, page_size: int) -> str | None:
 # --- what the engine captures ---------------------------------------------------------
 
 def _extend_class(case: Case) -> str:
-    return _EXTEND_CLASS.get((case.backend, case.model)) or _EXTEND_CLASS[case.backend]
+    return _EXTEND_CLASS.get((case.extend, case.model)) or _EXTEND_CLASS[case.extend]
 
 
 def draft_extend_captured(case: Case) -> bool:
@@ -180,7 +204,7 @@ def draft_extend_captured(case: Case) -> bool:
         return False  # eagle_worker_v2.py:627
     if case.vendor == "hip":
         # Reads the draft-DECODE backend, which is None when num_steps == 1 (draft_utils.py:86-87).
-        aiter_multi_step = case.backend == "aiter" and case.num_steps > 1
+        aiter_multi_step = case.decode == "aiter" and case.num_steps > 1
         return aiter_multi_step or _isinstance(_extend_class(case), _HIP_EXTEND_GRAPH)
     return _isinstance(_extend_class(case), _CUDA_EXTEND_GRAPH)  # eagle_worker_v2.py:601-609
 
