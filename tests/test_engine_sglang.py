@@ -97,7 +97,13 @@ def test_graph_switches() -> None:
     assert not result[Phase.DRAFT_EXTEND].capture and result[Phase.TARGET_VERIFY].capture
     sizes = sglang.from_server_args({**EAGLE, "cuda_graph_bs_decode": "1 3 5"}).policy
     assert sizes.capture_sizes() == (1, 3, 5) and sizes.max_batch_size == 5
-    assert sglang.from_server_args({**EAGLE, "cuda_graph_max_bs": 16}).policy.max_batch_size == 16
+    policy = sglang.from_server_args({**EAGLE, "cuda_graph_max_bs": 40}).policy
+    assert policy.max_batch_size == 40
+    assert policy.capture_sizes() == (*range(1, 9), *range(10, 33, 2), 40)  # SGLang's speculative list
+    plain = sglang.from_server_args({"attention_backend": "triton", "cuda_graph_max_bs": 40}).policy
+    assert plain.capture_sizes() == (1, 2, 4, 8, 12, 16, 24, 32, 40)
+    unpadded = sglang.from_server_args({**EAGLE, "cuda_graph_max_bs": 5, "disable_cuda_graph_padding": True})
+    assert unpadded.policy.capture_sizes() == (1, 2, 3, 4, 5)
 
 
 def test_ngram_verifies_only() -> None:

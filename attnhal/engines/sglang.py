@@ -145,6 +145,7 @@ FLAGS: Mapping[str, _Flag] = {
     "cuda_graph_max_bs_decode": _Flag(_int),
     "cuda_graph_bs": _Flag(_int_list),
     "cuda_graph_bs_decode": _Flag(_int_list),
+    "disable_cuda_graph_padding": _Flag(_bool, boolean=True),
 }
 
 
@@ -294,15 +295,30 @@ def _backends(names: Mapping[str, str | None], mode: str) -> PhaseBackends:
 DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
 
 
-def _policy(values: Mapping[str, Any], env: Mapping[str, str]) -> GraphPolicy:
+def capture_sizes(max_bs: int, speculative: bool, padding: bool = True) -> tuple[int, ...]:
+    """SGLang's default decode capture batch sizes up to ``max_bs``
+    (arg_groups/cuda_graph_hook.py:499-532): denser at small sizes under speculation."""
+    if not padding:
+        sizes = list(range(1, max_bs + 1))
+    elif speculative:
+        sizes = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8), *range(272, max_bs + 1, 16)]
+    else:
+        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    return tuple(sorted({b for b in sizes if b <= max_bs} | {max_bs}))
+
+
+def _policy(values: Mapping[str, Any], env: Mapping[str, str], spec: SpecConfig) -> GraphPolicy:
     disabled = (values.get("disable_cuda_graph", False) or values.get("disable_decode_cuda_graph", False)
                 or values.get("cuda_graph_backend_decode") == "disabled")
     max_bs = values.get("cuda_graph_max_bs_decode", values.get("cuda_graph_max_bs"))
     sizes = values.get("cuda_graph_bs_decode", values.get("cuda_graph_bs"))
     if max_bs is None and sizes is not None:
         max_bs = max(sizes)
+    max_bs = max_bs or DEFAULT_MAX_BS
+    if sizes is None:
+        sizes = capture_sizes(max_bs, spec.speculative, not values.get("disable_cuda_graph_padding", False))
     off = env.get(DRAFT_EXTEND_GRAPH_OFF, "").lower() in ("1", "true")
-    return GraphPolicy(enabled=not disabled, max_batch_size=max_bs or DEFAULT_MAX_BS, batch_sizes=sizes,
+    return GraphPolicy(enabled=not disabled, max_batch_size=max_bs, batch_sizes=sizes,
                        disabled_phases=frozenset((Phase.DRAFT_EXTEND,)) if off else frozenset())
 
 
@@ -334,7 +350,7 @@ def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[
                              kv_dtype=_KV_DTYPES.get(values.get("kv_cache_dtype", "auto")),
                              page_size=values.get("page_size", DEFAULT_PAGE_SIZE))
     return EngineConfig(spec=spec, backends=_backends(names, values.get("speculative_attention_mode", "prefill")),
-                        policy=_policy(values, env or {}), context=context, roles=names, ignored=ignored,
+                        policy=_policy(values, env or {}, spec), context=context, roles=names, ignored=ignored,
                         notes=tuple(notes))
 
 
