@@ -406,7 +406,7 @@ def _engine_command(name: str, args: argparse.Namespace) -> int:
     from attnhal.engines import command
 
     if name == "cmd_engine_plan" and not args.engine:
-        raise UsageError(f"{' '.join(args.engine_args)}: engine flags need --engine (supported: sglang)")
+        raise UsageError(f"{' '.join(args.engine_args)}: engine flags need --engine (supported: sglang, vllm)")
     code: int = getattr(command, name)(args)
     return code
 
@@ -436,8 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-extend-backend")
     add_plan_input_flags(p, context=True, roles=True)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--engine", type=choice("--engine", ("sglang",)),
-                   help="read the engine's own flags after `--` (SGLang server arguments)")
+    p.add_argument("--engine", type=choice("--engine", ("sglang", "vllm")),
+                   help="read the engine's own flags after `--` (SGLang server / vLLM engine arguments)")
     p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
     p.set_defaults(func=cmd_plan)
 

@@ -12,7 +12,8 @@ import os
 from collections.abc import Sequence
 
 from attnhal import catalog
-from attnhal.engines import sglang
+from attnhal.engines import sglang, vllm
+from attnhal.engines.flags import EngineArgError
 
 __all__ = ["cmd_catalog", "cmd_engine_plan", "split_own_flags"]
 
@@ -31,7 +32,7 @@ def split_own_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
         if argv[i].startswith("--") and name in OWN_FLAGS:
             if not eq:
                 if i + 1 >= len(argv):
-                    raise sglang.EngineArgError(f"--{name}", f"--{name} needs a value")
+                    raise EngineArgError(f"--{name}", f"--{name} needs a value")
                 value, i = argv[i + 1], i + 1
             own[name] = value
         else:
@@ -50,8 +51,8 @@ def _attnhal_flags_given(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_engine_plan(args: argparse.Namespace) -> int:
-    """``attnhal plan --engine sglang -- <SGLang flags>``: the plan SGLang's flags lead to."""
-    from attnhal.cli import UsageError, format_plan, resolve_platform
+    """``attnhal plan --engine sglang|vllm -- <engine flags>``: the plan the engine's flags lead to."""
+    from attnhal.cli import UsageError
 
     mixed = _attnhal_flags_given(args)
     if mixed:
@@ -59,11 +60,50 @@ def cmd_engine_plan(args: argparse.Namespace) -> int:
                          f"and {', '.join('--' + f for f in (*OWN_FLAGS, 'json'))})")
     try:
         own, engine_argv = split_own_flags(args.engine_args)
-        env = {sglang.DRAFT_EXTEND_GRAPH_OFF: os.environ.get(sglang.DRAFT_EXTEND_GRAPH_OFF, "")}
-        config = sglang.from_server_args(sglang.parse_cli(engine_argv), env=env,
-                                         model=own.get("model") or getattr(args, "model", None))
-    except (sglang.EngineArgError, ValueError) as exc:
+        return {"sglang": _sglang_plan, "vllm": _vllm_plan}[args.engine](args, own, engine_argv)
+    except (EngineArgError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _vllm_plan(args: argparse.Namespace, own: dict[str, str], argv: list[str]) -> int:
+    from attnhal.cli import format_plan, resolve_platform
+
+    config = vllm.from_engine_args(vllm.parse_cli(argv))
+    platform = resolve_platform(own.get("platform") or args.platform)
+    result = config.plan(platform, own.get("model"))
+    entry = catalog.load(config.backend)
+    level = vllm.catalog_support(config.backend)
+    r = config.resolution
+    if args.json:
+        print(json.dumps({"engine": "vllm", "version": vllm.VLLM_VERSION, "backend": config.backend,
+                          "cg_support": level.name, "cg_conditions": entry.meta.get("cg_conditions"),
+                          "cudagraph_mode": {"requested": r.requested.value,
+                                             "resolved": r.mode.value if r.mode else None,
+                                             "steps": list(r.steps), "error": r.error},
+                          "ignored": list(config.ignored), "plan": result.to_dict()}, indent=2))
+        return 0 if result.valid and r.error is None else 1
+    conditions = entry.meta.get("cg_conditions")
+    print(f"engine: vLLM {vllm.VLLM_VERSION} -> {config.backend}: AttentionCGSupport {level.name}"
+          + (f" ({conditions})" if conditions else ""))
+    resolved = r.mode.value if r.mode else f"error: {r.error}"
+    print(f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps))
+    print(format_plan(result))
+    _print_ignored(config.ignored)
+    return 0 if result.valid and r.error is None else 1
+
+
+def _print_ignored(ignored: tuple[str, ...]) -> None:
+    if ignored:
+        print("ignored (cannot change an attention-graph decision): "
+              + ", ".join("--" + n.replace("_", "-") for n in ignored))
+
+
+def _sglang_plan(args: argparse.Namespace, own: dict[str, str], argv: list[str]) -> int:
+    from attnhal.cli import format_plan, resolve_platform
+
+    env = {sglang.DRAFT_EXTEND_GRAPH_OFF: os.environ.get(sglang.DRAFT_EXTEND_GRAPH_OFF, "")}
+    config = sglang.from_server_args(sglang.parse_cli(argv), env=env,
+                                     model=own.get("model") or getattr(args, "model", None))
     platform = resolve_platform(own.get("platform") or args.platform)
     result = config.plan(platform)
     if args.json:
@@ -83,9 +123,7 @@ def cmd_engine_plan(args: argparse.Namespace) -> int:
     for name in dict.fromkeys(n for n in config.roles.values() if n is not None):
         for differs in catalog.load(f"sglang:{name}").meta.get("engine_differs", ()):
             print(f"engine differs (sglang:{name}): {differs}")
-    if config.ignored:
-        print("ignored (cannot change an attention-graph decision): "
-              + ", ".join("--" + n.replace("_", "-") for n in config.ignored))
+    _print_ignored(config.ignored)
     return 0 if result.valid else 1
 
 

@@ -18,21 +18,15 @@ from typing import Any
 
 from attnhal import catalog
 from attnhal.capabilities import BackendCapabilities, Phase
+from attnhal.engines import flags as _flags
+from attnhal.engines.flags import EngineArgError, Flag, model_kind, one_of, positive, positive_list, truth
 from attnhal.plan import ALGORITHM_PHASES, AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform
 from attnhal.spec import ModelKind, RequestContext, SpecConfig
 
-__all__ = ["EngineArgError", "EngineConfig", "from_server_args", "parse_cli", "plan_server_args"]
+__all__ = ["EngineArgError", "EngineConfig", "capture_sizes", "from_server_args", "parse_cli", "plan_server_args", "roles"]
 
 SGLANG_VERSION = catalog.ENGINES["sglang"]
-
-
-class EngineArgError(ValueError):
-    """An SGLang argument attnhal cannot take: unknown, unmodelled, or a bad value."""
-
-    def __init__(self, flag: str, message: str) -> None:
-        self.flag = flag
-        super().__init__(f"{flag}: {message}")
 
 
 # --- the engine's vocabulary -------------------------------------------------------------
@@ -67,44 +61,6 @@ api_key skip_server_warmup enable_torch_compile torch_compile_max_bs
 """.split())
 
 
-@dataclass(frozen=True)
-class _Flag:
-    convert: Callable[[str, Any], Any]
-    boolean: bool = False
-
-
-def _int(flag: str, value: Any) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise EngineArgError(flag, f"{flag}={value!r} (supported: an integer)") from None
-    if number < 1 or isinstance(value, bool):
-        raise EngineArgError(flag, f"{flag}={value!r} (supported: an integer >= 1)")
-    return number
-
-
-def _int_list(flag: str, value: Any) -> tuple[int, ...]:
-    items = value.replace(",", " ").split() if isinstance(value, str) else list(value)
-    return tuple(_int(flag, v) for v in items)
-
-
-def _bool(flag: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).lower()
-    if text not in ("true", "false", "1", "0"):
-        raise EngineArgError(flag, f"{flag}={value!r} (supported: true or false)")
-    return text in ("true", "1")
-
-
-def _one_of(allowed: Sequence[str]) -> Callable[[str, Any], str]:
-    def convert(flag: str, value: Any) -> str:
-        if value not in allowed:
-            raise EngineArgError(flag, f"{flag}={value!r} (supported: {', '.join(allowed)})")
-        return str(value)
-    return convert
-
-
 def _backend(flag: str, value: Any) -> str:
     name = _ALIASES.get(str(value), str(value))
     try:
@@ -124,85 +80,36 @@ def _algorithm(flag: str, value: Any) -> str:
 
 
 #: The modelled arguments (release 0.5.23 names, plus the pre-0.5.23 global cuda-graph flags).
-FLAGS: Mapping[str, _Flag] = {
-    "attention_backend": _Flag(_backend),
-    "prefill_attention_backend": _Flag(_backend),
-    "decode_attention_backend": _Flag(_backend),
-    "speculative_draft_attention_backend": _Flag(_backend),
-    "speculative_algorithm": _Flag(_algorithm),
-    "speculative_num_steps": _Flag(_int),
-    "speculative_eagle_topk": _Flag(_int),
-    "speculative_num_draft_tokens": _Flag(_int),
-    "speculative_ngram_max_bfs_breadth": _Flag(_int),
-    "speculative_attention_mode": _Flag(_one_of(("prefill", "decode"))),
-    "page_size": _Flag(_int),
-    "kv_cache_dtype": _Flag(_one_of(("auto", *_KV_DTYPES))),
-    "dtype": _Flag(_one_of(("auto", *_DTYPES))),
-    "disable_cuda_graph": _Flag(_bool, boolean=True),
-    "disable_decode_cuda_graph": _Flag(_bool, boolean=True),
-    "cuda_graph_backend_decode": _Flag(_one_of(("full", "disabled"))),
-    "cuda_graph_max_bs": _Flag(_int),
-    "cuda_graph_max_bs_decode": _Flag(_int),
-    "cuda_graph_bs": _Flag(_int_list),
-    "cuda_graph_bs_decode": _Flag(_int_list),
-    "disable_cuda_graph_padding": _Flag(_bool, boolean=True),
+FLAGS: Mapping[str, Flag] = {
+    "attention_backend": Flag(_backend),
+    "prefill_attention_backend": Flag(_backend),
+    "decode_attention_backend": Flag(_backend),
+    "speculative_draft_attention_backend": Flag(_backend),
+    "speculative_algorithm": Flag(_algorithm),
+    "speculative_num_steps": Flag(positive),
+    "speculative_eagle_topk": Flag(positive),
+    "speculative_num_draft_tokens": Flag(positive),
+    "speculative_ngram_max_bfs_breadth": Flag(positive),
+    "speculative_attention_mode": Flag(one_of(("prefill", "decode"))),
+    "page_size": Flag(positive),
+    "kv_cache_dtype": Flag(one_of(("auto", *_KV_DTYPES))),
+    "dtype": Flag(one_of(("auto", *_DTYPES))),
+    "disable_cuda_graph": Flag(truth, boolean=True),
+    "disable_decode_cuda_graph": Flag(truth, boolean=True),
+    "cuda_graph_backend_decode": Flag(one_of(("full", "disabled"))),
+    "cuda_graph_max_bs": Flag(positive),
+    "cuda_graph_max_bs_decode": Flag(positive),
+    "cuda_graph_bs": Flag(positive_list),
+    "cuda_graph_bs_decode": Flag(positive_list),
+    "disable_cuda_graph_padding": Flag(truth, boolean=True),
 }
 
 
 # --- reading the arguments -----------------------------------------------------------------
 
-def _cli_name(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _check(args: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Converted modelled values (``None`` values dropped) and the ignored names."""
-    values, ignored = {}, []
-    for name, value in args.items():
-        if value is None:
-            continue
-        if name in FLAGS:
-            values[name] = FLAGS[name].convert(_cli_name(name), value)
-        elif name in HARMLESS:
-            ignored.append(name)
-        else:
-            raise EngineArgError(_cli_name(name), f"{_cli_name(name)} is not modelled by attnhal "
-                                 f"(modelled: {', '.join(_cli_name(f) for f in FLAGS)}; "
-                                 "ignored as harmless: see attnhal.engines.sglang.HARMLESS)")
-    return values, tuple(sorted(ignored))
-
-
 def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
-    """SGLang command-line flags -> ``{argument_name: text}``, unconverted.
-
-    ``--flag value`` and ``--flag=value`` both work; boolean flags take no value.
-    Unknown flags are kept (``from_server_args`` reports them with their name).
-    """
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if not token.startswith("--"):
-            raise EngineArgError(token, f"{token!r} (supported: SGLang flags written --name value)")
-        name, eq, value = token[2:].partition("=")
-        name = name.replace("-", "_")
-        flag = FLAGS.get(name)
-        if eq:
-            out[name] = value
-        elif flag is not None and flag.boolean:
-            out[name] = True
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            values = []
-            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                values.append(argv[i + 1])
-                i += 1
-            out[name] = " ".join(values)
-        elif flag is not None:
-            raise EngineArgError(_cli_name(name), f"{_cli_name(name)} needs a value")
-        else:
-            out[name] = True
-        i += 1
-    return out
+    """SGLang command-line flags -> ``{argument_name: text}`` (see :func:`attnhal.engines.flags.parse_cli`)."""
+    return _flags.parse_cli(argv, FLAGS)
 
 
 # --- building the planner's inputs -------------------------------------------------------------
@@ -322,14 +229,6 @@ def _policy(values: Mapping[str, Any], env: Mapping[str, str], spec: SpecConfig)
                        disabled_phases=frozenset((Phase.DRAFT_EXTEND,)) if off else frozenset())
 
 
-def _model(value: ModelKind | str | None) -> ModelKind | None:
-    try:
-        return ModelKind(value) if value is not None else None
-    except ValueError:
-        raise EngineArgError("--model", f"--model={value!r} (supported: {', '.join(m.value for m in ModelKind)}; "
-                                        "attnhal's flag: SGLang reads the model kind from the checkpoint)") from None
-
-
 def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[str, str] | None = None,
                      model: ModelKind | str | None = None) -> EngineConfig:
     """Translate SGLang server arguments (names as in ``ServerArgs``) into planner inputs.
@@ -339,14 +238,14 @@ def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[
     Raises :class:`EngineArgError` naming the flag for anything attnhal cannot take.
     """
     raw = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-    values, ignored = _check(raw)
+    values, ignored = _flags.check(raw, FLAGS, HARMLESS, "attnhal.engines.sglang.HARMLESS")
     notes: list[str] = []
     spec = _spec(values, notes)
     names = roles(values, spec)
     if not {"cuda_graph_max_bs", "cuda_graph_max_bs_decode", "cuda_graph_bs", "cuda_graph_bs_decode"} & set(values):
         notes.append(f"capture batch sizes up to {DEFAULT_MAX_BS}: SGLang sizes them from GPU memory; "
                      "give --cuda-graph-max-bs-decode to match a server")
-    context = RequestContext(model=_model(model), dtype=_DTYPES.get(values.get("dtype", "auto")),
+    context = RequestContext(model=model_kind(model), dtype=_DTYPES.get(values.get("dtype", "auto")),
                              kv_dtype=_KV_DTYPES.get(values.get("kv_cache_dtype", "auto")),
                              page_size=values.get("page_size", DEFAULT_PAGE_SIZE))
     return EngineConfig(spec=spec, backends=_backends(names, values.get("speculative_attention_mode", "prefill")),

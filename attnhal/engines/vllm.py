@@ -27,22 +27,30 @@ of the backend); vLLM has no topk: a tree (``topk > 1``) is never uniform for it
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from typing import Any
 
 from attnhal import catalog
 from attnhal.capabilities import BackendCapabilities, Phase, SpecLimits
-from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
+from attnhal.engines.flags import EngineArgError, Flag, check, model_kind, one_of, positive, truth
+from attnhal.engines.flags import parse_cli as parse_flags
+from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform, Vendor
+from attnhal.spec import ModelKind, RequestContext, SpecConfig
 
 __all__ = [
     "CGSupport",
     "GraphMode",
     "ModeResolution",
+    "VllmConfig",
     "catalog_support",
     "descriptor_for_level",
+    "from_engine_args",
     "min_support",
+    "parse_cli",
     "resolve_mode",
     "support_level",
 ]
@@ -184,3 +192,117 @@ def resolve_mode(requested: GraphMode, support: CGSupport, uniform_decode_query_
         downgrade(GraphMode.FULL_DECODE_ONLY if mode is GraphMode.FULL_AND_PIECEWISE else GraphMode.NONE,
                   "the model offers no piecewise capture")
     return ModeResolution(requested, mode, tuple(steps))
+
+
+# --- vLLM's own arguments -------------------------------------------------------------------
+
+VLLM_VERSION = catalog.ENGINES["vllm"]
+
+#: ``--spec-method`` / ``speculative_config.method`` -> attnhal algorithm. ``draft_model`` is a
+#: separate small draft model (attnhal's ``standalone``); ``ngram`` drafts from the context.
+_METHODS = {"eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp", "deepseek_mtp": "mtp", "draft_model": "standalone",
+            "ngram": "ngram"}
+
+#: Flags that cannot change the attention graph decision: accepted, listed as ignored.
+HARMLESS = frozenset("""
+model tokenizer revision host port served_model_name trust_remote_code seed tensor_parallel_size
+pipeline_parallel_size data_parallel_size gpu_memory_utilization max_model_len max_num_seqs
+max_num_batched_tokens dtype quantization spec_model load_format download_dir api_key
+""".split())
+
+
+def _backend(flag: str, value: Any) -> str:
+    name = f"vllm:{str(value).upper()}"
+    try:
+        catalog.load(name)
+    except catalog.CatalogError:
+        known = ", ".join(e.name for e in catalog.entries("vllm"))
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: {known})") from None
+    return name
+
+
+def _json_table(keys: Mapping[str, Flag]) -> Callable[[str, Any], dict[str, Any]]:
+    """A JSON object flag (``--speculative-config '{...}'``) whose keys are checked like flags."""
+    def convert(flag: str, value: Any) -> dict[str, Any]:
+        try:
+            table = json.loads(value) if isinstance(value, str) else dict(value)
+        except (TypeError, ValueError):
+            raise EngineArgError(flag, f"{flag}={value!r} (supported: a JSON object)") from None
+        if not isinstance(table, dict):
+            raise EngineArgError(flag, f"{flag}={value!r} (supported: a JSON object)")
+        out = {}
+        for key, item in table.items():
+            if key not in keys:
+                raise EngineArgError(f"{flag}.{key}", f"{flag}.{key} is not modelled by attnhal "
+                                     f"(modelled: {', '.join(keys)})")
+            out[key] = keys[key].convert(f"{flag}.{key}", item)
+        return out
+    return convert
+
+
+_METHOD = Flag(one_of(tuple(_METHODS)))
+_MODE = Flag(one_of(tuple(m.value for m in GraphMode)))
+
+#: The modelled arguments (vLLM 0.33.0 names: vllm/engine/arg_utils.py:1114, 1866-1873, 1891).
+FLAGS: Mapping[str, Flag] = {
+    "attention_backend": Flag(_backend),
+    "spec_method": _METHOD,
+    "spec_tokens": Flag(positive),
+    "speculative_config": Flag(_json_table({"method": _METHOD, "num_speculative_tokens": Flag(positive)})),
+    "compilation_config": Flag(_json_table({"cudagraph_mode": _MODE})),
+    "enforce_eager": Flag(truth, boolean=True),
+}
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """vLLM arguments translated: the backend, the spec, the graph mode vLLM resolves, the plan inputs."""
+
+    backend: str  # vllm:NAME
+    spec: SpecConfig
+    requested: GraphMode
+    resolution: ModeResolution
+    ignored: tuple[str, ...] = ()
+
+    def plan(self, platform: Platform | str, model: ModelKind | str | None = None) -> GraphPlan:
+        """attnhal's plan with the backend's descriptor in every role; graphs off when vLLM's mode has
+        no full graphs (piecewise graphs leave attention eager)."""
+        caps = catalog.load(self.backend).descriptor
+        full = self.resolution.mode is not None and "FULL" in (self.resolution.mode.decode, self.resolution.mode.mixed)
+        return plan(self.spec, platform, PhaseBackends.same(caps, self.spec), GraphPolicy(enabled=full),
+                    RequestContext(model=model_kind(model)))
+
+
+def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
+    """vLLM command-line flags -> ``{argument_name: text}``."""
+    return parse_flags(argv, FLAGS)
+
+
+def from_engine_args(args: Mapping[str, Any]) -> VllmConfig:
+    """Translate vLLM engine arguments (``--attention-backend``, ``--spec-method``, ``--spec-tokens``,
+    ``--speculative-config``, ``--compilation-config`` ``cudagraph_mode``, ``--enforce-eager``).
+
+    The requested mode defaults to vLLM's ``FULL_AND_PIECEWISE`` (``config/vllm.py:311, 332``);
+    ``--enforce-eager`` makes it ``NONE``. Raises :class:`EngineArgError` naming the flag.
+    """
+    values, ignored = check(args, FLAGS, HARMLESS, "attnhal.engines.vllm.HARMLESS")
+    if "attention_backend" not in values:
+        raise EngineArgError("--attention-backend", "--attention-backend is required (vLLM picks one per "
+                             "platform and model when omitted; attnhal does not model that choice)")
+    speculative = values.get("speculative_config", {})
+    method = values.get("spec_method", speculative.get("method"))
+    tokens = values.get("spec_tokens", speculative.get("num_speculative_tokens"))
+    if (method is None) != (tokens is None):
+        raise EngineArgError("--spec-tokens", "speculative decoding needs both a method and --spec-tokens")
+    if method is None:
+        spec = SpecConfig()
+    elif _METHODS[method] == "ngram":
+        spec = SpecConfig.ngram(tokens + 1)
+    else:
+        spec = SpecConfig.eagle(tokens, algorithm=_METHODS[method])
+    requested = GraphMode(values.get("compilation_config", {}).get("cudagraph_mode", "FULL_AND_PIECEWISE"))
+    if values.get("enforce_eager"):
+        requested = GraphMode.NONE
+    query_len = 1 + tokens if tokens else 1
+    resolution = resolve_mode(requested, catalog_support(values["attention_backend"]), query_len)
+    return VllmConfig(values["attention_backend"], spec, requested, resolution, ignored)
