@@ -1,4 +1,4 @@
-"""The engine side of the command line: ``attnhal catalog`` and ``attnhal plan --engine sglang -- ...``.
+"""The engine side of the command line: ``attnhal catalog`` and ``attnhal plan --engine sglang|vllm -- ...``.
 
 Kept apart from :mod:`attnhal.cli` so that the engine vocabulary lives with the
 adapters; ``attnhal.cli`` registers these commands and imports this module lazily.
@@ -59,18 +59,19 @@ def cmd_engine_plan(args: argparse.Namespace) -> int:
         raise UsageError(f"{mixed[0]} with --engine (supported: the engine's own flags after `--`, "
                          f"and {', '.join('--' + f for f in (*OWN_FLAGS, 'json'))})")
     try:
-        own, engine_argv = split_own_flags(args.engine_args)
+        given, engine_argv = split_own_flags(args.engine_args)
+        # attnhal's --platform / --model may stand before `--` as well as among the engine's flags.
+        own: dict[str, str | None] = {name: given.get(name) or getattr(args, name, None) for name in OWN_FLAGS}
         return {"sglang": _sglang_plan, "vllm": _vllm_plan}[args.engine](args, own, engine_argv)
     except (EngineArgError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
 
-def _vllm_plan(args: argparse.Namespace, own: dict[str, str], argv: list[str]) -> int:
+def _vllm_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
     from attnhal.cli import format_plan, resolve_platform
 
     config = vllm.from_engine_args(vllm.parse_cli(argv))
-    platform = resolve_platform(own.get("platform") or args.platform)
-    result = config.plan(platform, own.get("model"))
+    result = config.plan(resolve_platform(own["platform"]), own["model"])
     entry = catalog.load(config.backend)
     level = vllm.catalog_support(config.backend)
     r = config.resolution
@@ -98,14 +99,12 @@ def _print_ignored(ignored: tuple[str, ...]) -> None:
               + ", ".join("--" + n.replace("_", "-") for n in ignored))
 
 
-def _sglang_plan(args: argparse.Namespace, own: dict[str, str], argv: list[str]) -> int:
+def _sglang_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
     from attnhal.cli import format_plan, resolve_platform
 
     env = {sglang.DRAFT_EXTEND_GRAPH_OFF: os.environ.get(sglang.DRAFT_EXTEND_GRAPH_OFF, "")}
-    config = sglang.from_server_args(sglang.parse_cli(argv), env=env,
-                                     model=own.get("model") or getattr(args, "model", None))
-    platform = resolve_platform(own.get("platform") or args.platform)
-    result = config.plan(platform)
+    config = sglang.from_server_args(sglang.parse_cli(argv), env=env, model=own["model"])
+    result = config.plan(resolve_platform(own["platform"]))
     if args.json:
         print(json.dumps({"engine": "sglang", "version": sglang.SGLANG_VERSION, "roles": dict(config.roles),
                           "ignored": list(config.ignored), "notes": list(config.notes),
