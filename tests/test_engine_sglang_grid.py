@@ -48,20 +48,20 @@ ALGORITHMS = ("EAGLE", "NGRAM")
 SPEC_PHASES = (Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND, Phase.TARGET_VERIFY)
 
 #: Every difference between attnhal and the engine, by (backend, vendor, what differs) ->
-#: the entry of docs/catalog.md that explains it.
+#: the entry of docs/catalog.md that explains it. Split backends are labelled prefill/decode/mode.
+EAGER_EXTEND = "draft_extend: attnhal captures, engine eager"
+INVALID = "attnhal: plan invalid, engine runs"
 DOCUMENTED = {
-    ("aiter", "hip", "draft_extend: attnhal captures, engine eager"): "D1",
-    ("triton", "hip", "draft_extend: attnhal captures, engine eager"): "D2",
-    ("flashinfer", "cuda", "attnhal: plan invalid, engine runs"): "D3",
-    ("dsa", "cuda", "attnhal: plan invalid, engine runs"): "D4",
-    ("dsa", "hip", "attnhal: plan invalid, engine runs"): "D4",
-    ("fa4", "cuda", "attnhal: plan invalid, engine runs"): "D5",
-    ("torch_native", "cuda", "attnhal: plan invalid, engine runs"): "D6",
-    ("torch_native", "hip", "attnhal: plan invalid, engine runs"): "D6",
-    ("aiter/triton/prefill", "hip", "draft_extend: attnhal captures, engine eager"): "D7",
-    ("aiter/triton/decode", "hip", "draft_extend: attnhal captures, engine eager"): "D7",
-    ("triton/aiter/prefill", "hip", "draft_extend: attnhal captures, engine eager"): "D7",
-    ("triton/aiter/decode", "hip", "draft_extend: attnhal captures, engine eager"): "D7",
+    ("aiter", "hip", EAGER_EXTEND): "D1",
+    ("triton", "hip", EAGER_EXTEND): "D2",
+    ("flashinfer", "cuda", INVALID): "D3",
+    ("dsa", "cuda", INVALID): "D4",
+    ("dsa", "hip", INVALID): "D4",
+    ("fa4", "cuda", INVALID): "D5",
+    ("torch_native", "cuda", INVALID): "D6",
+    ("torch_native", "hip", INVALID): "D6",
+    **{(f"{pair}/{mode}", "hip", EAGER_EXTEND): "D7"
+       for pair in ("aiter/triton", "triton/aiter") for mode in ("prefill", "decode")},
 }
 
 
