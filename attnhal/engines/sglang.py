@@ -31,7 +31,7 @@ SGLANG_VERSION = catalog.ENGINES["sglang"]
 
 # --- the engine's vocabulary -------------------------------------------------------------
 
-#: Deprecated names SGLang still accepts (arg_groups/choices.py:75,79,88; speculative/draft_utils.py:109,140).
+#: Deprecated names SGLang still accepts (arg_groups/choices.py:75, 87; speculative/draft_utils.py:109, 140).
 _ALIASES = {"nsa": "dsa", "tokenspeed_mla": "cutedsl_mla"}
 #: Backends whose draft extend and default prefill SGLang builds on another backend: cute-dsl MLA
 #: is decode-only; both run trtllm-gen (draft_utils.py:137-138; arg_groups/overrides.py:1233-1260).

@@ -139,7 +139,7 @@ def _arch_refusal(case: Case, name: str) -> str | None:
         ok = (arch.startswith("sm8") and case.model == "mha") or arch.startswith("sm9")
         return None if ok else "fa3 needs SM 8.x (non-MLA) or 9.x (layers/attention/attention_registry.py:241-246)"
     if name == "trtllm_mha" and arch not in ("sm90", "sm100", "sm120"):
-        return "trtllm_mha needs SM90/SM100/SM120 (arg_groups/attention_hook.py:197-227)"
+        return "trtllm_mha needs SM90/SM100/SM120 (arg_groups/attention_hook.py:198-227)"
     if name == "trtllm_mla" and not arch.startswith(("sm10", "sm11", "sm12")):
         return "trtllm_mla needs Blackwell, SM 10.x-12.x (overrides.py:1210-1213; utils/common.py:297-303)"
     if name == "cutedsl_mla" and arch != "sm100":
