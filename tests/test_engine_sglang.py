@@ -176,3 +176,39 @@ def test_eagle_family_plans_like_eagle(algorithm: str, backend: str, platform: s
         assert other.spec.algorithm.value == {"EAGLE3": "eagle3", "NEXTN": "mtp", "STANDALONE": "standalone"}[algorithm]
         assert [(p, d.runs, d.capture) for p, d in other.phases.items()] == \
             [(p, d.runs, d.capture) for p, d in eagle.phases.items()]
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_BACKENDS = st.sampled_from(["triton", "aiter", "fa3", "fa4", "flashinfer", "flashmla", "nsa", "torch_native", "wave",
+                             "cutedsl_mla", "trtllm_mha", "nope"])
+_VALUES = {
+    "decode_attention_backend": st.sampled_from(["triton", "aiter", "flashinfer", "trtllm_mla"]),
+    "speculative_num_draft_tokens": st.integers(2, 20),
+    "speculative_attention_mode": st.sampled_from(["prefill", "decode"]),
+    "page_size": st.sampled_from([1, 16, 32, 64, 128]),
+    "kv_cache_dtype": st.sampled_from(["auto", "fp8_e4m3", "fp8_e5m2"]),
+    "disable_cuda_graph": st.booleans(),
+    "cuda_graph_bs_decode": st.sampled_from(["1 2 4", [8, 16]]),
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(args=st.fixed_dictionaries({"attention_backend": _BACKENDS, "speculative_num_steps": st.integers(1, 6),
+                                   "speculative_eagle_topk": st.integers(1, 4),
+                                   "speculative_algorithm": st.sampled_from(["EAGLE", "NEXTN", "NGRAM", "DFLASH"])},
+                                  optional=_VALUES),
+       platform=st.sampled_from(["cuda:sm90", "cuda:sm100", "hip:gfx942", "hip:gfx90a", "cpu"]),
+       model=st.sampled_from([None, "mha", "mla"]))
+def test_any_flags_give_a_plan_or_an_error_naming_a_flag(args: dict[str, object], platform: str,
+                                                          model: str | None) -> None:
+    try:
+        config = sglang.from_server_args(args, model=model)
+    except sglang.EngineArgError as exc:
+        assert exc.flag.startswith("--") and str(exc).startswith(exc.flag)
+        return
+    result = config.plan(platform)  # never raises for any accepted flags
+    for decision in result.phases.values():
+        assert decision.capture <= decision.runs
+        assert decision.capture or decision.reasons  # every "no" has a reason
