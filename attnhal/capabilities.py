@@ -47,6 +47,7 @@ __all__ = [
     "Variant",
     "When",
     "not_supported_reasons",
+    "request_reasons",
     "tokens_per_request",
 ]
 
@@ -147,19 +148,20 @@ class SpecLimits:
 
     def violations(self, spec: SpecConfig, code: ReasonCode, what: str) -> list[Reason]:
         """Reasons ``spec`` breaks these limits; ``what`` names the claim (e.g. "graph draft_extend")."""
-        actual = {"max_topk": spec.topk, "max_num_steps": spec.num_steps,
-                  "max_draft_tokens": spec.num_draft_tokens}
         out = []
-        for f in fields(self):
-            limit = getattr(self, f.name)
-            value = actual[f.name]
-            if limit is not None and value > limit:
-                name = f.name.removeprefix("max_")
-                out.append(reason(code, name, value, f"<= {limit} for {what}"))
+        for name, limit in vars(self).items():
+            if limit is not None:
+                value = getattr(spec, _SPEC_FIELD[name])
+                if value > limit:
+                    out.append(reason(code, name.removeprefix("max_"), value, f"<= {limit} for {what}"))
         return out
 
     def to_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+#: SpecLimits field -> the SpecConfig field it limits.
+_SPEC_FIELD = {"max_topk": "topk", "max_num_steps": "num_steps", "max_draft_tokens": "num_draft_tokens"}
 
 
 class FillTerm(str, Enum):
@@ -406,8 +408,7 @@ class Variant:
         bad = sorted((set(self.add) | set(self.remove)) - set(_SET_FIELDS))
         if bad:
             raise ValueError(f"variant add/remove field={bad[0]} (supported: {', '.join(_SET_FIELDS)})")
-        changes = {name: MappingProxyType({_MAPPING_FIELDS[name](k): v for k, v in value.items()})
-                   if name in _MAPPING_FIELDS else value for name, value in self.changes.items()}
+        changes = {name: _NORMALIZE.get(name, _same)(value) for name, value in self.changes.items()}
         object.__setattr__(self, "changes", MappingProxyType(changes))
         for attr in ("add", "remove"):
             edits = {name: _elements(name, items) for name, items in getattr(self, attr).items()}
@@ -428,10 +429,10 @@ class Variant:
                 values[name] = merged
             else:
                 values[name] = new
-        for name, items in self.add.items():
-            values[name] = _elements(name, values[name]) | items
+        for name, items in self.add.items():  # both sides are normalized already
+            values[name] = values[name] | items
         for name, items in self.remove.items():
-            values[name] = _elements(name, values[name]) - items
+            values[name] = values[name] - items
 
     def __hash__(self) -> int:
         return hash((self.when, self.note))
@@ -569,10 +570,33 @@ def _apply_variants(caps: BackendCapabilities, variants: Iterable[Variant]) -> B
         v.apply(values)
         notes.append(v.note or f"when {v.when}")
     # A variant that drops a phase drops its graph, run limit and fill claims with it.
-    phases = _elements("phases", values["phases"])
     for name in ("graph", "run_limits", "phase_fill"):
-        values[name] = {p: x for p, x in values[name].items() if p in phases}
-    return replace(caps, **values, variants=(), applied=(*caps.applied, *notes))
+        values[name] = MappingProxyType({p: x for p, x in values[name].items() if p in values["phases"]})
+    return _with(caps, {**values, "variants": (), "applied": (*caps.applied, *notes)})
+
+
+def _with(caps: BackendCapabilities, values: dict[str, Any]) -> BackendCapabilities:
+    """``caps`` with already-normalized ``values``, built without re-running the checks: they
+    run once per descriptor, at its construction (:func:`_validate` applies every variant)."""
+    new = object.__new__(BackendCapabilities)
+    new.__dict__.update(caps.__dict__)
+    new.__dict__.update(values)
+    return new
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _mapping(enum: type[Enum]) -> Any:
+    return lambda table: MappingProxyType({enum(k): v for k, v in table.items()})
+
+
+#: How each field a variant may change is normalized (the same as in __post_init__).
+_NORMALIZE: dict[str, Any] = {
+    **{name: _mapping(enum) for name, enum in _MAPPING_FIELDS.items()},
+    **{name: (lambda name: lambda items: _elements(name, items))(name) for name in _SET_FIELDS},
+}
 
 
 def _validate(caps: BackendCapabilities) -> None:
@@ -607,11 +631,16 @@ def _validate(caps: BackendCapabilities) -> None:
     # Each variant alone, and all of them in order, must give a well-formed descriptor.
     for i, variant in enumerate(caps.variants):
         try:
-            _apply_variants(caps, [variant])
+            _checked(_apply_variants(caps, [variant]))
         except ValueError as exc:
             raise ValueError(f"backend {caps.name!r}: variants[{i}] (when {variant.when}): {exc}") from None
     if len(caps.variants) > 1:
-        _apply_variants(caps, caps.variants)
+        _checked(_apply_variants(caps, caps.variants))
+
+
+def _checked(caps: BackendCapabilities) -> None:
+    """Run the full construction checks on a resolved descriptor."""
+    replace(caps, variants=())
 
 
 @dataclass(frozen=True)
@@ -641,8 +670,14 @@ def not_supported_reasons(
 
     Variants are resolved against the platform and the request first.
     """
-    caps = caps.resolve(Facts.of(platform, request.context))
-    out = caps.platform_reasons(platform)
+    if caps.variants:
+        caps = caps.resolve(Facts.of(platform, request.context))
+    return caps.platform_reasons(platform) + request_reasons(caps, request)
+
+
+def request_reasons(caps: BackendCapabilities, request: AttentionRequest) -> list[Reason]:
+    """The request checks of :func:`not_supported_reasons` (no platform, no variants resolved)."""
+    out: list[Reason] = []
     checks: list[tuple[ReasonCode, str, object, Iterable[object]]] = [
         (ReasonCode.PHASE, "phase", request.phase, caps.phases),
         (ReasonCode.MODEL, "model", request.model, caps.models or ()),

@@ -11,6 +11,7 @@ Which phases run is data: :data:`ALGORITHM_PHASES`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -26,8 +27,8 @@ from attnhal.capabilities import (
     Reason,
     ReasonCode,
     fmt_set,
-    not_supported_reasons,
     reason,
+    request_reasons,
     tokens_per_request,
 )
 from attnhal.platform import Platform, current
@@ -121,6 +122,10 @@ class GraphPolicy:
 
     def capture_sizes(self) -> tuple[int, ...]:
         """Sorted capture batch sizes: the given list, else 1, 2, 4, 8 then steps of 8 up to max."""
+        return self._sizes
+
+    @functools.cached_property
+    def _sizes(self) -> tuple[int, ...]:
         if self.batch_sizes is not None:
             return tuple(sorted(set(self.batch_sizes)))
         sizes = {b for b in (1, 2, 4) if b <= self.max_batch_size}
@@ -325,12 +330,14 @@ class GraphPlan:
 
 # --- the one code path ------------------------------------------------------------
 
+_RUNS_WITH = {phase: f"{phase.value} runs with algorithm in "
+                     f"{fmt_set(a for a, phases in ALGORITHM_PHASES.items() if phase in phases)}" for phase in Phase}
+
+
 def _runs(phase: Phase, spec: SpecConfig) -> Reason | None:
     """None if ``phase`` runs under ``spec``, else the reason it does not."""
     if phase not in ALGORITHM_PHASES[spec.algorithm]:
-        running = [a for a, phases in ALGORITHM_PHASES.items() if phase in phases]
-        return reason(ReasonCode.PHASE_NOT_RUN, "algorithm", spec.algorithm,
-                      f"{phase.value} runs with algorithm in {fmt_set(running)}")
+        return reason(ReasonCode.PHASE_NOT_RUN, "algorithm", spec.algorithm, _RUNS_WITH[phase])
     if phase is Phase.DRAFT_DECODE and spec.num_steps == 1:
         return reason(ReasonCode.PHASE_NOT_RUN, "num_steps", 1,
                       "draft_decode runs when num_steps > 1; the first draft token comes from draft_extend")
@@ -343,12 +350,29 @@ def _required_features(phase: Phase, spec: SpecConfig) -> frozenset[Feature]:
     return frozenset()
 
 
-def _run_reasons(phase: Phase, caps: BackendCapabilities, spec: SpecConfig,
-                 platform: Platform, context: RequestContext) -> list[Reason]:
-    """Why the resolved ``caps`` cannot run ``phase`` here (empty: it can)."""
-    request = AttentionRequest(phase=phase, dtype=context.dtype, kv_dtype=context.kv_dtype,
-                               head_size=context.head_size, page_size=context.page_size, model=context.model)
-    out = not_supported_reasons(caps, request, platform)
+@dataclass(frozen=True)
+class _Resolved:
+    """One backend as a plan reads it: resolved claims, and its phase-independent reasons."""
+
+    caps: BackendCapabilities
+    platform_reasons: list[Reason]
+    context_reasons: list[Reason]
+
+    @classmethod
+    def of(cls, caps: BackendCapabilities, facts: Facts, platform: Platform, context: RequestContext) -> _Resolved:
+        caps = caps.resolve(facts)
+        request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, head_size=context.head_size,
+                                   page_size=context.page_size, model=context.model)
+        return cls(caps, caps.platform_reasons(platform), request_reasons(caps, request))
+
+
+def _run_reasons(phase: Phase, backend: _Resolved, spec: SpecConfig) -> list[Reason]:
+    """Why the resolved backend cannot run ``phase`` here (empty: it can)."""
+    caps = backend.caps
+    out = list(backend.platform_reasons)
+    if phase not in caps.phases:
+        out.append(reason(ReasonCode.PHASE, "phase", phase, fmt_set(caps.phases)))
+    out += backend.context_reasons
     for feature in sorted(_required_features(phase, spec) - caps.features, key=lambda f: f.value):
         out.append(reason(ReasonCode.FEATURE, "feature", feature,
                           fmt_set(caps.features)
@@ -388,17 +412,25 @@ def _capture_reasons(phase: Phase, caps: BackendCapabilities, spec: SpecConfig,
 
 
 def plan_phase(phase: Phase, caps: BackendCapabilities | None, spec: SpecConfig,
-               platform: Platform, policy: GraphPolicy, context: RequestContext = RequestContext(),
+               platform: Platform, policy: GraphPolicy, context: RequestContext | None = None,
                role: str | None = None) -> PhasePlan:
-    """The decision for one phase, from that phase's own (resolved) backend descriptor only."""
+    """The decision for one phase, from that phase's own backend descriptor only."""
+    context = context or RequestContext()
+    backend = _Resolved.of(caps, Facts.of(platform, context, spec), platform, context) if caps else None
+    return _decide(phase, backend, spec, platform, policy, role)
+
+
+def _decide(phase: Phase, backend: _Resolved | None, spec: SpecConfig, platform: Platform,
+            policy: GraphPolicy, role: str | None) -> PhasePlan:
     not_run = _runs(phase, spec)
     if not_run is not None:
         return PhasePlan(runs=False, capture=False, backend=None, reasons=(not_run,))
-    if caps is None:
+    if backend is None:
         missing = reason(ReasonCode.NO_BACKEND, "backend", None, f"a backend for {phase.value}")
         return PhasePlan(runs=True, capture=False, backend=None, reasons=(missing,), blocking=True, role=role)
+    caps = backend.caps
     common = dict(backend=caps.name, role=role, variants=caps.applied)
-    cannot = _run_reasons(phase, caps, spec, platform, context)
+    cannot = _run_reasons(phase, backend, spec)
     if cannot:
         return PhasePlan(runs=True, capture=False, reasons=tuple(cannot), blocking=True, **common)  # type: ignore[arg-type]
     if phase is Phase.PREFILL:
@@ -442,19 +474,21 @@ def plan(spec: SpecConfig, platform: Platform | str, backends: PhaseBackends,
     _check_type("context", context, RequestContext)
     adaptive = {n: _plan_once(spec.with_steps(n), platform, backends, policy, context)
                 for n in sorted(set(policy.step_counts or ())) if n != spec.num_steps}
-    return replace(_plan_once(spec, platform, backends, policy, context), adaptive=adaptive)
+    return _plan_once(spec, platform, backends, policy, context, adaptive)
 
 
 def _plan_once(spec: SpecConfig, platform: Platform, backends: PhaseBackends, policy: GraphPolicy,
-               context: RequestContext) -> GraphPlan:
+               context: RequestContext, adaptive: Mapping[int, GraphPlan] | None = None) -> GraphPlan:
     facts = Facts.of(platform, context, spec)
-    resolved: dict[int, BackendCapabilities] = {}  # each distinct backend resolved once per plan
+    resolved: dict[int, _Resolved] = {}  # each distinct backend resolved once per plan
     phases = {}
     for phase in Phase:
         role, caps = backends.role(phase)
+        backend = None
         if caps is not None:
             if id(caps) not in resolved:
-                resolved[id(caps)] = caps.resolve(facts)
-            caps = resolved[id(caps)]
-        phases[phase] = plan_phase(phase, caps, spec, platform, policy, context, role)
-    return GraphPlan(platform=platform.spec, spec=spec, policy=policy, phases=phases, context=context)
+                resolved[id(caps)] = _Resolved.of(caps, facts, platform, context)
+            backend = resolved[id(caps)]
+        phases[phase] = _decide(phase, backend, spec, platform, policy, role)
+    return GraphPlan(platform=platform.spec, spec=spec, policy=policy, phases=phases, context=context,
+                     adaptive=adaptive or {})

@@ -19,6 +19,7 @@ family) fixes it — otherwise ``warp_size`` is ``None`` (unknown), never a gues
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import warnings
@@ -298,6 +299,7 @@ def normalize_arch(vendor: Vendor, arch: str) -> str:
     return VENDORS[Vendor(vendor)].normalize(arch)
 
 
+@functools.lru_cache(maxsize=4096)  # pure; planners compare the same few archs over and over
 def arch_at_least(vendor: Vendor, arch: str, minimum: str) -> bool:
     """Compare two archs of one vendor. CDNA and RDNA share one gfx ordering (major, minor, stepping).
 
@@ -338,16 +340,19 @@ class ArchSet:
                 raise PlatformSpecError(f"arch range={item!r} (supported: 'a..b', 'a..' or '..b')")
 
     def __contains__(self, arch: object) -> bool:
-        return isinstance(arch, str) and any(self._holds(item, arch) for item in self.items)
-
-    def _holds(self, item: str, arch: str) -> bool:
-        lo, sep, hi = item.partition("..")
-        if not sep:
-            return VENDORS[self.vendor].normalize(lo) == arch
-        return (not lo or arch_at_least(self.vendor, arch, lo)) and (not hi or arch_at_least(self.vendor, hi, arch))
+        return isinstance(arch, str) and any(_arch_in(self.vendor, item, arch) for item in self.items)
 
     def __str__(self) -> str:
         return ", ".join(self.items)
+
+
+@functools.lru_cache(maxsize=4096)
+def _arch_in(vendor: Vendor, item: str, arch: str) -> bool:
+    """``arch`` is ``item`` (an arch, or a range ``a..b`` / ``a..`` / ``..b``) of ``vendor``."""
+    lo, sep, hi = item.partition("..")
+    if not sep:
+        return VENDORS[vendor].normalize(lo) == arch
+    return (not lo or arch_at_least(vendor, arch, lo)) and (not hi or arch_at_least(vendor, hi, arch))
 
 
 def arch_sets(table: Mapping[Vendor | str, Iterable[str]]) -> dict[Vendor, ArchSet]:

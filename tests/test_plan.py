@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Phase, ReasonCode, SpecLimits
@@ -143,3 +143,151 @@ def test_spec_config_validation_names_fields():
 def test_capture_sizes():
     assert GraphPolicy(max_batch_size=20).capture_sizes() == (1, 2, 4, 8, 16, 20)
     assert GraphPolicy(batch_sizes=(4, 1, 4)).capture_sizes() == (1, 4)
+
+
+# --- the schema-v2 fields: variants, run limits, context, roles, policy -------------------------
+
+from attnhal.capabilities import Facts, IntSet, SeqLenFill, Variant, When  # noqa: E402
+from attnhal.spec import KV_DTYPES, ModelKind, RequestContext, SpecAlgorithm  # noqa: E402
+from attnhal.testing.strategies import spec_limits  # noqa: E402
+
+GRAPHLESS_VENDOR_FACTS = ("model", "page_size", "kv_dtype", "topk", "num_steps", "algorithm")
+ALGORITHMS = [a for a in SpecAlgorithm if a is not SpecAlgorithm.NONE]
+
+
+def int_sets():
+    return st.one_of(st.frozensets(st.integers(1, 6), min_size=1).map(IntSet),
+                     st.builds(IntSet, min=st.none() | st.integers(1, 4), max=st.none() | st.integers(2, 8)))
+
+
+def whens(vendor_facts: bool = True):
+    options = {"model": st.frozensets(st.sampled_from(list(ModelKind)), min_size=1),
+               "page_size": int_sets(), "topk": int_sets(), "num_steps": int_sets(),
+               "kv_dtype": st.frozensets(st.sampled_from(KV_DTYPES), min_size=1),
+               "algorithm": st.frozensets(st.sampled_from(list(SpecAlgorithm)), min_size=1)}
+    if vendor_facts:
+        options |= {"vendor": st.frozensets(st.sampled_from(list(Vendor)), min_size=1),
+                    "arch": st.just({Vendor.CUDA: ("sm90..",), Vendor.HIP: ("gfx942",)})}
+    return st.fixed_dictionaries({}, optional=options).filter(bool).map(lambda d: When(**d))
+
+
+@st.composite
+def conditional_descriptors(draw, vendors=tuple(Vendor), vendor_facts=True):
+    """descriptors() plus run limits, models, page sizes, per-phase fills and up to 4 variants."""
+    base = draw(descriptors(vendors=vendors, min_arch=vendor_facts))
+    phases = sorted(base.phases)
+    graphable = [p for p in phases if p in GRAPH_PHASES]
+    limits_by_phase = lambda keys: st.dictionaries(st.sampled_from(keys), st.none() | spec_limits()) if keys \
+        else st.just({})  # noqa: E731
+    changes = st.fixed_dictionaries({}, optional={
+        "graph": limits_by_phase(graphable), "run_limits": limits_by_phase(phases),
+        "multi_step": st.none() | spec_limits(),
+        "page_sizes": st.frozensets(st.sampled_from([1, 16, 64]), min_size=1),
+        "models": st.frozensets(st.sampled_from(list(ModelKind)), min_size=1),
+    })
+    variants = draw(st.lists(st.builds(Variant, whens(vendor_facts), changes.filter(bool)), max_size=4))
+    run_limits = draw(st.dictionaries(st.sampled_from(phases), spec_limits())) if phases else {}
+    fills = draw(st.dictionaries(st.sampled_from(graphable), st.builds(
+        SeqLenFill, st.integers(0, 2), at_least=st.integers(0, 2), at_least_plus=st.sampled_from(list(FillTerm))))) \
+        if graphable else {}
+    return replace(base, variants=tuple(variants), run_limits=run_limits, phase_fill=fills,
+                   page_sizes=draw(st.frozensets(st.sampled_from([1, 16, 64]), min_size=1)))
+
+
+from attnhal.capabilities import FillTerm  # noqa: E402
+
+contexts = st.builds(RequestContext, model=st.none() | st.sampled_from(list(ModelKind)),
+                     page_size=st.none() | st.sampled_from([1, 16, 64]),
+                     kv_dtype=st.none() | st.sampled_from(KV_DTYPES))
+
+
+@st.composite
+def algorithm_specs(draw):
+    spec = draw(spec_configs())
+    if not spec.speculative:
+        return spec
+    return SpecConfig(draw(st.sampled_from(ALGORITHMS)), spec.num_steps, spec.topk, spec.num_draft_tokens)
+
+
+@st.composite
+def policies_for(draw, spec):
+    # Adaptive step counts the spec can take: a tree keeps its draft-token count.
+    lowest = 1 if spec.topk == 1 else -(-(spec.num_draft_tokens - 1) // spec.topk)
+    return GraphPolicy(enabled=draw(st.booleans()), max_batch_size=draw(st.integers(1, 64)),
+                       disabled_phases=draw(st.frozensets(st.sampled_from(GRAPH_PHASES))),
+                       step_counts=draw(st.none() | st.lists(st.integers(lowest, 6), min_size=1, max_size=3)),
+                       max_tokens=draw(st.none() | st.integers(1, 256)))
+
+
+maybe_cond = st.none() | conditional_descriptors()
+
+
+@settings(max_examples=60)
+@given(algorithm_specs(), platforms(), contexts, st.data(),
+       st.tuples(*[maybe_cond] * 6), st.sampled_from(["prefill", "decode"]))
+def test_v2_never_raises_and_every_no_has_a_reason(spec, platform, context, data, roles, mode):
+    target, draft, extend, prefill, decode, verify = roles
+    backends = PhaseBackends(target, draft, extend, prefill, decode, verify, speculative_attention_mode=mode)
+    p = plan(spec, platform, backends, data.draw(policies_for(spec)), context)
+    for sub in (p, *p.adaptive.values()):
+        for phase, d in sub.phases.items():
+            assert d.capture <= d.runs and (d.capture or d.reasons), f"{phase} has no reason"
+            assert all("=" in r.message and "(supported: " in r.message for r in d.reasons)
+            assert d.capture == bool(d.capture_sizes) and (d.seq_len_fill is not None) == d.capture
+    assert p.valid == (all(not d.blocking for d in p.phases.values()) and all(a.valid for a in p.adaptive.values()))
+
+
+@settings(max_examples=60)
+@given(algorithm_specs(), contexts, st.data(),
+       conditional_descriptors(vendors=(Vendor.CUDA, Vendor.HIP), vendor_facts=False),
+       conditional_descriptors(vendors=(Vendor.CUDA, Vendor.HIP), vendor_facts=False))
+def test_v2_vendor_symmetry(spec, context, data, target, draft):
+    both = {Vendor.CUDA, Vendor.HIP}
+    target, draft = replace(target, vendors=both), replace(draft, vendors=both)
+    b = PhaseBackends(target, draft, draft, decode=draft)
+    policy = data.draw(policies_for(spec))
+    cuda, hip = (plan(spec, parse(s), b, policy, context) for s in ("cuda:sm90", "hip:gfx942"))
+    assert cuda.to_dict()["phases"] == hip.to_dict()["phases"] and cuda.valid == hip.valid
+
+
+EXPLICIT_ROLE = {Phase.PREFILL: "prefill", Phase.DECODE: "decode", Phase.TARGET_VERIFY: "target_verify",
+                 Phase.DRAFT_DECODE: "draft_decode", Phase.DRAFT_EXTEND: "draft_extend"}
+
+
+@settings(max_examples=50)
+@given(algorithm_specs(), platforms(), contexts, st.sampled_from(list(Phase)), st.sampled_from(["prefill", "decode"]),
+       st.lists(st.integers(0, 2), min_size=5, max_size=5), st.tuples(*[conditional_descriptors()] * 3))
+def test_v2_each_phase_reads_only_its_own_backend_including_split_roles(spec, platform, context, phase, mode,
+                                                                        picks, pool):
+    *_, other = pool
+    target, draft, extend, prefill, decode = (pool[i] for i in picks)
+    first = PhaseBackends(target, draft, extend, prefill=prefill, decode=decode, speculative_attention_mode=mode)
+    own = first.for_phase(phase)
+    # Every role is `other` except the one this phase reads, set explicitly.
+    second = PhaseBackends(**{**dict.fromkeys(EXPLICIT_ROLE.values(), other), "target": other,
+                              EXPLICIT_ROLE[phase]: own})
+    a, b = plan(spec, platform, first, context=context), plan(spec, platform, second, context=context)
+    assert replace(a[phase], role=None) == replace(b[phase], role=None)
+
+
+@given(algorithm_specs(), platforms(), contexts, conditional_descriptors())
+def test_v2_run_limit_violated_means_invalid(spec, platform, context, caps):
+    p = plan(spec, platform, PhaseBackends(caps, caps, caps), context=context)
+    resolved = caps.resolve(Facts.of(platform, context, spec))
+    for phase, d in p.phases.items():
+        limits = resolved.run_limits.get(phase)
+        if d.runs and limits is not None and limits.violations(spec, ReasonCode.SPEC_LIMIT, "x"):
+            assert not p.valid and d.blocking and not d.capture
+            if not resolved.platform_reasons(platform):
+                assert ReasonCode.SPEC_LIMIT in {r.code for r in d.reasons}
+
+
+@given(conditional_descriptors(), platforms(), contexts, algorithm_specs())
+def test_resolve_is_the_base_plus_matching_variants_in_order(caps, platform, context, spec):
+    facts = Facts.of(platform, context, spec)
+    resolved = caps.resolve(facts)
+    matching = [v for v in caps.variants if v.when.matches(facts)]
+    assert resolved.applied == tuple(v.note or f"when {v.when}" for v in matching)
+    assert resolved.resolve(facts) == resolved  # resolving twice changes nothing
+    if not matching:
+        assert resolved is caps
