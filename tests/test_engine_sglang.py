@@ -212,3 +212,12 @@ def test_any_flags_give_a_plan_or_an_error_naming_a_flag(args: dict[str, object]
     for decision in result.phases.values():
         assert decision.capture <= decision.runs
         assert decision.capture or decision.reasons  # every "no" has a reason
+
+
+def test_a_full_server_args_object_through_the_modelled_names() -> None:
+    """docs/engine.md: from a ServerArgs-like object, pass the modelled names (unset ones are None)."""
+    server_args = argparse.Namespace(**EAGLE, enable_dp_attention=False, tp_size=8, page_size=None)
+    args = {name: getattr(server_args, name, None) for name in sglang.FLAGS}
+    assert sglang.from_server_args(args).plan("cuda:sm90").valid
+    with pytest.raises(sglang.EngineArgError, match="--enable-dp-attention"):
+        sglang.from_server_args(server_args)
