@@ -271,6 +271,11 @@ class IntSet:
     min: int | None = None
     max: int | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "values", frozenset(self.values))
+        if not self.values and self.min is None and self.max is None:
+            raise ValueError("IntSet() (supported: listed values, or a range with min and/or max)")
+
     def __contains__(self, value: object) -> bool:
         if not isinstance(value, int):
             return False
@@ -563,15 +568,17 @@ class BackendCapabilities:
         return []
 
 
-def _apply_variants(caps: BackendCapabilities, variants: Iterable[Variant]) -> BackendCapabilities:
+def _apply_variants(caps: BackendCapabilities, variants: Iterable[Variant], strict: bool = False) -> BackendCapabilities:
     values = {name: getattr(caps, name) for name in VARIANT_FIELDS}
     notes = []
     for v in variants:
         v.apply(values)
         notes.append(v.note or f"when {v.when}")
-    # A variant that drops a phase drops its graph, run limit and fill claims with it.
+    # A variant that drops a phase drops its graph, run limit and fill claims with it. ``strict``
+    # (the construction check) keeps claims on phases the descriptor never runs, to report them.
+    keep = values["phases"] | (frozenset(Phase) - caps.phases if strict else frozenset())
     for name in ("graph", "run_limits", "phase_fill"):
-        values[name] = MappingProxyType({p: x for p, x in values[name].items() if p in values["phases"]})
+        values[name] = MappingProxyType({p: x for p, x in values[name].items() if p in keep})
     return _with(caps, {**values, "variants": (), "applied": (*caps.applied, *notes)})
 
 
@@ -631,11 +638,11 @@ def _validate(caps: BackendCapabilities) -> None:
     # Each variant alone, and all of them in order, must give a well-formed descriptor.
     for i, variant in enumerate(caps.variants):
         try:
-            _checked(_apply_variants(caps, [variant]))
+            _checked(_apply_variants(caps, [variant], strict=True))
         except ValueError as exc:
             raise ValueError(f"backend {caps.name!r}: variants[{i}] (when {variant.when}): {exc}") from None
     if len(caps.variants) > 1:
-        _checked(_apply_variants(caps, caps.variants))
+        _checked(_apply_variants(caps, caps.variants, strict=True))
 
 
 def _checked(caps: BackendCapabilities) -> None:

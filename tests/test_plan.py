@@ -6,11 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Phase, ReasonCode, SpecLimits
+from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Facts, Phase, ReasonCode, SpecLimits
 from attnhal.descriptors import load_descriptor
 from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
 from attnhal.platform import Vendor, parse
+from attnhal.spec import RequestContext, SpecAlgorithm
 from attnhal.testing.strategies import descriptors, graph_policies, platforms, spec_configs
+from conditional_strategies import algorithm_specs, conditional_descriptors, contexts, policies_for
 
 ALL = tuple(Phase)
 TRITON_LIKE = BackendCapabilities(
@@ -147,78 +149,6 @@ def test_capture_sizes():
 
 # --- the schema-v2 fields: variants, run limits, context, roles, policy -------------------------
 
-from attnhal.capabilities import Facts, IntSet, SeqLenFill, Variant, When  # noqa: E402
-from attnhal.spec import KV_DTYPES, ModelKind, RequestContext, SpecAlgorithm  # noqa: E402
-from attnhal.testing.strategies import spec_limits  # noqa: E402
-
-GRAPHLESS_VENDOR_FACTS = ("model", "page_size", "kv_dtype", "topk", "num_steps", "algorithm")
-ALGORITHMS = [a for a in SpecAlgorithm if a is not SpecAlgorithm.NONE]
-
-
-def int_sets():
-    return st.one_of(st.frozensets(st.integers(1, 6), min_size=1).map(IntSet),
-                     st.builds(IntSet, min=st.none() | st.integers(1, 4), max=st.none() | st.integers(2, 8)))
-
-
-def whens(vendor_facts: bool = True):
-    options = {"model": st.frozensets(st.sampled_from(list(ModelKind)), min_size=1),
-               "page_size": int_sets(), "topk": int_sets(), "num_steps": int_sets(),
-               "kv_dtype": st.frozensets(st.sampled_from(KV_DTYPES), min_size=1),
-               "algorithm": st.frozensets(st.sampled_from(list(SpecAlgorithm)), min_size=1)}
-    if vendor_facts:
-        options |= {"vendor": st.frozensets(st.sampled_from(list(Vendor)), min_size=1),
-                    "arch": st.just({Vendor.CUDA: ("sm90..",), Vendor.HIP: ("gfx942",)})}
-    return st.fixed_dictionaries({}, optional=options).filter(bool).map(lambda d: When(**d))
-
-
-@st.composite
-def conditional_descriptors(draw, vendors=tuple(Vendor), vendor_facts=True):
-    """descriptors() plus run limits, models, page sizes, per-phase fills and up to 4 variants."""
-    base = draw(descriptors(vendors=vendors, min_arch=vendor_facts))
-    phases = sorted(base.phases)
-    graphable = [p for p in phases if p in GRAPH_PHASES]
-    limits_by_phase = lambda keys: st.dictionaries(st.sampled_from(keys), st.none() | spec_limits()) if keys \
-        else st.just({})  # noqa: E731
-    changes = st.fixed_dictionaries({}, optional={
-        "graph": limits_by_phase(graphable), "run_limits": limits_by_phase(phases),
-        "multi_step": st.none() | spec_limits(),
-        "page_sizes": st.frozensets(st.sampled_from([1, 16, 64]), min_size=1),
-        "models": st.frozensets(st.sampled_from(list(ModelKind)), min_size=1),
-    })
-    variants = draw(st.lists(st.builds(Variant, whens(vendor_facts), changes.filter(bool)), max_size=4))
-    run_limits = draw(st.dictionaries(st.sampled_from(phases), spec_limits())) if phases else {}
-    fills = draw(st.dictionaries(st.sampled_from(graphable), st.builds(
-        SeqLenFill, st.integers(0, 2), at_least=st.integers(0, 2), at_least_plus=st.sampled_from(list(FillTerm))))) \
-        if graphable else {}
-    return replace(base, variants=tuple(variants), run_limits=run_limits, phase_fill=fills,
-                   page_sizes=draw(st.frozensets(st.sampled_from([1, 16, 64]), min_size=1)))
-
-
-from attnhal.capabilities import FillTerm  # noqa: E402
-
-contexts = st.builds(RequestContext, model=st.none() | st.sampled_from(list(ModelKind)),
-                     page_size=st.none() | st.sampled_from([1, 16, 64]),
-                     kv_dtype=st.none() | st.sampled_from(KV_DTYPES))
-
-
-@st.composite
-def algorithm_specs(draw):
-    spec = draw(spec_configs())
-    if not spec.speculative:
-        return spec
-    return SpecConfig(draw(st.sampled_from(ALGORITHMS)), spec.num_steps, spec.topk, spec.num_draft_tokens)
-
-
-@st.composite
-def policies_for(draw, spec):
-    # Adaptive step counts the spec can take: a tree keeps its draft-token count.
-    lowest = 1 if spec.topk == 1 else -(-(spec.num_draft_tokens - 1) // spec.topk)
-    return GraphPolicy(enabled=draw(st.booleans()), max_batch_size=draw(st.integers(1, 64)),
-                       disabled_phases=draw(st.frozensets(st.sampled_from(GRAPH_PHASES))),
-                       step_counts=draw(st.none() | st.lists(st.integers(lowest, 6), min_size=1, max_size=3)),
-                       max_tokens=draw(st.none() | st.integers(1, 256)))
-
-
 maybe_cond = st.none() | conditional_descriptors()
 
 
@@ -291,3 +221,78 @@ def test_resolve_is_the_base_plus_matching_variants_in_order(caps, platform, con
     assert resolved.resolve(facts) == resolved  # resolving twice changes nothing
     if not matching:
         assert resolved is caps
+
+
+# --- issue 15: Python API validation at the public entry points --------------------------------
+
+@pytest.mark.parametrize("kwargs, error, needle", [
+    (dict(num_steps="3"), TypeError, "num_steps='3' (supported: an int, got str)"),
+    (dict(num_steps=1.5), TypeError, "num_steps=1.5"),
+    (dict(num_steps=True), TypeError, "num_steps=True"),
+    (dict(num_steps=65), ValueError, "num_steps=65 (supported: 1..64)"),
+    (dict(num_steps=2, topk=65, num_draft_tokens=3), ValueError, "topk=65 (supported: 1..64)"),
+    (dict(num_steps=2, topk=2, num_draft_tokens=2.0), TypeError, "num_draft_tokens=2.0"),
+    (dict(num_steps=64, topk=64, num_draft_tokens=1025), ValueError, "num_draft_tokens=1025 (supported: 0..1024)"),
+    (dict(num_steps=2, algorithm="medusa"), ValueError, "algorithm='medusa' (supported: none, eagle"),
+])
+def test_spec_config_refuses_wrong_types_and_out_of_bounds(kwargs, error, needle):
+    algorithm = kwargs.pop("algorithm", "eagle")
+    with pytest.raises(error) as exc:
+        SpecConfig.eagle(**kwargs, algorithm=algorithm) if algorithm == "eagle" else SpecConfig(algorithm, **kwargs)
+    assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize("kwargs, error, needle", [
+    (dict(max_batch_size=4097), ValueError, "max_batch_size=4097 (supported: 1..4096)"),
+    (dict(max_batch_size="32"), TypeError, "max_batch_size='32'"),
+    (dict(batch_sizes=tuple(range(1, 258))), ValueError, "batch_sizes has 257 values (supported: 1..256)"),
+    (dict(batch_sizes=(1, 5000)), ValueError, "batch_sizes=5000 (supported: 1..4096)"),
+    (dict(batch_sizes="8"), TypeError, "batch_sizes='8'"),
+    (dict(step_counts=(1, 65)), ValueError, "step_counts=65 (supported: 1..64)"),
+    (dict(disabled_phases={"verify"}), ValueError, "phase='verify'"),
+    (dict(enabled="yes"), TypeError, "enabled='yes'"),
+])
+def test_graph_policy_bounds_name_the_bound(kwargs, error, needle):
+    with pytest.raises(error) as exc:
+        GraphPolicy(**kwargs)
+    assert needle in str(exc.value)
+
+
+def test_plan_argument_types():
+    spec = SpecConfig.eagle(2)
+    backends = PhaseBackends.same(TRITON_LIKE, spec)
+    assert plan(spec, "hip:gfx942", backends).to_dict() == plan(spec, parse("hip:gfx942"), backends).to_dict()
+    with pytest.raises(TypeError, match="platform=None"):
+        plan(spec, None, backends)
+    with pytest.raises(TypeError, match="spec="):
+        plan("eagle", "cuda:sm90", backends)
+    with pytest.raises(TypeError, match="backends="):
+        plan(spec, "cuda:sm90", TRITON_LIKE)
+    with pytest.raises(TypeError, match="context="):
+        plan(spec, "cuda:sm90", backends, None, {"page_size": 16})
+    with pytest.raises(TypeError, match="caps='torch'"):
+        PhaseBackends.same("torch", spec)
+    with pytest.raises(TypeError, match="draft_extend='torch'"):
+        PhaseBackends(TRITON_LIKE, draft_extend="torch")
+    with pytest.raises(ValueError, match="speculative_attention_mode='verify'"):
+        PhaseBackends(TRITON_LIKE, speculative_attention_mode="verify")
+
+
+def test_request_context_validation():
+    with pytest.raises(ValueError, match="model='moe'"):
+        RequestContext(model="moe")
+    with pytest.raises(ValueError, match="kv_dtype='int4'"):
+        RequestContext(kv_dtype="int4")
+    with pytest.raises(ValueError, match="page_size=0"):
+        RequestContext(page_size=0)
+    with pytest.raises(TypeError, match="head_size='128'"):
+        RequestContext(head_size="128")
+
+
+def test_old_import_paths_still_work():
+    import attnhal
+    from attnhal.plan import SpecAlgorithm as A
+    from attnhal.plan import SpecConfig as C
+
+    assert C is attnhal.SpecConfig and A is attnhal.SpecAlgorithm
+    assert SpecConfig.ngram(5).num_draft_tokens == 5 and SpecConfig.ngram(5).algorithm is SpecAlgorithm.NGRAM
