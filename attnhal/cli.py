@@ -258,6 +258,11 @@ def request_from(args: argparse.Namespace) -> AttentionRequest:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    if args.engine or args.engine_args:
+        return _engine_command("cmd_engine_explain", args)
+    if not args.backend:
+        raise UsageError("--backend is required (a registered name, a descriptor file, or sglang:NAME / vllm:NAME; "
+                         "or --engine sglang|vllm -- ENGINE_FLAGS)")
     platform = resolve_platform(args.platform)
     registry = default_registry()
     caps = resolve_backend(args.backend, "--backend", registry, platform)
@@ -401,11 +406,17 @@ def cmd_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", type=choice("--engine", ("sglang", "vllm")),
+                   help="read the engine's own flags after `--` (SGLang server / vLLM engine arguments)")
+    p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
+
+
 def _engine_command(name: str, args: argparse.Namespace) -> int:
     """The engine-vocabulary commands live with the adapters (attnhal.engines.command)."""
     from attnhal.engines import command
 
-    if name == "cmd_engine_plan" and not args.engine:
+    if name != "cmd_catalog" and not args.engine:
         raise UsageError(f"{' '.join(args.engine_args)}: engine flags need --engine (supported: sglang, vllm)")
     code: int = getattr(command, name)(args)
     return code
@@ -436,14 +447,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-extend-backend")
     add_plan_input_flags(p, context=True, roles=True)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--engine", type=choice("--engine", ("sglang", "vllm")),
-                   help="read the engine's own flags after `--` (SGLang server / vLLM engine arguments)")
-    p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
+    add_engine_flags(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("explain", help="why a backend does or does not fit")
     add_spec_flags(p)
-    p.add_argument("--backend", required=True, help="registered name or descriptor file")
+    p.add_argument("--backend", help="registered name, descriptor file, or sglang:NAME / vllm:NAME")
     p.add_argument("--phase", type=choice("--phase", [ph.value for ph in Phase]))
     p.add_argument("--dtype", type=choice("--dtype", DTYPES))
     p.add_argument("--kv-dtype", type=choice("--kv-dtype", KV_DTYPES))
@@ -454,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--feature", action="append", type=choice("--feature", [f.value for f in Feature]))
     add_plan_input_flags(p, context=False, roles=False)
     p.add_argument("--json", action="store_true")
+    add_engine_flags(p)
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("demo", help="the reference speculative worker end to end, checked lossless")

@@ -221,3 +221,21 @@ def test_a_full_server_args_object_through_the_modelled_names() -> None:
     assert sglang.from_server_args(args).plan("cuda:sm90").valid
     with pytest.raises(sglang.EngineArgError, match="--enable-dp-attention"):
         sglang.from_server_args(server_args)
+
+
+def test_cli_explain_with_engine_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--", "--attention-backend", "fa3", "--decode-attention-backend", "flashinfer",
+             "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2", "--platform", "cuda:sm100"]
+    code, out, _ = run(capsys, "explain", "--engine", "sglang", *flags)
+    assert code == 1
+    assert "backend 'sglang:fa3' (prefill, target_verify, draft_extend) on cuda:sm100:" in out
+    assert "does not fit: [arch] arch=sm100" in out
+    assert "backend 'sglang:flashinfer' (decode, draft_decode) on cuda:sm100:\n  fits this request" in out
+    assert "plan: INVALID" in out
+    code, out, _ = run(capsys, "explain", "--engine", "sglang", "--json", *flags)
+    data = json.loads(out)
+    assert code == 1 and [b["fits"] for b in data["backends"]] == [False, True]
+    code, out, _ = run(capsys, "explain", "--engine", "vllm", "--", "--attention-backend", "ROCM_AITER_FA",
+                       "--platform", "hip:gfx942")
+    assert code == 0 and "fits this request" in out and "AttentionCGSupport UNIFORM_BATCH" in out
+    assert run(capsys, "explain", "--platform", "cuda:sm90")[0] == 2

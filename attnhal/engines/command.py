@@ -9,13 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from attnhal import catalog
+from attnhal.capabilities import AttentionRequest, Facts, not_supported_reasons
 from attnhal.engines import sglang, vllm
-from attnhal.engines.flags import EngineArgError
+from attnhal.engines.flags import EngineArgError, model_kind
+from attnhal.platform import Platform
+from attnhal.spec import RequestContext, SpecConfig
 
-__all__ = ["cmd_catalog", "cmd_engine_plan", "split_own_flags"]
+__all__ = ["cmd_catalog", "cmd_engine_explain", "cmd_engine_plan", "split_own_flags"]
 
 #: attnhal's own flags accepted among the engine's flags (after ``--``), as in
 #: ``attnhal plan --engine sglang -- --attention-backend aiter ... --platform hip:gfx942``.
@@ -42,16 +45,16 @@ def split_own_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def _attnhal_flags_given(args: argparse.Namespace) -> list[str]:
-    """attnhal's own plan flags given beside --engine (they would be silently dropped)."""
+    """attnhal's own plan/explain flags given beside --engine (they would be silently dropped)."""
     from attnhal.cli import build_parser
 
-    defaults = vars(build_parser().parse_args(["plan"]))
+    defaults = vars(build_parser().parse_args([args.command]))
     keep = {"engine", "engine_args", "func", "json", "command", *OWN_FLAGS}
     return ["--" + k.replace("_", "-") for k, v in vars(args).items() if k not in keep and v != defaults.get(k)]
 
 
-def cmd_engine_plan(args: argparse.Namespace) -> int:
-    """``attnhal plan --engine sglang|vllm -- <engine flags>``: the plan the engine's flags lead to."""
+def _run(args: argparse.Namespace, commands: dict[str, Callable[..., int]]) -> int:
+    """Split the engine's flags from attnhal's and run the engine's command; bad input exits 2."""
     from attnhal.cli import UsageError
 
     mixed = _attnhal_flags_given(args)
@@ -62,9 +65,72 @@ def cmd_engine_plan(args: argparse.Namespace) -> int:
         given, engine_argv = split_own_flags(args.engine_args)
         # attnhal's --platform / --model may stand before `--` as well as among the engine's flags.
         own: dict[str, str | None] = {name: given.get(name) or getattr(args, name, None) for name in OWN_FLAGS}
-        return {"sglang": _sglang_plan, "vllm": _vllm_plan}[args.engine](args, own, engine_argv)
+        return commands[args.engine](args, own, engine_argv)
     except (EngineArgError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def cmd_engine_plan(args: argparse.Namespace) -> int:
+    """``attnhal plan --engine sglang|vllm -- <engine flags>``: the plan the engine's flags lead to."""
+    return _run(args, {"sglang": _sglang_plan, "vllm": _vllm_plan})
+
+
+def cmd_engine_explain(args: argparse.Namespace) -> int:
+    """``attnhal explain --engine sglang|vllm -- <engine flags>``: whether each backend the flags
+    name fits the request (platform, model, KV cache), with every reason; then the plan."""
+    return _run(args, {"sglang": _sglang_explain, "vllm": _vllm_explain})
+
+
+def _fits(names: dict[str, list[str]], platform: Platform, spec: SpecConfig, context: RequestContext,
+          as_json: bool) -> tuple[bool, list[dict[str, object]]]:
+    """Each backend's fit with the request, printed (unless ``as_json``); all fit?"""
+    facts = Facts.of(platform, context, spec)
+    request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, page_size=context.page_size,
+                               model=context.model)
+    out = []
+    for name, roles in names.items():
+        caps = catalog.load(name).descriptor.resolve(facts)
+        reasons = not_supported_reasons(caps, request, platform)
+        out.append({"backend": name, "roles": roles, "fits": not reasons, "reasons": [r.to_dict() for r in reasons]})
+        if not as_json:
+            print(f"backend {name!r} ({', '.join(roles)}) on {platform.spec}:")
+            print("  fits this request" if not reasons else "\n".join(f"  does not fit: {r}" for r in reasons))
+    return all(item["fits"] for item in out), out
+
+
+def _sglang_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
+    from attnhal.cli import resolve_platform
+
+    config = _sglang_config(argv, own)
+    platform = resolve_platform(own["platform"])
+    names: dict[str, list[str]] = {}
+    for role, name in config.roles.items():
+        if name is not None:
+            names.setdefault(f"sglang:{name}", []).append(role)
+    fits, report = _fits(names, platform, config.spec, config.context, args.json)
+    if args.json:
+        print(json.dumps({"engine": "sglang", "backends": report,
+                          "plan": config.plan(platform).to_dict()}, indent=2))
+        return 0 if fits else 1
+    print()
+    _sglang_plan(args, own, argv)
+    return 0 if fits else 1
+
+
+def _vllm_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
+    from attnhal.cli import resolve_platform
+
+    config = vllm.from_engine_args(vllm.parse_cli(argv))
+    platform = resolve_platform(own["platform"])
+    context = RequestContext(model=model_kind(own["model"]))
+    fits, report = _fits({config.backend: ["every role"]}, platform, config.spec, context, args.json)
+    if args.json:
+        print(json.dumps({"engine": "vllm", "backends": report,
+                          "plan": config.plan(platform, own["model"]).to_dict()}, indent=2))
+        return 0 if fits else 1
+    print()
+    _vllm_plan(args, own, argv)
+    return 0 if fits else 1
 
 
 def _vllm_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
@@ -99,11 +165,15 @@ def _print_ignored(ignored: tuple[str, ...]) -> None:
               + ", ".join("--" + n.replace("_", "-") for n in ignored))
 
 
+def _sglang_config(argv: list[str], own: dict[str, str | None]) -> sglang.EngineConfig:
+    env = {sglang.DRAFT_EXTEND_GRAPH_OFF: os.environ.get(sglang.DRAFT_EXTEND_GRAPH_OFF, "")}
+    return sglang.from_server_args(sglang.parse_cli(argv), env=env, model=own["model"])
+
+
 def _sglang_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
     from attnhal.cli import format_plan, resolve_platform
 
-    env = {sglang.DRAFT_EXTEND_GRAPH_OFF: os.environ.get(sglang.DRAFT_EXTEND_GRAPH_OFF, "")}
-    config = sglang.from_server_args(sglang.parse_cli(argv), env=env, model=own["model"])
+    config = _sglang_config(argv, own)
     result = config.plan(resolve_platform(own["platform"]))
     if args.json:
         print(json.dumps({"engine": "sglang", "version": sglang.SGLANG_VERSION, "roles": dict(config.roles),
