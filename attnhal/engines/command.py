@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from attnhal import catalog
 from attnhal.capabilities import AttentionRequest, Facts, not_supported_reasons
 from attnhal.engines import sglang, vllm
-from attnhal.engines.flags import EngineArgError, model_kind
+from attnhal.engines.flags import EngineArgError
+from attnhal.plan import GraphPlan
 from attnhal.platform import Platform
 from attnhal.spec import RequestContext, SpecConfig
 
@@ -98,23 +99,28 @@ def _fits(names: dict[str, list[str]], platform: Platform, spec: SpecConfig, con
     return all(item["fits"] for item in out), out
 
 
+def _explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str],
+             names: dict[str, list[str]], platform: Platform, result: GraphPlan) -> int:
+    """Each backend's fit with the plan's request, then the plan (the engine's plan command prints it)."""
+    fits, report = _fits(names, platform, result.spec, result.context, args.json)
+    if args.json:
+        print(json.dumps({"engine": args.engine, "backends": report, "plan": result.to_dict()}, indent=2))
+    else:
+        print()
+        {"sglang": _sglang_plan, "vllm": _vllm_plan}[args.engine](args, own, argv)
+    return 0 if fits else 1
+
+
 def _sglang_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
     from attnhal.cli import resolve_platform
 
     config = _sglang_config(argv, own)
-    platform = resolve_platform(own["platform"])
     names: dict[str, list[str]] = {}
     for role, name in config.roles.items():
         if name is not None:
             names.setdefault(f"sglang:{name}", []).append(role)
-    fits, report = _fits(names, platform, config.spec, config.context, args.json)
-    if args.json:
-        print(json.dumps({"engine": "sglang", "backends": report,
-                          "plan": config.plan(platform).to_dict()}, indent=2))
-        return 0 if fits else 1
-    print()
-    _sglang_plan(args, own, argv)
-    return 0 if fits else 1
+    platform = resolve_platform(own["platform"])
+    return _explain(args, own, argv, names, platform, config.plan(platform))
 
 
 def _vllm_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
@@ -122,15 +128,7 @@ def _vllm_explain(args: argparse.Namespace, own: dict[str, str | None], argv: li
 
     config = vllm.from_engine_args(vllm.parse_cli(argv))
     platform = resolve_platform(own["platform"])
-    context = RequestContext(model=model_kind(own["model"]))
-    fits, report = _fits({config.backend: ["every role"]}, platform, config.spec, context, args.json)
-    if args.json:
-        print(json.dumps({"engine": "vllm", "backends": report,
-                          "plan": config.plan(platform, own["model"]).to_dict()}, indent=2))
-        return 0 if fits else 1
-    print()
-    _vllm_plan(args, own, argv)
-    return 0 if fits else 1
+    return _explain(args, own, argv, {config.backend: ["every role"]}, platform, config.plan(platform, own["model"]))
 
 
 def _vllm_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
