@@ -316,6 +316,8 @@ class When:
     num_steps: IntSet | None = None
     topk: IntSet | None = None
     num_draft_tokens: IntSet | None = None
+    #: (fact, test) for each given condition, computed once.
+    tests: tuple[tuple[str, Any], ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -336,14 +338,15 @@ class When:
         if self.arch is not None:
             set_(self, "arch", MappingProxyType({Vendor(v): s if isinstance(s, ArchSet) else ArchSet(Vendor(v), s)
                                                  for v, s in self.arch.items()}))
-        tests = tuple((f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None)
+        tests = tuple((f.name, getattr(self, f.name)) for f in fields(self)
+                      if f.init and getattr(self, f.name) is not None)
         if not tests:
             raise ValueError("when={} (supported: at least one condition; a variant without one is a base claim)")
-        set_(self, "_tests", tests)
+        set_(self, "tests", tests)
 
     def matches(self, facts: Facts) -> bool:
         """True if every condition holds for ``facts`` (an unknown fact never holds)."""
-        for name, test in self._tests:  # type: ignore[attr-defined]
+        for name, test in self.tests:
             value = getattr(facts, name)
             if value is None:
                 return False
@@ -357,7 +360,7 @@ class When:
 
     def __str__(self) -> str:
         parts = []
-        for name, test in self._tests:  # type: ignore[attr-defined]
+        for name, test in self.tests:
             if name == "arch":
                 shown = "; ".join(f"{v.value} {s}" for v, s in test.items())
             else:

@@ -408,7 +408,7 @@ _DUMP: dict[str, Callable[[Any], Any]] = {
 
 def _dump_when(when: When) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, test in when._tests:  # type: ignore[attr-defined]
+    for name, test in when.tests:
         if name == "arch":
             out[name] = {v.value: list(s.items) for v, s in sorted(test.items())}
         elif isinstance(test, IntSet):

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from attnhal.capabilities import BackendCapabilities, Phase, SpecLimits, Variant
+from attnhal.capabilities import BackendCapabilities, Phase, SpecLimits, Variant, fmt_set
 from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
 from attnhal.platform import parse
 from attnhal.registry import Registry, default_registry
 
 __all__ = ["capability_matrix"]
 
-PLATFORMS = ("cuda:sm90", "cuda:sm80", "hip:gfx942", "hip:gfx90a", "cpu")
+PLATFORMS = ("cuda:sm100", "cuda:sm90", "cuda:sm80", "hip:gfx942", "hip:gfx90a", "cpu")
 SPECS = (
     ("no speculation", SpecConfig()),
     ("eagle steps=1", SpecConfig.eagle(1)),
@@ -74,8 +74,8 @@ def _descriptor_rows(caps: BackendCapabilities) -> list[tuple[str, str]]:
 
 def _variant_line(v: Variant) -> str:
     changes = [f"{k} = {_change(x)}" for k, x in v.changes.items()]
-    changes += [f"add {k} {_names(x)}" for k, x in v.add.items()]
-    changes += [f"remove {k} {_names(x)}" for k, x in v.remove.items()]
+    changes += [f"add {k} {fmt_set(x)}" for k, x in v.add.items()]
+    changes += [f"remove {k} {fmt_set(x)}" for k, x in v.remove.items()]
     note = f" — {v.note}" if v.note else ""
     return f"- when {v.when}: " + "; ".join(changes) + note
 
@@ -87,7 +87,7 @@ def _change(value: object) -> str:
         return "{" + ", ".join(f"{getattr(k, 'value', k)}: {_change(x) if x is not None else 'removed'}"
                                for k, x in value.items()) + "}"
     if isinstance(value, (set, frozenset)):
-        return _names(value)
+        return fmt_set(value)
     return str(value)
 
 

@@ -159,6 +159,8 @@ def _phase(value: object) -> Phase:
         raise ValueError(f"phase={value!r} (supported: {', '.join(p.value for p in Phase)})") from None
 
 
+#: The target phase whose backend target_verify follows in each mode.
+_FOLLOWS = {AttentionMode.PREFILL: Phase.PREFILL, AttentionMode.DECODE: Phase.DECODE}
 _ROLES = ("target", "draft_decode", "draft_extend", "prefill", "decode", "target_verify")
 
 
@@ -227,7 +229,7 @@ class PhaseBackends:
         if phase is Phase.TARGET_VERIFY:
             if self.target_verify is not None:
                 return "target_verify", self.target_verify
-            return self.role(Phase(self.speculative_attention_mode.value))
+            return self.role(_FOLLOWS[self.speculative_attention_mode])
         return phase.value, getattr(self, phase.value)
 
     def for_phase(self, phase: Phase) -> BackendCapabilities | None:
@@ -330,17 +332,25 @@ class GraphPlan:
 
 # --- the one code path ------------------------------------------------------------
 
-_RUNS_WITH = {phase: f"{phase.value} runs with algorithm in "
-                     f"{fmt_set(a for a, phases in ALGORITHM_PHASES.items() if phase in phases)}" for phase in Phase}
+# The fixed reasons, built once rather than in every plan.
+_NOT_RUN = {(phase, algorithm): reason(
+    ReasonCode.PHASE_NOT_RUN, "algorithm", algorithm, f"{phase.value} runs with algorithm in "
+    f"{fmt_set(a for a, phases in ALGORITHM_PHASES.items() if phase in phases)}")
+    for phase in Phase for algorithm in SpecAlgorithm if phase not in ALGORITHM_PHASES[algorithm]}
+_ONE_STEP = reason(ReasonCode.PHASE_NOT_RUN, "num_steps", 1,
+                   "draft_decode runs when num_steps > 1; the first draft token comes from draft_extend")
+_PREFILL_UNCAPTURED = reason(ReasonCode.GRAPH_UNSUPPORTED, "phase", Phase.PREFILL,
+                             "decode, draft_decode, draft_extend, target_verify; prefill has a variable token count")
+_PHASES = tuple(Phase)
 
 
 def _runs(phase: Phase, spec: SpecConfig) -> Reason | None:
     """None if ``phase`` runs under ``spec``, else the reason it does not."""
-    if phase not in ALGORITHM_PHASES[spec.algorithm]:
-        return reason(ReasonCode.PHASE_NOT_RUN, "algorithm", spec.algorithm, _RUNS_WITH[phase])
+    not_run = _NOT_RUN.get((phase, spec.algorithm))
+    if not_run is not None:
+        return not_run
     if phase is Phase.DRAFT_DECODE and spec.num_steps == 1:
-        return reason(ReasonCode.PHASE_NOT_RUN, "num_steps", 1,
-                      "draft_decode runs when num_steps > 1; the first draft token comes from draft_extend")
+        return _ONE_STEP
     return None
 
 
@@ -434,14 +444,16 @@ def _decide(phase: Phase, backend: _Resolved | None, spec: SpecConfig, platform:
     if cannot:
         return PhasePlan(runs=True, capture=False, reasons=tuple(cannot), blocking=True, **common)  # type: ignore[arg-type]
     if phase is Phase.PREFILL:
-        why = reason(ReasonCode.GRAPH_UNSUPPORTED, "phase", phase,
-                     "decode, draft_decode, draft_extend, target_verify; prefill has a variable token count")
-        return PhasePlan(runs=True, capture=False, reasons=(why,), **common)  # type: ignore[arg-type]
+        return PhasePlan(runs=True, capture=False, reasons=(_PREFILL_UNCAPTURED,), **common)  # type: ignore[arg-type]
     no_capture = _capture_reasons(phase, caps, spec, platform, policy)
     if no_capture:
         return PhasePlan(runs=True, capture=False, reasons=tuple(no_capture), **common)  # type: ignore[arg-type]
     return PhasePlan(runs=True, capture=True, capture_sizes=policy.capture_sizes_for(phase, spec),
                      seq_len_fill=caps.fill_for(phase).value(spec, phase), **common)  # type: ignore[arg-type]
+
+
+_DEFAULT_POLICY = GraphPolicy()
+_NO_CONTEXT = RequestContext()
 
 
 def plan(spec: SpecConfig, platform: Platform | str, backends: PhaseBackends,
@@ -468,9 +480,9 @@ def plan(spec: SpecConfig, platform: Platform | str, backends: PhaseBackends,
         raise TypeError(f"platform={platform!r} (supported: a Platform or a spec string like 'hip:gfx942')")
     platform = current(platform)
     _check_type("backends", backends, PhaseBackends)
-    policy = policy if policy is not None else GraphPolicy()
+    policy = policy if policy is not None else _DEFAULT_POLICY
     _check_type("policy", policy, GraphPolicy)
-    context = context if context is not None else RequestContext()
+    context = context if context is not None else _NO_CONTEXT
     _check_type("context", context, RequestContext)
     adaptive = {n: _plan_once(spec.with_steps(n), platform, backends, policy, context)
                 for n in sorted(set(policy.step_counts or ())) if n != spec.num_steps}
@@ -482,7 +494,7 @@ def _plan_once(spec: SpecConfig, platform: Platform, backends: PhaseBackends, po
     facts = Facts.of(platform, context, spec)
     resolved: dict[int, _Resolved] = {}  # each distinct backend resolved once per plan
     phases = {}
-    for phase in Phase:
+    for phase in _PHASES:
         role, caps = backends.role(phase)
         backend = None
         if caps is not None:

@@ -117,6 +117,8 @@ class VendorRow:
     family_warp: arch-name prefix -> warp size, where a family fixes it (unknown archs).
     graph_api: the graph API a real device of this vendor captures with.
     torch_device: the torch device type of a real device.
+    name_hints: marketing-name fragment -> arch, for detection where the device name does
+        not spell the arch (``"data center gpu max"`` -> ``"pvc"``).
     """
 
     vendor: Vendor
@@ -130,6 +132,7 @@ class VendorRow:
     family_warp: Mapping[str, int] = field(default_factory=dict)
     graph_api: str = "none"
     torch_device: str = "cpu"
+    name_hints: Mapping[str, str] = field(default_factory=dict)
 
     def match(self, arch: str) -> re.Match[str]:
         m = self.pattern.match(arch.strip().lower())
@@ -217,7 +220,8 @@ VENDORS: Mapping[Vendor, VendorRow] = MappingProxyType({
         "Intel GPU codename like 'pvc' (Data Center Max), 'bmg' (Arc B), 'dg2' (Arc A), 'lnl'",
         {"dg2": ArchFacts(None), "mtl": ArchFacts(None), "arl": ArchFacts(None), "pvc": ArchFacts(None),
          "lnl": ArchFacts(None), "bmg": ArchFacts(None)},
-        canonical=lambda m: m.group(1), graph_api="torch.xpu.XPUGraph", torch_device="xpu"),
+        canonical=lambda m: m.group(1), graph_api="torch.xpu.XPUGraph", torch_device="xpu",
+        name_hints={"data center gpu max": "pvc", "arc(tm) b": "bmg", "arc(tm) a": "dg2"}),
     Vendor.NPU: VendorRow(
         # Ascend AI Cores are not SIMT: there is no warp; warp_size stays unknown (None).
         Vendor.NPU, re.compile(r"^(?:ascend)?(\d{3}[a-z0-9_]*)$"),
@@ -229,7 +233,7 @@ VENDORS: Mapping[Vendor, VendorRow] = MappingProxyType({
         Vendor.MUSA, re.compile(r"^mp_?(\d{2})$"), "Moore Threads arch like 'mp21', 'mp22', 'mp31'",
         {"mp21": ArchFacts(None), "mp22": ArchFacts(None), "mp31": ArchFacts(None)},
         canonical=lambda m: f"mp{m.group(1)}", key=_cc, graph_api="torch_musa MUSAGraph",
-        torch_device="musa"),
+        torch_device="musa", name_hints={"s80": "mp21", "s3000": "mp21", "s4000": "mp22", "s5000": "mp31"}),
 })
 
 
@@ -446,11 +450,14 @@ def _detect_device() -> tuple[Vendor, str, str, str] | None:
 
 
 def _arch_from_name(vendor: Vendor, name: str) -> str:
-    """The first known arch of ``vendor`` named in a device name (``"Ascend910B3"`` -> ``"910b"``)."""
+    """The known arch of ``vendor`` a device name names (``"Ascend910B3"`` -> ``"910b"``), directly
+    or through the row's name hints (longest match first)."""
     lowered = name.lower()
-    for arch in sorted(VENDORS[vendor].known, key=len, reverse=True):
-        if arch in lowered:
-            return arch
+    row = VENDORS[vendor]
+    names = {**{arch: arch for arch in row.known}, **row.name_hints}
+    for fragment in sorted(names, key=len, reverse=True):
+        if fragment in lowered:
+            return names[fragment]
     raise PlatformSpecError(f"device name={name!r} names no known {vendor.value} arch "
                             f"(supported: {', '.join(VENDORS[vendor].known)}); set {ENV_VAR}")
 

@@ -142,3 +142,37 @@ def test_arch_sets_and_unknown_arch_ordering():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnknownArchWarning)
         assert not arch_at_least(Vendor.XPU, "xe9", "pvc") and arch_at_least(Vendor.XPU, "xe9", "xe9")
+
+
+@pytest.mark.parametrize("module, name, expected", [
+    ("npu", "Ascend910B3", "npu:910b"),
+    ("musa", "MTT S4000", "musa:mp22"),
+    ("xpu", "Intel(R) Data Center GPU Max 1550", "xpu:pvc"),
+])
+def test_detect_reads_out_of_tree_vendors_only_through_torch(monkeypatch, module, name, expected):
+    import torch
+
+    class FakeApi:  # what torch_npu / torch_musa / torch.xpu expose
+        is_available = staticmethod(lambda: True)
+        current_device = staticmethod(lambda: 0)
+        get_device_name = staticmethod(lambda index: name)
+
+    monkeypatch.delenv("ATTNHAL_PLATFORM", raising=False)
+    monkeypatch.setattr(torch, module, FakeApi, raising=False)
+    p = detect()
+    assert p.spec == expected and p.graph_kind is GraphKind.DEVICE and not p.simulated
+    assert p.torch_device == f"{module}:0" and p.device_name == name
+
+
+def test_detect_names_the_fix_for_an_unknown_device(monkeypatch):
+    import torch
+
+    class FakeNpu:
+        is_available = staticmethod(lambda: True)
+        current_device = staticmethod(lambda: 0)
+        get_device_name = staticmethod(lambda index: "Mystery 1")
+
+    monkeypatch.delenv("ATTNHAL_PLATFORM", raising=False)
+    monkeypatch.setattr(torch, "npu", FakeNpu, raising=False)
+    with pytest.raises(PlatformSpecError, match="device name='Mystery 1' names no known npu arch.*ATTNHAL_PLATFORM"):
+        detect()
