@@ -237,6 +237,8 @@ def format_plan(p: GraphPlan) -> str:
 # --- commands ------------------------------------------------------------------------
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.engine or args.engine_args:
+        return _engine_command("cmd_engine_plan", args)
     platform = resolve_platform(args.platform)
     spec = spec_from(args)
     registry = default_registry()
@@ -256,6 +258,11 @@ def request_from(args: argparse.Namespace) -> AttentionRequest:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    if args.engine or args.engine_args:
+        return _engine_command("cmd_engine_explain", args)
+    if not args.backend:
+        raise UsageError("--backend is required (a registered name, a descriptor file, or sglang:NAME / vllm:NAME; "
+                         "or --engine sglang|vllm -- ENGINE_FLAGS)")
     platform = resolve_platform(args.platform)
     registry = default_registry()
     caps = resolve_backend(args.backend, "--backend", registry, platform)
@@ -438,6 +445,22 @@ def cmd_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", type=choice("--engine", ("sglang", "vllm")),
+                   help="read the engine's own flags after `--` (SGLang server / vLLM engine arguments)")
+    p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
+
+
+def _engine_command(name: str, args: argparse.Namespace) -> int:
+    """The engine-vocabulary commands live with the adapters (attnhal.engines.command)."""
+    from attnhal.engines import command
+
+    if name != "cmd_catalog" and not args.engine:
+        raise UsageError(f"{' '.join(args.engine_args)}: engine flags need --engine (supported: sglang, vllm)")
+    code: int = getattr(command, name)(args)
+    return code
+
+
 # --- parser ----------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
@@ -464,11 +487,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-extend-backend")
     add_plan_input_flags(p, context=True, roles=True)
     p.add_argument("--json", action="store_true")
+    add_engine_flags(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("explain", help="why a backend does or does not fit")
     add_spec_flags(p)
-    p.add_argument("--backend", required=True, help="registered name or descriptor file")
+    p.add_argument("--backend", help="registered name, descriptor file, or sglang:NAME / vllm:NAME")
     p.add_argument("--phase", type=choice("--phase", [ph.value for ph in Phase]))
     p.add_argument("--dtype", type=choice("--dtype", DTYPES))
     p.add_argument("--kv-dtype", type=choice("--kv-dtype", KV_DTYPES))
@@ -479,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--feature", action="append", type=choice("--feature", [f.value for f in Feature]))
     add_plan_input_flags(p, context=False, roles=False)
     p.add_argument("--json", action="store_true")
+    add_engine_flags(p)
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("demo", help="the reference speculative worker end to end, checked lossless")
@@ -510,6 +535,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the report still lists them")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_conformance)
+
+    p = sub.add_parser("catalog", help="the catalogued attention backends of real engines (sglang:NAME, vllm:NAME)")
+    p.add_argument("--engine", help="only this engine's backends")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda args: _engine_command("cmd_catalog", args))
 
     p = sub.add_parser("docs", help="write the generated capability matrix (docs/capabilities.md)")
     p.add_argument("--path", default="docs/capabilities.md")

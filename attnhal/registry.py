@@ -78,15 +78,20 @@ class BackendEntry:
     source: str
     backend: BackendClass | None = None
     load_error: str | None = None
+    #: A descriptor with no implementation here (the engine catalogue, attnhal.catalog).
+    descriptor: BackendCapabilities | None = None
 
     @property
     def capabilities(self) -> BackendCapabilities | None:
-        return self.backend.capabilities if self.backend is not None else None
+        return self.backend.capabilities if self.backend is not None else self.descriptor
 
     def unavailable_reasons(self) -> list[Reason]:
         """Why the backend cannot be used here at all (load failure, missing modules)."""
         if self.load_error is not None:
             return [Reason(ReasonCode.LOAD_ERROR, f"load={self.source} failed: {self.load_error}")]
+        if self.backend is None and self.descriptor is not None:
+            return [Reason(ReasonCode.NO_BACKEND, f"backend={self.name} (supported: installed backends; "
+                                                  f"{self.source} is a descriptor to plan with, not an implementation)")]
         assert self.capabilities is not None
         return [Reason(ReasonCode.MODULE_MISSING, f"module={mod} (supported: importable; pip install {mod})")
                 for mod in self.capabilities.requires if importlib.util.find_spec(mod) is None]
@@ -164,7 +169,12 @@ class Registry:
 
     def get(self, name: str, platform: Platform | None = None) -> BackendEntry:
         """The entry named ``name`` (for ``platform``'s vendor when given and the name has one
-        descriptor per vendor); raises :class:`BackendUnavailable` listing the known names."""
+        descriptor per vendor); raises :class:`BackendUnavailable` listing the known names.
+        ``ENGINE:NAME`` (``sglang:aiter``) is a descriptor of the engine catalogue."""
+        from attnhal import catalog  # lazily: the catalogue reads package data
+
+        if catalog.is_catalog_name(name):
+            return catalog.registry_entry(name)
         named = [e for e in self.entries() if e.name == name]
         if not named:
             known = ", ".join(sorted({e.name for e in self.entries()})) or "none registered"
