@@ -63,14 +63,15 @@ def input_tolerance(tol: Tolerance, case: Case) -> Tolerance:
     """``tol`` (declared for unit-scale inputs) for the inputs of ``case``.
 
     ``atol`` counts in units of V's magnitude (the output is a weighted mean of V). With
-    large q/k the softmax is ill-conditioned: a correct fp32 exponent of a logit ``s`` is
-    off by ``~eps * |s|``, so the largest logit ``L`` adds ``4 eps L`` (times V's magnitude).
+    large logits (large q/k, or an explicit scale above the default) the softmax is
+    ill-conditioned: a correct fp32 exponent of a logit ``s`` is off by ``~eps * |s|``, so
+    the largest logit ``L`` adds ``4 eps L`` (times V's magnitude).
     """
     spec = case.spec
-    if spec.qk_magnitude == 1 and spec.v_magnitude == 1:
+    if spec.qk_magnitude == 1 and spec.v_magnitude == 1 and spec.scale is None:
         return tol
     atol = tol.atol
-    if spec.qk_magnitude > 1:
+    if spec.qk_magnitude > 1 or spec.scale is not None:
         atol += 4 * torch.finfo(torch.float32).eps * _largest_logit(case)
     return replace(tol, atol=atol * spec.v_magnitude)
 
