@@ -133,7 +133,7 @@ def _replay_twice(target: Target, claim: Claim, graph_claim: Claim, spec: CaseSp
 def check_inputs_unchanged(target: Target, claim: Claim) -> tuple[str, int]:
     def body(spec: CaseSpec) -> None:
         case = build_case(spec, device=target.device)
-        tensors = {"q": case.q, "k": case.k, "v": case.v, "req_to_token": case.pool.req_to_token,
+        tensors = {"q": case.q, "k": case.k, "v": case.v, "req_to_page": case.pool.req_to_page,
                    **_batch_tensors(case.batch)}
         tensors |= {f"K cache of layer {i}": c for i, c in enumerate(case.pool.k) if i != case.layer}
         tensors |= {f"V cache of layer {i}": c for i, c in enumerate(case.pool.v) if i != case.layer}
