@@ -93,6 +93,7 @@ class ReasonCode(str, Enum):
     NO_BACKEND = "no_backend"
     MULTI_STEP = "multi_step"
     SPEC_LIMIT = "spec_limit"  # a run limit: the phase cannot run with these spec settings
+    STEP_COUNT = "step_count"  # an adaptive step count the spec config cannot take
     PHASE_NOT_RUN = "phase_not_run"
     GRAPH_UNSUPPORTED = "graph_unsupported"
     GRAPH_LIMIT = "graph_limit"
