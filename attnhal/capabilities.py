@@ -535,7 +535,13 @@ class BackendCapabilities:
         _validate(self)
 
     def __hash__(self) -> int:
-        return hash((self.name, self.vendors, self.phases, tuple(sorted(self.graph.items())), self.variants))
+        # Hashing the variants formats their conditions: done once per descriptor, since the
+        # planner's resolution cache hashes the descriptor on every plan.
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.name, self.vendors, self.phases, tuple(sorted(self.graph.items())), self.variants))
+            self.__dict__["_hash"] = cached
+        return cached
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances[dtype]
@@ -592,6 +598,7 @@ def _with(caps: BackendCapabilities, values: dict[str, Any]) -> BackendCapabilit
     new = object.__new__(BackendCapabilities)
     new.__dict__.update(caps.__dict__)
     new.__dict__.update(values)
+    new.__dict__.pop("_hash", None)  # the cached hash is ``caps``'s, not this descriptor's
     return new
 
 

@@ -370,20 +370,40 @@ def _required_features(phase: Phase, spec: SpecConfig) -> frozenset[Feature]:
     return frozenset()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Resolved:
-    """One backend as a plan reads it: resolved claims, and its phase-independent reasons."""
+    """One backend as plans read it under one platform, context and spec: its resolved
+    claims, its phase-independent reasons, and the decisions made from it so far.
+
+    Everything here is a pure function of (descriptor, platform, context, spec), so one
+    instance serves every plan with those inputs (:func:`_resolved` caches it): conditions
+    are evaluated and reason messages formatted once, not on every plan.
+    """
 
     caps: BackendCapabilities
-    platform_reasons: list[Reason]
-    context_reasons: list[Reason]
+    platform: Platform
+    spec: SpecConfig
+    platform_reasons: tuple[Reason, ...]
+    context_reasons: tuple[Reason, ...]
+    decisions: dict[tuple[Phase, GraphPolicy, str | None], PhasePlan] = field(default_factory=dict, repr=False)
 
-    @classmethod
-    def of(cls, caps: BackendCapabilities, facts: Facts, platform: Platform, context: RequestContext) -> _Resolved:
-        caps = caps.resolve(facts)
-        request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, head_size=context.head_size,
-                                   page_size=context.page_size, model=context.model)
-        return cls(caps, caps.platform_reasons(platform), request_reasons(caps, request))
+    def decide(self, phase: Phase, policy: GraphPolicy, role: str | None) -> PhasePlan:
+        """The decision for ``phase`` run by this backend in ``role`` under ``policy``."""
+        key = (phase, policy, role)
+        decision = self.decisions.get(key)
+        if decision is None:
+            decision = self.decisions[key] = _decide(phase, self, self.spec, self.platform, policy, role)
+        return decision
+
+
+@functools.lru_cache(maxsize=512)
+def _resolved(caps: BackendCapabilities, platform: Platform, context: RequestContext, spec: SpecConfig) -> _Resolved:
+    """``caps`` resolved against the facts of one plan (the cached unit; see :class:`_Resolved`)."""
+    caps = caps.resolve(Facts.of(platform, context, spec))
+    request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, head_size=context.head_size,
+                               page_size=context.page_size, model=context.model)
+    return _Resolved(caps, platform, spec, tuple(caps.platform_reasons(platform)),
+                     tuple(request_reasons(caps, request)))
 
 
 def _run_reasons(phase: Phase, backend: _Resolved, spec: SpecConfig) -> list[Reason]:
@@ -435,9 +455,9 @@ def plan_phase(phase: Phase, caps: BackendCapabilities | None, spec: SpecConfig,
                platform: Platform, policy: GraphPolicy, context: RequestContext | None = None,
                role: str | None = None) -> PhasePlan:
     """The decision for one phase, from that phase's own backend descriptor only."""
-    context = context or RequestContext()
-    backend = _Resolved.of(caps, Facts.of(platform, context, spec), platform, context) if caps else None
-    return _decide(phase, backend, spec, platform, policy, role)
+    if caps is None:
+        return _decide(phase, None, spec, platform, policy, role)
+    return _resolved(caps, platform, context or _NO_CONTEXT, spec).decide(phase, policy, role)
 
 
 def _decide(phase: Phase, backend: _Resolved | None, spec: SpecConfig, platform: Platform,
@@ -516,16 +536,16 @@ def _unfit_step_count(spec: SpecConfig, num_steps: int) -> Reason | None:
 def _plan_once(spec: SpecConfig, platform: Platform, backends: PhaseBackends, policy: GraphPolicy,
                context: RequestContext, adaptive: Mapping[int, GraphPlan] | None = None,
                unfit_steps: Mapping[int, Reason] | None = None) -> GraphPlan:
-    facts = Facts.of(platform, context, spec)
-    resolved: dict[int, _Resolved] = {}  # each distinct backend resolved once per plan
+    resolved: dict[int, _Resolved] = {}  # each distinct backend looked up once per plan
     phases = {}
     for phase in _PHASES:
         role, caps = backends.role(phase)
-        backend = None
-        if caps is not None:
-            if id(caps) not in resolved:
-                resolved[id(caps)] = _Resolved.of(caps, facts, platform, context)
-            backend = resolved[id(caps)]
-        phases[phase] = _decide(phase, backend, spec, platform, policy, role)
+        if caps is None:
+            phases[phase] = _decide(phase, None, spec, platform, policy, role)
+            continue
+        backend = resolved.get(id(caps))
+        if backend is None:
+            backend = resolved[id(caps)] = _resolved(caps, platform, context, spec)
+        phases[phase] = backend.decide(phase, policy, role)
     return GraphPlan(platform=platform.spec, spec=spec, policy=policy, phases=phases, context=context,
                      adaptive=adaptive or {}, unfit_steps=unfit_steps or {})
