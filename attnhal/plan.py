@@ -311,6 +311,8 @@ class GraphPlan:
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
+        """The policy's capture sizes; each captured phase captures its own
+        ``PhasePlan.capture_sizes`` (a subset, with ``GraphPolicy.max_tokens``)."""
         return self.policy.capture_sizes()
 
     def captured_steps(self, phase: Phase | str) -> tuple[int, ...]:
