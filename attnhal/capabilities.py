@@ -93,6 +93,7 @@ class ReasonCode(str, Enum):
     NO_BACKEND = "no_backend"
     MULTI_STEP = "multi_step"
     SPEC_LIMIT = "spec_limit"  # a run limit: the phase cannot run with these spec settings
+    STEP_COUNT = "step_count"  # an adaptive step count the spec config cannot take
     PHASE_NOT_RUN = "phase_not_run"
     GRAPH_UNSUPPORTED = "graph_unsupported"
     GRAPH_LIMIT = "graph_limit"
@@ -536,7 +537,13 @@ class BackendCapabilities:
         _validate(self)
 
     def __hash__(self) -> int:
-        return hash((self.name, self.vendors, self.phases, tuple(sorted(self.graph.items())), self.variants))
+        # Hashing the variants formats their conditions: done once per descriptor, since the
+        # planner's resolution cache hashes the descriptor on every plan.
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.name, self.vendors, self.phases, tuple(sorted(self.graph.items())), self.variants))
+            self.__dict__["_hash"] = cached
+        return cached
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances[dtype]
@@ -599,6 +606,7 @@ def _with(caps: BackendCapabilities, values: dict[str, Any]) -> BackendCapabilit
     new = object.__new__(BackendCapabilities)
     new.__dict__.update(caps.__dict__)
     new.__dict__.update(values)
+    new.__dict__.pop("_hash", None)  # the cached hash is ``caps``'s, not this descriptor's
     return new
 
 

@@ -274,6 +274,9 @@ class GraphPlan:
 
     With adaptive step counts (``GraphPolicy.step_counts``), ``adaptive`` holds
     the plan at each other step count; the plan is valid only if all are.
+    ``unfit_steps`` holds the step counts the spec config cannot take at all (a
+    tree whose ``num_draft_tokens`` exceeds ``topk * num_steps + 1``), each with
+    its ``step_count`` reason; any makes the plan invalid.
     """
 
     platform: str
@@ -282,10 +285,12 @@ class GraphPlan:
     phases: Mapping[Phase, PhasePlan] = field(default_factory=dict)
     context: RequestContext = RequestContext()
     adaptive: Mapping[int, GraphPlan] = field(default_factory=dict)
+    unfit_steps: Mapping[int, Reason] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phases", MappingProxyType(dict(self.phases)))
         object.__setattr__(self, "adaptive", MappingProxyType(dict(self.adaptive)))
+        object.__setattr__(self, "unfit_steps", MappingProxyType(dict(self.unfit_steps)))
 
     def __getitem__(self, phase: Phase | str) -> PhasePlan:
         return self.phases[Phase(phase)]
@@ -295,8 +300,10 @@ class GraphPlan:
 
     @property
     def valid(self) -> bool:
-        """False if a phase that runs has no backend able to run it (at any planned step count)."""
-        return not any(p.blocking for p in self.phases.values()) and all(a.valid for a in self.adaptive.values())
+        """False if a phase that runs has no backend able to run it (at any planned step count),
+        or if a planned step count does not fit the spec config."""
+        return (not self.unfit_steps and not any(p.blocking for p in self.phases.values())
+                and all(a.valid for a in self.adaptive.values()))
 
     @property
     def captured(self) -> tuple[Phase, ...]:
@@ -304,6 +311,8 @@ class GraphPlan:
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
+        """The policy's capture sizes; each captured phase captures its own
+        ``PhasePlan.capture_sizes`` (a subset, with ``GraphPolicy.max_tokens``)."""
         return self.policy.capture_sizes()
 
     def captured_steps(self, phase: Phase | str) -> tuple[int, ...]:
@@ -324,9 +333,12 @@ class GraphPlan:
         given = {k: getattr(v, "value", v) for k, v in vars(self.context).items() if v is not None}
         if given:
             out["context"] = given
-        if self.adaptive:
-            out["adaptive"] = {str(n): {"valid": p.valid, "captured": [ph.value for ph in p.captured]}
-                               for n, p in sorted(self.adaptive.items())}
+        if self.adaptive or self.unfit_steps:
+            steps: dict[int, dict[str, Any]] = {
+                n: {"valid": p.valid, "captured": [ph.value for ph in p.captured]} for n, p in self.adaptive.items()}
+            steps.update({n: {"valid": False, "captured": [], "reasons": [r.to_dict()]}
+                          for n, r in self.unfit_steps.items()})
+            out["adaptive"] = {str(n): steps[n] for n in sorted(steps)}
         return out
 
 
@@ -360,20 +372,40 @@ def _required_features(phase: Phase, spec: SpecConfig) -> frozenset[Feature]:
     return frozenset()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Resolved:
-    """One backend as a plan reads it: resolved claims, and its phase-independent reasons."""
+    """One backend as plans read it under one platform, context and spec: its resolved
+    claims, its phase-independent reasons, and the decisions made from it so far.
+
+    Everything here is a pure function of (descriptor, platform, context, spec), so one
+    instance serves every plan with those inputs (:func:`_resolved` caches it): conditions
+    are evaluated and reason messages formatted once, not on every plan.
+    """
 
     caps: BackendCapabilities
-    platform_reasons: list[Reason]
-    context_reasons: list[Reason]
+    platform: Platform
+    spec: SpecConfig
+    platform_reasons: tuple[Reason, ...]
+    context_reasons: tuple[Reason, ...]
+    decisions: dict[tuple[Phase, GraphPolicy, str | None], PhasePlan] = field(default_factory=dict, repr=False)
 
-    @classmethod
-    def of(cls, caps: BackendCapabilities, facts: Facts, platform: Platform, context: RequestContext) -> _Resolved:
-        caps = caps.resolve(facts)
-        request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, head_size=context.head_size,
-                                   page_size=context.page_size, model=context.model)
-        return cls(caps, caps.platform_reasons(platform), request_reasons(caps, request))
+    def decide(self, phase: Phase, policy: GraphPolicy, role: str | None) -> PhasePlan:
+        """The decision for ``phase`` run by this backend in ``role`` under ``policy``."""
+        key = (phase, policy, role)
+        decision = self.decisions.get(key)
+        if decision is None:
+            decision = self.decisions[key] = _decide(phase, self, self.spec, self.platform, policy, role)
+        return decision
+
+
+@functools.lru_cache(maxsize=512)
+def _resolved(caps: BackendCapabilities, platform: Platform, context: RequestContext, spec: SpecConfig) -> _Resolved:
+    """``caps`` resolved against the facts of one plan (the cached unit; see :class:`_Resolved`)."""
+    caps = caps.resolve(Facts.of(platform, context, spec))
+    request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, head_size=context.head_size,
+                               page_size=context.page_size, model=context.model)
+    return _Resolved(caps, platform, spec, tuple(caps.platform_reasons(platform)),
+                     tuple(request_reasons(caps, request)))
 
 
 def _run_reasons(phase: Phase, backend: _Resolved, spec: SpecConfig) -> list[Reason]:
@@ -425,9 +457,9 @@ def plan_phase(phase: Phase, caps: BackendCapabilities | None, spec: SpecConfig,
                platform: Platform, policy: GraphPolicy, context: RequestContext | None = None,
                role: str | None = None) -> PhasePlan:
     """The decision for one phase, from that phase's own backend descriptor only."""
-    context = context or RequestContext()
-    backend = _Resolved.of(caps, Facts.of(platform, context, spec), platform, context) if caps else None
-    return _decide(phase, backend, spec, platform, policy, role)
+    if caps is None:
+        return _decide(phase, None, spec, platform, policy, role)
+    return _resolved(caps, platform, context or _NO_CONTEXT, spec).decide(phase, policy, role)
 
 
 def _decide(phase: Phase, backend: _Resolved | None, spec: SpecConfig, platform: Platform,
@@ -484,23 +516,38 @@ def plan(spec: SpecConfig, platform: Platform | str, backends: PhaseBackends,
     _check_type("policy", policy, GraphPolicy)
     context = context if context is not None else _NO_CONTEXT
     _check_type("context", context, RequestContext)
+    counts = sorted(set(policy.step_counts or ()) - {spec.num_steps})
+    unfit = {n: r for n in counts if (r := _unfit_step_count(spec, n)) is not None}
     adaptive = {n: _plan_once(spec.with_steps(n), platform, backends, policy, context)
-                for n in sorted(set(policy.step_counts or ())) if n != spec.num_steps}
-    return _plan_once(spec, platform, backends, policy, context, adaptive)
+                for n in counts if n not in unfit}
+    return _plan_once(spec, platform, backends, policy, context, adaptive, unfit)
+
+
+def _unfit_step_count(spec: SpecConfig, num_steps: int) -> Reason | None:
+    """None if ``spec`` can run at ``num_steps`` draft steps, else why not: a tree keeps its
+    ``num_draft_tokens``, which must fit the ``topk * num_steps + 1`` tokens of the smaller tree."""
+    fits = spec.topk * num_steps + 1
+    if spec.topk == 1 or spec.num_draft_tokens <= fits:
+        return None
+    lowest = -(-(spec.num_draft_tokens - 1) // spec.topk)
+    return reason(ReasonCode.STEP_COUNT, "step_counts", num_steps,
+                  f">= {lowest}: num_draft_tokens={spec.num_draft_tokens} needs topk * num_steps + 1 "
+                  f">= {spec.num_draft_tokens} with topk={spec.topk}")
 
 
 def _plan_once(spec: SpecConfig, platform: Platform, backends: PhaseBackends, policy: GraphPolicy,
-               context: RequestContext, adaptive: Mapping[int, GraphPlan] | None = None) -> GraphPlan:
-    facts = Facts.of(platform, context, spec)
-    resolved: dict[int, _Resolved] = {}  # each distinct backend resolved once per plan
+               context: RequestContext, adaptive: Mapping[int, GraphPlan] | None = None,
+               unfit_steps: Mapping[int, Reason] | None = None) -> GraphPlan:
+    resolved: dict[int, _Resolved] = {}  # each distinct backend looked up once per plan
     phases = {}
     for phase in _PHASES:
         role, caps = backends.role(phase)
-        backend = None
-        if caps is not None:
-            if id(caps) not in resolved:
-                resolved[id(caps)] = _Resolved.of(caps, facts, platform, context)
-            backend = resolved[id(caps)]
-        phases[phase] = _decide(phase, backend, spec, platform, policy, role)
+        if caps is None:
+            phases[phase] = _decide(phase, None, spec, platform, policy, role)
+            continue
+        backend = resolved.get(id(caps))
+        if backend is None:
+            backend = resolved[id(caps)] = _resolved(caps, platform, context, spec)
+        phases[phase] = backend.decide(phase, policy, role)
     return GraphPlan(platform=platform.spec, spec=spec, policy=policy, phases=phases, context=context,
-                     adaptive=adaptive or {})
+                     adaptive=adaptive or {}, unfit_steps=unfit_steps or {})

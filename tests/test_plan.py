@@ -164,7 +164,10 @@ def test_v2_never_raises_and_every_no_has_a_reason(spec, platform, context, data
             assert d.capture <= d.runs and (d.capture or d.reasons), f"{phase} has no reason"
             assert all("=" in r.message and "(supported: " in r.message for r in d.reasons)
             assert d.capture == bool(d.capture_sizes) and (d.seq_len_fill is not None) == d.capture
-    assert p.valid == (all(not d.blocking for d in p.phases.values()) and all(a.valid for a in p.adaptive.values()))
+    assert not set(p.unfit_steps) & set(p.adaptive)
+    assert all(r.code is ReasonCode.STEP_COUNT and "(supported: " in r.message for r in p.unfit_steps.values())
+    assert p.valid == (not p.unfit_steps and all(not d.blocking for d in p.phases.values())
+                       and all(a.valid for a in p.adaptive.values()))
 
 
 @settings(max_examples=60)

@@ -229,6 +229,19 @@ def test_adaptive_step_counts_valid_for_each_and_say_which_are_captured():
     assert bad.to_dict()["adaptive"]["5"]["valid"] is False
 
 
+def test_adaptive_step_count_a_tree_cannot_take_is_an_invalid_plan_with_a_reason():
+    caps = toml(ALL_GRAPHS)
+    spec = SpecConfig.eagle(3, topk=2, num_draft_tokens=7)  # 7 tokens need num_steps >= 3 with topk 2
+    p = plan_with(caps, spec, policy=GraphPolicy(step_counts=(1, 2, 4)))
+    assert not p.valid and set(p.unfit_steps) == {1, 2} and set(p.adaptive) == {4}
+    assert p.adaptive[4].valid and p.adaptive[4].spec.num_draft_tokens == 7
+    assert p.unfit_steps[1].code is ReasonCode.STEP_COUNT
+    assert p.unfit_steps[2].message.startswith("step_counts=2 (supported: >= 3: num_draft_tokens=7")
+    assert p.to_dict()["adaptive"]["1"] == {"valid": False, "captured": [],
+                                            "reasons": [p.unfit_steps[1].to_dict()]}
+    assert plan_with(caps, spec, policy=GraphPolicy(step_counts=(3, 4))).valid
+
+
 def test_capture_sizes_from_the_spec_width():
     caps = toml(ALL_GRAPHS)
     spec = SpecConfig.eagle(3, topk=4, num_draft_tokens=8)
@@ -268,3 +281,22 @@ def test_fp8_condition_reads_the_platform_fp8_flavour():
     assert plan_with(caps, CHAIN, "hip:gfx942", fp8).valid
     old = plan_with(caps, CHAIN, "cuda:sm80", fp8)
     assert not old.valid and codes(old[Phase.PREFILL]) == [ReasonCode.KV_DTYPE]
+
+
+def test_cached_plans_equal_cold_ones_and_follow_every_input():
+    """The planner caches per (descriptor, platform, context, spec): a re-plan equals a cold
+    plan, and a change of any input (policy included) is planned afresh."""
+    import importlib
+
+    plan_module = importlib.import_module("attnhal.plan")
+    caps = toml(ALL_GRAPHS.replace("draft_decode = {}", "draft_decode = {max_num_steps = 2}"))
+    spec = SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
+    warm = plan_with(caps, spec)
+    plan_module._resolved.cache_clear()
+    assert plan_with(caps, spec).to_dict() == warm.to_dict()
+    assert plan_with(caps, spec)[Phase.TARGET_VERIFY] is plan_with(caps, spec)[Phase.TARGET_VERIFY]
+    assert not plan_with(caps, spec, policy=GraphPolicy(enabled=False))[Phase.TARGET_VERIFY].capture
+    assert plan_with(caps, spec, platform="hip:gfx942,nographs")[Phase.TARGET_VERIFY].reasons[0].code \
+        is ReasonCode.NO_GRAPH_API
+    assert plan_with(caps, SpecConfig.eagle(2, topk=2, num_draft_tokens=4))[Phase.DRAFT_DECODE].capture
+    assert not warm[Phase.DRAFT_DECODE].capture  # over max_num_steps = 2 at 3 steps

@@ -15,7 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnhal.capabilities import Phase
+from attnhal.backend import PADDING_REQ
+from attnhal.capabilities import FillTerm, Phase, SeqLenFill, Variant, When
 from attnhal.plan import GraphPolicy, SpecConfig
 from attnhal.platform import parse
 from attnhal.reference.model import ModelConfig, TinyLlama, draft_of
@@ -126,6 +127,42 @@ def test_invalid_plan_is_an_error_with_reasons():
     with pytest.raises(PlanInvalid, match="draft_decode: .multi_step."):
         SpecWorker(TARGET, DRAFT, SpecConfig.eagle(2), platform="cpu", backend="no-multi-step",
                    registry=registry, max_context_len=CONTEXT)
+
+
+PADDED_FILLS: dict[Phase, set[int]] = {}
+
+
+class PerPhaseFill(TorchBackend):
+    """The torch backend with a fill rule per phase (one only through a HIP variant); records the
+    seq lens of the padded rows (request row 0) of every replay."""
+
+    capabilities = replace(
+        TorchBackend.capabilities, name="per-phase-fill",
+        phase_fill={Phase.DRAFT_EXTEND: SeqLenFill(2), Phase.TARGET_VERIFY: SeqLenFill(1, plus=FillTerm.WIDTH)},
+        variants=(Variant(When(vendor={"hip"}), {"phase_fill": {Phase.DRAFT_DECODE: SeqLenFill(3)}}, note="hip"),))
+
+    def init_replay_metadata(self, batch):
+        padded = batch.seq_lens[batch.req_pool_indices == PADDING_REQ]
+        PADDED_FILLS.setdefault(batch.phase, set()).update(padded.tolist())
+        super().init_replay_metadata(batch)
+
+
+def test_worker_runs_the_plans_per_phase_sizes_and_fills_end_to_end():
+    registry = Registry(discover=lambda: [])
+    registry.register(PerPhaseFill)
+    spec = SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
+    w = SpecWorker(TARGET, DRAFT, spec, platform="hip:gfx942", backend="per-phase-fill", registry=registry,
+                   policy=GraphPolicy(batch_sizes=(2, 4), max_tokens=8), max_context_len=CONTEXT)
+    want = {Phase.DRAFT_DECODE: ((2, 4), 3), Phase.DRAFT_EXTEND: ((2,), 2), Phase.TARGET_VERIFY: ((2,), 5)}
+    for phase, (sizes, fill) in want.items():  # 4 tokens per request in extend and verify: 2 x 4 <= 8
+        assert (w.plan[phase].capture_sizes, w.plan[phase].seq_len_fill) == (sizes, fill)
+        assert w.runner.captured_sizes(phase) == sizes
+    PADDED_FILLS.clear()
+    for prompts in ([[5, 6, 7]], [[1], [2, 3], [4, 4, 4]]):  # one request pads every phase; three: 4 or eager
+        assert w.generate(prompts, 6).tokens == greedy(prompts, 6)
+    assert PADDED_FILLS == {phase: {fill} for phase, (_, fill) in want.items()}
+    stats = w.runner.summary()
+    assert stats[Phase.TARGET_VERIFY].eager_runs > 0 and stats[Phase.DRAFT_DECODE].eager_runs == 0
 
 
 def test_no_vendor_checks_and_no_isinstance_on_backends():

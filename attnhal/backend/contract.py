@@ -210,9 +210,16 @@ class AttentionBackend(ABC):
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         """Before replaying ``batch``: only write into static buffers; no allocation, no host sync."""
 
-    def graph_seq_len_fill_value(self, spec: SpecConfig | None = None) -> int:
-        """The seq len to write into padded rows of a captured batch."""
-        return self.capabilities.seq_len_fill.value(spec)
+    def graph_seq_len_fill_value(self, spec: SpecConfig | None = None, phase: Phase | None = None) -> int:
+        """The seq len this descriptor asks for in padded rows of a captured ``phase`` batch.
+
+        ``phase``'s own rule (``capabilities.fill_for(phase)``), else ``seq_len_fill``;
+        variants are not resolved here. A :class:`~attnhal.graphs.GraphRunner` pads with
+        the plan's ``PhasePlan.seq_len_fill`` — this rule resolved against the plan's
+        platform, context and spec — and asks this only for a hand-built plan without one.
+        """
+        rule = self.capabilities.fill_for(phase) if phase is not None else self.capabilities.seq_len_fill
+        return rule.value(spec, phase)
 
     # --- compute ----------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,

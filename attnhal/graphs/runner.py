@@ -1,9 +1,11 @@
 """GraphRunner: capture what a :class:`~attnhal.plan.GraphPlan` says, pad, replay, fall back.
 
 For each phase the plan captures, the runner allocates static buffers sized for
-the largest capture batch size, captures one graph per size and, at
+that phase's largest capture batch size, captures one graph per size of the
+phase's own ``PhasePlan.capture_sizes`` and, at
 :meth:`GraphRunner.run`, copies a batch into the static buffers, pads it up to
-the next captured size and replays. All graphs of a runner share one memory
+the next captured size of that phase (padded rows get the phase's
+``PhasePlan.seq_len_fill``) and replays. All graphs of a runner share one memory
 pool: the phase with the largest footprint is captured first, each phase's
 sizes largest first. Batches above the largest size, and phases that are not
 captured, run eagerly. A capture that fails turns that phase, and only that
@@ -263,8 +265,9 @@ class GraphRunner:
 
     Parameters
     ----------
-    plan: the plan; phases with ``capture=True`` that have a step are captured at
-        every ``plan.capture_sizes`` (batch sizes in requests).
+    plan: the one source of what is captured: each phase with ``capture=True`` that has
+        a step is captured at exactly ``plan[phase].capture_sizes`` (batch sizes in
+        requests), its padded rows filled with ``plan[phase].seq_len_fill``.
     platform: where tensors live (``torch_device``), how graphs are captured
         (``graph_kind``) and the oldest torch whose device graphs report capture
         errors (``graph_min_torch``).
@@ -309,22 +312,23 @@ class GraphRunner:
 
     # --- capture --------------------------------------------------------------------
     def _capture_all(self) -> None:
-        phases = [p for p in self._steps if self._plan[p].capture]
-        sizes = tuple(sorted(self._plan.capture_sizes, reverse=True))
-        if not phases or not sizes:
+        # The plan is the one source of what to capture: each phase's own sizes, largest first.
+        sizes = {p: self._sizes(p) for p in self._steps if self._plan[p].capture}
+        sizes = {p: s for p, s in sizes.items() if s}
+        if not sizes:
             return
         refusal = self._refusal()
         if refusal is not None:
-            for phase in phases:
+            for phase in sizes:
                 self._fail(phase, refusal, stacklevel=4)
             return
-        phases = self._init_graph_states(phases, sizes[0])
-        phases.sort(key=lambda p: self._footprint(p, sizes[0]), reverse=True)
-        bar = self._progress(len(phases) * len(sizes))
+        phases = self._init_graph_states(sizes)
+        phases.sort(key=lambda p: self._footprint(p, sizes[p][0]), reverse=True)
+        bar = self._progress(sum(len(sizes[p]) for p in phases))
         try:
             with capture_session(self.platform.graph_kind.value, self.platform.torch_device) as pool:
                 self._pool = pool
-                self._capture_phases(phases, sizes, bar)
+                self._capture_phases({p: sizes[p] for p in phases}, bar)
         except Exception as exc:  # noqa: BLE001 - the device cannot capture at all: every phase runs eagerly
             for phase in phases:
                 if phase not in self._graphs and self._stats[phase].failure is None:
@@ -333,10 +337,12 @@ class GraphRunner:
             if bar is not None:
                 bar.close()
 
-    def _capture_phases(self, phases: list[Phase], sizes: tuple[int, ...], bar: Any) -> None:
+    def _capture_phases(self, sizes: dict[Phase, tuple[int, ...]], bar: Any) -> None:
+        """Capture each phase of ``sizes`` (in its order) at its sizes (largest first)."""
+        phases = list(sizes)
         for i, phase in enumerate(phases):
             try:
-                self._graphs[phase] = self._capture_phase(phase, sizes, bar)
+                self._graphs[phase] = self._capture_phase(phase, sizes[phase], bar)
             except CaptureAbort as exc:  # the driver's capture state is gone: capture nothing more
                 self._fail(phase, exc, stacklevel=5)
                 for later in phases[i + 1:]:
@@ -349,6 +355,18 @@ class GraphRunner:
             self._stats[phase].captured_sizes = self.captured_sizes(phase)
             logger.info("captured phase=%s at batch sizes %s (%s graphs)", phase.value,
                         self._stats[phase].captured_sizes, self.platform.graph_kind.value)
+
+    def _sizes(self, phase: Phase) -> tuple[int, ...]:
+        """``phase``'s capture sizes, largest first: the plan's; a hand-built :class:`PhasePlan`
+        that names none gets what the planner would give, the policy's sizes for the phase."""
+        sizes = self._plan[phase].capture_sizes or self._plan.policy.capture_sizes_for(phase, self._plan.spec)
+        return tuple(sorted(sizes, reverse=True))
+
+    def _fill(self, phase: Phase) -> int:
+        """The seq len of ``phase``'s padded rows: the plan's (the descriptor resolved for this
+        plan, per phase); a hand-built :class:`PhasePlan` without one asks the metadata owner."""
+        fill = self._plan[phase].seq_len_fill
+        return fill if fill is not None else self._steps[phase].metadata.graph_seq_len_fill_value(self._plan.spec)
 
     def _refusal(self) -> RuntimeError | None:
         """Why device graphs must not be captured with this torch, or None."""
@@ -368,15 +386,16 @@ class GraphRunner:
         tokens = max_size * self._steps[phase].rows_per_request * tokens_per_row(phase, self._plan.spec)
         return tokens, -_TIE_ORDER.index(phase)
 
-    def _init_graph_states(self, phases: list[Phase], max_size: int) -> list[Phase]:
-        """Call ``init_graph_state`` once per metadata owner, sized for every phase it serves
-        (a second call would re-allocate buffers an earlier phase's graphs already hold)."""
+    def _init_graph_states(self, sizes: Mapping[Phase, tuple[int, ...]]) -> list[Phase]:
+        """Call ``init_graph_state`` once per metadata owner, sized for every phase it serves at
+        that phase's largest capture size (a second call would re-allocate buffers an earlier
+        phase's graphs already hold)."""
         groups: dict[int, list[Phase]] = {}
-        for phase in phases:
+        for phase in sizes:
             groups.setdefault(id(self._steps[phase].metadata), []).append(phase)
         ok = []
         for group in groups.values():
-            rows = [max_size * self._steps[p].rows_per_request for p in group]
+            rows = [sizes[p][0] * self._steps[p].rows_per_request for p in group]
             try:
                 tokens = [r * tokens_per_row(p, self._plan.spec) for r, p in zip(rows, group)]
                 self._steps[group[0]].metadata.init_graph_state(max(rows), max(tokens))
@@ -389,8 +408,7 @@ class GraphRunner:
 
     def _capture_phase(self, phase: Phase, sizes: tuple[int, ...], bar: Any) -> dict[int, _Captured]:
         step = self._steps[phase]
-        fill = step.metadata.graph_seq_len_fill_value(self._plan.spec)
-        buffers = _StaticBuffers(phase, self._plan.spec, step, sizes[0] * step.rows_per_request, fill,
+        buffers = _StaticBuffers(phase, self._plan.spec, step, sizes[0] * step.rows_per_request, self._fill(phase),
                                  torch.device(self.platform.torch_device))
         self._buffers[phase] = buffers
         graphs: dict[int, _Captured] = {}
