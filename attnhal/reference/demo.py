@@ -25,6 +25,7 @@ class DemoConfig:
     max_new_tokens: int = 32
     graphs: bool = True
     seed: int = 0
+    max_prompt_len: int = 16  # prompt lengths are drawn in min(3, max)..max
 
 
 @dataclass
@@ -51,7 +52,8 @@ class DemoReport:
 
 def _prompts(cfg: DemoConfig, vocab: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(cfg.seed)
-    lengths = torch.randint(3, 17, (cfg.batch_size,), generator=generator).tolist()
+    shortest = min(3, cfg.max_prompt_len)
+    lengths = torch.randint(shortest, cfg.max_prompt_len + 1, (cfg.batch_size,), generator=generator).tolist()
     return [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
 
 
