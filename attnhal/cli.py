@@ -77,9 +77,9 @@ BAD_INPUT: tuple[type[BaseException], ...] = (UsageError, ValueError, TypeError,
 
 # --- argument types --------------------------------------------------------------------
 
-def bounded(flag: str) -> Callable[[str], int]:
-    """An int converter for ``flag`` within ``LIMITS[flag]``; the message shows the bound."""
-    low, high = LIMITS[flag]
+def bounded(flag: str, limit: str | None = None) -> Callable[[str], int]:
+    """An int converter for ``flag`` within ``LIMITS[limit or flag]``; the message shows the bound."""
+    low, high = LIMITS[limit or flag]
 
     def convert(text: str) -> int:
         try:
@@ -102,8 +102,8 @@ def choice(flag: str, allowed: Sequence[str]) -> Callable[[str], str]:
     return convert
 
 
-def limit_help(flag: str) -> str:
-    low, high = LIMITS[flag]
+def limit_help(limit: str) -> str:
+    low, high = LIMITS[limit]
     return f"{low}..{high}"
 
 
@@ -422,7 +422,7 @@ def _cell(value: object) -> str:
 
 #: Flags a reliability run (``--cases``) draws itself; giving them too is an error.
 DRAWN_FLAGS = ("--spec-steps", "--topk", "--draft-tokens", "--batch-size", "--max-new-tokens", "--no-graphs",
-               "--prompt-len")
+               "--prompt-len", "--max-bs", "--model-seed")
 
 
 def add_demo_parser(sub: Any) -> None:
@@ -437,8 +437,12 @@ def add_demo_parser(sub: Any) -> None:
     p.add_argument("--prompt-len", type=bounded("--prompt-len"), default=16,
                    help=f"longest prompt, {limit_help('--prompt-len')}; prompt lengths are drawn in "
                         "min(3, N)..N")
+    p.add_argument("--max-bs", type=bounded("--max-bs", "--batch-size"), default=None,
+                   help=f"largest capture batch size, {limit_help('--batch-size')} (default: --batch-size)")
     p.add_argument("--seed", type=bounded("--seed"), default=0,
-                   help=f"seeds the model and the prompts (with --cases: the drawing), {limit_help('--seed')}")
+                   help=f"seeds the prompts and the model (with --cases: the drawing), {limit_help('--seed')}")
+    p.add_argument("--model-seed", type=bounded("--model-seed", "--seed"), default=None,
+                   help="seeds the model instead of --seed (default: --seed)")
     p.add_argument("--cases", type=bounded("--cases"), default=None,
                    help=f"reliability run: N random lossless cases, {limit_help('--cases')}, drawn over "
                         "platforms, spec configs, batch sizes, prompt lengths, graphs and backends "
@@ -472,17 +476,11 @@ def format_demo(report: Any) -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.cases is not None:
         return demo_cases(args)
-    from attnhal.reference.demo import DemoConfig, run_demo
+    from attnhal.reference.demo import run_demo
     from attnhal.reference.worker import PlanInvalid
 
-    spec = spec_from(args)
-    if not spec.speculative:
-        raise UsageError("--spec-steps=0 (supported: 1..16; the demo runs speculative decoding)")
-    cfg = DemoConfig(spec=spec, platform=resolve_platform(args.platform), backend=args.backend,
-                     batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, graphs=not args.no_graphs,
-                     seed=args.seed, max_prompt_len=args.prompt_len)
     try:
-        report = run_demo(cfg)
+        report = run_demo(demo_config(args))
     except PlanInvalid as exc:  # a valid question with a negative answer
         print(f"attnhal demo: {one_line(str(exc))}", file=sys.stderr)
         return 1
@@ -491,6 +489,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         print(format_demo(report))
     return 0 if report.lossless else 1
+
+
+def demo_config(args: argparse.Namespace) -> Any:
+    """The :class:`~attnhal.reference.demo.DemoConfig` of parsed ``demo`` arguments."""
+    from attnhal.reference.demo import DemoConfig
+
+    spec = spec_from(args)
+    if not spec.speculative:
+        raise UsageError(f"--spec-steps=0 (supported: 1..{LIMITS['--spec-steps'][1]}; the demo runs "
+                         "speculative decoding)")
+    return DemoConfig(spec=spec, platform=resolve_platform(args.platform), backend=args.backend,
+                      batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, graphs=not args.no_graphs,
+                      seed=args.seed, max_prompt_len=args.prompt_len, max_bs=args.max_bs,
+                      model_seed=args.model_seed)
+
+
+def parsed_demo_config(argv: list[str]) -> Any:
+    """The DemoConfig of a ``demo ...`` command line (a drawn reliability case)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:
+        raise ValueError(f"argv={argv} (supported: a valid `attnhal demo` command line)") from None
+    return demo_config(args)
 
 
 def demo_cases(args: argparse.Namespace) -> int:
@@ -504,7 +525,7 @@ def demo_cases(args: argparse.Namespace) -> int:
     platform = resolve_platform(args.platform) if args.platform is not None else None
     cfg = StressConfig(cases=args.cases, seed=args.seed, platform=platform.spec if platform else None,
                        backend=args.backend)
-    summary = run_cases(cfg, progress=sys.stderr)
+    summary = run_cases(cfg, parsed_demo_config, progress=sys.stderr)
     if args.json:
         print_json(summary.to_dict())
     else:

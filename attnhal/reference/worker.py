@@ -21,7 +21,7 @@ extend. Draft-decode K/V go to scratch slots owned by the worker.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -64,6 +64,9 @@ class Generation:
     tokens: list[list[int]]
     accepted: list[int] = field(default_factory=list)  # accepted draft tokens per verify, per request
     verify_steps: int = 0
+    #: Requests stopped before ``max_new_tokens`` (index -> why): their KV did not fit.
+    #: Their tokens are every token committed so far (a prefix of the full answer).
+    stopped: dict[int, str] = field(default_factory=dict)
 
     @property
     def mean_accept_length(self) -> float:
@@ -79,6 +82,7 @@ class _Request:
     draft_row: int = 0
     target_len: int = 0  # tokens in the target's KV cache
     draft_len: int = 0  # tokens in the draft's KV cache
+    index: int = 0  # position in the generate call's prompts
 
 
 def _pick(registry: Registry, platform: Platform, model: TinyLlama, name: str | None) -> BackendClass:
@@ -222,22 +226,63 @@ class SpecWorker:
         if not prompts or any(not p for p in prompts) or len(prompts) > self.max_requests:
             raise ValueError(f"prompts: {len(prompts)} (supported: 1..{self.max_requests} non-empty token lists; "
                              "raise max_requests for more)")
-        reqs = [_Request(list(p), len(p), self.target_pool.alloc_req()) for p in prompts]
+        reqs = [_Request(list(p), len(p), self.target_pool.alloc_req(), index=i) for i, p in enumerate(prompts)]
         result = Generation(tokens=[])
         try:
-            self._prefill(reqs)
-            active = [r for r in reqs if len(r.tokens) - r.prompt_len < max_new_tokens]
+            admitted = self._admit(reqs, result, self._prefill_need)
+            if admitted:
+                self._prefill(admitted)
+            active = [r for r in admitted if len(r.tokens) - r.prompt_len < max_new_tokens]
             while active:
                 for chunk in self._chunks(active):
-                    if "draft_extend" in self.classes:
+                    chunk = self._admit(chunk, result, self._step_need)
+                    if chunk and "draft_extend" in self.classes:
                         self._speculate(chunk, result)
-                    else:
+                    elif chunk:
                         self._decode(chunk)
-                active = [r for r in active if len(r.tokens) - r.prompt_len < max_new_tokens]
+                active = [r for r in active if r.index not in result.stopped
+                          and len(r.tokens) - r.prompt_len < max_new_tokens]
         finally:
             self._release(reqs)
         result.tokens = [r.tokens[r.prompt_len: r.prompt_len + max_new_tokens] for r in reqs]
         return result
+
+    # --- KV room: a request whose next step does not fit stops with a reason ------------------
+    def _prefill_need(self, r: _Request) -> tuple[int, int]:
+        """(target, draft) KV slots the prefill of ``r`` takes."""
+        return r.prompt_len, r.prompt_len if "draft_extend" in self.classes else 0
+
+    def _step_need(self, r: _Request) -> tuple[int, int]:
+        """(target, draft) KV slots one step of ``r`` may take: verified nodes, committed tokens."""
+        if "draft_extend" not in self.classes:
+            return 1, 0
+        return self.spec.num_draft_tokens, len(r.tokens) - r.draft_len
+
+    def _admit(self, reqs: list[_Request], result: Generation,
+               need: Callable[[_Request], tuple[int, int]]) -> list[_Request]:
+        """The requests whose next step fits the KV pools (in order); the others are stopped.
+
+        Checked before the step allocates anything, so a full pool never leaves a step
+        half-done: every token committed so far stays in the result.
+        """
+        pools = [self.target_pool] + ([self.draft_pool] if "draft_extend" in self.classes else [])
+        free = [pool.free_slot_count for pool in pools]
+        admitted = []
+        for r in reqs:
+            needs = need(r)
+            lens = (r.target_len, r.draft_len)
+            why = [f"kv_pool={name}: a step needs {n} slots, {left} free (supported: a step that fits; "
+                   "raise max_requests or max_context_len)"
+                   for name, n, left in zip(("target", "draft"), needs, free) if n > left]
+            why += [f"context={name}: {length} + {n} tokens (supported: <= max_context_len={pool.max_context_len})"
+                    for name, n, length, pool in zip(("target", "draft"), needs, lens, pools)
+                    if length + n > pool.max_context_len]
+            if why:
+                result.stopped[r.index] = why[0]
+                continue
+            free = [left - n for left, n in zip(free, needs)]
+            admitted.append(r)
+        return admitted
 
     def _chunks(self, reqs: list[_Request]) -> list[list[_Request]]:
         size = self.policy.capture_sizes()[-1]
