@@ -87,8 +87,8 @@ def bounded(flag: str, limit: str | None = None) -> Callable[[str], int]:
         except ValueError:
             value = None
         if value is None or not low <= value <= high:
-            shown = repr(text[:20] + "..." if len(text) > 20 else text) if value is None else str(value)
-            shown = shown if len(shown) <= 24 else shown[:20] + "..."
+            shown = text[:20] + "..." if len(text) > 20 else text
+            shown = repr(shown) if value is None else shown
             raise argparse.ArgumentTypeError(f"{flag}={shown} (supported: an integer {low}..{high})")
         return value
     return convert
