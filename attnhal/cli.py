@@ -14,6 +14,7 @@ raise :class:`UsageError` (or let the API's ``ValueError``/``TypeError``/``Looku
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -505,10 +506,15 @@ def demo_config(args: argparse.Namespace) -> Any:
                       model_seed=args.model_seed)
 
 
+@functools.lru_cache(maxsize=1)
+def _demo_parser() -> argparse.ArgumentParser:
+    return build_parser()
+
+
 def parsed_demo_config(argv: list[str]) -> Any:
     """The DemoConfig of a ``demo ...`` command line (a drawn reliability case)."""
     try:
-        args = build_parser().parse_args(argv)
+        args = _demo_parser().parse_args(argv)
     except SystemExit:
         raise ValueError(f"argv={argv} (supported: a valid `attnhal demo` command line)") from None
     return demo_config(args)

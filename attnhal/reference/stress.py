@@ -268,6 +268,10 @@ def run_cases(cfg: StressConfig, demo_config: Callable[[list[str]], Any],
     backends, never = _available_backends(platforms, cfg.backend)
     summary = StressSummary(not_drawn=never, counts={name: Counter() for name in AXES if name != "seed"})
     workers = _Workers()
+    if progress is not None:
+        offered = "; ".join(f"{p}: {', '.join(names)}" for p, names in backends.items())
+        print(f"reliability run: {cfg.cases} cases, seed {cfg.seed}, {CASES_PER_WORKER} cases per worker; "
+              f"backends: {offered}", file=progress, flush=True)
     start = last = time.perf_counter()
     for case in draw_cases(cfg, {"platforms": tuple(backends), "backends": backends}):
         if case.worker_key() != workers.key:

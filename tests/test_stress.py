@@ -1,0 +1,45 @@
+"""The reliability run's drawing and reporting (the 10,000-case run itself is not a unit test)."""
+
+import attnhal.reference.stress as stress
+from attnhal.cli import demo_config, main, parsed_demo_config
+from attnhal.reference.stress import AXES, Axis, StressConfig, draw_cases
+
+CHOICES = {"platforms": stress.PLATFORMS, "backends": {p: ["torch", "triton"] for p in stress.PLATFORMS}}
+
+
+def test_drawing_is_reproducible_and_every_case_is_a_valid_demo_command():
+    cfg = StressConfig(cases=1000, seed=11)
+    first, again = list(draw_cases(cfg, CHOICES)), list(draw_cases(cfg, CHOICES))
+    assert [c.values for c in first] == [c.values for c in again]
+    assert 40 <= len({c.worker_key() for c in first}) <= -(-1000 // stress.CASES_PER_WORKER)  # repeats coincide
+    for case in first[:300]:
+        demo = parsed_demo_config(case.argv())
+        assert demo.spec.num_steps == case.values["spec_steps"] and demo.spec.topk == case.values["topk"]
+        assert demo.graphs == case.values["graphs"] and demo.batch_size == case.values["batch_size"]
+        assert demo.capture_sizes == (1, 2, 4) and demo.model_seed == stress.MODEL_SEED
+        assert case.command().startswith("attnhal demo --max-bs 4 --model-seed 0 --platform ")
+    drawn = {name: {str(c.values[name]) for c in first} for name in AXES}
+    assert drawn["graphs"] == {"True", "False"} and len(drawn["platform"]) == len(stress.PLATFORMS)
+    assert drawn["topk"] == {"1", "2", "3"} and drawn["backend"] == {"torch", "triton"}
+
+
+def test_an_axis_is_one_line(monkeypatch):
+    monkeypatch.setitem(AXES, "prompt_len", Axis("--prompt-len", lambda r, c: 7))
+    case = next(draw_cases(StressConfig(cases=1), CHOICES))
+    assert "--prompt-len 7" in case.command() and parsed_demo_config(case.argv()).max_prompt_len == 7
+
+
+def test_failures_are_reported_with_their_reproduction_command(monkeypatch, capsys):
+    def run_case(case, workers, make_config):
+        make_config(case.argv())
+        if case.index == 1:
+            raise RuntimeError("injected")
+        return "not lossless: request 0 differs" if case.index == 2 else None
+    monkeypatch.setattr(stress, "_run_case", run_case)
+    assert main(["demo", "--cases", "4", "--seed", "3", "--backend", "torch"]) == 1
+    out = capsys.readouterr()
+    assert out.out.startswith("4 cases in ") and "2 lossless, 2 failed" in out.out
+    failed = [line for line in out.out.splitlines() if line.startswith("FAILED attnhal demo ")]
+    assert len(failed) == 2 and "RuntimeError: injected" in out.out and "not lossless" in out.out
+    assert out.err.startswith("reliability run: 4 cases, seed 3") and "FAILED case 1: attnhal demo" in out.err
+    assert demo_config  # the CLI builds each case's config through its own parser
