@@ -170,9 +170,10 @@ def test_help_shows_defaults(capsys):
     assert "largest capture batch size, 1..4096 (default: 32)" in " ".join(out.split())
 
 
-@pytest.mark.parametrize("argv", [["info"], ["plan", "--backend", TRITON_LIKE, "--json"]])
-def test_broken_pipe_is_silent(argv):
-    """``attnhal info | head -0``: the reader is gone before the first write."""
+def test_broken_pipe_is_silent():
+    """``attnhal plan ... | head -0``: the reader is gone before the first write (as ``info | head -2``
+    once the output outgrows the pipe). ``--platform`` keeps torch out of the process: it is fast."""
+    argv = ["plan", "--backend", TRITON_LIKE, "--platform", "cpu", "--json"]
     proc = subprocess.Popen([sys.executable, "-m", "attnhal", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     proc.stdout.close()
