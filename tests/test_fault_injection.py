@@ -138,7 +138,7 @@ def test_kv_pool_exhausted_mid_generation_keeps_every_committed_token():
     for i, (tokens, full) in enumerate(zip(out.tokens, reference)):
         assert tokens == full[: len(tokens)], i  # nothing lost, nothing duplicated
         if i in out.stopped:
-            assert len(tokens) < 20 and out.stopped[i].startswith("kv_pool=target: a step needs 3 slots")
+            assert len(tokens) < 20 and out.stopped[i].startswith("kv_pool=target: a step needs 3 pages")
         else:
             assert len(tokens) == 20
     assert pool.free_slot_count == free_before - len(held)  # the stopped requests' slots came back

@@ -229,13 +229,13 @@ class SpecWorker:
         reqs = [_Request(list(p), len(p), self.target_pool.alloc_req(), index=i) for i, p in enumerate(prompts)]
         result = Generation(tokens=[])
         try:
-            admitted = self._admit(reqs, result, self._prefill_need)
+            admitted = self._admit(reqs, result, self._prefill_end)
             if admitted:
                 self._prefill(admitted)
             active = [r for r in admitted if len(r.tokens) - r.prompt_len < max_new_tokens]
             while active:
                 for chunk in self._chunks(active):
-                    chunk = self._admit(chunk, result, self._step_need)
+                    chunk = self._admit(chunk, result, self._step_end)
                     if chunk and "draft_extend" in self.classes:
                         self._speculate(chunk, result)
                     elif chunk:
@@ -248,35 +248,40 @@ class SpecWorker:
         return result
 
     # --- KV room: a request whose next step does not fit stops with a reason ------------------
-    def _prefill_need(self, r: _Request) -> tuple[int, int]:
-        """(target, draft) KV slots the prefill of ``r`` takes."""
+    def _prefill_end(self, r: _Request) -> tuple[int, int]:
+        """(target, draft) positions ``r`` holds after its prefill."""
         return r.prompt_len, r.prompt_len if "draft_extend" in self.classes else 0
 
-    def _step_need(self, r: _Request) -> tuple[int, int]:
-        """(target, draft) KV slots one step of ``r`` may take: verified nodes, committed tokens."""
+    def _step_end(self, r: _Request) -> tuple[int, int]:
+        """(target, draft) positions ``r`` may hold during its next step: the verified nodes,
+        and every token committed since the draft's last extend."""
         if "draft_extend" not in self.classes:
-            return 1, 0
-        return self.spec.num_draft_tokens, len(r.tokens) - r.draft_len
+            return r.target_len + 1, 0
+        return r.target_len + self.spec.num_draft_tokens, len(r.tokens)
+
+    def _owned(self, r: _Request) -> tuple[int, int]:
+        """(target, draft) positions whose KV pages ``r`` holds now."""
+        return r.target_len, r.draft_len
 
     def _admit(self, reqs: list[_Request], result: Generation,
-               need: Callable[[_Request], tuple[int, int]]) -> list[_Request]:
-        """The requests whose next step fits the KV pools (in order); the others are stopped.
+               end: Callable[[_Request], tuple[int, int]]) -> list[_Request]:
+        """The requests of ``reqs`` whose next step fits the KV pools (in order); the others stop.
 
         Checked before the step allocates anything, so a full pool never leaves a step
         half-done: every token committed so far stays in the result.
         """
         pools = [self.target_pool] + ([self.draft_pool] if "draft_extend" in self.classes else [])
-        free = [pool.free_slot_count for pool in pools]
+        free = [pool.free_page_count for pool in pools]
         admitted = []
         for r in reqs:
-            needs = need(r)
-            lens = (r.target_len, r.draft_len)
-            why = [f"kv_pool={name}: a step needs {n} slots, {left} free (supported: a step that fits; "
-                   "raise max_requests or max_context_len)"
-                   for name, n, left in zip(("target", "draft"), needs, free) if n > left]
-            why += [f"context={name}: {length} + {n} tokens (supported: <= max_context_len={pool.max_context_len})"
-                    for name, n, length, pool in zip(("target", "draft"), needs, lens, pools)
-                    if length + n > pool.max_context_len]
+            ends = end(r)
+            needs = [max(0, -(-e // pool.page_size) - -(-o // pool.page_size))
+                     for pool, e, o in zip(pools, ends, self._owned(r))]
+            why = [f"context={name}: {e} positions (supported: <= max_context_len={pool.max_context_len})"
+                   for name, pool, e in zip(("target", "draft"), pools, ends) if e > pool.max_context_len]
+            why += [f"kv_pool={name}: a step needs {n} pages, {left} free (supported: a step that fits; "
+                    "raise max_requests or max_context_len)"
+                    for name, n, left in zip(("target", "draft"), needs, free) if n > left]
             if why:
                 result.stopped[r.index] = why[0]
                 continue
