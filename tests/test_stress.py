@@ -34,12 +34,33 @@ def test_failures_are_reported_with_their_reproduction_command(monkeypatch, caps
         make_config(case.argv())
         if case.index == 1:
             raise RuntimeError("injected")
-        return "not lossless: request 0 differs" if case.index == 2 else None
+        return ("failed", "not lossless: request 0 differs") if case.index == 2 else None
     monkeypatch.setattr(stress, "_run_case", run_case)
     assert main(["demo", "--cases", "4", "--seed", "3", "--backend", "torch"]) == 1
     out = capsys.readouterr()
-    assert out.out.startswith("4 cases in ") and "2 lossless, 2 failed" in out.out
+    assert out.out.startswith("4 cases in ") and "2 lossless, 0 fp32 ties, 2 failed" in out.out
     failed = [line for line in out.out.splitlines() if line.startswith("FAILED attnhal demo ")]
     assert len(failed) == 2 and "RuntimeError: injected" in out.out and "not lossless" in out.out
     assert out.err.startswith("reliability run: 4 cases, seed 3") and "FAILED case 1: attnhal demo" in out.err
     assert demo_config  # the CLI builds each case's config through its own parser
+
+
+TIE = {"platform": "hip:gfx942", "backend": "torch", "spec_steps": 1, "topk": 3, "draft_tokens": 3, "graphs": False,
+       "batch_size": 3, "prompt_len": 2, "max_new_tokens": 8, "seed": 2128007786}
+
+
+def test_an_fp32_tie_is_told_apart_from_a_failure(monkeypatch):
+    """Case 1801 of ``demo --cases 10000 --seed 2026``: greedy's top two logits differ by ~5e-7."""
+    workers = stress._Workers()
+    kind, why = stress._run_case(stress.Case(0, TIE), workers, parsed_demo_config)
+    assert kind == "tie" and "request 0 differs from greedy at token 6: [12, 105] vs [161, 71]" in why
+
+    real_generate = workers.worker.generate
+
+    def corrupted(prompts, n):  # a real bug: the third token of request 1 is wrong
+        out = real_generate(prompts, n)
+        out.tokens[1][2] = (out.tokens[1][2] + 1) % 512
+        return out
+    monkeypatch.setattr(workers.worker, "generate", corrupted)
+    kind, why = stress._run_case(stress.Case(1, TIE), workers, parsed_demo_config)
+    assert kind == "failed" and "request 1 differs from greedy at token 2" in why and "logit gap" in why
