@@ -3,6 +3,7 @@
 Runs the CLI in-process (fast); only the broken-pipe test needs a real process.
 """
 
+import resource
 import subprocess
 import sys
 import time
@@ -14,6 +15,8 @@ from attnhal.cli import LIMITS, build_parser, main
 TRITON_LIKE = "docs/examples/triton-like.toml"
 #: Seconds a rejected input may take (parsing, loading descriptors; never the work itself).
 BOUND_S = 20.0
+#: Peak memory the whole list of rejected inputs may add (importing torch and the backends included).
+BOUND_MIB = 1024
 
 
 @pytest.fixture
@@ -89,6 +92,7 @@ def bad_inputs(binary, folder, tmp):
 
 
 def test_every_bad_input_is_one_line_exit_2(binary_toml, folder_toml, tmp_path, capsys):
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for argv, needle in bad_inputs(binary_toml, folder_toml, str(tmp_path)):
         start = time.perf_counter()
         code = main(argv)
@@ -100,6 +104,8 @@ def test_every_bad_input_is_one_line_exit_2(binary_toml, folder_toml, tmp_path, 
         assert needle in lines[0], (argv, lines[0])
         assert "Traceback" not in out.err and out.out == "", argv
         assert seconds < BOUND_S, (argv, seconds)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_kib) / 1024
+    assert grown_mib < BOUND_MIB, f"rejecting bad input raised the peak memory by {grown_mib:.0f} MiB"
 
 
 def test_environment_platform_is_named_as_such(monkeypatch, capsys):
