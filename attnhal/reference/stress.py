@@ -277,6 +277,9 @@ def _run_case(case: Case, workers: _Workers, demo_config: Callable[[list[str]], 
     cfg = demo_config(case.argv())
     target, _ = workers.models(cfg)
     prompts = cfg.prompts(target.cfg.vocab_size)
+    if cfg.context_len(prompts) > CONTEXT:  # an axis drawn beyond what the shared workers hold
+        raise ValueError(f"context={cfg.context_len(prompts)} (supported: <= CONTEXT={CONTEXT}; raise CONTEXT "
+                         "with the axes)")
     reference = workers.greedy_worker(cfg, CONTEXT).generate(prompts, cfg.max_new_tokens).tokens
     out = workers.spec_worker(case, cfg, CONTEXT).generate(prompts, cfg.max_new_tokens).tokens
     ties = []
