@@ -536,7 +536,7 @@ def demo_cases(args: argparse.Namespace) -> int:
         print_json(summary.to_dict())
     else:
         print(summary.format())
-    return 0 if summary.ok else 1
+    return INTERRUPTED if summary.interrupted else 0 if summary.ok else 1
 
 
 # --- conformance --------------------------------------------------------------------------

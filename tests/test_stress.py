@@ -64,3 +64,14 @@ def test_an_fp32_tie_is_told_apart_from_a_failure(monkeypatch):
     monkeypatch.setattr(workers.worker, "generate", corrupted)
     kind, why = stress._run_case(stress.Case(1, TIE), workers, parsed_demo_config)
     assert kind == "failed" and "request 1 differs from greedy at token 2" in why and "logit gap" in why
+
+
+def test_an_interrupted_run_still_reports(monkeypatch, capsys):
+    def run_case(case, workers, make_config):
+        if case.index == 2:
+            raise KeyboardInterrupt
+        return None
+    monkeypatch.setattr(stress, "_run_case", run_case)
+    assert main(["demo", "--cases", "5", "--backend", "torch"]) == 130
+    out = capsys.readouterr().out
+    assert out.startswith("interrupted: the summary covers the cases run so far\n2 cases in ")

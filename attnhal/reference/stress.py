@@ -124,13 +124,14 @@ class StressSummary:
     counts: dict[str, Counter[str]] = field(default_factory=dict)
     not_drawn: dict[str, str] = field(default_factory=dict)  # backend -> why it is not available here
     workers: int = 0
+    interrupted: bool = False
 
     @property
     def ok(self) -> bool:
-        return not self.failures and self.cases > 0
+        return not self.failures and self.cases > 0 and not self.interrupted
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cases": self.cases, "passed": self.cases - len(self.failures) - len(self.ties),
+        return {"cases": self.cases, "interrupted": self.interrupted, "passed": self.cases - len(self.failures) - len(self.ties),
                 "ties": len(self.ties), "failed": len(self.failures),
                 "seconds": round(self.seconds, 1), "workers": self.workers,
                 "counts": {k: dict(v) for k, v in self.counts.items()}, "not_drawn": self.not_drawn,
@@ -138,7 +139,8 @@ class StressSummary:
                 "tie_cases": [{"command": f.case.command(), "reason": f.reason} for f in self.ties]}
 
     def format(self) -> str:
-        lines = [f"{self.cases} cases in {self.seconds:.0f} s over {self.workers} workers: "
+        lines = ["interrupted: the summary covers the cases run so far"] if self.interrupted else []
+        lines += [f"{self.cases} cases in {self.seconds:.0f} s over {self.workers} workers: "
                  f"{self.cases - len(self.failures) - len(self.ties)} lossless, {len(self.ties)} fp32 ties, "
                  f"{len(self.failures)} failed"]
         for name, counter in self.counts.items():
@@ -297,6 +299,24 @@ def _run_case(case: Case, workers: _Workers, demo_config: Callable[[list[str]], 
     return ("tie", "; ".join(ties)) if ties else None
 
 
+def _record(summary: StressSummary, case: Case, outcome: tuple[str, str] | None, progress: TextIO | None) -> None:
+    if outcome is not None:
+        kind, reason = outcome
+        (summary.ties if kind == "tie" else summary.failures).append(Failure(case, reason))
+        if progress is not None:
+            print(f"{kind.upper()} case {case.index}: {case.command()}\n  {reason}", file=progress, flush=True)
+    summary.cases += 1
+    for name, counter in summary.counts.items():
+        counter[str(case.values[name])] += 1
+
+
+def _progress_line(summary: StressSummary, total: int, seconds: float, progress: TextIO) -> None:
+    rate = summary.cases / seconds
+    print(f"cases {summary.cases}/{total}  failed {len(summary.failures)}  ties {len(summary.ties)}  "
+          f"{rate:.2f}/s  elapsed {seconds:.0f} s  eta {(total - summary.cases) / rate:.0f} s",
+          file=progress, flush=True)
+
+
 def run_cases(cfg: StressConfig, demo_config: Callable[[list[str]], Any],
               progress: TextIO | None = None, every_s: float = 30.0) -> StressSummary:
     """Run ``cfg.cases`` random cases; ``demo_config`` turns a case's argv into a DemoConfig.
@@ -313,27 +333,20 @@ def run_cases(cfg: StressConfig, demo_config: Callable[[list[str]], Any],
         print(f"reliability run: {cfg.cases} cases, seed {cfg.seed}, {CASES_PER_WORKER} cases per worker; "
               f"backends: {offered}", file=progress, flush=True)
     start = last = time.perf_counter()
-    for case in draw_cases(cfg, {"platforms": tuple(backends), "backends": backends}):
-        if case.worker_key() != workers.key:
-            summary.workers += 1
-        try:
-            outcome = _run_case(case, workers, demo_config)
-        except Exception as exc:  # noqa: BLE001 - a crash is a failed case, reported with its command
-            outcome, workers.key = ("failed", f"{exc.__class__.__name__}: {' '.join(str(exc).split())[:300]}"), None
-        if outcome is not None:
-            kind, reason = outcome
-            (summary.ties if kind == "tie" else summary.failures).append(Failure(case, reason))
-            if progress is not None:
-                print(f"{kind.upper()} case {case.index}: {case.command()}\n  {reason}", file=progress, flush=True)
-        summary.cases += 1
-        for name, counter in summary.counts.items():
-            counter[str(case.values[name])] += 1
-        now = time.perf_counter()
-        if progress is not None and (now - last >= every_s or summary.cases == cfg.cases):
-            last, rate = now, summary.cases / (now - start)
-            print(f"cases {summary.cases}/{cfg.cases}  failed {len(summary.failures)}  ties {len(summary.ties)}  "
-                  f"{rate:.2f}/s  "
-                  f"elapsed {now - start:.0f} s  eta {(cfg.cases - summary.cases) / rate:.0f} s",
-                  file=progress, flush=True)
+    try:
+        for case in draw_cases(cfg, {"platforms": tuple(backends), "backends": backends}):
+            if case.worker_key() != workers.key:
+                summary.workers += 1
+            try:
+                outcome = _run_case(case, workers, demo_config)
+            except Exception as exc:  # noqa: BLE001 - a crash is a failed case, reported with its command
+                outcome, workers.key = ("failed", f"{exc.__class__.__name__}: {' '.join(str(exc).split())[:300]}"), None
+            _record(summary, case, outcome, progress)
+            now = time.perf_counter()
+            if progress is not None and (now - last >= every_s or summary.cases == cfg.cases):
+                last = now
+                _progress_line(summary, cfg.cases, now - start, progress)
+    except KeyboardInterrupt:  # a long run stopped by hand still reports what it saw
+        summary.interrupted = True
     summary.seconds = time.perf_counter() - start
     return summary
