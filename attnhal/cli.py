@@ -432,7 +432,7 @@ def add_demo_parser(sub: Any) -> None:
     p.set_defaults(spec_steps=3)
     p.add_argument("--backend", help="registered backend name for every role (default: the registry's choice)")
     p.add_argument("--batch-size", type=bounded("--batch-size"), default=4,
-                   help=f"requests, {limit_help('--batch-size')} (also the largest capture size)")
+                   help=f"requests, {limit_help('--batch-size')} (the largest capture size too, unless --max-bs)")
     p.add_argument("--max-new-tokens", type=bounded("--max-new-tokens"), default=32,
                    help=f"tokens generated per request, {limit_help('--max-new-tokens')}")
     p.add_argument("--prompt-len", type=bounded("--prompt-len"), default=16,
