@@ -26,6 +26,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import torch
+
+from attnhal.capabilities import AttentionRequest
+from attnhal.plan import GraphPolicy, SpecConfig
+from attnhal.platform import parse
+from attnhal.reference.demo import DemoConfig
+from attnhal.reference.model import ModelConfig, TinyLlama
+from attnhal.reference.worker import SpecWorker
+from attnhal.registry import default_registry
+
 __all__ = ["AXES", "Axis", "Case", "StressConfig", "StressSummary", "run_cases"]
 
 #: Cases that share one built worker (one draw of the worker axes).
@@ -173,11 +183,6 @@ def draw_cases(cfg: StressConfig, choices: Mapping[str, Any]) -> Iterator[Case]:
 
 def _available_backends(platforms: Sequence[str], pinned: str | None) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Per platform, the backends that can run the demo model there; and why others never can."""
-    from attnhal.capabilities import AttentionRequest
-    from attnhal.platform import parse
-    from attnhal.reference.model import ModelConfig
-    from attnhal.registry import default_registry
-
     attn = ModelConfig().attention
     request = AttentionRequest(dtype="float32", head_size=attn.head_size, num_q_heads=attn.num_q_heads,
                                num_kv_heads=attn.num_kv_heads)
@@ -208,39 +213,33 @@ class _Workers:
 
     def __init__(self) -> None:
         self.key: tuple[Any, ...] | None = None
-        self.worker: Any = None
-        self.greedy: dict[tuple[str, str], Any] = {}
-        self._models: dict[int | None, Any] = {}
+        self.worker: SpecWorker | None = None
+        self.greedy: dict[tuple[str, str | None], SpecWorker] = {}
+        self._models: dict[int | None, tuple[TinyLlama, TinyLlama]] = {}
 
-    def models(self, cfg: Any) -> Any:
+    def models(self, cfg: DemoConfig) -> tuple[TinyLlama, TinyLlama]:
         """The target and draft of ``cfg``'s model seed, built once per run."""
         if cfg.model_seed not in self._models:
             self._models[cfg.model_seed] = cfg.models()
         return self._models[cfg.model_seed]
 
-    def spec_worker(self, case: Case, cfg: Any, context: int) -> Any:
-        from attnhal.plan import GraphPolicy as Policy
-        from attnhal.reference.worker import SpecWorker
-
+    def spec_worker(self, case: Case, cfg: DemoConfig, context: int) -> SpecWorker:
         if case.worker_key() != self.key:
             self.worker = None  # free the previous worker's pools and graphs first
             target, draft = self.models(cfg)
             self.worker = SpecWorker(target, draft, cfg.spec, platform=cfg.platform, backend=cfg.backend,
-                                     policy=Policy(enabled=cfg.graphs, batch_sizes=cfg.capture_sizes),
+                                     policy=GraphPolicy(enabled=cfg.graphs, batch_sizes=cfg.capture_sizes),
                                      max_context_len=context, max_requests=8)
             self.key = case.worker_key()
+        assert self.worker is not None
         return self.worker
 
-    def greedy_worker(self, cfg: Any, context: int) -> Any:
-        from attnhal.plan import GraphPolicy as Policy
-        from attnhal.plan import SpecConfig
-        from attnhal.reference.worker import SpecWorker
-
+    def greedy_worker(self, cfg: DemoConfig, context: int) -> SpecWorker:
         key = (cfg.platform.spec, cfg.backend)
         if key not in self.greedy:
             target, _ = self.models(cfg)
             self.greedy[key] = SpecWorker(target, None, SpecConfig(), platform=cfg.platform, backend=cfg.backend,
-                                          policy=Policy(enabled=False, batch_sizes=cfg.capture_sizes),
+                                          policy=GraphPolicy(enabled=False, batch_sizes=cfg.capture_sizes),
                                           max_context_len=context, max_requests=8)
         return self.greedy[key]
 
@@ -255,10 +254,8 @@ CONTEXT = 24 + 10 + 2 * (3 * 4 + 1) + 8
 TIE_GAP = 1e-5
 
 
-def _greedy_top2(workers: _Workers, cfg: Any, tokens: list[int]) -> tuple[list[int], float]:
+def _greedy_top2(workers: _Workers, cfg: DemoConfig, tokens: list[int]) -> tuple[list[int], float]:
     """The target's two best next tokens after ``tokens`` (one request alone) and their logit gap."""
-    import torch
-
     target, _ = workers.models(cfg)
     logits: list[Any] = []
     hook = target.register_forward_hook(lambda module, args, out: logits.append(out[-1].detach().clone()))
@@ -270,7 +267,7 @@ def _greedy_top2(workers: _Workers, cfg: Any, tokens: list[int]) -> tuple[list[i
     return top.indices.tolist(), float(top.values[0] - top.values[1])
 
 
-def _run_case(case: Case, workers: _Workers, demo_config: Callable[[list[str]], Any]) -> tuple[str, str] | None:
+def _run_case(case: Case, workers: _Workers, demo_config: Callable[[list[str]], DemoConfig]) -> tuple[str, str] | None:
     """None when the case is lossless, else ``("tie" | "failed", why)``.
 
     Where a request's tokens differ from greedy, the first differing token is a tie when
@@ -317,7 +314,7 @@ def _progress_line(summary: StressSummary, total: int, seconds: float, progress:
           file=progress, flush=True)
 
 
-def run_cases(cfg: StressConfig, demo_config: Callable[[list[str]], Any],
+def run_cases(cfg: StressConfig, demo_config: Callable[[list[str]], DemoConfig],
               progress: TextIO | None = None, every_s: float = 30.0) -> StressSummary:
     """Run ``cfg.cases`` random cases; ``demo_config`` turns a case's argv into a DemoConfig.
 
