@@ -5,6 +5,7 @@
 * a KV pool exhausted in the middle of a generation.
 """
 
+import re
 import sys
 import textwrap
 from dataclasses import replace
@@ -138,7 +139,8 @@ def test_kv_pool_exhausted_mid_generation_keeps_every_committed_token():
     for i, (tokens, full) in enumerate(zip(out.tokens, reference)):
         assert tokens == full[: len(tokens)], i  # nothing lost, nothing duplicated
         if i in out.stopped:
-            assert len(tokens) < 20 and out.stopped[i].startswith("kv_pool=target: a step needs 3 pages")
+            # pages a request took for drafts it rejected stay its own, so a step needs few new ones
+            assert len(tokens) < 20 and re.match(r"kv_pool=target: a step needs \d+ pages, 0 free", out.stopped[i])
         else:
             assert len(tokens) == 20
     assert pool.free_slot_count == free_before - len(held)  # the stopped requests' slots came back

@@ -46,7 +46,7 @@ def test_failures_are_reported_with_their_reproduction_command(monkeypatch, caps
 
 
 TIE = {"platform": "hip:gfx942", "backend": "torch", "spec_steps": 1, "topk": 3, "draft_tokens": 3, "graphs": False,
-       "batch_size": 3, "prompt_len": 2, "max_new_tokens": 8, "seed": 2128007786}
+       "page_size": None, "kv_dtype": None, "batch_size": 3, "prompt_len": 2, "max_new_tokens": 8, "seed": 2128007786}
 
 
 def test_an_fp32_tie_is_told_apart_from_a_failure(monkeypatch):

@@ -13,7 +13,7 @@ carries ``--max-bs`` and ``--model-seed`` so its reproduction builds the same
 capture sizes and model.
 
 Adding an axis is one line in :data:`AXES` (its ``attnhal demo`` flag and how to
-draw it), e.g. ``Axis("--page-size", lambda r, c: r.choice((1, 16)), worker=True)``.
+draw it), as ``page_size`` and ``kv_dtype`` are.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 
 from attnhal.capabilities import AttentionRequest
 from attnhal.plan import GraphPolicy, SpecConfig
-from attnhal.platform import parse
+from attnhal.platform import Fp8Flavor, parse
 from attnhal.reference.demo import DemoConfig
 from attnhal.reference.model import ModelConfig, TinyLlama
 from attnhal.reference.worker import SpecWorker
@@ -75,6 +75,22 @@ def _draft_tokens(r: random.Random, c: Mapping[str, Any]) -> int | None:
     return r.randint(2, c["topk"] * c["spec_steps"] + 1)
 
 
+def _claims(c: Mapping[str, Any]) -> Any:
+    return default_registry().get(c["backend"], parse(c["platform"])).capabilities
+
+
+def _page_size(r: random.Random, c: Mapping[str, Any]) -> int | None:
+    """A page size the drawn backend claims (None: the default, 1)."""
+    return r.choice([p for p in (1, 16, 64) if p in _claims(c).page_sizes]) if r.random() < 0.5 else None
+
+
+def _kv_dtype(r: random.Random, c: Mapping[str, Any]) -> str | None:
+    """A KV-cache dtype the backend claims and the platform can store (None: float32)."""
+    fp8 = ("fp8_e5m2",) + (("fp8_e4m3",) if parse(c["platform"]).fp8_flavor is not Fp8Flavor.NONE else ())
+    options = [d for d in fp8 if d in _claims(c).kv_dtypes]
+    return r.choice(options) if options and r.random() < 0.4 else None
+
+
 #: The configuration space, drawn in this order (later draws may read earlier values).
 #: ``platform`` and ``backend`` draw from the choices available here (see ``run_cases``).
 AXES: dict[str, Axis] = {
@@ -84,6 +100,8 @@ AXES: dict[str, Axis] = {
     "topk": Axis("--topk", lambda r, c: r.choice((1, 1, 2, 3)), worker=True),
     "draft_tokens": Axis("--draft-tokens", _draft_tokens, worker=True),
     "graphs": Axis("--no-graphs", lambda r, c: r.random() < 0.6, worker=True),
+    "page_size": Axis("--page-size", _page_size, worker=True),
+    "kv_dtype": Axis("--kv-dtype", _kv_dtype, worker=True),
     "batch_size": Axis("--batch-size", lambda r, c: r.randint(1, 6)),
     "prompt_len": Axis("--prompt-len", lambda r, c: r.choice((1, 2, 5, 16, 24))),
     "max_new_tokens": Axis("--max-new-tokens", lambda r, c: r.randint(1, 10)),
@@ -229,18 +247,20 @@ class _Workers:
             target, draft = self.models(cfg)
             self.worker = SpecWorker(target, draft, cfg.spec, platform=cfg.platform, backend=cfg.backend,
                                      policy=GraphPolicy(enabled=cfg.graphs, batch_sizes=cfg.capture_sizes),
-                                     max_context_len=context, max_requests=8)
+                                     max_context_len=context, max_requests=8, page_size=cfg.page_size,
+                                     kv_dtype=cfg.kv_dtype)
             self.key = case.worker_key()
         assert self.worker is not None
         return self.worker
 
     def greedy_worker(self, cfg: DemoConfig, context: int) -> SpecWorker:
-        key = (cfg.platform.spec, cfg.backend)
+        key = (cfg.platform.spec, cfg.backend, cfg.page_size, cfg.kv_dtype)  # greedy under the same cache
         if key not in self.greedy:
             target, _ = self.models(cfg)
             self.greedy[key] = SpecWorker(target, None, SpecConfig(), platform=cfg.platform, backend=cfg.backend,
                                           policy=GraphPolicy(enabled=False, batch_sizes=cfg.capture_sizes),
-                                          max_context_len=context, max_requests=8)
+                                          max_context_len=context, max_requests=8, page_size=cfg.page_size,
+                                          kv_dtype=cfg.kv_dtype)
         return self.greedy[key]
 
 
