@@ -19,7 +19,7 @@ import torch
 from attnhal.capabilities import Phase
 from attnhal.plan import SpecConfig
 from attnhal.testing.batches import Case, CaseSpec
-from attnhal.testing.reference import reference_forward
+from attnhal.testing.reference import _one_thread, reference_forward
 
 __all__ = ["DEFAULT_SPECS", "expected", "one_thread", "random_spec"]
 
@@ -37,12 +37,8 @@ def one_thread() -> Iterator[None]:
     machine the thread pool's barriers cost far more than they save (a busy
     sibling core stalls every parallel op by a scheduler time slice).
     """
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_thread():
         yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def random_spec(phase: Phase, seed: int, *, requests: int = 2, spec: SpecConfig | None = None,
