@@ -49,8 +49,7 @@ class _Meta:
     num_splits: torch.Tensor | None = None
     ext_lens: torch.Tensor | None = None
     qo_indptr: torch.Tensor | None = None
-    mask_bits: torch.Tensor | None = None
-    draft_depth: torch.Tensor | None = None
+    tree: torch.Tensor | None = None
     q_per_row: int = 1
     max_q: int = 1
     mid_o: torch.Tensor | None = None
@@ -131,9 +130,9 @@ class TritonBackend(AttentionBackend):
         kernel = _kernel_of(batch)
         splits = _split_counts(batch.seq_lens, self.rows[kernel]) if _splits(kernel) else None
         mid = self._eager_mid_for(_partial_rows(batch)) if splits is not None else None
-        bits_depth = _pack_tree(_mask(batch), None) if _mask(batch) is not None else None
+        tree = _pack_tree(_mask(batch))
         self._meta = _make_meta(batch, kernel, batch.req_pool_indices, batch.seq_lens,
-                                batch.extend_lens, splits, bits_depth, mid)
+                                batch.extend_lens, splits, tree, mid)
 
     def share_graph_state(self, leader: AttentionBackend) -> None:
         """Reuse ``leader``'s partial buffers (the steps of one multi-step draft run
@@ -165,9 +164,9 @@ class TritonBackend(AttentionBackend):
             self.init_forward_metadata(batch)  # never captured: a variable token count
             return
         state = self._graph_state(batch)
-        req, seq, ext, splits, bits_depth = self._copy_in(state, batch, allocate=True)
+        req, seq, ext, splits, tree = self._copy_in(state, batch, allocate=True)
         rows = _partial_rows(batch)
-        self._meta = _make_meta(batch, _kernel_of(batch), req, seq, ext, splits, bits_depth,
+        self._meta = _make_meta(batch, _kernel_of(batch), req, seq, ext, splits, tree,
                                 (state.mid_o[:rows], state.mid_lse[:rows]))
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
@@ -188,7 +187,7 @@ class TritonBackend(AttentionBackend):
 
     def _copy_in(self, state: _GraphState, batch: ForwardBatch, allocate: bool
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor,
-                            tuple[torch.Tensor, torch.Tensor] | None]:
+                            torch.Tensor | None]:
         """Write the batch's per-row tensors into static buffers; returns their views.
 
         ``draft_path`` is not copied: ``forward`` reads the batch's own tensor, which a
@@ -204,13 +203,12 @@ class TritonBackend(AttentionBackend):
             ext.copy_(batch.extend_lens)
         splits = state.num_splits[:bs]
         _split_counts(seq, self.rows[_kernel_of(batch)], out=splits)
-        mask, bits_depth = _mask(batch), None
+        mask, tree = _mask(batch), None
         if mask is not None:
             t = mask.shape[-1]
-            bits = state.buffer("mask_bits", (t, _words(t)), torch.int32, allocate)[:bs]
-            depth = state.buffer("draft_depth", (t,), torch.int32, allocate)[:bs]
-            bits_depth = _pack_tree(mask, (bits, depth))
-        return req, seq, ext, splits, bits_depth
+            tree = state.buffer("tree", (t, _words(t) + 1), torch.int32, allocate)[:bs]
+            _pack_tree(mask, out=tree)
+        return req, seq, ext, splits, tree
 
     def _eager_mid_for(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Split partial buffers for eager batches, grown on demand and reused."""
@@ -289,7 +287,7 @@ class TritonBackend(AttentionBackend):
         split = meta.mid_o is not None
         ops.extend(out, meta.mid_o, meta.mid_lse, q, req_pool_indices=meta.req_pool_indices,
                    seq_lens=meta.seq_lens, num_splits=meta.num_splits, qo_indptr=meta.qo_indptr,
-                   ext_lens=meta.ext_lens, mask_bits=meta.mask_bits, draft_depth=meta.draft_depth,
+                   ext_lens=meta.ext_lens, tree=meta.tree,
                    sinks=None if split else self._sinks(layer), q_per_row=meta.q_per_row,
                    max_q=meta.max_q, launch=self._launch[meta.kernel], **self._layer_args(layer))
         if split:
@@ -367,14 +365,13 @@ def _words(t: int) -> int:
     return -(-t // 32)
 
 
-def _pack_tree(mask: torch.Tensor | None, out: tuple[torch.Tensor, torch.Tensor] | None
-               ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Tree mask ``[bs, T, T]`` -> (bits ``[bs, T, ceil(T/32)]`` int32, depth ``[bs, T]`` int32).
+def _pack_tree(mask: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Tree mask ``[bs, T, T]`` bool -> ``[bs, T, W + 1]`` int32 with ``W = ceil(T / 32)``.
 
-    Bit ``j % 32`` of word ``j // 32`` of query ``i`` is ``mask[:, i, j]``; a draft token's
-    depth is the number of draft tokens it attends minus one (its KV position is
-    ``prefix + depth``). Packing makes the kernel read one word per 32 draft tokens
-    instead of a byte per token.
+    Bit ``j % 32`` of word ``j // 32`` of query ``i`` is ``mask[:, i, j]``; word ``W`` is
+    draft ``i``'s depth, the number of draft tokens it attends minus one (its KV position
+    is ``prefix + depth``). The kernel reads one word per 32 draft tokens instead of a
+    byte per token, and one pointer for mask and depths. Written into ``out`` when given.
     """
     if mask is None:
         return None
@@ -385,25 +382,21 @@ def _pack_tree(mask: torch.Tensor | None, out: tuple[torch.Tensor, torch.Tensor]
     weights = torch.ones(32, dtype=torch.int64, device=mask.device).bitwise_left_shift_(
         torch.arange(32, device=mask.device))
     packed = (padded.view(bs, t, words, 32) * weights).sum(-1)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)  # two's complement
-    depth = mask.sum(-1, dtype=torch.int32) - 1
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # int32 two's complement
+    depth = mask.sum(-1, keepdim=True) - 1
+    tree = torch.cat([packed, depth], -1).to(torch.int32)
     if out is None:
-        return packed, depth
-    out[0].copy_(packed)
-    out[1].copy_(depth)
-    return out
+        return tree
+    return out.copy_(tree)
 
 
 def _make_meta(batch: ForwardBatch, kernel: str, req: torch.Tensor, seq: torch.Tensor,
-               ext: torch.Tensor | None, splits: torch.Tensor | None,
-               bits_depth: tuple[torch.Tensor, torch.Tensor] | None,
+               ext: torch.Tensor | None, splits: torch.Tensor | None, tree: torch.Tensor | None,
                mid: tuple[torch.Tensor, torch.Tensor] | None) -> _Meta:
     """Per-phase launch parameters; only ``prefill`` reads a host value (its grid size)."""
     split = _splits(kernel)
-    meta = _Meta(batch, req, seq, kernel=kernel, num_splits=splits if split else None,
+    meta = _Meta(batch, req, seq, kernel=kernel, num_splits=splits if split else None, tree=tree,
                  mid_o=mid[0] if mid and split else None, mid_lse=mid[1] if mid and split else None)
-    if bits_depth is not None:
-        meta.mask_bits, meta.draft_depth = bits_depth
     phase = batch.phase
     if phase is Phase.PREFILL:
         if ext is None:

@@ -37,8 +37,9 @@ Masked scores are ``-inf``; a row with nothing to attend yields 0, never NaN
 ``DOT_F32`` casts the dot operands to fp32: the interpreter computes bf16 ``tl.dot``
 on raw bit patterns (triton-lang/triton#11584), so bf16 runs through this path
 under the interpreter only. ``tl.dot`` uses ``input_precision="ieee"`` so that
-fp32 inputs are not rounded to tf32. ``KV_SCALED``: the cache stores fp8 and each
-value read is ``stored.float() * scale`` (per-layer K and V scales).
+fp32 inputs are not rounded to tf32. ``KV_SCALED``: the cache stores fp8, read as ``stored.float() * scale`` (per-layer K and V
+scales): the stored values, exact in fp16/bf16, enter the dots and the scales are
+applied to the scores (K) and the accumulator (V), which is the same by linearity.
 """
 
 from __future__ import annotations
@@ -84,27 +85,26 @@ def _paged_slots(req_row, pos, ok, PAGE_SIZE: tl.constexpr):
 
 
 @triton.jit
-def _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap, k_scale, v_scale,
+def _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
                        stride_kt, stride_kh, stride_vt, stride_vh,
-                       HEAD_DIM: tl.constexpr, HAS_SOFTCAP: tl.constexpr, KV_SCALED: tl.constexpr,
+                       HEAD_DIM: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                        DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Base-2 scores ``q @ k^T`` [M, N] (fp32; masked-out positions not yet -inf) and ``v`` [N, D].
 
     V is loaded before the QK dot so that both memory round trips overlap the dot.
+    K and V are cast to q's dtype: a cache of another dtype costs a cast, not a mixed
+    dot. fp8 values are exact in fp16/bf16; their scales are applied outside the loop
+    (``_kv_scaled``), since both products are linear in them.
     """
     offs_d = tl.arange(0, HEAD_DIM)
     v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
                 mask=ok[:, None], other=0.0)
     k = tl.load(K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
                 mask=ok[None, :], other=0.0)
-    if KV_SCALED:
-        k = k.to(tl.float32) * k_scale
-        v = v.to(tl.float32) * v_scale
     if DOT_F32:
         s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision=DOT_PRECISION)
     else:
         s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
-    # K and V in q's dtype: a cache of another dtype costs a cast, not a mixed dot.
     if HAS_SOFTCAP:
         # qk_scale is sm_scale / cap here and softcap is cap * log2(e) (ops.py).
         s = softcap * _tanh(s * qk_scale)
@@ -114,10 +114,11 @@ def _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap, k_scale, v
 
 
 @triton.jit
-def _kv_scales(KScale, VScale, KV_SCALED: tl.constexpr):
+def _kv_scaled(qk_scale, KScale, VScale, KV_SCALED: tl.constexpr):
+    """(score scale with K's dequantisation scale folded in, V's scale) of an fp8 cache."""
     if KV_SCALED:
-        return tl.load(KScale), tl.load(VScale)
-    return 1.0, 1.0
+        return qk_scale * tl.load(KScale), tl.load(VScale)
+    return qk_scale, 1.0
 
 
 @triton.jit
@@ -162,7 +163,7 @@ def decode_partial_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=head_ok[:, None], other=0.0)
-    k_scale, v_scale = _kv_scales(KScale, VScale, KV_SCALED)
+    qk_scale, v_scale = _kv_scaled(qk_scale, KScale, VScale, KV_SCALED)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -172,9 +173,9 @@ def decode_partial_kernel(
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < prefix_end
         slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
-        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap, k_scale, v_scale,
+        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
                                   stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM,
-                                  HAS_SOFTCAP, KV_SCALED, DOT_F32, DOT_PRECISION)
+                                  HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
         s = tl.where(ok[None, :], s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
     # Extra slots (draft path) of the split's part of [prefix_len, total): at most
@@ -184,14 +185,15 @@ def decode_partial_kernel(
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < end
         slot = tl.load(extra_row + pos, mask=ok, other=0).to(tl.int64)
-        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap, k_scale, v_scale,
+        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
                                   stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM,
-                                  HAS_SOFTCAP, KV_SCALED, DOT_F32, DOT_PRECISION)
+                                  HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
         s = tl.where(ok[None, :], s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
 
     # (Scalar conditions are broadcast to the block: the interpreter rejects a 0-d mask term.)
     # An empty split stores only lse = -inf: the reduce neither weighs nor reads its output.
+    acc = acc * v_scale
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o_ptrs = MidO + row * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
     tl.store(o_ptrs, acc / l_safe[:, None], mask=(head_ok & (offs_g * 0 + start < end))[:, None])
@@ -250,21 +252,27 @@ def _row_queries(row, QoIndptr, ExtLens, q_per_row, PACKED: tl.constexpr,
 
 
 @triton.jit
-def _tree_allowed(MaskBits, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS: tl.constexpr):
-    """Tree-mask bits [M, N] of draft keys ``j`` for queries ``tok`` (``[rows, T, W]`` int32 words)."""
-    words = MaskBits + (row * q_per_row + tok) * MASK_WORDS
+def _tree_allowed(Tree, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS: tl.constexpr):
+    """Tree-mask bits [M, N] of draft keys ``j`` for queries ``tok``."""
+    words = Tree + (row * q_per_row + tok) * (MASK_WORDS + 1)
     word = tl.load(words[:, None] + j[None, :] // 32, mask=m_ok[:, None] & ok[None, :], other=0)
     return ((word >> (j[None, :] % 32)) & 1) != 0
 
 
 @triton.jit
+def _tree_depth(Tree, row, tok, ok, q_per_row, MASK_WORDS: tl.constexpr):
+    """Depths of draft tokens ``tok``: the word after each token's mask words."""
+    return tl.load(Tree + (row * q_per_row + tok) * (MASK_WORDS + 1) + MASK_WORDS, mask=ok, other=0)
+
+
+@triton.jit
 def extend_kernel(
     Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
-    MaskBits, DraftDepth, KScale, VScale, Sinks,
-    qk_scale, softcap, window, q_per_row, max_splits,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_outt, stride_outh, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_req,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Tree, KScale, VScale, Sinks,
+    qk_scale, softcap, window, q_per_row,
+    stride_qt, stride_qh, stride_req,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PACKED: tl.constexpr, HAS_EXT_LENS: tl.constexpr,
     USE_MASK: tl.constexpr, MASK_WORDS: tl.constexpr, SPLIT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALED: tl.constexpr,
@@ -277,18 +285,22 @@ def extend_kernel(
     ``T = q_per_row``. New tokens ``ext`` are ``ExtLens[r]`` (``HAS_EXT_LENS``) or the
     query count; ``prefix = SeqLens[r] - ext``. Query ``i`` sits at KV position
     ``qpos = min(prefix + i, SeqLens[r] - 1)`` and attends ``p <= qpos``, or with
-    ``USE_MASK``: ``p < prefix`` and draft ``j = p - prefix`` where bit ``j`` of
-    ``MaskBits[r, i]`` (``[rows, T, MASK_WORDS]`` int32) is set; then
-    ``qpos = prefix + DraftDepth[r, i]`` and draft key ``j`` sits at
-    ``prefix + DraftDepth[r, j]`` (``[rows, T]`` int32). ``SPLIT``: the block's KV range
-    is cut into ``NumSplits[r]`` (<= ``max_splits``) chunks whose (o, lse) partials go to
-    MidO ``[tokens, Hq, max_splits, D]`` / MidLse ``[tokens, Hq, max_splits]`` for
-    ``decode_reduce_kernel`` (which adds the sinks); otherwise Out is written.
+    ``USE_MASK``: ``p < prefix`` and draft ``j = p - prefix`` where bit ``j % 32`` of
+    ``Tree[r, i, j // 32]`` is set (``Tree`` ``[rows, T, MASK_WORDS + 1]`` int32; the last
+    word of token ``i`` is its depth); then ``qpos = prefix + depth[i]`` and draft key
+    ``j`` sits at ``prefix + depth[j]``. ``SPLIT``: the block's KV range is cut into
+    ``NumSplits[r]`` (<= ``MAX_SPLITS``) chunks whose (o, lse) partials go to MidO
+    ``[tokens, Hq, MAX_SPLITS, D]`` / MidLse ``[tokens, Hq, MAX_SPLITS]`` for
+    ``decode_reduce_kernel`` (which adds the sinks); otherwise Out is written. Out and the
+    partials are contiguous: their strides follow from the constexpr shapes, which keeps
+    scalar registers free (the tree form ran out of SGPRs on CDNA).
     """
+    # Contiguous cache [slots, Hkv, D]: a slot's row is Hkv * D elements.
+    KV_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * HEAD_DIM
     m_block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    kv_head = tl.program_id(2) // max_splits
-    split = tl.program_id(2) % max_splits
+    kv_head = tl.program_id(2) // MAX_SPLITS
+    split = tl.program_id(2) % MAX_SPLITS
 
     req_row = ReqToPage + tl.load(ReqIdx + row).to(tl.int64) * stride_req
     kv_len = tl.load(SeqLens + row)
@@ -302,13 +314,13 @@ def extend_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = (q_start + tok) * stride_qt + heads * stride_qh
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
-    k_scale, v_scale = _kv_scales(KScale, VScale, KV_SCALED)
+    qk_scale, v_scale = _kv_scaled(qk_scale, KScale, VScale, KV_SCALED)
 
     # KV ranges this block needs: [lo, shared) seen by every query but for the window,
     # [shared, hi) masked per query; both empty when the block holds no query of this row.
     has_rows = m_block * BLOCK_M // GROUP < n_q
     if USE_MASK:
-        qpos = prefix + tl.load(DraftDepth + row * q_per_row + tok, mask=m_ok, other=0)
+        qpos = prefix + _tree_depth(Tree, row, tok, m_ok, q_per_row, MASK_WORDS)
         hi = kv_len
     else:
         qpos = tl.minimum(prefix + tok, kv_len - 1)
@@ -335,9 +347,9 @@ def extend_kernel(
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < shared
         slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
-        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap, k_scale, v_scale,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM,
-                                  HAS_SOFTCAP, KV_SCALED, DOT_F32, DOT_PRECISION)
+        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
+                                  KV_ROW, HEAD_DIM, KV_ROW, HEAD_DIM, HEAD_DIM,
+                                  HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
         s = tl.where(ok[None, :] & (pos[None, :] >= lo_q[:, None]), s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
 
@@ -345,14 +357,14 @@ def extend_kernel(
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < s_hi
         slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
-        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap, k_scale, v_scale,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM,
-                                  HAS_SOFTCAP, KV_SCALED, DOT_F32, DOT_PRECISION)
+        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
+                                  KV_ROW, HEAD_DIM, KV_ROW, HEAD_DIM, HEAD_DIM,
+                                  HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
         if USE_MASK:
             # Positions from ``shared`` on are draft tokens j = pos - prefix in [0, T).
             j = pos - prefix
-            allowed = _tree_allowed(MaskBits, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS)
-            kpos = prefix + tl.load(DraftDepth + row * q_per_row + j, mask=ok, other=0)
+            allowed = _tree_allowed(Tree, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS)
+            kpos = prefix + _tree_depth(Tree, row, j, ok, q_per_row, MASK_WORDS)
         else:
             allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :]
             kpos = pos
@@ -360,12 +372,14 @@ def extend_kernel(
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
 
+    acc = acc * v_scale
     if SPLIT:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         token = q_start + tok
-        tl.store(MidO + token[:, None] * stride_ob + heads[:, None] * stride_oh + split * stride_os
-                 + offs_d[None, :], acc / l_safe[:, None], mask=(m_ok & (tok * 0 + s_lo < s_hi))[:, None])
-        tl.store(MidLse + token * stride_lb + heads * stride_lh + split, m_i + tl.log2(l_safe),
+        cell = (token * NUM_Q_HEADS + heads) * MAX_SPLITS + split  # [M] (token, head, split)
+        tl.store(MidO + cell[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None],
+                 mask=(m_ok & (tok * 0 + s_lo < s_hi))[:, None])
+        tl.store(MidLse + cell, m_i + tl.log2(l_safe),
                  mask=m_ok & (tok * 0 + split < n_splits))
     else:
         if HAS_SINKS:
@@ -376,7 +390,7 @@ def extend_kernel(
             acc = acc * alpha[:, None]
             l_i = l_i * alpha + tl.exp2(sink - m_new)
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        out_rows = (q_start + tok) * stride_outt + heads * stride_outh
+        out_rows = ((q_start + tok) * NUM_Q_HEADS + heads) * HEAD_DIM
         tl.store(Out + out_rows[:, None] + offs_d[None, :],
                  (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=m_ok[:, None])
 

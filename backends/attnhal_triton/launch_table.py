@@ -50,10 +50,12 @@ KERNELS = ("decode", "decode_reduce", "extend_prefill", "extend_verify", "extend
 EXTEND_VARIANTS = KERNELS[2:]
 #: Arch families served by another family's rows (the rows compile spill-free for
 #: them, checked by the compile check): sm86/sm89 (consumer Ampere/Ada, less shared
-#: memory than sm80 but the sm80 rows fit), sm100/sm120 (Blackwell) take the sm90 rows.
+#: memory than sm80 but the sm80 rows fit), sm100 (datacenter Blackwell) takes the sm90
+#: rows, sm120 (consumer Blackwell: mma.sync and ~100 KB shared memory like sm89) the
+#: sm80 rows — the sm90 128x64 extend tiles spill there.
 ALIASES: Mapping[tuple[str, str], str] = MappingProxyType({
     ("cuda", "sm86"): "sm80", ("cuda", "sm89"): "sm80",
-    ("cuda", "sm100"): "sm90", ("cuda", "sm120"): "sm90",
+    ("cuda", "sm100"): "sm90", ("cuda", "sm120"): "sm80",
 })
 
 
@@ -210,6 +212,9 @@ def _amd(family: str, splits: int) -> list[LaunchRow]:
         *_rows("hip", family, [
             ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 1),
             ("decode", 256, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 1),
+            # The tree mask's word loads and depths cost registers: 64x32 spills.
+            ("extend_verify_tree", None, None, {"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1),
+            ("extend_verify_tree", 256, None, {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
             ("extend", 256, "float32", {"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1),
             ("extend", None, None, {"BLOCK_M": 64, "BLOCK_N": 32}, 4, 1),
             ("extend", 256, None, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 1),

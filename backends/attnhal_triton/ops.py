@@ -67,6 +67,13 @@ def _scores(sm_scale: float, softcap: float) -> tuple[float, float]:
     return sm_scale * _LN2_INV, 0.0
 
 
+def _check_contiguous(**tensors: torch.Tensor) -> None:
+    """The extend kernel derives these tensors' strides from their shapes."""
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name}.stride()={t.stride()} (supported: contiguous)")
+
+
 def _kv_scale_args(k_cache: torch.Tensor, k_scale: Optional[torch.Tensor],
                    v_scale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Scale pointers (``[1]`` fp32 views) and ``KV_SCALED``; scales come with fp8 caches only."""
@@ -175,8 +182,7 @@ def extend(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     req_to_page: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     num_splits: Optional[torch.Tensor], qo_indptr: Optional[torch.Tensor],
-    ext_lens: Optional[torch.Tensor], mask_bits: Optional[torch.Tensor],
-    draft_depth: Optional[torch.Tensor], k_scale: Optional[torch.Tensor],
+    ext_lens: Optional[torch.Tensor], tree: Optional[torch.Tensor], k_scale: Optional[torch.Tensor],
     v_scale: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
     q_per_row: int, max_q: int, page_size: int, sm_scale: float, softcap: float, window: int,
     launch: str,
@@ -185,8 +191,8 @@ def extend(
 
     Parameters
     ----------
-    out, q: ``[tokens, Hq, D]``; ``out`` is written unless ``mid_o`` is given.
-    mid_o, mid_lse: ``[>= tokens, Hq, S, D]`` / ``[>= tokens, Hq, S]`` fp32: with them the
+    out, q: ``[tokens, Hq, D]``; ``out`` (contiguous) is written unless ``mid_o`` is given.
+    mid_o, mid_lse: ``[>= tokens, Hq, S, D]`` / ``[>= tokens, Hq, S]`` fp32, contiguous: with them the
         KV range is split (``num_splits`` ``[rows]`` int32 in ``[1, S]``) and the partials
         written for :func:`decode_reduce` (which adds the sinks); None: one pass into ``out``.
     k_cache, v_cache: ``[slots, Hkv, D]``; req_to_page: ``[reqs, pages]`` int32.
@@ -194,9 +200,9 @@ def extend(
     qo_indptr: ``[rows + 1]`` int32 query offsets (packed prefill), or None for the
         uniform layout of ``q_per_row`` tokens per row.
     ext_lens: ``[rows]`` int32 new tokens per row, or None (= query tokens per row).
-    mask_bits: ``[rows, T, ceil(T / 32)]`` int32 tree mask, bit ``j % 32`` of word ``j // 32``
-        of query ``i`` set when ``i`` attends draft ``j`` (``T = q_per_row``); None: causal.
-    draft_depth: ``[rows, T]`` int32 depth of each draft token (with ``mask_bits``).
+    tree: ``[rows, T, W + 1]`` int32 with ``W = ceil(T / 32)``: bit ``j % 32`` of word
+        ``j // 32`` of query ``i`` set when ``i`` attends draft ``j`` (``T = q_per_row``),
+        word ``W`` the depth of draft ``i``; None: causal.
     k_scale, v_scale: ``[1]`` fp32 fp8 dequantisation scales, or None.
     sinks: ``[Hq]`` fp32 sink logits (one pass only), or None.
     max_q: the largest query count of a row (sizes the grid).
@@ -216,24 +222,20 @@ def extend(
                          "sinks to decode_reduce")
     mid_o_, mid_lse_ = (mid_o, mid_lse) if mid_o is not None and mid_lse is not None else (out, out)
     max_splits = mid_o_.shape[2] if split else 1
-    mid_strides = (*mid_o_.stride()[:3], *mid_lse_.stride()[:2]) if split else (0,) * 5
+    _check_contiguous(out=out, mid_o=mid_o_, mid_lse=mid_lse_, k_cache=k_cache, v_cache=v_cache)
     dummy = seq_lens
     ks, vs, scaled = _kv_scale_args(k_cache, k_scale, v_scale)
     qk_scale, cap = _scores(sm_scale, softcap)
-    words = mask_bits.shape[-1] if mask_bits is not None else 1
+    words = tree.shape[-1] - 1 if tree is not None else 1
     grid = (-(-max_q * group // block_m), rows, k_cache.shape[1] * max_splits)
     _kernels().extend_kernel[grid](
         q, k_cache, v_cache, out, mid_o_, mid_lse_, req_to_page, req_pool_indices, seq_lens,
-        *(t if t is not None else dummy
-          for t in (num_splits, qo_indptr, ext_lens, mask_bits, draft_depth)),
+        *(t if t is not None else dummy for t in (num_splits, qo_indptr, ext_lens, tree)),
         ks, vs, sinks if sinks is not None else dummy,
-        qk_scale, cap, window, q_per_row, max_splits,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-        *mid_strides, req_to_page.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=constexprs["BLOCK_N"],
-        PAGE_SIZE=page_size, PACKED=qo_indptr is not None, HAS_EXT_LENS=ext_lens is not None,
-        USE_MASK=mask_bits is not None, MASK_WORDS=words, SPLIT=split, HAS_SOFTCAP=cap > 0,
+        qk_scale, cap, window, q_per_row, q.stride(0), q.stride(1), req_to_page.stride(0),
+        NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=constexprs["BLOCK_N"],
+        MAX_SPLITS=max_splits, PAGE_SIZE=page_size, PACKED=qo_indptr is not None,
+        HAS_EXT_LENS=ext_lens is not None, USE_MASK=tree is not None, MASK_WORDS=words, SPLIT=split, HAS_SOFTCAP=cap > 0,
         HAS_SINKS=sinks is not None, KV_SCALED=scaled, DOT_F32=_dot_f32(q.dtype),
         DOT_PRECISION=constexprs["DOT_PRECISION"], **options,
     )
@@ -241,7 +243,7 @@ def extend(
 
 @extend.register_fake
 def _(out, mid_o, mid_lse, q, k_cache, v_cache, req_to_page, req_pool_indices,  # type: ignore[no-untyped-def]
-      seq_lens, num_splits, qo_indptr, ext_lens, mask_bits, draft_depth, k_scale, v_scale, sinks,
+      seq_lens, num_splits, qo_indptr, ext_lens, tree, k_scale, v_scale, sinks,
       q_per_row, max_q, page_size, sm_scale, softcap, window, launch) -> None:
     return None
 
