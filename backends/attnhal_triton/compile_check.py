@@ -67,15 +67,15 @@ class Variant:
 
     table_kernel: str
     function: str
-    flags: Mapping[str, bool] = field(default_factory=dict)
+    flags: Mapping[str, bool | int] = field(default_factory=dict)
 
 
 #: Every kernel form the backend launches, by the phase(s) it serves; each has its own
 #: launch-table rows. Every form is compiled with page size 16 and the soft-cap on
 #: (the heavier form; window and scales are runtime values), prefill and the reduce
 #: with sinks.
-_COMMON = {"PAGE_SIZE": 16, "HAS_SOFTCAP": True}
-_EXTEND = {**_COMMON, "MASK_WORDS": 1}
+_COMMON: dict[str, bool | int] = {"PAGE_SIZE": 16, "HAS_SOFTCAP": True}
+_EXTEND: dict[str, bool | int] = {**_COMMON, "MASK_WORDS": 1}
 VARIANTS: Mapping[str, Variant] = {
     "decode": Variant("decode", "decode_partial_kernel", _COMMON),  # decode and draft_decode
     "decode_reduce": Variant("decode_reduce", "decode_reduce_kernel", {"HAS_SINKS": True}),
