@@ -1,7 +1,10 @@
 """Triton backend numerics, custom ops and graph claims, run by the Triton interpreter on CPU.
 
 Every phase is compared with a float64 reference written from the masking table
-in :mod:`attnhal.backend.batch`. bf16 runs the kernels' ``DOT_F32`` path (the
+in :mod:`attnhal.backend.batch`, extended with the issue-12 features (page size > 1,
+fp8 caches read as stored * scale, sliding window with tree-verify depths, logit
+soft-cap, sinks) and checked for the issue-16 split machinery (per-request split
+counts, skipped and empty splits, split counts under graph replay). bf16 runs the kernels' ``DOT_F32`` path (the
 interpreter's bf16 ``tl.dot`` is broken, triton-lang/triton#11584): the native bf16
 dot is compiled by the compile check but not run here.
 

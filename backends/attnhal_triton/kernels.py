@@ -37,9 +37,10 @@ Masked scores are ``-inf``; a row with nothing to attend yields 0, never NaN
 ``DOT_F32`` casts the dot operands to fp32: the interpreter computes bf16 ``tl.dot``
 on raw bit patterns (triton-lang/triton#11584), so bf16 runs through this path
 under the interpreter only. ``tl.dot`` uses ``input_precision="ieee"`` so that
-fp32 inputs are not rounded to tf32. ``KV_SCALED``: the cache stores fp8, read as ``stored.float() * scale`` (per-layer K and V
-scales): the stored values, exact in fp16/bf16, enter the dots and the scales are
-applied to the scores (K) and the accumulator (V), which is the same by linearity.
+fp32 inputs are not rounded to tf32. ``KV_SCALED``: the cache stores fp8, read as
+``stored.float() * scale`` (per-layer K and V scales): the stored values, exact in
+fp16/bf16, enter the dots and the scales are applied to the scores (K) and the
+accumulator (V), which is the same by linearity.
 """
 
 from __future__ import annotations

@@ -210,6 +210,9 @@ def _amd(family: str, splits: int) -> list[LaunchRow]:
     # MFMA with kpack=2 suits these fp16/bf16 tiles; fp32 runs on fp32 MFMA.
     return [
         *_rows("hip", family, [
+            # fp32 K/V blocks of 64 hit 256 VGPRs and spill with page reads and the soft-cap.
+            ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 1),
+            ("decode", 256, "float32", {"BLOCK_N": 16, "BLOCK_H": 16}, 4, 1),
             ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 1),
             ("decode", 256, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 1),
             # The tree mask's word loads and depths cost registers: 64x32 spills.

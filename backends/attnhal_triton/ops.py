@@ -220,22 +220,24 @@ def extend(
     if split and (mid_lse is None or num_splits is None or sinks is not None):
         raise ValueError("a split extend (mid_o given) needs mid_lse and num_splits, and leaves "
                          "sinks to decode_reduce")
-    mid_o_, mid_lse_ = (mid_o, mid_lse) if mid_o is not None and mid_lse is not None else (out, out)
-    max_splits = mid_o_.shape[2] if split else 1
-    _check_contiguous(out=out, mid_o=mid_o_, mid_lse=mid_lse_, k_cache=k_cache, v_cache=v_cache)
+    # Without a split the output stands in for the partials' pointers (never written).
+    part_o, part_lse = (mid_o, mid_lse) if mid_o is not None and mid_lse is not None else (out, out)
+    max_splits = part_o.shape[2] if split else 1
+    _check_contiguous(out=out, mid_o=part_o, mid_lse=part_lse, k_cache=k_cache, v_cache=v_cache)
     dummy = seq_lens
     ks, vs, scaled = _kv_scale_args(k_cache, k_scale, v_scale)
     qk_scale, cap = _scores(sm_scale, softcap)
     words = tree.shape[-1] - 1 if tree is not None else 1
     grid = (-(-max_q * group // block_m), rows, k_cache.shape[1] * max_splits)
     _kernels().extend_kernel[grid](
-        q, k_cache, v_cache, out, mid_o_, mid_lse_, req_to_page, req_pool_indices, seq_lens,
+        q, k_cache, v_cache, out, part_o, part_lse, req_to_page, req_pool_indices, seq_lens,
         *(t if t is not None else dummy for t in (num_splits, qo_indptr, ext_lens, tree)),
         ks, vs, sinks if sinks is not None else dummy,
         qk_scale, cap, window, q_per_row, q.stride(0), q.stride(1), req_to_page.stride(0),
-        NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=constexprs["BLOCK_N"],
-        MAX_SPLITS=max_splits, PAGE_SIZE=page_size, PACKED=qo_indptr is not None,
-        HAS_EXT_LENS=ext_lens is not None, USE_MASK=tree is not None, MASK_WORDS=words, SPLIT=split, HAS_SOFTCAP=cap > 0,
+        NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m,
+        BLOCK_N=constexprs["BLOCK_N"], MAX_SPLITS=max_splits, PAGE_SIZE=page_size,
+        PACKED=qo_indptr is not None, HAS_EXT_LENS=ext_lens is not None,
+        USE_MASK=tree is not None, MASK_WORDS=words, SPLIT=split, HAS_SOFTCAP=cap > 0,
         HAS_SINKS=sinks is not None, KV_SCALED=scaled, DOT_F32=_dot_f32(q.dtype),
         DOT_PRECISION=constexprs["DOT_PRECISION"], **options,
     )
