@@ -14,9 +14,10 @@ from attnhal.capabilities import (
     not_supported_reasons,
 )
 from attnhal.descriptors import load_descriptor
-from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, SpecConfig, plan
+from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform, Vendor, detect, parse
 from attnhal.registry import default_registry
+from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
 __version__ = "0.1.0"
 
@@ -26,11 +27,14 @@ __all__ = [
     "Feature",
     "GraphPlan",
     "GraphPolicy",
+    "ModelKind",
     "Phase",
     "PhaseBackends",
     "Platform",
     "Reason",
     "ReasonCode",
+    "RequestContext",
+    "SpecAlgorithm",
     "SpecConfig",
     "SpecLimits",
     "Vendor",

@@ -4,6 +4,11 @@ An engine can describe a backend that is not installed here ("what would happen
 on MI300 with my aiter backend?") and hand the file to ``attnhal plan``.
 Unknown keys and bad values are errors that name the key. The reference is
 ``docs/descriptors.md``.
+
+Schema versions: a file without ``schema_version`` is version 1 (the keys of
+attnhal 0.1) and keeps loading; the keys added by version 2 (``archs``,
+``models``, ``run_limits``, ``phase_fill``, ``variants``) need
+``schema_version = 2``.
 """
 
 from __future__ import annotations
@@ -16,22 +21,30 @@ from pathlib import Path
 from typing import Any
 
 from attnhal.capabilities import (
+    VARIANT_FIELDS,
     BackendCapabilities,
     Feature,
     FillTerm,
+    IntSet,
     Phase,
     SeqLenFill,
     SpecLimits,
     Tolerance,
+    Variant,
+    When,
 )
-from attnhal.platform import Vendor
+from attnhal.platform import ArchSet, Fp8Flavor, PlatformSpecError, Vendor
+from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, SpecAlgorithm
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-__all__ = ["DescriptorError", "dump_descriptor", "load_descriptor", "parse_descriptor"]
+__all__ = ["SCHEMA_VERSION", "DescriptorError", "dump_descriptor", "load_descriptor", "parse_descriptor"]
+
+#: The newest descriptor schema this attnhal reads (and writes).
+SCHEMA_VERSION = 2
 
 
 class DescriptorError(ValueError):
@@ -58,11 +71,14 @@ def _enum_list(enum: type[Enum], key: str) -> Callable[[Any], frozenset[Any]]:
 
 def _int_list(key: str) -> Callable[[Any], frozenset[int]]:
     def convert(value: Any) -> frozenset[int]:
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                                  for v in value):
+        if not isinstance(value, list) or not all(_is_int(v) and v > 0 for v in value):
             raise _fail(key, value, "a list of positive integers")
         return frozenset(value)
     return convert
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _str_list(key: str) -> Callable[[Any], frozenset[str]]:
@@ -82,16 +98,20 @@ def _limits(key: str, value: Any) -> SpecLimits:
     for k, v in value.items():
         if k not in _LIMIT_KEYS:
             raise _fail(f"{key}.{k}", v, f"keys {{{', '.join(_LIMIT_KEYS)}}}")
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        if not _is_int(v) or v < 1:
             raise _fail(f"{key}.{k}", v, "an integer >= 1")
     return SpecLimits(**value)
 
 
-def _graph(value: Any) -> dict[Phase, SpecLimits]:
-    if not isinstance(value, Mapping):
-        raise _fail("graph", value, "a table: phase -> limits table")
-    phases = _enum_list(Phase, "graph")(list(value))
-    return {p: _limits(f"graph.{p.value}", value[p.value]) for p in phases}
+def _by_phase(key: str, convert: Callable[[str, Any], Any], removable: bool) -> Callable[[Any], dict[Phase, Any]]:
+    """A table phase -> value; in a variant, ``false`` removes the phase's entry (None)."""
+    def parse(value: Any) -> dict[Phase, Any]:
+        if not isinstance(value, Mapping):
+            raise _fail(key, value, "a table: phase -> value" + ("; false removes" if removable else ""))
+        phases = _enum_list(Phase, key)(list(value))
+        return {p: None if removable and value[p.value] is False else convert(f"{key}.{p.value}", value[p.value])
+                for p in phases}
+    return parse
 
 
 def _multi_step(value: Any) -> SpecLimits | None:
@@ -100,23 +120,53 @@ def _multi_step(value: Any) -> SpecLimits | None:
     return _limits("multi_step", value)
 
 
-def _min_arch(value: Any) -> dict[Vendor, str]:
-    if not isinstance(value, Mapping):
-        raise _fail("min_arch", value, "a table: vendor -> arch, e.g. {cuda = 'sm80', hip = 'gfx90a'}")
-    vendors = _enum_list(Vendor, "min_arch")(list(value))
-    return {v: str(value[v.value]) for v in vendors}
+def _by_vendor(key: str, convert: Callable[[Vendor, Any], Any], example: str,
+               removable: bool) -> Callable[[Any], dict[Vendor, Any]]:
+    def parse(value: Any) -> dict[Vendor, Any]:
+        if not isinstance(value, Mapping):
+            raise _fail(key, value, f"a table: vendor -> {example}")
+        out = {}
+        for v in _enum_list(Vendor, key)(list(value)):
+            item = value[v.value]
+            try:
+                out[v] = None if removable and item is False else convert(v, item)
+            except PlatformSpecError as exc:
+                raise DescriptorError(f"{key}.{v.value}: {exc}") from None
+        return out
+    return parse
 
 
-def _seq_len_fill(value: Any) -> SeqLenFill:
-    if isinstance(value, int) and not isinstance(value, bool):
+def _arch_set(vendor: Vendor, value: Any) -> ArchSet:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+        raise PlatformSpecError(f"archs={value!r} (supported: a list of archs or ranges like 'sm80..sm90')")
+    return ArchSet(vendor, tuple(items))
+
+
+def _min_arch(vendor: Vendor, value: Any) -> str:
+    arch = str(value)
+    ArchSet(vendor, (arch,))  # validates the notation
+    return arch
+
+
+_FILL_KEYS = ("base", "plus", "at_least", "at_least_plus")
+
+
+def _seq_len_fill(key: str, value: Any) -> SeqLenFill:
+    if _is_int(value):
         return SeqLenFill(base=value)
     terms = ", ".join(t.value for t in FillTerm)
-    if not isinstance(value, Mapping) or set(value) - {"base", "plus"}:
-        raise _fail("seq_len_fill", value, f"an integer, or {{base = int, plus = one of {{{terms}}}}}")
-    try:
-        return SeqLenFill(base=int(value.get("base", 1)), plus=FillTerm(value.get("plus", "none")))
-    except ValueError:
-        raise _fail("seq_len_fill.plus", value.get("plus"), terms) from None
+    if not isinstance(value, Mapping) or set(value) - set(_FILL_KEYS):
+        raise _fail(key, value, f"an integer, or a table {{base = int, plus = term, at_least = int, "
+                                f"at_least_plus = term}}, term one of {{{terms}}}")
+    for k in ("base", "at_least"):
+        if not _is_int(value.get(k, 0)) or value.get(k, 0) < 0:
+            raise _fail(f"{key}.{k}", value.get(k), "an integer >= 0")
+    for k in ("plus", "at_least_plus"):
+        if value.get(k, "none") not in {t.value for t in FillTerm}:
+            raise _fail(f"{key}.{k}", value.get(k), terms)
+    return SeqLenFill(base=value.get("base", 1), plus=FillTerm(value.get("plus", "none")),
+                      at_least=value.get("at_least", 0), at_least_plus=FillTerm(value.get("at_least_plus", "none")))
 
 
 def _tolerances(value: Any) -> dict[str, Tolerance]:
@@ -144,38 +194,160 @@ def _name(value: Any) -> str:
     return value
 
 
-#: key -> (BackendCapabilities field, converter). Keys missing from a file take the field's default.
-_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "name": ("name", _name),
-    "vendors": ("vendors", _enum_list(Vendor, "vendors")),
-    "phases": ("phases", _enum_list(Phase, "phases")),
-    "graph": ("graph", _graph),
-    "multi_step": ("multi_step", _multi_step),
-    "min_arch": ("min_arch", _min_arch),
-    "dtypes": ("dtypes", _str_list("dtypes")),
-    "kv_dtypes": ("kv_dtypes", _str_list("kv_dtypes")),
-    "head_sizes": ("head_sizes", _int_list("head_sizes")),
-    "page_sizes": ("page_sizes", _int_list("page_sizes")),
-    "features": ("features", _enum_list(Feature, "features")),
-    "seq_len_fill": ("seq_len_fill", _seq_len_fill),
-    "needs_host_seq_lens": ("needs_host_seq_lens", _bool("needs_host_seq_lens")),
-    "tolerances": ("tolerances", _tolerances),
-    "requires": ("requires", lambda v: tuple(sorted(_str_list("requires")(v)))),
+def _claim_keys(prefix: str, removable: bool) -> dict[str, Callable[[Any], Any]]:
+    """Converters of the claim keys (shared by the base table and each variant)."""
+    p = prefix
+    return {
+        "vendors": _enum_list(Vendor, f"{p}vendors"),
+        "phases": _enum_list(Phase, f"{p}phases"),
+        "graph": _by_phase(f"{p}graph", _limits, removable),
+        "multi_step": _multi_step,
+        "min_arch": _by_vendor(f"{p}min_arch", _min_arch, "arch, e.g. {cuda = 'sm80', hip = 'gfx90a'}",
+                               removable),
+        "dtypes": _str_list(f"{p}dtypes"),
+        "kv_dtypes": _str_list(f"{p}kv_dtypes"),
+        "head_sizes": _int_list(f"{p}head_sizes"),
+        "page_sizes": _int_list(f"{p}page_sizes"),
+        "features": _enum_list(Feature, f"{p}features"),
+        "seq_len_fill": lambda v: _seq_len_fill(f"{p}seq_len_fill", v),
+        "needs_host_seq_lens": _bool(f"{p}needs_host_seq_lens"),
+        "archs": _by_vendor(f"{p}archs", _arch_set, "a list of archs or ranges, e.g. {cuda = ['sm80..sm90']}",
+                            removable),
+        "models": _enum_list(ModelKind, f"{p}models"),
+        "run_limits": _by_phase(f"{p}run_limits", _limits, removable),
+        "phase_fill": _by_phase(f"{p}phase_fill", _seq_len_fill, removable),
+    }
+
+
+# --- variants -------------------------------------------------------------------
+
+def _int_set(key: str, value: Any) -> IntSet:
+    if _is_int(value):
+        return IntSet(frozenset((value,)))
+    if isinstance(value, list) and value and all(_is_int(v) for v in value):
+        return IntSet(frozenset(value))
+    if isinstance(value, Mapping) and value and not set(value) - {"min", "max"} and all(
+            _is_int(v) for v in value.values()):
+        return IntSet(min=value.get("min"), max=value.get("max"))
+    raise _fail(key, value, "an integer, a list of integers, or a range {min = int, max = int}")
+
+
+def _choices(key: str, allowed: tuple[str, ...]) -> Callable[[Any], frozenset[str]]:
+    def convert(value: Any) -> frozenset[str]:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not items:
+            raise _fail(key, value, f"a value or a list from {{{', '.join(allowed)}}}")
+        bad = [i for i in items if i not in allowed]
+        if bad:
+            raise _fail(key, bad[0], ", ".join(allowed))
+        return frozenset(items)
+    return convert
+
+
+def _values(enum: type[Enum]) -> tuple[str, ...]:
+    return tuple(m.value for m in enum)
+
+
+_WHEN: dict[str, Callable[[Any], Any]] = {
+    "vendor": _choices("when.vendor", _values(Vendor)),
+    "arch": _by_vendor("when.arch", _arch_set, "a list of archs or ranges, e.g. {cuda = ['sm100..']}", False),
+    "fp8": _choices("when.fp8", _values(Fp8Flavor)),
+    "model": _choices("when.model", _values(ModelKind)),
+    "dtype": _choices("when.dtype", DTYPES),
+    "kv_dtype": _choices("when.kv_dtype", KV_DTYPES),
+    "algorithm": _choices("when.algorithm", _values(SpecAlgorithm)),
+    **{k: (lambda k: lambda v: _int_set(f"when.{k}", v))(k)
+       for k in ("head_size", "page_size", "num_steps", "topk", "num_draft_tokens")},
 }
+_VARIANT_META = ("when", "note", "add", "remove")
+
+
+def _when(value: Any) -> When:
+    if not isinstance(value, Mapping) or not value:
+        raise _fail("when", value, f"a non-empty table with keys from {{{', '.join(_WHEN)}}}")
+    unknown = sorted(set(value) - set(_WHEN))
+    if unknown:
+        raise _fail(f"when.{unknown[0]}", value[unknown[0]], f"keys {{{', '.join(_WHEN)}}}")
+    return When(**{k: _WHEN[k](v) for k, v in value.items()})
+
+
+def _edits(key: str, value: Any, converters: Mapping[str, Callable[[Any], Any]]) -> dict[str, frozenset[Any]]:
+    sets = ("vendors", "phases", "models", "features", "dtypes", "kv_dtypes", "head_sizes", "page_sizes")
+    if not isinstance(value, Mapping):
+        raise _fail(key, value, f"a table: set key -> list, keys from {{{', '.join(sets)}}}")
+    bad = sorted(set(value) - set(sets))
+    if bad:
+        raise _fail(f"{key}.{bad[0]}", value[bad[0]], f"keys {{{', '.join(sets)}}}")
+    return {k: converters[k](v) for k, v in value.items()}
+
+
+def _variant(i: int, value: Any) -> Variant:
+    key = f"variants[{i}]"
+    if not isinstance(value, Mapping) or "when" not in value:
+        raise _fail(key, value, "a table with `when` and the claims it changes")
+    converters = _claim_keys(f"{key}.", removable=True)
+    unknown = sorted(set(value) - set(_VARIANT_META) - set(VARIANT_FIELDS))
+    if unknown:
+        raise _fail(f"{key}.{unknown[0]}", value[unknown[0]],
+                    f"keys {{{', '.join((*_VARIANT_META, *VARIANT_FIELDS))}}}")
+    note = value.get("note", "")
+    if not isinstance(note, str):
+        raise _fail(f"{key}.note", note, "a string")
+    try:
+        return Variant(
+            when=_when(value["when"]),
+            changes={k: converters[k](v) for k, v in value.items() if k in VARIANT_FIELDS},
+            add=_edits(f"{key}.add", value.get("add", {}), converters),
+            remove=_edits(f"{key}.remove", value.get("remove", {}), converters),
+            note=note)
+    except DescriptorError as exc:
+        raise DescriptorError(f"{key}: {exc}") from None
+    except ValueError as exc:
+        raise DescriptorError(f"{key}: {exc}") from None
+
+
+def _variants(value: Any) -> tuple[Variant, ...]:
+    if not isinstance(value, list):
+        raise _fail("variants", value, "a list of tables ([[variants]] in TOML)")
+    return tuple(_variant(i, v) for i, v in enumerate(value))
+
+
+#: key -> converter. Keys missing from a file take the field's default.
+_KEYS: dict[str, Callable[[Any], Any]] = {
+    "name": _name,
+    **_claim_keys("", removable=False),
+    "tolerances": _tolerances,
+    "requires": lambda v: tuple(sorted(_str_list("requires")(v))),
+    "variants": _variants,
+}
+_V2_KEYS = ("archs", "models", "run_limits", "phase_fill", "variants")
 _REQUIRED = ("name", "vendors", "phases")
+
+
+def _schema(data: Mapping[str, Any]) -> int:
+    version = data.get("schema_version", 1)
+    if not _is_int(version) or not 1 <= version <= SCHEMA_VERSION:
+        raise _fail("schema_version", version, f"1..{SCHEMA_VERSION}; a newer file needs a newer attnhal")
+    if version < 2:
+        newer = [k for k in _V2_KEYS if k in data]
+        if newer:
+            raise DescriptorError(f"{newer[0]} needs schema_version = 2 (this file is version 1: add "
+                                  f"`schema_version = 2` at the top to use {', '.join(_V2_KEYS)})")
+    return int(version)
 
 
 def parse_descriptor(data: Mapping[str, Any]) -> BackendCapabilities:
     """Build a descriptor from a parsed JSON/TOML table."""
     if not isinstance(data, Mapping):
         raise DescriptorError(f"descriptor={type(data).__name__} (supported: a table at the top level)")
-    unknown = sorted(set(data) - set(_KEYS))
+    unknown = sorted(set(data) - set(_KEYS) - {"schema_version"})
     if unknown:
-        raise _fail(unknown[0], data[unknown[0]], f"keys {{{', '.join(_KEYS)}}}")
+        raise _fail(unknown[0], data[unknown[0]], f"keys {{schema_version, {', '.join(_KEYS)}}}")
+    _schema(data)
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
         raise DescriptorError(f"{missing[0]} is missing (required keys: {', '.join(_REQUIRED)})")
-    kwargs = {_KEYS[k][0]: _KEYS[k][1](v) for k, v in data.items()}
+    kwargs = {k: _KEYS[k](v) for k, v in data.items() if k != "schema_version"}
     try:
         return BackendCapabilities(**kwargs)
     except ValueError as exc:
@@ -183,16 +355,20 @@ def parse_descriptor(data: Mapping[str, Any]) -> BackendCapabilities:
 
 
 def load_descriptor(path: str | Path) -> BackendCapabilities:
-    """Read a ``.json`` or ``.toml`` descriptor file."""
+    """Read a ``.json`` or ``.toml`` descriptor file; every failure is a :class:`DescriptorError` naming it."""
+    if not isinstance(path, (str, Path)):
+        raise TypeError(f"path={path!r} (supported: a str or pathlib.Path)")
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    if path.suffix not in (".json", ".toml"):
+        raise DescriptorError(f"file={str(path)!r} (supported: .json or .toml)")
     try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        elif path.suffix == ".toml":
-            data = tomllib.loads(text)
-        else:
-            raise DescriptorError(f"file={str(path)!r} (supported: .json or .toml)")
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DescriptorError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise DescriptorError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise DescriptorError(f"{path}: {exc}") from None
     try:
@@ -201,24 +377,64 @@ def load_descriptor(path: str | Path) -> BackendCapabilities:
         raise DescriptorError(f"{path}: {exc}") from None
 
 
+# --- dump ----------------------------------------------------------------------------
+
+def _dump_values(items: Any) -> list[Any]:
+    return sorted(getattr(i, "value", i) for i in items)
+
+
+def _dump_fill(fill: SeqLenFill) -> dict[str, Any]:
+    return {"base": fill.base, "plus": fill.plus.value, "at_least": fill.at_least,
+            "at_least_plus": fill.at_least_plus.value}
+
+
+def _dump_table(table: Mapping[Any, Any], dump: Callable[[Any], Any]) -> dict[str, Any]:
+    return {k.value: (False if v is None else dump(v)) for k, v in sorted(table.items())}
+
+
+_DUMP: dict[str, Callable[[Any], Any]] = {
+    "vendors": _dump_values, "phases": _dump_values, "dtypes": _dump_values, "kv_dtypes": _dump_values,
+    "head_sizes": sorted, "page_sizes": sorted, "features": _dump_values, "models": _dump_values,
+    "graph": lambda t: _dump_table(t, SpecLimits.to_dict),
+    "run_limits": lambda t: _dump_table(t, SpecLimits.to_dict),
+    "phase_fill": lambda t: _dump_table(t, _dump_fill),
+    "multi_step": lambda m: m.to_dict() if m is not None else False,
+    "min_arch": lambda t: _dump_table(t, str),
+    "archs": lambda t: _dump_table(t, lambda s: list(s.items)),
+    "seq_len_fill": _dump_fill,
+    "needs_host_seq_lens": bool,
+}
+
+
+def _dump_when(when: When) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, test in when.tests:
+        if name == "arch":
+            out[name] = {v.value: list(s.items) for v, s in sorted(test.items())}
+        elif isinstance(test, IntSet):
+            out[name] = sorted(test.values) if test.values else \
+                {k: getattr(test, k) for k in ("min", "max") if getattr(test, k) is not None}
+        else:
+            out[name] = _dump_values(test)
+    return out
+
+
+def _dump_variant(v: Variant) -> dict[str, Any]:
+    out: dict[str, Any] = {"when": _dump_when(v.when)}
+    if v.note:
+        out["note"] = v.note
+    out.update({k: _DUMP[k](x) for k, x in v.changes.items()})
+    for attr in ("add", "remove"):
+        if getattr(v, attr):
+            out[attr] = {k: _DUMP[k](x) for k, x in getattr(v, attr).items()}
+    return out
+
+
 def dump_descriptor(caps: BackendCapabilities) -> dict[str, Any]:
     """The JSON-ready table that :func:`parse_descriptor` turns back into ``caps``."""
-    values = lambda items: sorted(getattr(i, "value", i) for i in items)  # noqa: E731
-    out: dict[str, Any] = {
-        "name": caps.name,
-        "vendors": values(caps.vendors),
-        "phases": values(caps.phases),
-        "graph": {p.value: lim.to_dict() for p, lim in sorted(caps.graph.items())},
-        "multi_step": caps.multi_step.to_dict() if caps.multi_step is not None else False,
-        "min_arch": {v.value: a for v, a in sorted(caps.min_arch.items())},
-        "dtypes": values(caps.dtypes),
-        "kv_dtypes": values(caps.kv_dtypes or ()),
-        "head_sizes": sorted(caps.head_sizes),
-        "page_sizes": sorted(caps.page_sizes),
-        "features": values(caps.features),
-        "seq_len_fill": {"base": caps.seq_len_fill.base, "plus": caps.seq_len_fill.plus.value},
-        "needs_host_seq_lens": caps.needs_host_seq_lens,
-        "tolerances": {d: {"atol": t.atol, "rtol": t.rtol} for d, t in sorted(caps.tolerances.items())},
-        "requires": list(caps.requires),
-    }
+    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "name": caps.name}
+    out.update({k: _DUMP[k](getattr(caps, k)) for k in _DUMP})
+    out["tolerances"] = {d: {"atol": t.atol, "rtol": t.rtol} for d, t in sorted(caps.tolerances.items())}
+    out["requires"] = list(caps.requires)
+    out["variants"] = [_dump_variant(v) for v in caps.variants]
     return out

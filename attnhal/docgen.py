@@ -6,16 +6,17 @@ The output depends only on the descriptors, never on this machine.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from attnhal.capabilities import BackendCapabilities, Phase, SpecLimits
+from attnhal.capabilities import BackendCapabilities, Phase, SpecLimits, Variant, fmt_set
 from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
 from attnhal.platform import parse
 from attnhal.registry import Registry, default_registry
 
 __all__ = ["capability_matrix"]
 
-PLATFORMS = ("cuda:sm90", "cuda:sm80", "hip:gfx942", "hip:gfx90a", "cpu")
+PLATFORMS = ("cuda:sm100", "cuda:sm90", "cuda:sm80", "hip:gfx942", "hip:gfx90a", "cpu")
 SPECS = (
     ("no speculation", SpecConfig()),
     ("eagle steps=1", SpecConfig.eagle(1)),
@@ -42,12 +43,19 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
+def _per_phase(table: Mapping[Phase, Any], show: Callable[[Any], str]) -> str:
+    return "; ".join(f"{p.value} {show(v)}" for p, v in sorted(table.items())) or "-"
+
+
 def _descriptor_rows(caps: BackendCapabilities) -> list[tuple[str, str]]:
     tolerances = "; ".join(f"{d} {t.atol:g}/{t.rtol:g}" for d, t in sorted(caps.tolerances.items()))
     return [
         ("vendors", _names(caps.vendors)),
         ("min arch", _names(f"{v.value} {a}" for v, a in caps.min_arch.items())),
+        ("archs", _names(f"{v.value} {a}" for v, a in caps.archs.items())),
+        ("models", _names(caps.models or ())),
         ("phases", _names(caps.phases)),
+        ("run limits", _per_phase(caps.run_limits, lambda lim: _limits(lim).removeprefix("yes "))),
         *((f"graph: {p.value}", _limits(caps.graph.get(p))) for p in Phase if p is not Phase.PREFILL),
         ("multi-step draft", _limits(caps.multi_step)),
         ("dtypes", _names(caps.dtypes)),
@@ -55,12 +63,32 @@ def _descriptor_rows(caps: BackendCapabilities) -> list[tuple[str, str]]:
         ("head sizes", _names(caps.head_sizes)),
         ("page sizes", _names(caps.page_sizes)),
         ("features", _names(caps.features)),
-        ("graph seq-len fill", f"{caps.seq_len_fill.base}" + (
-            f" + {caps.seq_len_fill.plus.value}" if caps.seq_len_fill.plus.value != "none" else "")),
+        ("graph seq-len fill", str(caps.seq_len_fill)),
+        ("per-phase fill", _per_phase(caps.phase_fill, str)),
         ("needs host seq lens", "yes" if caps.needs_host_seq_lens else "no"),
         ("tolerances (atol/rtol)", tolerances),
         ("requires", _names(caps.requires)),
+        ("conditional claims", str(len(caps.variants)) if caps.variants else "-"),
     ]
+
+
+def _variant_line(v: Variant) -> str:
+    changes = [f"{k} = {_change(x)}" for k, x in v.changes.items()]
+    changes += [f"add {k} {fmt_set(x)}" for k, x in v.add.items()]
+    changes += [f"remove {k} {fmt_set(x)}" for k, x in v.remove.items()]
+    note = f" — {v.note}" if v.note else ""
+    return f"- when {v.when}: " + "; ".join(changes) + note
+
+
+def _change(value: object) -> str:
+    if isinstance(value, SpecLimits) or value is None:
+        return _limits(value)
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{getattr(k, 'value', k)}: {_change(x) if x is not None else 'removed'}"
+                               for k, x in value.items()) + "}"
+    if isinstance(value, (set, frozenset)):
+        return fmt_set(value)
+    return str(value)
 
 
 def _plan_cell(caps: BackendCapabilities, platform: str, spec: SpecConfig) -> str:
@@ -87,7 +115,10 @@ def capability_matrix(registry: Registry | None = None) -> str:
            "(default graph policy). CUDA and HIP rows agree wherever the descriptor allows both: "
            "the planner has one code path.", ""]
     for c in caps:
-        out += [f"### {c.name}", "",
+        out += [f"### {c.name}", ""]
+        if c.variants:
+            out += ["Conditional claims, applied in order:", "", *(_variant_line(v) for v in c.variants), ""]
+        out += [
                 _md_table(["platform", *(label for label, _ in SPECS)],
                           [(p, *(_plan_cell(c, p, spec) for _, spec in SPECS)) for p in PLATFORMS]), ""]
     return "\n".join(out)

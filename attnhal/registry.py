@@ -1,7 +1,10 @@
 """Backend registry: plugins found through the ``attnhal.backends`` entry points.
 
 The reference backends register through the same entry-point route a
-third-party package uses; the core never imports them. Entry points are loaded
+third-party package uses; the core never imports them. One name may carry a
+different descriptor per vendor (the same engine backend name is a different
+implementation on CUDA and on HIP): entries of one name with disjoint
+``vendors`` coexist, and lookups with a platform take the one for its vendor. Entry points are loaded
 lazily, one at a time: a plugin that fails to import is listed as unavailable,
 with its error as the reason, and does not affect the others.
 """
@@ -41,7 +44,7 @@ GROUP = "attnhal.backends"
 DEFAULT_PRIORITY: dict[Vendor, tuple[str, ...]] = {
     Vendor.CUDA: ("triton", "torch"),
     Vendor.HIP: ("triton", "torch"),
-    Vendor.CPU: ("torch",),
+    Vendor.CPU: ("cpu", "torch"),
 }
 
 
@@ -75,15 +78,20 @@ class BackendEntry:
     source: str
     backend: BackendClass | None = None
     load_error: str | None = None
+    #: A descriptor with no implementation here (the engine catalogue, attnhal.catalog).
+    descriptor: BackendCapabilities | None = None
 
     @property
     def capabilities(self) -> BackendCapabilities | None:
-        return self.backend.capabilities if self.backend is not None else None
+        return self.backend.capabilities if self.backend is not None else self.descriptor
 
     def unavailable_reasons(self) -> list[Reason]:
         """Why the backend cannot be used here at all (load failure, missing modules)."""
         if self.load_error is not None:
             return [Reason(ReasonCode.LOAD_ERROR, f"load={self.source} failed: {self.load_error}")]
+        if self.backend is None and self.descriptor is not None:
+            return [Reason(ReasonCode.NO_BACKEND, f"backend={self.name} (supported: installed backends; "
+                                                  f"{self.source} is a descriptor to plan with, not an implementation)")]
         assert self.capabilities is not None
         return [Reason(ReasonCode.MODULE_MISSING, f"module={mod} (supported: importable; pip install {mod})")
                 for mod in self.capabilities.requires if importlib.util.find_spec(mod) is None]
@@ -114,41 +122,75 @@ def _load(ep: EntryPoint) -> BackendEntry:
     return BackendEntry(caps.name, source, backend=cls)
 
 
+def _clash(a: BackendEntry, b: BackendEntry) -> bool:
+    """Same name and not told apart by vendor (a failed load cannot be told apart)."""
+    if a.name != b.name:
+        return False
+    if a.capabilities is None or b.capabilities is None:
+        return True
+    return bool(a.capabilities.vendors & b.capabilities.vendors)
+
+
+def _add(entries: list[BackendEntry], entry: BackendEntry) -> list[BackendEntry]:
+    """``entries`` plus ``entry``, which replaces the entries it clashes with."""
+    return [e for e in entries if not _clash(e, entry)] + [entry]
+
+
 class Registry:
-    """Backends by name, from entry points and :meth:`register`."""
+    """Backends by name (one per vendor at most), from entry points and :meth:`register`."""
 
     def __init__(self, discover: Callable[[], Iterable[EntryPoint]] | None = None) -> None:
         self._discover = discover or (lambda: entry_points(group=GROUP))
-        self._entries: dict[str, BackendEntry] | None = None
-        self._registered: dict[str, BackendEntry] = {}
+        self._entries: list[BackendEntry] | None = None
+        self._registered: list[BackendEntry] = []
 
     def register(self, backend: BackendClass) -> None:
-        """Register a backend class programmatically (wins over an entry point of the same name)."""
+        """Register a backend class programmatically (wins over an entry point of the same
+        name and an overlapping vendor set)."""
         name = backend.capabilities.name
-        self._registered[name] = BackendEntry(name, f"{backend.__module__}.{backend.__qualname__}", backend)
+        entry = BackendEntry(name, f"{backend.__module__}.{backend.__qualname__}", backend)
+        self._registered = _add(self._registered, entry)
 
     def entries(self) -> list[BackendEntry]:
-        """All backends, loaded on first use; failed loads are included with their error."""
+        """All backends, loaded on first use; failed loads are included with their error.
+
+        Of two entry points with one name and overlapping vendors the first is kept.
+        """
         if self._entries is None:
-            self._entries = {}
+            self._entries = []
             for ep in self._discover():
                 entry = _load(ep)
-                self._entries.setdefault(entry.name, entry)
-        return list({**self._entries, **self._registered}.values())
+                if not any(_clash(e, entry) for e in self._entries):
+                    self._entries.append(entry)
+        out = list(self._entries)
+        for entry in self._registered:
+            out = _add(out, entry)
+        return out
 
-    def get(self, name: str) -> BackendEntry:
-        """The entry named ``name``; raises :class:`BackendUnavailable` listing the known names."""
-        for entry in self.entries():
-            if entry.name == name:
-                return entry
-        known = ", ".join(sorted(e.name for e in self.entries())) or "none registered"
-        raise BackendUnavailable(name, [Reason(ReasonCode.NO_BACKEND, f"backend={name} (supported: {known})")])
+    def get(self, name: str, platform: Platform | None = None) -> BackendEntry:
+        """The entry named ``name`` (for ``platform``'s vendor when given and the name has one
+        descriptor per vendor); raises :class:`BackendUnavailable` listing the known names.
+        ``ENGINE:NAME`` (``sglang:aiter``) is a descriptor of the engine catalogue."""
+        from attnhal import catalog  # lazily: the catalogue reads package data
+
+        if catalog.is_catalog_name(name):
+            return catalog.registry_entry(name)
+        named = [e for e in self.entries() if e.name == name]
+        if not named:
+            known = ", ".join(sorted({e.name for e in self.entries()})) or "none registered"
+            raise BackendUnavailable(name, [Reason(ReasonCode.NO_BACKEND, f"backend={name} (supported: {known})")])
+        if platform is not None:
+            for entry in named:
+                if entry.capabilities is not None and platform.vendor in entry.capabilities.vendors:
+                    return entry
+        return named[0]
 
     def ordered(self, platform: Platform) -> list[BackendEntry]:
-        """Entries in this platform's default priority order."""
+        """One entry per name (the one for this platform's vendor), in its default priority order."""
         priority = DEFAULT_PRIORITY.get(platform.vendor, ())
         rank = {name: i for i, name in enumerate(priority)}
-        return sorted(self.entries(), key=lambda e: (rank.get(e.name, len(rank)), e.name))
+        names = sorted({e.name for e in self.entries()}, key=lambda n: (rank.get(n, len(rank)), n))
+        return [self.get(name, platform) for name in names]
 
     def select(self, platform: Platform, request: AttentionRequest | None = None,
                name: str | None = None) -> BackendEntry:
@@ -159,7 +201,7 @@ class Registry:
         """
         request = request or AttentionRequest()
         if name is not None:
-            entry = self.get(name)
+            entry = self.get(name, platform)
             reasons = entry.reasons(request, platform)
             if reasons:
                 raise BackendUnavailable(name, reasons)

@@ -1,26 +1,24 @@
-"""Paged decode of the torch backend vs contiguous SDPA and memory read bandwidth, one run.
+"""Paged decode on the CPU: cpu backend vs torch backend vs contiguous SDPA, with the read bandwidth.
 
-    python benchmarks/decode_cpu.py [--bs 16] [--ctx 2048] [--repeats 9] [--chunk N]
+    python benchmarks/decode_cpu.py [--repeats 7] [--page-sizes 1 16 64] [--plot decode_cpu.png] [--quick]
 
-Same data for every contender: a KV pool with page size 1 whose slots are a
-random permutation, and the same K/V laid out contiguously for SDPA.
+Same data for every contender: K/V of ``bs`` requests × ``ctx`` tokens, laid out in a
+KV pool whose pages are a random permutation (page size ``P``: slot = page * P + pos % P),
+and the same K/V contiguous ``[bs, kv_heads, ctx, D]`` for SDPA.
 
-* ``paged``: ``TorchBackend.forward`` (decode; metadata built once per batch, as an
-  engine does for all layers, and timed separately).
-* ``sdpa gqa``: ``scaled_dot_product_attention(q, K, V, enable_gqa=True)`` on contiguous
-  ``[bs, kv_heads, ctx, D]`` K/V; ``sdpa expanded``: K/V repeated to the query heads
-  beforehand (not timed). The baseline is the faster of the two, per dtype.
-* ``read bw``: ``tensor.sum()`` over 512 MB of fp32, the machine's streaming read rate.
-* ``copy bw``: ``dst.copy_(src)`` of 256 MB (bytes read per second): the ceiling of any
-  gather-then-compute kernel, which must read the K/V rows *and* write them to a buffer
-  (the paged kernel's ``index_select`` of random 512-byte rows reaches ~90% of it).
+Contenders
+    ``cpu pP``    ``CpuBackend.forward`` (decode) on a pool of page size ``P``;
+    ``torch pP``  ``TorchBackend.forward``; a page size a backend does not claim prints ``n/a`` with the reason;
+    ``sdpa gqa``  ``scaled_dot_product_attention(q [bs, H, 1, D], K, V, enable_gqa=True)``;
+    ``sdpa folded`` the query heads of each KV head folded into the query length:
+                  ``sdpa(q.view(bs, KV, G, D), K, V)``. The baseline is the faster SDPA form, per row.
+Metadata is built once per batch (as an engine does for all layers) and not timed.
 
-Timings are medians of interleaved repeats (the contenders alternate, so drift in
-machine load hits all of them alike). KV GB/s counts the K and V bytes a decode
-must read once: ``2 * bs * ctx * kv_heads * D * itemsize``. ``cpu ms`` is the
-process's CPU time per call (all threads): on a machine shared with other jobs
-wall times stretch, and CPU time shows the work itself. The load average is
-printed before and after: compare runs only at similar load.
+``read GB/s``: ``tensor.sum()`` over 512 MB of fp32 (the streaming read rate), sampled
+once per repeat between the contenders. ``KV GB/s`` counts the K and V bytes a decode
+must read once: ``2 * bs * ctx * kv_heads * D * itemsize``. Times are medians of
+interleaved repeats (contenders alternate, so load drift hits all alike). The load
+average is printed before and after: compare runs only at similar load.
 """
 
 from __future__ import annotations
@@ -30,14 +28,49 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from attnhal.backend import AttentionConfig, ForwardBatch, KVPool
-from attnhal.capabilities import Phase
+from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, dtype_name
+from attnhal.capabilities import AttentionRequest, Phase, not_supported_reasons
+from attnhal.platform import parse
+from attnhal_cpu import CpuBackend
 from attnhal_torch import TorchBackend
+
+BACKENDS: dict[str, type[AttentionBackend]] = {"cpu": CpuBackend, "torch": TorchBackend}
+SHAPES = ((1, 8192), (16, 2048), (64, 512))
+SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+QUICK_SHAPES = ((2, 512),)
+QUICK_SWEEP = (256, 1024)
+
+
+@dataclass(frozen=True)
+class Heads:
+    q: int = 32
+    kv: int = 8
+    dim: int = 128
+
+
+@dataclass
+class Result:
+    """Median seconds per contender of one (shape, dtype); ``na`` maps a contender to why it did not run."""
+
+    bs: int
+    ctx: int
+    dtype: str
+    kv_bytes: int
+    read_gbs: float
+    seconds: dict[str, float] = field(default_factory=dict)
+    na: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def baseline(self) -> str:
+        return min(("sdpa gqa", "sdpa folded"), key=lambda n: self.seconds[n])
+
+    def gbs(self, name: str) -> float:
+        return self.kv_bytes / self.seconds[name] / 1e9
 
 
 def _time(fn: Callable[[], object]) -> float:
@@ -46,123 +79,182 @@ def _time(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _times(fn: Callable[[], object]) -> tuple[float, float]:
-    """(wall, process CPU) seconds of one call."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
+def _paged_pool(k: torch.Tensor, v: torch.Tensor, page: int, gen: torch.Generator) -> tuple[KVPool, torch.Tensor]:
+    """A pool of page size ``page`` holding ``k``/``v`` ``[bs, ctx, KV, D]`` in randomly permuted pages;
+    returns it and each request's slots ``[bs, ctx]``."""
+    bs, ctx, kv, d = k.shape
+    per_req = -(-ctx // page)
+    pool = KVPool(num_layers=1, num_slots=bs * per_req * page, num_kv_heads=kv, head_dim=d, dtype=k.dtype,
+                  max_reqs=bs, max_context_len=ctx, page_size=page)
+    pages = (torch.randperm(bs * per_req, generator=gen) + 1).view(bs, per_req)
+    pool.req_to_page[1:bs + 1] = pages.to(torch.int32)
+    pos = torch.arange(ctx)
+    slots = pages[:, pos // page] * page + pos % page
+    pool.k[0][slots.view(-1)] = k.reshape(-1, kv, d)
+    pool.v[0][slots.view(-1)] = v.reshape(-1, kv, d)
+    return pool, slots
 
 
 @dataclass
-class _Setup:
-    backend: TorchBackend
-    batch: ForwardBatch
-    q: torch.Tensor  # [bs, q_heads, D]
-    k: torch.Tensor  # [bs, kv_heads, ctx, D], contiguous copies of the pool's K
+class _Data:
+    q: torch.Tensor  # [bs, H, D]
+    k: torch.Tensor  # [bs, KV, ctx, D] contiguous
     v: torch.Tensor
-    k_rep: torch.Tensor  # [bs, q_heads, ctx, D], K repeated per query head
-    v_rep: torch.Tensor
 
 
-def _setup(bs: int, ctx: int, hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int,
-           chunk: int | None = None) -> _Setup:
-    gen = torch.Generator().manual_seed(seed)
-    pool = KVPool(num_layers=1, num_slots=bs * ctx, num_kv_heads=hkv, head_dim=d, dtype=dtype,
-                  max_reqs=bs, max_context_len=ctx)
-    pool.k[0].copy_(torch.randn(pool.k[0].shape, generator=gen).to(dtype))
-    pool.v[0].copy_(torch.randn(pool.v[0].shape, generator=gen).to(dtype))
-    slots = (torch.randperm(bs * ctx, generator=gen) + 1).view(bs, ctx)
-    pool.req_to_token[1:bs + 1] = slots.to(torch.int32)
+def _data(bs: int, ctx: int, heads: Heads, dtype: torch.dtype, gen: torch.Generator) -> _Data:
+    shape = (bs, heads.kv, ctx, heads.dim)
+    return _Data(torch.randn(bs, heads.q, heads.dim, generator=gen).to(dtype),
+                 torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
+
+
+def _paged_contender(name: str, page: int, data: _Data, heads: Heads, dtype: torch.dtype,
+                     gen: torch.Generator) -> tuple[Callable[[], torch.Tensor] | None, str]:
+    """(the timed call, "") or (None, why not) for backend ``name`` at page size ``page``."""
+    cls = BACKENDS[name]
+    dt = dtype_name(dtype)
+    request = AttentionRequest(phase=Phase.DECODE, dtype=dt, kv_dtype=dt, head_size=heads.dim, page_size=page)
+    reasons = not_supported_reasons(cls.capabilities, request, parse("cpu")) or cls.runtime_reasons(parse("cpu"))
+    if reasons:
+        return None, "; ".join(r.message for r in reasons)
+    bs, ctx = data.k.shape[0], data.k.shape[2]
+    pool, slots = _paged_pool(data.k.transpose(1, 2), data.v.transpose(1, 2), page, gen)
     lens = torch.full((bs,), ctx, dtype=torch.int32)
     batch = ForwardBatch(Phase.DECODE, req_pool_indices=torch.arange(1, bs + 1), seq_lens=lens,
                          out_cache_loc=slots[:, -1].clone(), seq_lens_cpu=lens.clone())
-    q = torch.randn(bs, hq, d, generator=gen).to(dtype)
-    # chunk=None: the backend's own default (what users get).
-    extra = {} if chunk is None else {"chunk": chunk}
-    backend = TorchBackend(AttentionConfig(hq, hkv, d, dtype), pool, **extra)
-    # Contiguous copies of the same K/V for SDPA: [bs, kv_heads, ctx, D].
-    k = pool.k[0][slots].transpose(1, 2).contiguous()
-    v = pool.v[0][slots].transpose(1, 2).contiguous()
-    rep = hq // hkv
-    return _Setup(backend, batch, q, k, v, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
+    backend = cls(AttentionConfig(heads.q, heads.kv, heads.dim, dtype), pool)
+    backend.init_forward_metadata(batch)
+    return (lambda: backend.forward(data.q, None, None, 0, batch)), ""
 
 
-def _contenders(s: _Setup) -> dict[str, Callable[[], torch.Tensor]]:
-    bs, hq, d = s.q.shape
-    q4 = s.q.view(bs, hq, 1, d)
-    return {
-        "paged (TorchBackend)": lambda: s.backend.forward(s.q, None, None, 0, s.batch),
-        "sdpa gqa": lambda: F.scaled_dot_product_attention(q4, s.k, s.v, enable_gqa=True),
-        "sdpa expanded": lambda: F.scaled_dot_product_attention(q4, s.k_rep, s.v_rep),
-    }
+def _sdpa_contenders(data: _Data, heads: Heads) -> dict[str, Callable[[], torch.Tensor]]:
+    bs, g = data.q.shape[0], heads.q // heads.kv
+    q4 = data.q.view(bs, heads.q, 1, heads.dim)
+    folded = data.q.view(bs, heads.kv, g, heads.dim)
+    return {"sdpa gqa": lambda: F.scaled_dot_product_attention(q4, data.k, data.v, enable_gqa=True),
+            "sdpa folded": lambda: F.scaled_dot_product_attention(folded, data.k, data.v)}
 
 
-def _read_bandwidth(repeats: int) -> float:
-    big = torch.ones(128 << 20, dtype=torch.float32)  # 512 MB
+def read_bandwidth(numel: int) -> float:
+    """GB/s of one ``sum`` over ``numel`` fp32 (a streaming read)."""
+    big = torch.ones(numel, dtype=torch.float32)
     big.sum()
-    best = statistics.median(_time(big.sum) for _ in range(repeats))
-    return big.numel() * 4 / best / 1e9
+    return numel * 4 / _time(big.sum) / 1e9
 
 
-def _copy_bandwidth(repeats: int) -> float:
-    src = torch.ones(64 << 20, dtype=torch.float32)  # 256 MB
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = statistics.median(_time(lambda: dst.copy_(src)) for _ in range(repeats))
-    return src.numel() * 4 / best / 1e9
+def measure(bs: int, ctx: int, dtype: torch.dtype, heads: Heads, pages: tuple[int, ...], repeats: int,
+            bw_numel: int, seed: int = 0) -> Result:
+    gen = torch.Generator().manual_seed(seed)
+    data = _data(bs, ctx, heads, dtype, gen)
+    fns = _sdpa_contenders(data, heads)
+    res = Result(bs, ctx, dtype_name(dtype), 2 * data.k.numel() * data.k.element_size(), 0.0)
+    ref = fns["sdpa gqa"]().float().view(bs, heads.q, heads.dim)
+    for name in BACKENDS:
+        for page in pages:
+            fn, why = _paged_contender(name, page, data, heads, dtype, gen)
+            label = f"{name} p{page}"
+            if fn is None:
+                res.na[label] = why
+                continue
+            err = (fn().float() - ref).abs().max().item()
+            if err > 0.05:  # bf16 rounding of the output stays far below this
+                raise AssertionError(f"{label}: max |out - sdpa| = {err:.3g}: wrong result, not timing it")
+            fns[label] = fn
+    times: dict[str, list[float]] = {n: [] for n in fns}
+    bw = []
+    big = torch.ones(bw_numel, dtype=torch.float32)
+    for _ in range(repeats):  # interleaved
+        for name, fn in fns.items():
+            times[name].append(_time(fn))
+        bw.append(bw_numel * 4 / _time(big.sum) / 1e9)
+    res.read_gbs = statistics.median(bw)
+    res.seconds = {n: statistics.median(t) for n, t in times.items()}
+    return res
 
 
-def run(bs: int, ctx: int, hq: int, hkv: int, d: int, repeats: int, chunk: int | None = None) -> None:
-    print(f"decode: bs={bs} ctx={ctx} q_heads={hq} kv_heads={hkv} head_dim={d}, page size 1, random slots; "
-          f"threads={torch.get_num_threads()}, torch {torch.__version__}; "
-          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
-    rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        s = _setup(bs, ctx, hq, hkv, d, dtype, seed=0, chunk=chunk)
-        meta_s = statistics.median(_time(lambda: s.backend.init_forward_metadata(s.batch)) for _ in range(3))
-        fns = _contenders(s)
-        ref = fns["sdpa gqa"]().float().view(bs, hq, d)
-        err = (fns["paged (TorchBackend)"]().float() - ref).abs().max().item()
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        cpu: dict[str, list[float]] = {name: [] for name in fns}
-        bw_samples = []
-        for _ in range(repeats):  # interleaved
-            for name, fn in fns.items():
-                wall_s, cpu_s = _times(fn)
-                times[name].append(wall_s)
-                cpu[name].append(cpu_s)
-            bw_samples.append(_read_bandwidth(1))
-        bw = statistics.median(bw_samples)
-        kv_bytes = 2 * bs * ctx * hkv * d * torch.empty((), dtype=dtype).element_size()
-        med = {name: statistics.median(t) for name, t in times.items()}
-        base_name = min(("sdpa gqa", "sdpa expanded"), key=lambda n: med[n])
-        for name, t in med.items():
-            rows.append((str(dtype).removeprefix("torch."), name, t * 1e3, statistics.median(cpu[name]) * 1e3,
-                         med[base_name] / t, kv_bytes / t / 1e9, kv_bytes / t / 1e9 / bw, base_name == name))
-        print(f"  {dtype}: read bw {bw:.1f} GB/s (sum over 512 MB), copy bw {_copy_bandwidth(3):.1f} GB/s; "
-              f"paged chunk {s.backend.chunk}, metadata {meta_s * 1e3:.2f} ms per batch (all layers); "
-              f"max |paged - sdpa| = {err:.1e}")
-    print(f"  load average after: {os.getloadavg()[0]:.2f}")
-    print()
-    print(f"{'dtype':9} {'contender':22} {'ms':>8} {'cpu ms':>8} {'vs best sdpa':>13} {'KV GB/s':>8} {'% read bw':>10}")
-    for dt, name, ms, cpu_ms, ratio, gbs, frac, base in rows:
-        mark = " (baseline)" if base else ""
-        print(f"{dt:9} {name:22} {ms:8.2f} {cpu_ms:8.2f} {ratio:12.2f}x {gbs:8.1f} {frac * 100:9.0f}%{mark}")
+def format_results(results: list[Result]) -> str:
+    head = f"{'shape':>11} {'dtype':9} {'contender':12} {'ms':>8} {'KV GB/s':>8} {'% read bw':>9} {'vs best sdpa':>13}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        shape = f"{r.bs}x{r.ctx}"
+        for name, s in r.seconds.items():
+            mark = "  (baseline)" if name == r.baseline else ""
+            lines.append(f"{shape:>11} {r.dtype:9} {name:12} {s * 1e3:8.2f} {r.gbs(name):8.1f} "
+                         f"{r.gbs(name) / r.read_gbs * 100:8.0f}% {r.seconds[r.baseline] / s:12.2f}x{mark}")
+        for name, why in r.na.items():
+            lines.append(f"{shape:>11} {r.dtype:9} {name:12} {'n/a':>8}  {why}")
+        lines.append(f"{shape:>11} {r.dtype:9} {'read bw':12} {'':8} {r.read_gbs:8.1f} {100:8.0f}%")
+    return "\n".join(lines)
 
 
-def main() -> None:
+def plot(sweep: list[Result], path: str) -> None:
+    """GB/s and % of read bandwidth against context length, per contender and dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = sorted({r.dtype for r in sweep}, reverse=True)
+    fig, axes = plt.subplots(2, len(dtypes), figsize=(6 * len(dtypes), 8), squeeze=False)
+    for col, dt in enumerate(dtypes):
+        rows = [r for r in sweep if r.dtype == dt]
+        names = list(dict.fromkeys(n for r in rows for n in r.seconds))
+        for name in names:
+            ctx = [r.ctx for r in rows if name in r.seconds]
+            axes[0][col].plot(ctx, [r.gbs(name) for r in rows if name in r.seconds], marker="o", label=name)
+            axes[1][col].plot(ctx, [r.gbs(name) / r.read_gbs * 100 for r in rows if name in r.seconds],
+                              marker="o", label=name)
+        axes[0][col].plot([r.ctx for r in rows], [r.read_gbs for r in rows], "k--", label="read bw (sum)")
+        for row, ylabel in ((0, "KV GB/s"), (1, "% of read bandwidth")):
+            ax = axes[row][col]
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel(f"context (bs {rows[0].bs})")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"decode, {dt}")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(f"paged decode on {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}, "
+                 f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bs", type=int, default=16)
-    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--page-sizes", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--q-heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--chunk", type=int, default=None,
-                    help="KV columns per chunk of the paged backend (default: the backend's default)")
-    a = ap.parse_args()
+    ap.add_argument("--sweep-bs", type=int, default=1, help="batch size of the context sweep")
+    ap.add_argument("--no-sweep", action="store_true", help="only the fixed shapes")
+    ap.add_argument("--plot", metavar="FILE.png", help="draw the sweep (needs matplotlib: pip install 'attnhal[bench]')")
+    ap.add_argument("--quick", action="store_true", help="a smoke run in seconds (tiny shapes, 2 repeats)")
+    a = ap.parse_args(argv)
+    bad = [p for p in a.page_sizes if p < 1]
+    if bad or a.repeats < 1:
+        ap.error(f"--page-sizes={a.page_sizes} --repeats={a.repeats} (supported: integers >= 1)")
+    heads = Heads(a.q_heads, a.kv_heads, a.head_dim)
+    shapes, sweep, repeats, bw_numel = SHAPES, SWEEP, a.repeats, 128 << 20
+    if a.quick:
+        shapes, sweep, repeats, bw_numel = QUICK_SHAPES, QUICK_SWEEP, 2, 16 << 20
+    pages = tuple(a.page_sizes)
+    print(f"paged decode: q_heads={heads.q} kv_heads={heads.kv} head_dim={heads.dim}, page sizes {list(pages)}, "
+          f"random page order; threads={torch.get_num_threads()}, torch {torch.__version__}, "
+          f"{CpuBackend.build_info()}")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cpus; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    dtypes = (torch.float32, torch.bfloat16)
     with torch.no_grad():
-        run(a.bs, a.ctx, a.q_heads, a.kv_heads, a.head_dim, a.repeats, a.chunk)
+        fixed = [measure(bs, ctx, dt, heads, pages, repeats, bw_numel) for dt in dtypes for bs, ctx in shapes]
+        print("\n" + format_results(fixed))
+        if not a.no_sweep:
+            swept = [measure(a.sweep_bs, ctx, dt, heads, pages, repeats, bw_numel) for dt in dtypes for ctx in sweep]
+            print(f"\ncontext sweep, bs {a.sweep_bs}:\n" + format_results(swept))
+            if a.plot:
+                plot(swept, a.plot)
+                print(f"\nplot: {a.plot}")
+    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,16 @@ backend                            the lie                                      
 :class:`ShortWindowDecode`         decode attends at most 30 positions: only a      ``phase[decode, *]``
                                    drawn example finds it, shrunk to seq len 31
 :class:`AllocatingDecode` (toy)    allocates at every replay                        ``graph[decode]``
+:class:`IgnoresWindow`             claims sliding_window, attends every position   ``feature[sliding_window]``
+:class:`IgnoresSoftcap`            claims logit_softcap, never caps                ``feature[logit_softcap]``
+:class:`IgnoresSinks`              claims sinks, leaves them out of the softmax    ``feature[sinks]``
+:class:`MLAWrongScale`             MLA softmax scale from the V head size (512)     ``feature[mla]``
+                                   instead of the q/k head size (576)
+:class:`PageBlind`                 claims page size 16, reads ``req_to_page`` as    ``page_size[16]``
+                                   a token table
+:class:`UnscaledFP8`               claims fp8 KV, ignores ``k_scale``/``v_scale``   ``kv_dtype[fp8_e4m3]``
+:class:`SilentWindow`              claims no sliding_window, accepts a window       ``unclaimed_feature[
+                                   config and computes full attention               sliding_window]``
 =================================  ==============================================  =========================
 """
 
@@ -37,9 +47,10 @@ from typing import Any, ClassVar
 import torch
 from broken_backends import AllocatingDecode, HostSyncDecode, StaleLenDecode
 
-from attnhal.backend import ForwardBatch
-from attnhal.capabilities import BackendCapabilities, Phase, SeqLenFill
+from attnhal.backend import AttentionConfig, ForwardBatch, KVPool
+from attnhal.capabilities import BackendCapabilities, Feature, Phase, SeqLenFill
 from attnhal_torch import TorchBackend
+from attnhal_torch.kernel import LayerParams
 
 __all__ = [
     "LIES",
@@ -54,6 +65,13 @@ __all__ = [
     "ShortWindowDecode",
     "StaleReplayDecode",
     "WrongGQA",
+    "IgnoresSinks",
+    "IgnoresSoftcap",
+    "IgnoresWindow",
+    "MLAWrongScale",
+    "PageBlind",
+    "SilentWindow",
+    "UnscaledFP8",
 ]
 
 _TORCH = TorchBackend.capabilities
@@ -252,6 +270,70 @@ class ShortWindowDecode(TorchBackend):
                 piece.layout.blocked[:, :, self.WINDOW:] = True  # the bug: positions past the window
 
 
+class _DropsLayerParam(TorchBackend):
+    """Runs every layer with some :class:`LayerParams` fields reset (the lie of a subclass)."""
+
+    dropped: ClassVar[dict[str, Any]] = {}
+
+    def _layer_params(self, layer: int) -> LayerParams:
+        return replace(super()._layer_params(layer), **self.dropped)
+
+
+class IgnoresWindow(_DropsLayerParam):
+    capabilities: ClassVar[BackendCapabilities] = _named("lying-ignores-window")
+    dropped: ClassVar[dict[str, Any]] = {"window": None}
+
+
+class IgnoresSoftcap(_DropsLayerParam):
+    capabilities: ClassVar[BackendCapabilities] = _named("lying-ignores-softcap")
+    dropped: ClassVar[dict[str, Any]] = {"softcap": None}
+
+
+class IgnoresSinks(_DropsLayerParam):
+    capabilities: ClassVar[BackendCapabilities] = _named("lying-ignores-sinks")
+    dropped: ClassVar[dict[str, Any]] = {"sinks": None}
+
+
+class UnscaledFP8(_DropsLayerParam):
+    """Reads fp8 bytes without the per-layer scales (right only when every scale is 1)."""
+
+    capabilities: ClassVar[BackendCapabilities] = _named("lying-unscaled-fp8")
+    dropped: ClassVar[dict[str, Any]] = {"k_scale": None, "v_scale": None}
+
+
+class MLAWrongScale(TorchBackend):
+    """Takes the softmax scale from the output (V) head size: the same as the q/k head size
+    everywhere but MLA, where 512 ** -0.5 replaces 576 ** -0.5."""
+
+    capabilities: ClassVar[BackendCapabilities] = _named("lying-mla-wrong-scale")
+
+    def _layer_params(self, layer: int) -> LayerParams:
+        return replace(super()._layer_params(layer), scale=self.config.out_head_size ** -0.5)
+
+
+class PageBlind(TorchBackend):
+    """Builds its layouts as if the pool had page size 1: ``req_to_page`` read as token slots."""
+
+    capabilities: ClassVar[BackendCapabilities] = _named("lying-page-blind")
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        real, self.pool.page_size = self.pool.page_size, 1
+        try:
+            super().init_forward_metadata(batch)
+        finally:
+            self.pool.page_size = real
+
+
+class SilentWindow(TorchBackend):
+    """Claims no sliding window but, instead of refusing a window config, drops the window."""
+
+    capabilities: ClassVar[BackendCapabilities] = _named(
+        "lying-silent-window", features=_TORCH.features - {Feature.SLIDING_WINDOW})
+
+    def __init__(self, config: AttentionConfig, pool: KVPool, **kwargs: Any) -> None:
+        super().__init__(replace(config, sliding_window=None), pool, **kwargs)
+
+
 #: Each lying backend and the claim the kit must falsify for it.
 LIES: dict[str, tuple[type[Any], str]] = {
     "host_sync": (HostSyncDecode, "graph[decode]"),
@@ -265,4 +347,11 @@ LIES: dict[str, tuple[type[Any], str]] = {
     "nan_padding": (NaNPadding, "seq_len_fill[decode]"),
     "allocating": (AllocatingDecode, "graph[decode]"),
     "short_window": (ShortWindowDecode, "phase[decode, float32]"),
+    "ignores_window": (IgnoresWindow, "feature[sliding_window]"),
+    "ignores_softcap": (IgnoresSoftcap, "feature[logit_softcap]"),
+    "ignores_sinks": (IgnoresSinks, "feature[sinks]"),
+    "mla_wrong_scale": (MLAWrongScale, "feature[mla]"),
+    "page_blind": (PageBlind, "page_size[16]"),
+    "unscaled_fp8": (UnscaledFP8, "kv_dtype[fp8_e4m3]"),
+    "silent_window": (SilentWindow, "unclaimed_feature[sliding_window]"),
 }

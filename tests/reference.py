@@ -87,4 +87,4 @@ def random_spec(phase: Phase, seed: int, *, requests: int = 2, spec: SpecConfig 
 def expected(case: Case, layer: int | None = None) -> torch.Tensor:
     """The fp64 reference output of ``case`` (at ``layer``, by default the case's)."""
     return reference_forward(case.q, case.k, case.v, case.layer if layer is None else layer, case.batch,
-                             case.pool, case.config.sm_scale)
+                             case.pool, case.config.sm_scale, case.config)

@@ -21,10 +21,14 @@ def test_plan_json_seed_scenario(capsys, platform):
     data = json.loads(out)
     assert code == 0 and data["valid"] and data["platform"] == platform
     assert set(data["phases"]) == {"prefill", "decode", "draft_decode", "draft_extend", "target_verify"}
-    assert data["phases"]["draft_extend"] == {"runs": True, "capture": True, "backend": "triton-like", "reasons": []}
+    extend = data["phases"]["draft_extend"]
+    assert {k: extend[k] for k in ("runs", "capture", "backend", "reasons")} == \
+        {"runs": True, "capture": True, "backend": "triton-like", "reasons": []}
+    assert extend["role"] == "draft_extend" and extend["seq_len_fill"] == 1 and extend["capture_sizes"][0] == 1
     assert data["phases"]["draft_decode"]["runs"] is False
     for d in data["phases"].values():
-        assert set(d) == {"runs", "capture", "backend", "reasons"}
+        assert set(d) == {"runs", "capture", "backend", "reasons", "role", "capture_sizes", "seq_len_fill",
+                          "variants"}
         assert all(set(r) == {"code", "message"} for r in d["reasons"])
 
 
@@ -110,3 +114,54 @@ def test_demo_json_is_lossless(capsys):
     assert data["plan"]["phases"]["draft_extend"]["capture"]
     assert data["capture"]["draft_extend"]["replays"] > 0
     assert set(data["runs"]) == {"eager", "graphs"}
+
+
+def test_plan_context_roles_and_policy_flags(capsys):
+    code, out, _ = run(capsys, "plan", "--backend", "docs/examples/conditional.toml", "--platform", "cuda:sm90",
+                       "--spec-steps", "3", "--model", "mla", "--page-size", "64", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["context"] == {"model": "mla", "page_size": 64}
+    assert data["phases"]["draft_extend"]["reasons"][0]["code"] == "graph_unsupported"
+    assert data["phases"]["draft_extend"]["variants"] == [
+        "MLA: page size 64 only, no draft-extend graph, multi-step only with topk 1"]
+    code, out, _ = run(capsys, "plan", "--backend", TRITON_LIKE, "--decode-backend", "docs/examples/decode-only.toml",
+                       "--speculative-attention-mode", "decode", "--spec-steps", "1", "--platform", "hip:gfx942",
+                       "--no-graph-phase", "draft_extend", "--adaptive-steps", "1,2", "--json")
+    data = json.loads(out)
+    assert data["phases"]["target_verify"]["backend"] == "decode-only"
+    assert data["phases"]["target_verify"]["role"] == "decode"
+    assert data["phases"]["draft_extend"]["reasons"][0]["code"] == "graphs_disabled"
+    assert code == 1 and data["adaptive"]["2"]["valid"] is False  # decode-only has no multi-step draft
+    code, out, _ = run(capsys, "plan", "--backend", TRITON_LIKE, "--spec-steps", "2", "--spec-algorithm", "ngram",
+                       "--platform", "cuda:sm90")
+    assert code == 0 and "draft_extend   no" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--platform", "cuda:"], "--platform"),
+    (["--max-bs", "5000"], "max_batch_size=5000 (supported: 1..4096)"),
+    (["--adaptive-steps", "1,x"], "--adaptive-steps='1,x'"),
+    (["--model", "moe"], "--model='moe'"),
+    (["--spec-algorithm", "medusa"], "--spec-algorithm='medusa'"),
+])
+def test_plan_bad_new_flags_exit_2(capsys, argv, needle):
+    code = None
+    try:
+        code, _, err = run(capsys, "plan", "--backend", TRITON_LIKE, *argv)
+    except SystemExit as exc:
+        code, err = exc.code, capsys.readouterr().err
+    assert code == 2 and needle in err
+
+
+def test_demo_with_pages_and_fp8_in_the_platform_flavour(capsys):
+    code, out, _ = run(capsys, "demo", "--platform", "hip:gfx942", "--backend", "torch", "--spec-steps", "1",
+                       "--batch-size", "2", "--max-new-tokens", "6", "--page-size", "16", "--kv-dtype", "fp8_e4m3",
+                       "--json")
+    data = json.loads(out)
+    assert code == 0 and data["lossless"]
+    assert data["kv_cache"] == {"page_size": 16, "kv_dtype": "fp8_e4m3", "storage": "torch.float8_e4m3fnuz"}
+
+
+def test_demo_fp8_e4m3_without_a_platform_flavour_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "demo", "--platform", "cpu", "--kv-dtype", "fp8_e4m3")
+    assert code == 2 and "--kv-dtype: kv_dtype=fp8_e4m3 with fp8_flavor=none" in err

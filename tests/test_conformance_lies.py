@@ -16,16 +16,25 @@ from lying_backends import (
     ForgetfulReplay,
     HostSyncDecode,
     IgnoresDraftStep,
+    IgnoresSinks,
+    IgnoresSoftcap,
+    IgnoresWindow,
+    MLAWrongScale,
     NaNPadding,
+    PageBlind,
+    SilentWindow,
+    UnscaledFP8,
     ShortWindowDecode,
     StaleReplayDecode,
     WrongGQA,
 )
 
 from attnhal.capabilities import Phase
+from attnhal_torch import TorchBackend
 from attnhal.platform import parse
 from attnhal.testing.batches import CaseSpec
-from attnhal.testing.checks import Claim, ClaimFalsified, ClaimKind, Status, Target, _eager_body, check
+from attnhal.testing.checks import Claim, ClaimFalsified, ClaimKind, Status, Target, check
+from attnhal.testing.checks.phases import eager_body
 from attnhal.testing.report import ConformanceReport, run_conformance
 
 
@@ -82,7 +91,7 @@ def test_wrong_gqa_mapping_breaks_the_phases_on_gqa_only() -> None:
     assert set(_falsified(report)) == {r.claim.name for r in report.results}  # every phase and dtype
     assert all("(GQA)" in r.detail and r.counterexample for r in report.falsified)
     # MHA and MQA are right: only grouped heads expose the mapping
-    body = _eager_body(Target(WrongGQA, parse("cpu"), max_examples=0), Claim(ClaimKind.PHASE, "decode", "float32"))
+    body = eager_body(Target(WrongGQA, parse("cpu"), max_examples=0), Claim(ClaimKind.PHASE, "decode", "float32"))
     for q_heads, kv_heads in ((2, 2), (4, 1)):
         body(CaseSpec(Phase.DECODE, num_q_heads=q_heads, num_kv_heads=kv_heads, prefix_lens=(5, 9)))
     with pytest.raises(ClaimFalsified, match=r"4 q / 2 kv heads \(GQA\)"):
@@ -129,7 +138,8 @@ def test_replay_allocations_are_flagged() -> None:
 def test_drawn_counterexample_is_shrunk() -> None:
     """The fixed examples stay below the hidden window; hypothesis finds it and shrinks it
     to the smallest failing batch: one request of seq len WINDOW + 1, one head."""
-    target = Target(ShortWindowDecode, parse("cpu"), max_examples=60, derandomize=True, database=None)
+    # the fixed examples now reach past the window (KV block boundaries): keep them below it
+    target = Target(ShortWindowDecode, parse("cpu"), max_examples=60, derandomize=True, database=None, max_seq_len=48)
     with pytest.raises(ClaimFalsified) as err:
         check(target, Claim(ClaimKind.PHASE, "decode", "float32"))
     assert err.value.claim == "phase[decode, float32]"
@@ -137,3 +147,31 @@ def test_drawn_counterexample_is_shrunk() -> None:
     assert "phase_decode_float32(" in notes and "explicit" not in notes  # a drawn example, not a fixed one
     assert f"prefix_lens=({ShortWindowDecode.WINDOW},)" in notes
     assert "CaseSpec(Phase.DECODE, num_q_heads=1, num_kv_heads=1, prefix_lens=(30,))" in notes
+
+
+# A feature liar is flagged for its own claim while a neighbouring claim stays verified.
+FEATURE_LIES = [
+    (IgnoresWindow, {"feature[sliding_window]"}, "feature[logit_softcap]"),
+    (IgnoresSoftcap, {"feature[logit_softcap]"}, "feature[sinks]"),
+    (IgnoresSinks, {"feature[sinks]"}, "feature[sliding_window]"),
+    (MLAWrongScale, {"feature[mla]"}, "phase[decode, float32]"),
+    (PageBlind, {"page_size[16]", "page_size[64]"}, "kv_dtype[fp8_e5m2]"),
+    (UnscaledFP8, {"kv_dtype[fp8_e4m3]", "kv_dtype[fp8_e5m2]"}, "page_size[16]"),
+    (SilentWindow, {"unclaimed_feature[sliding_window]"}, "feature[sinks]"),
+]
+
+
+@pytest.mark.parametrize("cls, claims, other", FEATURE_LIES, ids=[c.__name__ for c, _, _ in FEATURE_LIES])
+def test_feature_lie_is_flagged_for_its_claim_only(cls: type, claims: set[str], other: str) -> None:
+    report = _run(cls, examples=0, only=[*sorted(claims), other])
+    assert set(_falsified(report)) == claims, report.format()
+    assert other in _verified(report)
+
+
+@pytest.mark.parametrize("platform, flavours", [("cpu", "e4m3fn and e4m3fnuz"), ("hip:gfx942", "e4m3fnuz"),
+                                                ("cuda:sm90", "e4m3fn")])
+def test_fp8_e4m3_runs_the_flavours_of_the_platform(platform: str, flavours: str) -> None:
+    """A platform without fp8 stores both e4m3 flavours; gfx942 only e4m3fnuz, sm90 only e4m3fn."""
+    report = run_conformance(TorchBackend, max_examples=0, platform=platform, only=["kv_dtype[fp8_e4m3]"])
+    (result,) = report.results
+    assert result.status is Status.VERIFIED and result.detail.startswith(f"stored as {flavours}; "), result.detail

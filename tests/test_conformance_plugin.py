@@ -46,11 +46,20 @@ def test_plugin_imports_nothing_heavy() -> None:
 def test_backend_option_runs_the_whole_suite_in_an_empty_directory(tmp_path: Path) -> None:
     # The documented spelling with plugin autoloading off: load the plugin explicitly.
     run = _pytest(tmp_path, "-p", "attnhal.testing.plugin", "--attnhal-backend", "torch",
-                  "--attnhal-examples", "0", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+                  "--attnhal-examples", "0", "--attnhal-allow-unchecked", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "26 passed, 12 skipped" in run.stdout  # every claim of torch; unclaimed items skip
+    assert "38 passed, 16 skipped" in run.stdout  # every claim of torch; unclaimed items and other vendors skip
     assert "attnhal conformance: torch on cpu" in run.stdout  # the claims table
     assert "graph[target_verify]" in run.stdout and "not checked here" in run.stdout
+    assert "deterministic" in run.stdout and "inputs_unchanged" in run.stdout
+
+
+def test_unchecked_claims_fail_unless_waived(tmp_path: Path) -> None:
+    run = _pytest(tmp_path, "--attnhal-backend", "torch", "-k", "vendor")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "2 failed, 1 passed" in run.stdout  # cuda and hip: no device here
+    assert "not checked here: vendor[cuda]: no cuda device" in run.stdout
+    assert "waive with --attnhal-allow-unchecked" in run.stdout
 
 
 def test_entry_point_plugin_with_module_attr_and_a_lying_backend(tmp_path: Path) -> None:
@@ -78,6 +87,7 @@ def test_mixin_in_a_third_party_test_file(pytester: pytest.Pytester) -> None:
         class TestMine(BackendConformance):
             backend_cls = TorchBackend
             max_examples = 0
+            allow_unchecked = True
     """)
     result = pytester.runpytest_inprocess("-k", "decode and (phase or graph) and not draft and not bfloat16",
                                           "-p", "no:cacheprovider")
@@ -117,7 +127,9 @@ def test_run_conformance_without_the_triton_interpreter_is_not_a_crash() -> None
                          env=_env(TRITON_INTERPRET=None, ATTNHAL_PLATFORM=None))
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert report["ok"] is True and report["counts"]["verified"] == 0
+    # nothing could run: nothing falsified, and the report fails because nothing is verified
+    assert report["ok"] is False and report["counts"]["verified"] == 0 and report["counts"]["falsified"] == 0
+    assert "phase[decode, float32]" in report["unchecked"]
     reasons = {c["claim"]: c["detail"] for c in report["claims"]}
     assert reasons["phase[decode, float32]"].startswith("[runtime] device=cpu")
     assert reasons["graph[decode]"].startswith("[runtime] device=cpu")

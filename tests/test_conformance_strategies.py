@@ -109,3 +109,53 @@ def test_reference_matches_sdpa_on_causal_prefill(lens, heads, slot_seed) -> Non
                                                                 scale=case.config.sm_scale)
         torch.testing.assert_close(out[start:start + n], want.transpose(0, 1), atol=1e-10, rtol=1e-10)
         start += n
+
+
+# --- what the strategies reach (issue 13) ---------------------------------------------------------
+
+def test_context_lengths_reach_block_boundaries_and_long_contexts() -> None:
+    for k in (4, 7, 12):
+        for x in (2**k - 1, 2**k, 2**k + 1):
+            assert find(ast.context_lengths(), lambda n, x=x: n == x) == x
+    assert find(ast.context_lengths(), lambda n: n >= 4096) == 4096 - 1 + 1  # 2^12 is the first past 4095
+    assert find(ast.context_lengths(300, low=5), lambda n: True) == 5
+    assert all(n <= 300 for n in (find(ast.context_lengths(300), lambda n, t=t: n >= t) for t in (100, 257)))
+
+
+def test_head_layouts_reach_wide_gqa_and_mqa_with_many_heads() -> None:
+    assert find(ast.head_layouts(), lambda h: h[1] > 1 and h[0] // h[1] == 16)[0] // 16 >= 2
+    mqa = find(ast.head_layouts(), lambda h: h[1] == 1 and h[0] >= 8)
+    assert mqa == (8, 1)
+    assert find(ast.head_layouts(), lambda h: h[0] == h[1] == 8) == (8, 8)
+
+
+def test_batches_reach_long_contexts_and_long_extends_within_the_cost_model() -> None:
+    caps = TorchBackend.capabilities
+    long = find(ast.case_specs(caps, Phase.DECODE), lambda s: max(s.seq_lens()) > 4096)
+    assert long.requests == 1
+    extend = find(ast.case_specs(caps, Phase.PREFILL), lambda s: max(s.new_lens) > 128)
+    assert max(extend.new_lens) == 129
+    # a long context leaves no room for more long requests
+    @settings(max_examples=60, deadline=None)
+    @given(ast.case_specs(caps, Phase.TARGET_VERIFY, max_requests=3))
+    def within(spec: CaseSpec) -> None:
+        assert ast.batch_cost(spec) <= 2 * ast.DEFAULT_MAX_COST  # the first request may fill it alone
+    within()
+
+
+def test_input_variations_are_drawn_and_built() -> None:
+    caps = TorchBackend.capabilities
+    spec = find(ast.case_specs(caps, Phase.DECODE, inputs=True, dtype="float16"),
+                lambda s: s.qk_magnitude > 1 and s.v_magnitude > 1 and s.qkv_layout == "fused" and s.scale)
+    case = build_case(spec)
+    q, k, v = case.q, case.k, case.v
+    assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+    assert q.stride(0) == (spec.num_q_heads + 2 * spec.num_kv_heads) * spec.head_size
+    assert float(q.abs().max()) <= 32 and torch.equal(q, q.round())
+    assert float(case.pool.v[0].abs().max()) <= 2**15  # near fp16's range, never past it
+    assert torch.isfinite(case.pool.v[0]).all()
+    strided = build_case(replace(spec, qkv_layout="strided"))
+    assert strided.q.stride(1) == 2 * spec.head_size and strided.q.stride(2) == 1
+    assert case.config.scale == spec.scale
+    with pytest.raises(ValueError, match="qkv_layout=packed"):
+        replace(spec, qkv_layout="packed")

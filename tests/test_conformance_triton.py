@@ -24,3 +24,9 @@ if TritonBackend.runtime_reasons(detect()):  # conftest sets TRITON_INTERPRET=1;
 class TestTritonConformance(BackendConformance):
     backend_cls = "triton"  # through the registry, as `pytest --attnhal-backend triton` would
     max_examples = 0
+    allow_unchecked = True  # the vendor claims need a GPU
+    # The interpreter runs blocks one by one (CI time): edge rows, head layouts and input
+    # variations, but no KV block boundaries past 64 and no long context here; a release
+    # run sets ATTNHAL_CONFORMANCE_EXAMPLES and larger bounds.
+    max_seq_len = 70
+    max_cost = 2**20

@@ -27,10 +27,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnhal.backend import PADDING_REQ, PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Feature, Phase, ReasonCode, SpecLimits
+from attnhal.capabilities import (
+    GRAPH_PHASES,
+    BackendCapabilities,
+    Feature,
+    FillTerm,
+    Phase,
+    ReasonCode,
+    SeqLenFill,
+    SpecLimits,
+    Variant,
+    When,
+)
 from attnhal.graphs import CaptureError, EmulatedGraph, GraphCaptureWarning, GraphRunner, PhaseStep
 from attnhal.graphs import runner as runner_module
-from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, SpecConfig, plan
+from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, PhasePlan, SpecConfig, plan
 from attnhal.platform import GraphKind, Platform, Vendor, parse
 
 SIZES = (1, 2, 4, 8)
@@ -319,7 +330,8 @@ def test_spec_phases_pad_every_field() -> None:
         seen = meta.seen[phase]
         rows, real = 4 * (SPEC.topk if phase is Phase.DRAFT_DECODE else 1), batch.batch_size
         assert seen.batch_size == rows
-        assert (seen.seq_lens[real:] == 6).all() and (seen.req_pool_indices[real:] == PADDING_REQ).all()
+        fill = p[phase].seq_len_fill
+        assert (seen.seq_lens[real:] == fill).all() and (seen.req_pool_indices[real:] == PADDING_REQ).all()
         assert (seen.out_cache_loc[real * (batch.tokens_per_row or 1):] == PADDING_SLOT).all()
         spec = seen.spec
         assert spec is not None
@@ -331,6 +343,51 @@ def test_spec_phases_pad_every_field() -> None:
         if spec.draft_path is not None:
             assert (spec.draft_path[real:] == PADDING_SLOT).all()
     assert all(s.replays == 1 and s.eager_runs == 0 for s in runner.summary().values())
+
+
+#: Fills that differ per phase, one of them only through a variant that matches the CPU.
+PER_PHASE_FILL = replace(
+    ALL_GRAPHS, name="per-phase-fill",
+    phase_fill={Phase.DRAFT_EXTEND: SeqLenFill(3), Phase.TARGET_VERIFY: SeqLenFill(1, plus=FillTerm.WIDTH)},
+    variants=(Variant(When(vendor={"cpu"}), {"phase_fill": {Phase.DRAFT_DECODE: SeqLenFill(9)}}, note="cpu"),))
+
+
+def test_runner_captures_the_plans_per_phase_sizes_and_pads_with_its_per_phase_fill() -> None:
+    meta = Meta(fill=99)  # the owner's own answer must never be used with a planned phase
+    p = plan(SPEC, CPU, PhaseBackends.same(PER_PHASE_FILL, SPEC), GraphPolicy(batch_sizes=(2, 4, 8), max_tokens=10))
+    want_sizes = {Phase.DRAFT_DECODE: (2, 4), Phase.DRAFT_EXTEND: (2,), Phase.TARGET_VERIFY: (2,)}  # width 2, 5, 5
+    want_fill = {Phase.DRAFT_DECODE: 9, Phase.DRAFT_EXTEND: 3, Phase.TARGET_VERIFY: 1 + SPEC.num_draft_tokens}
+    assert {ph: p[ph].capture_sizes for ph in want_sizes} == want_sizes
+    assert {ph: p[ph].seq_len_fill for ph in want_fill} == want_fill
+    assert PER_PHASE_FILL.fill_for(Phase.DRAFT_DECODE).value(SPEC) == 1  # 9 only once resolved for the CPU
+    runner = GraphRunner(p, CPU, spec_steps(meta))
+    assert meta.states == [(4 * SPEC.topk, 2 * SPEC.num_draft_tokens)]  # each phase at its own largest size
+    for phase, sizes in want_sizes.items():
+        assert runner.captured_sizes(phase) == sizes == runner.summary()[phase].captured_sizes
+        batch, x = spec_batch(phase, 1, seed=3)  # one request, padded to 2
+        torch.testing.assert_close(runner.run(phase, batch, x).clone(), mixing_forward(batch, x))  # type: ignore[union-attr]
+        seen, real = meta.seen.pop(phase), batch.batch_size
+        assert seen.batch_size == 2 * real and (seen.seq_lens[real:] == want_fill[phase]).all()
+        assert seen.seq_lens_cpu is not None and (seen.seq_lens_cpu[real:] == want_fill[phase]).all()
+        big, bx = spec_batch(phase, 3, seed=4)  # above the phase's largest size: eager
+        torch.testing.assert_close(runner.run(phase, big, bx), mixing_forward(big, bx))
+    stats = runner.summary()
+    assert stats[Phase.DRAFT_DECODE].replays == 2 and stats[Phase.DRAFT_DECODE].eager_runs == 0
+    assert all((stats[ph].replays, stats[ph].eager_runs) == (1, 1) for ph in (Phase.DRAFT_EXTEND, Phase.TARGET_VERIFY))
+
+
+def test_hand_built_plan_without_sizes_or_fill_uses_the_policy_and_the_owner() -> None:
+    """A PhasePlan built by hand (no capture_sizes, no seq_len_fill) gets what the planner would
+    give for sizes, and the metadata owner's fill."""
+    meta = Meta(fill=7)
+    hand = GraphPlan(platform=CPU.spec, spec=SPEC, policy=GraphPolicy(batch_sizes=(2, 4), max_tokens=10),
+                     phases={Phase.TARGET_VERIFY: PhasePlan(runs=True, capture=True, backend="hand")})
+    runner = GraphRunner(hand, CPU, {Phase.TARGET_VERIFY: spec_steps(meta)[Phase.TARGET_VERIFY]})
+    assert runner.captured_sizes(Phase.TARGET_VERIFY) == (2,)  # 4 x 5 tokens > max_tokens
+    batch, x = spec_batch(Phase.TARGET_VERIFY, 1, seed=5)
+    torch.testing.assert_close(runner.run(Phase.TARGET_VERIFY, batch, x).clone(), mixing_forward(batch, x))  # type: ignore[union-attr]
+    seen = meta.seen[Phase.TARGET_VERIFY]
+    assert seen.batch_size == 2 and seen.seq_lens[1] == 7 and runner.summary()[Phase.TARGET_VERIFY].replays == 1
 
 
 def test_failed_capture_falls_back_for_that_phase_only() -> None:
@@ -387,7 +444,7 @@ def test_graph_kind_and_pool_follow_the_platform(monkeypatch: pytest.MonkeyPatch
         def pool(self) -> object:
             return self.handle
 
-    def fake_new_graph(kind: str, pool: object | None = None) -> EmulatedGraph:
+    def fake_new_graph(kind: str, pool: object | None = None, **_: object) -> EmulatedGraph:
         calls.append((kind, pool))
         return PoolGraph()
 

@@ -11,14 +11,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for d in ("attnhal", "backends") for p in (ROOT / d).rglob("*.py")
                  if not p.relative_to(ROOT).as_posix().startswith("attnhal/platform"))
-VENDOR_NAMES = re.compile(r"torch\.version\.(hip|cuda)|\b_?is_(hip|cuda|rocm)\b|gcnArchName")
+VENDOR_NAMES = re.compile(r"torch\.version\.(hip|cuda)|\b_?is_(hip|cuda|rocm|xpu|npu|musa)\b|gcnArchName"
+                          r"|torch\.(xpu|npu|musa)\.is_available|\bimport torch_(npu|musa)\b")
 # "cpu" is left out: host-vs-device checks (`tensor.device.type == "cpu"`) are not vendor branches.
-VENDOR_WORDS = {"cuda", "hip", "rocm", "nvidia", "amd"}
+VENDOR_WORDS = {"cuda", "hip", "rocm", "nvidia", "amd", "xpu", "intel", "npu", "ascend", "musa", "mthreads"}
 
 
 def vendor_compares(tree: ast.AST) -> list[int]:
     """Lines with ==/!=/is/in comparisons against a vendor literal or a Vendor member."""
     def is_vendor(node: ast.AST) -> bool:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(is_vendor(e) for e in node.elts)
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             return node.value.lower() in VENDOR_WORDS
         return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Vendor"
@@ -45,6 +48,17 @@ def test_the_scan_catches_a_vendor_branch():
     assert vendor_compares(ast.parse("if platform.vendor == 'hip':\n    pass")) == [1]
     assert vendor_compares(ast.parse("x = p.vendor is Vendor.CUDA")) == [1]
     assert VENDOR_NAMES.search("if torch.version.hip:")
+    assert VENDOR_NAMES.search("if torch.xpu.is_available():") and VENDOR_NAMES.search("import torch_npu")
+    assert vendor_compares(ast.parse("if p.vendor.value in ('npu', 'musa'):\n    pass")) == [1]
+
+
+def test_every_vendor_is_a_platform_row():
+    from attnhal.platform import VENDORS, Vendor, parse
+
+    assert set(VENDORS) == set(Vendor)
+    for vendor, row in VENDORS.items():
+        p = parse(vendor.value if vendor is Vendor.CPU else f"{vendor.value}:{next(iter(row.known))}")
+        assert p.vendor is vendor and p.known_arch and p.graph_api == row.graph_api
 
 
 def test_import_attnhal_is_light():

@@ -3,14 +3,16 @@
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Phase, ReasonCode, SpecLimits
+from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Facts, Phase, ReasonCode, SpecLimits
 from attnhal.descriptors import load_descriptor
 from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
 from attnhal.platform import Vendor, parse
+from attnhal.spec import RequestContext, SpecAlgorithm
 from attnhal.testing.strategies import descriptors, graph_policies, platforms, spec_configs
+from conditional_strategies import algorithm_specs, conditional_descriptors, contexts, policies_for
 
 ALL = tuple(Phase)
 TRITON_LIKE = BackendCapabilities(
@@ -143,3 +145,157 @@ def test_spec_config_validation_names_fields():
 def test_capture_sizes():
     assert GraphPolicy(max_batch_size=20).capture_sizes() == (1, 2, 4, 8, 16, 20)
     assert GraphPolicy(batch_sizes=(4, 1, 4)).capture_sizes() == (1, 4)
+
+
+# --- the schema-v2 fields: variants, run limits, context, roles, policy -------------------------
+
+maybe_cond = st.none() | conditional_descriptors()
+
+
+@settings(max_examples=60)
+@given(algorithm_specs(), platforms(), contexts, st.data(),
+       st.tuples(*[maybe_cond] * 6), st.sampled_from(["prefill", "decode"]))
+def test_v2_never_raises_and_every_no_has_a_reason(spec, platform, context, data, roles, mode):
+    target, draft, extend, prefill, decode, verify = roles
+    backends = PhaseBackends(target, draft, extend, prefill, decode, verify, speculative_attention_mode=mode)
+    p = plan(spec, platform, backends, data.draw(policies_for(spec)), context)
+    for sub in (p, *p.adaptive.values()):
+        for phase, d in sub.phases.items():
+            assert d.capture <= d.runs and (d.capture or d.reasons), f"{phase} has no reason"
+            assert all("=" in r.message and "(supported: " in r.message for r in d.reasons)
+            assert d.capture == bool(d.capture_sizes) and (d.seq_len_fill is not None) == d.capture
+    assert not set(p.unfit_steps) & set(p.adaptive)
+    assert all(r.code is ReasonCode.STEP_COUNT and "(supported: " in r.message for r in p.unfit_steps.values())
+    assert p.valid == (not p.unfit_steps and all(not d.blocking for d in p.phases.values())
+                       and all(a.valid for a in p.adaptive.values()))
+
+
+@settings(max_examples=60)
+@given(algorithm_specs(), contexts, st.data(),
+       conditional_descriptors(vendors=(Vendor.CUDA, Vendor.HIP), vendor_facts=False),
+       conditional_descriptors(vendors=(Vendor.CUDA, Vendor.HIP), vendor_facts=False))
+def test_v2_vendor_symmetry(spec, context, data, target, draft):
+    both = {Vendor.CUDA, Vendor.HIP}
+    target, draft = replace(target, vendors=both), replace(draft, vendors=both)
+    b = PhaseBackends(target, draft, draft, decode=draft)
+    policy = data.draw(policies_for(spec))
+    cuda, hip = (plan(spec, parse(s), b, policy, context) for s in ("cuda:sm90", "hip:gfx942"))
+    assert cuda.to_dict()["phases"] == hip.to_dict()["phases"] and cuda.valid == hip.valid
+
+
+EXPLICIT_ROLE = {Phase.PREFILL: "prefill", Phase.DECODE: "decode", Phase.TARGET_VERIFY: "target_verify",
+                 Phase.DRAFT_DECODE: "draft_decode", Phase.DRAFT_EXTEND: "draft_extend"}
+
+
+@settings(max_examples=50)
+@given(algorithm_specs(), platforms(), contexts, st.sampled_from(list(Phase)), st.sampled_from(["prefill", "decode"]),
+       st.lists(st.integers(0, 2), min_size=5, max_size=5), st.tuples(*[conditional_descriptors()] * 3))
+def test_v2_each_phase_reads_only_its_own_backend_including_split_roles(spec, platform, context, phase, mode,
+                                                                        picks, pool):
+    *_, other = pool
+    target, draft, extend, prefill, decode = (pool[i] for i in picks)
+    first = PhaseBackends(target, draft, extend, prefill=prefill, decode=decode, speculative_attention_mode=mode)
+    own = first.for_phase(phase)
+    # Every role is `other` except the one this phase reads, set explicitly.
+    second = PhaseBackends(**{**dict.fromkeys(EXPLICIT_ROLE.values(), other), "target": other,
+                              EXPLICIT_ROLE[phase]: own})
+    a, b = plan(spec, platform, first, context=context), plan(spec, platform, second, context=context)
+    assert replace(a[phase], role=None) == replace(b[phase], role=None)
+
+
+@given(algorithm_specs(), platforms(), contexts, conditional_descriptors())
+def test_v2_run_limit_violated_means_invalid(spec, platform, context, caps):
+    p = plan(spec, platform, PhaseBackends(caps, caps, caps), context=context)
+    resolved = caps.resolve(Facts.of(platform, context, spec))
+    for phase, d in p.phases.items():
+        limits = resolved.run_limits.get(phase)
+        if d.runs and limits is not None and limits.violations(spec, ReasonCode.SPEC_LIMIT, "x"):
+            assert not p.valid and d.blocking and not d.capture
+            if not resolved.platform_reasons(platform):
+                assert ReasonCode.SPEC_LIMIT in {r.code for r in d.reasons}
+
+
+@given(conditional_descriptors(), platforms(), contexts, algorithm_specs())
+def test_resolve_is_the_base_plus_matching_variants_in_order(caps, platform, context, spec):
+    facts = Facts.of(platform, context, spec)
+    resolved = caps.resolve(facts)
+    matching = [v for v in caps.variants if v.when.matches(facts)]
+    assert resolved.applied == tuple(v.note or f"when {v.when}" for v in matching)
+    assert resolved.resolve(facts) == resolved  # resolving twice changes nothing
+    if not matching:
+        assert resolved is caps
+
+
+# --- issue 15: Python API validation at the public entry points --------------------------------
+
+@pytest.mark.parametrize("kwargs, error, needle", [
+    (dict(num_steps="3"), TypeError, "num_steps='3' (supported: an int, got str)"),
+    (dict(num_steps=1.5), TypeError, "num_steps=1.5"),
+    (dict(num_steps=True), TypeError, "num_steps=True"),
+    (dict(num_steps=65), ValueError, "num_steps=65 (supported: 1..64)"),
+    (dict(num_steps=2, topk=65, num_draft_tokens=3), ValueError, "topk=65 (supported: 1..64)"),
+    (dict(num_steps=2, topk=2, num_draft_tokens=2.0), TypeError, "num_draft_tokens=2.0"),
+    (dict(num_steps=64, topk=64, num_draft_tokens=1025), ValueError, "num_draft_tokens=1025 (supported: 0..1024)"),
+    (dict(num_steps=2, algorithm="medusa"), ValueError, "algorithm='medusa' (supported: none, eagle"),
+])
+def test_spec_config_refuses_wrong_types_and_out_of_bounds(kwargs, error, needle):
+    algorithm = kwargs.pop("algorithm", "eagle")
+    with pytest.raises(error) as exc:
+        SpecConfig.eagle(**kwargs, algorithm=algorithm) if algorithm == "eagle" else SpecConfig(algorithm, **kwargs)
+    assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize("kwargs, error, needle", [
+    (dict(max_batch_size=4097), ValueError, "max_batch_size=4097 (supported: 1..4096)"),
+    (dict(max_batch_size="32"), TypeError, "max_batch_size='32'"),
+    (dict(batch_sizes=tuple(range(1, 258))), ValueError, "batch_sizes has 257 values (supported: 1..256)"),
+    (dict(batch_sizes=(1, 5000)), ValueError, "batch_sizes=5000 (supported: 1..4096)"),
+    (dict(batch_sizes="8"), TypeError, "batch_sizes='8'"),
+    (dict(step_counts=(1, 65)), ValueError, "step_counts=65 (supported: 1..64)"),
+    (dict(disabled_phases={"verify"}), ValueError, "phase='verify'"),
+    (dict(enabled="yes"), TypeError, "enabled='yes'"),
+])
+def test_graph_policy_bounds_name_the_bound(kwargs, error, needle):
+    with pytest.raises(error) as exc:
+        GraphPolicy(**kwargs)
+    assert needle in str(exc.value)
+
+
+def test_plan_argument_types():
+    spec = SpecConfig.eagle(2)
+    backends = PhaseBackends.same(TRITON_LIKE, spec)
+    assert plan(spec, "hip:gfx942", backends).to_dict() == plan(spec, parse("hip:gfx942"), backends).to_dict()
+    with pytest.raises(TypeError, match="platform=None"):
+        plan(spec, None, backends)
+    with pytest.raises(TypeError, match="spec="):
+        plan("eagle", "cuda:sm90", backends)
+    with pytest.raises(TypeError, match="backends="):
+        plan(spec, "cuda:sm90", TRITON_LIKE)
+    with pytest.raises(TypeError, match="context="):
+        plan(spec, "cuda:sm90", backends, None, {"page_size": 16})
+    with pytest.raises(TypeError, match="caps='torch'"):
+        PhaseBackends.same("torch", spec)
+    with pytest.raises(TypeError, match="draft_extend='torch'"):
+        PhaseBackends(TRITON_LIKE, draft_extend="torch")
+    with pytest.raises(ValueError, match="speculative_attention_mode='verify'"):
+        PhaseBackends(TRITON_LIKE, speculative_attention_mode="verify")
+
+
+def test_request_context_validation():
+    with pytest.raises(ValueError, match="model='moe'"):
+        RequestContext(model="moe")
+    with pytest.raises(ValueError, match="kv_dtype='int4'"):
+        RequestContext(kv_dtype="int4")
+    with pytest.raises(ValueError, match="page_size=0"):
+        RequestContext(page_size=0)
+    with pytest.raises(TypeError, match="head_size='128'"):
+        RequestContext(head_size="128")
+
+
+def test_old_import_paths_still_work():
+    import attnhal
+    from attnhal.plan import SpecAlgorithm as A
+    from attnhal.plan import SpecConfig as C
+
+    assert C is attnhal.SpecConfig and A is attnhal.SpecAlgorithm
+    assert SpecConfig.ngram(5).num_draft_tokens == 5 and SpecConfig.ngram(5).algorithm is SpecAlgorithm.NGRAM

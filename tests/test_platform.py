@@ -61,3 +61,118 @@ def test_detect_without_gpu_does_not_initialize_cuda(monkeypatch):
     if not torch.cuda.is_available():
         assert p.vendor is Vendor.CPU and p.graph_kind is GraphKind.EMULATED and not p.simulated
         assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.parametrize("spec, vendor, arch, warp, device", [
+    ("xpu:pvc", Vendor.XPU, "pvc", None, "xpu"),
+    ("xpu:BMG", Vendor.XPU, "bmg", None, "xpu"),
+    ("npu:910b", Vendor.NPU, "910b", None, "npu"),
+    ("npu:ascend910_93", Vendor.NPU, "910_93", None, "npu"),
+    ("musa:mp31", Vendor.MUSA, "mp31", None, "musa"),
+    ("musa:mp_22", Vendor.MUSA, "mp22", None, "musa"),
+])
+def test_new_vendor_rows(spec, vendor, arch, warp, device):
+    from attnhal.platform import VENDORS
+
+    p = parse(spec)
+    assert (p.vendor, p.arch, p.warp_size, p.fp8_flavor, p.known_arch) == (vendor, arch, warp, Fp8Flavor.NONE, True)
+    assert p.has_graph_api and p.graph_kind is GraphKind.EMULATED and p.simulated
+    assert VENDORS[vendor].torch_device == device and p.graph_api == VENDORS[vendor].graph_api
+    assert parse(p.spec) == p
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("", "platform=''"),
+    ("cuda:", "cuda:ARCH with an arch"),
+    ("hip:", "hip:ARCH with an arch"),
+    ("cuda", "cuda:ARCH with an arch"),
+    ("xpu", "xpu:ARCH with an arch"),
+    ("cuda:sm1000", "2-3 digits"),
+    ("hip:gfx94", "arch='gfx94'"),
+    ("npu:abc", "arch='abc'"),
+    ("musa:mp3", "arch='mp3'"),
+])
+def test_empty_or_malformed_archs_are_errors(spec, needle):
+    with pytest.raises(PlatformSpecError) as exc:
+        parse(spec)
+    assert needle in str(exc.value) and "supported" in str(exc.value)
+
+
+@pytest.mark.parametrize("spec, warp", [("cuda:sm999", 32), ("hip:gfx943", 64), ("hip:gfx1250", 32),
+                                        ("hip:gfx000", None), ("xpu:xe9", None)])
+def test_unknown_well_formed_archs_warn_and_get_conservative_facts(spec, warp):
+    from attnhal.platform import UnknownArchWarning
+
+    with pytest.warns(UnknownArchWarning, match="conservative facts"):
+        p = parse(spec)
+    # Warp size only where the vendor or the arch family fixes it; never an invented one. No fp8.
+    assert p.warp_size == warp and p.fp8_flavor is Fp8Flavor.NONE and not p.known_arch
+
+
+def test_known_archs_do_not_warn(recwarn):
+    for spec in ("cuda:sm80", "cuda:sm120", "hip:gfx90a", "hip:gfx1201", "xpu:pvc", "npu:910b", "musa:mp21"):
+        parse(spec)
+    assert not recwarn.list
+
+
+def test_parse_and_current_refuse_non_strings():
+    from attnhal.platform import current
+
+    with pytest.raises(TypeError, match="spec=None"):
+        parse(None)
+    with pytest.raises(TypeError, match="platform=42"):
+        current(42)
+    assert current("hip:gfx942") == parse("hip:gfx942")
+
+
+def test_arch_sets_and_unknown_arch_ordering():
+    import warnings
+
+    from attnhal.platform import ArchSet, UnknownArchWarning
+
+    s = ArchSet(Vendor.CUDA, ("sm80..sm90", "sm120"))
+    assert "sm86" in s and "sm90" in s and "sm120" in s and "sm100" not in s and "sm75" not in s
+    assert "gfx942" in ArchSet(Vendor.HIP, ("..gfx942",)) and "gfx950" not in ArchSet(Vendor.HIP, ("..gfx942",))
+    assert "910b" in ArchSet(Vendor.NPU, ("910..",)) and "310p" not in ArchSet(Vendor.NPU, ("910..",))
+    with pytest.raises(PlatformSpecError, match="arch='gfx9'"):
+        ArchSet(Vendor.HIP, ("gfx9..",))
+    with pytest.raises(PlatformSpecError, match="arch range"):
+        ArchSet(Vendor.CUDA, ("..",))
+    # An unordered vendor's unknown arch is at least nothing but itself (conservative).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnknownArchWarning)
+        assert not arch_at_least(Vendor.XPU, "xe9", "pvc") and arch_at_least(Vendor.XPU, "xe9", "xe9")
+
+
+@pytest.mark.parametrize("module, name, expected", [
+    ("npu", "Ascend910B3", "npu:910b"),
+    ("musa", "MTT S4000", "musa:mp22"),
+    ("xpu", "Intel(R) Data Center GPU Max 1550", "xpu:pvc"),
+])
+def test_detect_reads_out_of_tree_vendors_only_through_torch(monkeypatch, module, name, expected):
+    import torch
+
+    class FakeApi:  # what torch_npu / torch_musa / torch.xpu expose
+        is_available = staticmethod(lambda: True)
+        current_device = staticmethod(lambda: 0)
+        get_device_name = staticmethod(lambda index: name)
+
+    monkeypatch.delenv("ATTNHAL_PLATFORM", raising=False)
+    monkeypatch.setattr(torch, module, FakeApi, raising=False)
+    p = detect()
+    assert p.spec == expected and p.graph_kind is GraphKind.DEVICE and not p.simulated
+    assert p.torch_device == f"{module}:0" and p.device_name == name
+
+
+def test_detect_names_the_fix_for_an_unknown_device(monkeypatch):
+    import torch
+
+    class FakeNpu:
+        is_available = staticmethod(lambda: True)
+        current_device = staticmethod(lambda: 0)
+        get_device_name = staticmethod(lambda index: "Mystery 1")
+
+    monkeypatch.delenv("ATTNHAL_PLATFORM", raising=False)
+    monkeypatch.setattr(torch, "npu", FakeNpu, raising=False)
+    with pytest.raises(PlatformSpecError, match="device name='Mystery 1' names no known npu arch.*ATTNHAL_PLATFORM"):
+        detect()

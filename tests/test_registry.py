@@ -73,3 +73,21 @@ def test_selection_follows_priority_and_register_overrides():
     reg.register(Torch)
     assert reg.select(parse("cpu")).name == "torch"  # cpu priority lists torch first
     assert reg.get("torch").backend is Torch
+
+
+def test_capability_matrix_lists_conditional_claims():
+    from attnhal.capabilities import Variant, When
+    from attnhal.docgen import capability_matrix
+
+    class Conditional(Good):
+        capabilities = BackendCapabilities(
+            name="cond", vendors={"cuda", "hip"}, phases={"decode", "prefill"}, models={"mha", "mla"},
+            archs={"cuda": ("sm80..sm90",)},
+            variants=(Variant(When(model={"mla"}), {"page_sizes": {64}}, note="mla pages"),))
+
+    reg = registry()
+    reg.register(Conditional)
+    text = capability_matrix(reg)
+    assert "| archs | cuda sm80..sm90 |" in text and "| conditional claims | 1 |" in text
+    assert "- when model {mla}: page_sizes = {64} — mla pages" in text
+    assert "| cuda:sm100 | invalid (arch) |" in text

@@ -15,7 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnhal.capabilities import Phase
+from attnhal.backend import PADDING_REQ
+from attnhal.capabilities import FillTerm, Phase, SeqLenFill, Variant, When
 from attnhal.plan import GraphPolicy, SpecConfig
 from attnhal.platform import parse
 from attnhal.reference.model import ModelConfig, TinyLlama, draft_of
@@ -33,15 +34,17 @@ DRAFT = draft_of(TARGET)
 
 
 @functools.lru_cache(maxsize=None)
-def worker(spec: SpecConfig, graphs: bool, platform: str, backend: str = "torch") -> SpecWorker:
+def worker(spec: SpecConfig, graphs: bool, platform: str, backend: str = "torch", page_size: int = 1,
+           kv_dtype: str = "float32") -> SpecWorker:
     """Workers are reusable across generate calls; caching keeps captures out of the example loop."""
     draft = DRAFT if spec.speculative else None
     return SpecWorker(TARGET, draft, spec, platform=platform, backend=backend,
-                      policy=GraphPolicy(enabled=graphs, batch_sizes=SIZES), max_context_len=CONTEXT)
+                      policy=GraphPolicy(enabled=graphs, batch_sizes=SIZES), max_context_len=CONTEXT,
+                      page_size=page_size, kv_dtype=kv_dtype)
 
 
-def greedy(prompts, n, platform="cpu"):
-    return worker(SpecConfig(), False, platform).generate(prompts, n).tokens
+def greedy(prompts, n, platform="cpu", page_size=1, kv_dtype="float32"):
+    return worker(SpecConfig(), False, platform, page_size=page_size, kv_dtype=kv_dtype).generate(prompts, n).tokens
 
 
 prompts_st = st.lists(st.lists(st.integers(0, 127), min_size=1, max_size=12), min_size=1, max_size=5)
@@ -54,6 +57,30 @@ def test_speculative_output_is_plain_greedy(prompts, n, spec, graphs, platform):
     out = worker(spec, graphs, platform).generate(prompts, n)
     assert out.tokens == greedy(prompts, n)
     assert all(0 <= a <= spec.num_steps for a in out.accepted)
+
+
+@settings(max_examples=max(3, EXAMPLES // 3))
+@given(prompts_st, st.integers(1, 12), spec_configs(max_steps=4, max_topk=4, speculative=True), st.booleans(),
+       st.sampled_from([("cuda:sm90", 16, "float32"), ("hip:gfx942", 16, "float32"), ("cuda:sm90", 1, "fp8_e4m3"),
+                        ("hip:gfx942", 1, "fp8_e4m3"), ("hip:gfx942", 16, "fp8_e5m2")]))
+def test_paged_and_fp8_caches_are_lossless(prompts, n, spec, graphs, case):
+    """Speculative equals greedy under the same page size and cache dtype (fp8 tokens may
+    differ from fp32 tokens; spec vs greedy may not); the e4m3 flavour is the platform's."""
+    platform, page, kv = case
+    w = worker(spec, graphs, platform, page_size=page, kv_dtype=kv)
+    assert w.generate(prompts, n).tokens == greedy(prompts, n, platform, page, kv)
+
+
+@pytest.mark.parametrize("platform, dtype", [("cuda:sm90", torch.float8_e4m3fn), ("hip:gfx942", torch.float8_e4m3fnuz)])
+def test_fp8_cache_is_stored_in_the_platform_flavour(platform, dtype):
+    w = worker(SpecConfig.eagle(2, 2, 4), True, platform, page_size=16, kv_dtype="fp8_e4m3")
+    assert w.target_pool.dtype == dtype and w.draft_pool.dtype == dtype and w.target_pool.page_size == 16
+    assert set(w.plan.captured) == {Phase.TARGET_VERIFY, Phase.DRAFT_EXTEND, Phase.DRAFT_DECODE}
+
+
+def test_fp8_e4m3_on_a_platform_without_fp8_is_an_error_not_a_guess():
+    with pytest.raises(ValueError, match="kv_dtype=fp8_e4m3 with fp8_flavor=none"):
+        SpecWorker(TARGET, DRAFT, SpecConfig.eagle(2), platform="cpu", kv_dtype="fp8_e4m3", max_context_len=CONTEXT)
 
 
 @settings(max_examples=max(3, EXAMPLES // 3))
@@ -100,6 +127,42 @@ def test_invalid_plan_is_an_error_with_reasons():
     with pytest.raises(PlanInvalid, match="draft_decode: .multi_step."):
         SpecWorker(TARGET, DRAFT, SpecConfig.eagle(2), platform="cpu", backend="no-multi-step",
                    registry=registry, max_context_len=CONTEXT)
+
+
+PADDED_FILLS: dict[Phase, set[int]] = {}
+
+
+class PerPhaseFill(TorchBackend):
+    """The torch backend with a fill rule per phase (one only through a HIP variant); records the
+    seq lens of the padded rows (request row 0) of every replay."""
+
+    capabilities = replace(
+        TorchBackend.capabilities, name="per-phase-fill",
+        phase_fill={Phase.DRAFT_EXTEND: SeqLenFill(2), Phase.TARGET_VERIFY: SeqLenFill(1, plus=FillTerm.WIDTH)},
+        variants=(Variant(When(vendor={"hip"}), {"phase_fill": {Phase.DRAFT_DECODE: SeqLenFill(3)}}, note="hip"),))
+
+    def init_replay_metadata(self, batch):
+        padded = batch.seq_lens[batch.req_pool_indices == PADDING_REQ]
+        PADDED_FILLS.setdefault(batch.phase, set()).update(padded.tolist())
+        super().init_replay_metadata(batch)
+
+
+def test_worker_runs_the_plans_per_phase_sizes_and_fills_end_to_end():
+    registry = Registry(discover=lambda: [])
+    registry.register(PerPhaseFill)
+    spec = SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
+    w = SpecWorker(TARGET, DRAFT, spec, platform="hip:gfx942", backend="per-phase-fill", registry=registry,
+                   policy=GraphPolicy(batch_sizes=(2, 4), max_tokens=8), max_context_len=CONTEXT)
+    want = {Phase.DRAFT_DECODE: ((2, 4), 3), Phase.DRAFT_EXTEND: ((2,), 2), Phase.TARGET_VERIFY: ((2,), 5)}
+    for phase, (sizes, fill) in want.items():  # 4 tokens per request in extend and verify: 2 x 4 <= 8
+        assert (w.plan[phase].capture_sizes, w.plan[phase].seq_len_fill) == (sizes, fill)
+        assert w.runner.captured_sizes(phase) == sizes
+    PADDED_FILLS.clear()
+    for prompts in ([[5, 6, 7]], [[1], [2, 3], [4, 4, 4]]):  # one request pads every phase; three: 4 or eager
+        assert w.generate(prompts, 6).tokens == greedy(prompts, 6)
+    assert PADDED_FILLS == {phase: {fill} for phase, (_, fill) in want.items()}
+    stats = w.runner.summary()
+    assert stats[Phase.TARGET_VERIFY].eager_runs > 0 and stats[Phase.DRAFT_DECODE].eager_runs == 0
 
 
 def test_no_vendor_checks_and_no_isinstance_on_backends():

@@ -1,7 +1,14 @@
 """The backend contract: AttentionBackend, ForwardBatch, the paged KV pool, MultiStepDraft."""
 
 from attnhal.backend.batch import ForwardBatch, SpecInfo
-from attnhal.backend.contract import AttentionBackend, AttentionConfig, UnsupportedPhase, dtype_name
+from attnhal.backend.contract import (
+    AttentionBackend,
+    AttentionConfig,
+    UnsupportedFeature,
+    UnsupportedPhase,
+    config_reasons,
+    dtype_name,
+)
 from attnhal.backend.kv_pool import (
     FP8_DTYPES,
     PADDING_PAGE,
@@ -34,7 +41,9 @@ __all__ = [
     "MultiStepDraft",
     "MultiStepUnsupported",
     "SpecInfo",
+    "UnsupportedFeature",
     "UnsupportedPhase",
+    "config_reasons",
     "debug_enabled",
     "dtype_name",
     "kv_dtype_name",

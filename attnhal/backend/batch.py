@@ -1,6 +1,6 @@
 """ForwardBatch: what one attention forward of one phase reads.
 
-Token layout and masking per phase (``bs`` rows, KV slots from ``pool.req_to_token``):
+Token layout and masking per phase (``bs`` rows; KV position ``p`` of a row lives in slot ``pool.slots(row, p)``, through the page table ``pool.req_to_page``):
 
 ========================  ===========================  =====================================================
 phase                     query tokens                 row ``r``, query ``i`` attends KV positions
@@ -28,11 +28,11 @@ Conventions the table relies on:
   uniform phases, and rows follow each other in ``prefill``.
 * Draft token ``j`` of ``target_verify`` sits at position ``seq_lens - T + j`` of the
   row. For every phase but ``draft_decode``, the new tokens' positions are already
-  in ``req_to_token`` and hold the slots the tokens write to:
-  ``req_to_token[req_pool_indices[r], prefix + i] == out_cache_loc`` of token ``i``
-  (padding tokens excepted); attention reads every slot through ``req_to_token``.
+  in the page table and map to the slots the tokens write to:
+  ``pool.slots(req_pool_indices[r], prefix + i) == out_cache_loc`` of token ``i``
+  (padding tokens excepted); attention reads every slot through the page table.
 * ``draft_decode``: ``seq_lens`` counts the committed prefix only; the draft tokens
-  are not in ``req_to_token`` — their slots come from ``draft_path``, and
+  are not in the page table — their slots come from ``draft_path``, and
   ``out_cache_loc == draft_path[:, draft_step]``.
 * Padding: ``draft_extend`` tokens ``i >= extend_lens[r]`` and the rows a graph
   runner pads with (request ``PADDING_REQ``) write to the padding slot.
@@ -79,7 +79,7 @@ class ForwardBatch:
     Attributes
     ----------
     phase: which phase this forward runs.
-    req_pool_indices: ``[bs]`` int64, row of ``pool.req_to_token`` for each batch row.
+    req_pool_indices: ``[bs]`` int64, row of ``pool.req_to_page`` for each batch row.
     seq_lens: ``[bs]`` int32 (device), KV length of each row after this forward's K/V
         are written (for ``draft_decode``: the committed prefix, without draft tokens).
     out_cache_loc: ``[num_tokens]`` int64, KV slot of each new query token.

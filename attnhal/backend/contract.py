@@ -22,17 +22,25 @@ import torch
 from attnhal.backend.batch import ForwardBatch
 from attnhal.backend.kv_pool import KVPool
 from attnhal.backend.validate import maybe_validate_forward
-from attnhal.capabilities import BackendCapabilities, Phase, Reason
+from attnhal.capabilities import BackendCapabilities, Feature, Phase, Reason, ReasonCode, fmt_set, reason
 from attnhal.platform import Platform
 
 if TYPE_CHECKING:
     from attnhal.plan import SpecConfig
 
-__all__ = ["AttentionBackend", "AttentionConfig", "UnsupportedPhase"]
+__all__ = ["AttentionBackend", "AttentionConfig", "UnsupportedFeature", "UnsupportedPhase", "config_reasons"]
 
 
 class UnsupportedPhase(NotImplementedError):
     """A backend was asked to run a phase its descriptor does not list."""
+
+
+class UnsupportedFeature(UnsupportedPhase):
+    """A backend was given a feature, page size or KV dtype its descriptor does not claim.
+
+    Raised at construction: a backend never runs a model whose attention it would
+    compute differently (e.g. full attention for a window it ignores).
+    """
 
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -62,13 +70,20 @@ class AttentionConfig:
         every layer, or a per-layer tuple where ``None`` marks a full-attention layer.
     logit_softcap: ``cap``: logits ``s = scale * q.k`` become ``cap * tanh(s / cap)`` before softmax.
     sinks: ``[num_layers, num_q_heads]`` float32 learned sink logits (gpt-oss): each head's
-        softmax denominator gains ``exp(sink)``; the sink contributes no value.
+        softmax denominator gains ``exp(sink)``; the sink contributes no value. A query
+        that attends no key (a padding row) outputs zeros.
 
     A query's KV position ``p`` is its place in the row's layout (see
-    :mod:`attnhal.backend.batch`): ``prefix + i`` for prefill and draft extend,
-    ``seq_lens - 1`` for decode, ``seq_lens + draft_step`` for draft decode, and in target
-    verify ``prefix + depth`` where ``depth`` counts the draft tokens the query attends
-    (itself included) minus one — ``i`` for a chain.
+    :mod:`attnhal.backend.batch`): ``prefix + i`` for prefill, ``min(prefix + i, seq_lens - 1)``
+    for draft extend (padding tokens sit on the row's last token), ``seq_lens - 1`` for
+    decode, ``seq_lens + draft_step`` for draft decode, and in target verify ``prefix + depth``
+    where ``depth`` counts the draft tokens the query attends (itself included) minus one —
+    ``i`` for a chain. Keys are placed by the same rule: a committed token at its index in
+    the row, a draft token of target verify at ``prefix + `` its own depth, path token ``j``
+    of draft decode at ``seq_lens + j``. The window keeps keys at positions ``>= p - w``.
+
+    :attr:`features` lists what a backend must claim to serve this config; MLA is a
+    ``v_head_size`` different from ``head_size``.
     """
 
     num_q_heads: int
@@ -111,6 +126,21 @@ class AttentionConfig:
         """Head size of V and of the output."""
         return self.v_head_size if self.v_head_size is not None else self.head_size
 
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """The distinct left windows of the layers (empty: all layers full)."""
+        per_layer = self.sliding_window if isinstance(self.sliding_window, tuple) else (self.sliding_window,)
+        return tuple(sorted({w for w in per_layer if w is not None}))
+
+    @property
+    def features(self) -> frozenset[Feature]:
+        """The descriptor features this config needs (``custom_mask`` is per batch, not here)."""
+        wanted = {Feature.SLIDING_WINDOW: bool(self.windows),
+                  Feature.LOGIT_SOFTCAP: self.logit_softcap is not None,
+                  Feature.SINKS: self.sinks is not None,
+                  Feature.MLA: self.out_head_size != self.head_size}
+        return frozenset(f for f, on in wanted.items() if on)
+
     def window(self, layer: int) -> int | None:
         """The left window of ``layer``; ``None`` = full attention."""
         if isinstance(self.sliding_window, tuple):
@@ -125,14 +155,21 @@ class AttentionBackend(ABC):
     ``forward_<phase>`` methods of the phases it lists. Tensor shapes:
 
     * ``q``: ``[num_tokens, num_q_heads, head_size]``
-    * ``k``, ``v``: ``[num_tokens, num_kv_heads, head_size]`` — the new tokens' K/V,
-      written to ``batch.out_cache_loc`` of layer ``layer`` before attending
-    * returns ``[num_tokens, num_q_heads, head_size]`` in ``q``'s dtype
+    * ``k``: ``[num_tokens, num_kv_heads, head_size]``, ``v``: ``[num_tokens, num_kv_heads,
+      v_head_size]`` — the new tokens' K/V, written to ``batch.out_cache_loc`` of layer
+      ``layer`` before attending (quantized by the pool when it stores fp8)
+    * returns ``[num_tokens, num_q_heads, v_head_size]`` in ``q``'s dtype
+
+    The base ``__init__`` refuses (:class:`UnsupportedFeature`) a config feature, page
+    size or KV dtype the descriptor does not claim; subclasses call it first.
     """
 
     capabilities: ClassVar[BackendCapabilities]
 
     def __init__(self, config: AttentionConfig, pool: KVPool) -> None:
+        reasons = config_reasons(self.capabilities, config, pool)
+        if reasons:
+            raise UnsupportedFeature(f"backend {self.capabilities.name!r}: " + "; ".join(r.message for r in reasons))
         self.config = config
         self.pool = pool
 
@@ -145,6 +182,12 @@ class AttentionBackend(ABC):
         the CPU, needs the Triton interpreter). Default: nothing stands in the way.
         """
         return []
+
+    @classmethod
+    def build_info(cls) -> str | None:
+        """What native code this backend built or loaded in this process, and how long it took
+        (``attnhal info --build`` prints it); ``None``: the backend has no native build step."""
+        return None
 
     # --- metadata -------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
@@ -167,9 +210,16 @@ class AttentionBackend(ABC):
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         """Before replaying ``batch``: only write into static buffers; no allocation, no host sync."""
 
-    def graph_seq_len_fill_value(self, spec: SpecConfig | None = None) -> int:
-        """The seq len to write into padded rows of a captured batch."""
-        return self.capabilities.seq_len_fill.value(spec)
+    def graph_seq_len_fill_value(self, spec: SpecConfig | None = None, phase: Phase | None = None) -> int:
+        """The seq len this descriptor asks for in padded rows of a captured ``phase`` batch.
+
+        ``phase``'s own rule (``capabilities.fill_for(phase)``), else ``seq_len_fill``;
+        variants are not resolved here. A :class:`~attnhal.graphs.GraphRunner` pads with
+        the plan's ``PhasePlan.seq_len_fill`` — this rule resolved against the plan's
+        platform, context and spec — and asks this only for a hand-built plan without one.
+        """
+        rule = self.capabilities.fill_for(phase) if phase is not None else self.capabilities.seq_len_fill
+        return rule.value(spec, phase)
 
     # --- compute ----------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
@@ -205,3 +255,15 @@ class AttentionBackend(ABC):
 
     def forward_target_verify(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         raise self._missing(Phase.TARGET_VERIFY)
+
+
+def config_reasons(caps: BackendCapabilities, config: AttentionConfig, pool: KVPool) -> list[Reason]:
+    """Why ``caps`` cannot serve ``config`` over ``pool``: unclaimed features, page size, KV dtype."""
+    out = [reason(ReasonCode.FEATURE, "feature", f.value, fmt_set(caps.features))
+           for f in sorted(config.features - caps.features, key=lambda f: f.value)]
+    if pool.page_size not in caps.page_sizes:
+        out.append(reason(ReasonCode.PAGE_SIZE, "page_size", pool.page_size, fmt_set(caps.page_sizes)))
+    kv_dtypes = caps.kv_dtypes or frozenset()
+    if pool.kv_dtype not in kv_dtypes:
+        out.append(reason(ReasonCode.KV_DTYPE, "kv_dtype", pool.kv_dtype, fmt_set(kv_dtypes)))
+    return out

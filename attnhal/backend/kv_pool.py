@@ -128,6 +128,7 @@ class KVPool:
         self.k_scale = torch.ones(num_layers, dtype=torch.float32, device=device)
         self.v_scale = torch.ones(num_layers, dtype=torch.float32, device=device)
         self.v_head_dim = v_dim
+        self._scratch = (torch.empty(0, device=device), torch.empty(0, dtype=dtype, device=device))
         pages_per_req = -(-max_context_len // page_size)
         self.req_to_page = torch.zeros((max_reqs + 1, pages_per_req), dtype=torch.int32, device=device)
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
@@ -149,6 +150,11 @@ class KVPool:
     def num_slots(self) -> int:
         """Usable slots (the padding page excluded)."""
         return self.k[0].shape[0] - self.page_size
+
+    @property
+    def max_slot(self) -> int:
+        """The largest slot index: the last of page ``num_slots / page_size`` (pages count from 1)."""
+        return self.num_slots + self.page_size - 1
 
     def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """KV slots of token ``positions`` of request ``rows``; see :func:`slot_of`."""
@@ -186,10 +192,33 @@ class KVPool:
         if not self.is_fp8:
             cache.index_copy_(0, loc, x.to(self.dtype))
             return
+        wide, narrow = self._quant_scratch(x.numel())
+        wide, narrow = wide.view(x.shape), narrow.view(x.shape)
         top = torch.finfo(self.dtype).max
-        stored = (x.float() / scale).clamp_(-top, top).to(self.dtype)
+        torch.div(x, scale, out=wide)
+        wide.clamp_(-top, top)
+        narrow.copy_(wide)
         # torch has no fp8 index_copy on every device: move the bytes.
-        cache.view(torch.uint8).index_copy_(0, loc, stored.view(torch.uint8))
+        cache.view(torch.uint8).index_copy_(0, loc, narrow.view(torch.uint8))
+
+    def _quant_scratch(self, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 and storage-dtype scratch of ``numel`` elements for quantizing a write.
+
+        Grown on demand and kept: a captured graph's replay reuses the buffers its
+        capture took instead of allocating (a later, larger eager write grows new ones;
+        the graph keeps the old).
+        """
+        if self._scratch[0].numel() < numel:
+            self._scratch = (torch.empty(numel, dtype=torch.float32, device=self.device),
+                             torch.empty(numel, dtype=self.dtype, device=self.device))
+        return self._scratch[0][:numel], self._scratch[1][:numel]
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's K/V from slots ``src`` to ``dst`` (``[n]`` int64), as stored
+        (bytes: no requantization). The sources are read before any destination is written."""
+        for cache in (*self.k, *self.v):
+            raw = cache.view(torch.uint8) if self.is_fp8 else cache
+            raw.index_copy_(0, dst, raw.index_select(0, src))
 
     def dequantized(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s K and V as the attention reads them: float32 ``stored * scale``
@@ -198,6 +227,18 @@ class KVPool:
         if not self.is_fp8:
             return k, v
         return k.float() * self.k_scale[layer], v.float() * self.v_scale[layer]
+
+    def layer_copy(self, layer: int) -> KVPool:
+        """A one-layer pool holding a copy of layer ``layer`` (cache and scales); it shares
+        the page table. For host-side readers that must not touch the pool (the reference)."""
+        copy = KVPool.__new__(KVPool)
+        copy.__dict__.update(self.__dict__)
+        copy.k, copy.v = [self.k[layer].clone()], [self.v[layer].clone()]
+        copy._scratch = (torch.empty(0, device=self.device), torch.empty(0, dtype=self.dtype, device=self.device))
+        copy.k_scale = self.k_scale[layer:layer + 1].clone()
+        copy.v_scale = self.v_scale[layer:layer + 1].clone()
+        copy.num_layers = 1
+        return copy
 
     # Host-side bookkeeping for the engine (never called inside a captured region).
     def alloc_pages(self, n: int) -> torch.Tensor:

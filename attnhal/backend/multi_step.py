@@ -163,4 +163,4 @@ class MultiStepDraft:
             backend.init_replay_metadata(step_batch)
 
     def graph_seq_len_fill_value(self, spec: SpecConfig | None = None) -> int:
-        return self._steps[0].graph_seq_len_fill_value(spec if spec is not None else self.spec)
+        return self._steps[0].graph_seq_len_fill_value(spec if spec is not None else self.spec, Phase.DRAFT_DECODE)

@@ -100,13 +100,14 @@ def validate_forward(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | 
                      layer: int, batch: ForwardBatch, pool: KVPool, config: AttentionConfig) -> None:
     """Check one ``forward`` call: layer, q/k/v shapes, dtypes, devices, then the batch.
 
-    ``q``: ``[num_tokens, num_q_heads, head_size]``; ``k``, ``v``:
-    ``[num_tokens, num_kv_heads, head_size]`` or both None.
+    ``q``: ``[num_tokens, num_q_heads, head_size]``; ``k``: ``[num_tokens, num_kv_heads, head_size]``
+    and ``v``: ``[num_tokens, num_kv_heads, v_head_size]``, or both None.
     """
     if not 0 <= layer < pool.num_layers:
         raise BatchValidationError("layer", layer, f"0..{pool.num_layers - 1}, layers of the pool")
     for name, have, want in (("config.num_kv_heads", config.num_kv_heads, pool.num_kv_heads),
-                             ("config.head_size", config.head_size, pool.head_dim)):
+                             ("config.head_size", config.head_size, pool.head_dim),
+                             ("config.v_head_size", config.out_head_size, pool.v_head_dim)):
         if have != want:
             raise BatchValidationError(name, have, f"{want}, as the KV pool")
     n = batch.num_tokens
@@ -114,8 +115,8 @@ def validate_forward(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | 
     if (k is None) != (v is None):
         raise BatchValidationError("k" if k is None else "v", None, "k and v both tensors or both None")
     if k is not None and v is not None:
-        for name, t in (("k", k), ("v", v)):
-            _check_tensor(name, t, (n, config.num_kv_heads, config.head_size), _FLOATS, pool.device)
+        for name, t, size in (("k", k, config.head_size), ("v", v, config.out_head_size)):
+            _check_tensor(name, t, (n, config.num_kv_heads, size), _FLOATS, pool.device)
     validate_batch(batch, pool, config)
 
 
@@ -137,16 +138,16 @@ def validate_batch(batch: ForwardBatch, pool: KVPool, config: AttentionConfig | 
     bs = batch.batch_size
     if bs < 1:
         raise BatchValidationError("req_pool_indices.shape", tuple(batch.req_pool_indices.shape), "[bs] with bs >= 1")
-    rows = pool.req_to_token.shape[0]
+    rows = pool.req_to_page.shape[0]
     _check_range("req_pool_indices", batch.req_pool_indices, 0, rows - 1,
-                 f"0..{rows - 1}, rows of pool.req_to_token")
+                 f"0..{rows - 1}, rows of pool.req_to_page")
     _check_tensor("seq_lens", batch.seq_lens, (bs,), _INTS, pool.device)
     _check_range("seq_lens", batch.seq_lens, 0, pool.max_context_len, f"0..{pool.max_context_len}")
     if batch.seq_lens_cpu is not None:
         _check_host_copy("seq_lens_cpu", batch.seq_lens_cpu, batch.seq_lens)
     _check_tensor("out_cache_loc", batch.out_cache_loc, None, _INTS, pool.device, ndim=1)
-    _check_range("out_cache_loc", batch.out_cache_loc, 0, pool.num_slots,
-                 f"0..{pool.num_slots}, slots of the pool")
+    _check_range("out_cache_loc", batch.out_cache_loc, 0, pool.max_slot,
+                 f"0..{pool.max_slot}, slots of the pool")
     if batch.phase in _SPEC_PHASES and batch.spec is None:
         raise BatchValidationError("spec", None, f"a SpecInfo for phase={batch.phase.value}")
     _PHASE_CHECKS[batch.phase](batch, pool, bs)
@@ -218,7 +219,7 @@ def _check_draft_decode(batch: ForwardBatch, pool: KVPool, bs: int) -> None:
     if path.shape[0] != bs or path.shape[1] < step + 1:
         raise BatchValidationError("spec.draft_path.shape", tuple(path.shape),
                                    f"[{bs}, n] with n >= draft_step + 1 = {step + 1}")
-    _check_range("spec.draft_path", path, 0, pool.num_slots, f"0..{pool.num_slots}, slots of the pool")
+    _check_range("spec.draft_path", path, 0, pool.max_slot, f"0..{pool.max_slot}, slots of the pool")
     if not torch.equal(batch.out_cache_loc.to(path.dtype), path[:, step]):
         r = int((batch.out_cache_loc.to(path.dtype) != path[:, step]).nonzero()[0, 0])
         raise BatchValidationError(f"out_cache_loc[{r}]", int(batch.out_cache_loc[r]),
@@ -292,27 +293,27 @@ def _extend_lens(batch: ForwardBatch, bs: int) -> list[int]:
 
 def _check_table(batch: ForwardBatch, pool: KVPool, seq: list[int]) -> None:
     """Every slot a row attends (positions < seq_lens) is a slot of the pool."""
-    table = pool.req_to_token
+    table = pool.token_table()
     for r, req in enumerate(batch.req_pool_indices.tolist()):
         if req == PADDING_REQ:
             continue
         row = table[req, :seq[r]]
-        bad = ((row < 0) | (row > pool.num_slots)).nonzero()
+        bad = ((row < 0) | (row > pool.max_slot)).nonzero()
         if bad.numel():
             p = int(bad[0, 0])
-            raise BatchValidationError(f"req_to_token[{req}, {p}]", int(row[p]),
-                                       f"0..{pool.num_slots}, slots of the pool")
+            raise BatchValidationError(f"slot of position {p} of request row {req}", int(row[p]),
+                                       f"0..{pool.max_slot}, slots of the pool (req_to_page)")
 
 
 def _check_new_slots(batch: ForwardBatch, pool: KVPool, prefix: list[int], real: list[int],
                      per_row: int | None = None) -> None:
-    """The new tokens' slots are where ``req_to_token`` puts their positions.
+    """The new tokens' slots are where the page table puts their positions.
 
     Row ``r``'s real new tokens sit at positions ``prefix[r] + i``; with
     ``per_row`` the rows are uniform (padded), else packed.
     """
     _check_table(batch, pool, [p + n for p, n in zip(prefix, real)])
-    table, loc = pool.req_to_token, batch.out_cache_loc.tolist()
+    table, loc = pool.token_table(), batch.out_cache_loc.tolist()
     start = 0
     for r, req in enumerate(batch.req_pool_indices.tolist()):
         for i in range(0 if req == PADDING_REQ else real[r]):
@@ -320,5 +321,5 @@ def _check_new_slots(batch: ForwardBatch, pool: KVPool, prefix: list[int], real:
             if loc[start + i] != want:
                 raise BatchValidationError(
                     f"out_cache_loc[{start + i}]", loc[start + i],
-                    f"req_to_token[{req}, {prefix[r] + i}]={want}, the slot of that token's position")
+                    f"{want}, the slot of position {prefix[r] + i} of request row {req} (req_to_page)")
         start += per_row if per_row is not None else real[r]

@@ -8,11 +8,19 @@ plan captures, pads batches to capture sizes and replays (docs/graphs.md).
 
 from __future__ import annotations
 
-from .base import CaptureError, Graph
-from .device import DeviceGraph
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from .base import CaptureAbort, CaptureError, Graph
+from .device import CAPTURE_ERROR_MODES, DeviceGraph
+from .device import capture_session as _device_session
 from .emulator import EmulatedGraph
 
 __all__ = [
+    "CAPTURE_ERROR_MODES",
+    "CaptureAbort",
     "CaptureError",
     "DeviceGraph",
     "EmulatedGraph",
@@ -24,24 +32,47 @@ __all__ = [
     "PhaseStats",
     "PhaseStep",
     "StepOutputs",
+    "capture_session",
     "new_graph",
 ]
 
 GRAPH_KINDS = ("device", "emulated")
 
 
-def new_graph(kind: str, pool: object | None = None) -> Graph:
+def _check_kind(kind: str) -> None:
+    if kind not in GRAPH_KINDS:
+        raise ValueError(f"graph_kind={kind!r} (supported: {', '.join(GRAPH_KINDS)})")
+
+
+def new_graph(kind: str, pool: object | None = None, *, device: str | torch.device | None = None,
+              warmup_iters: int = 1, capture_error_mode: str = "global") -> Graph:
     """Make an uncaptured graph of ``kind`` ("device" or "emulated").
 
-    ``pool`` is a memory pool handle shared between device graphs; the
-    emulator has no pool to share and ignores it. Any other kind (including
-    "none": the platform has no graph API) is a ValueError.
+    ``pool`` is a memory pool handle shared between device graphs; ``device``,
+    ``warmup_iters`` and ``capture_error_mode`` are :class:`DeviceGraph`'s. The
+    emulator has no pool, stream or device to guard and ignores them. Any other
+    kind (including "none": the platform has no graph API) is a ValueError.
     """
+    _check_kind(kind)
     if kind == "device":
-        return DeviceGraph(pool=pool)
+        return DeviceGraph(device=device, pool=pool, warmup_iters=warmup_iters,
+                           capture_error_mode=capture_error_mode)
+    return EmulatedGraph()
+
+
+@contextlib.contextmanager
+def capture_session(kind: str, device: str | torch.device) -> Iterator[object | None]:
+    """Prepare ``device`` once for a series of captures of ``kind``; yields their shared pool.
+
+    Device graphs: synchronize, garbage-collect and free cached memory once, then
+    yield one ``graph_pool_handle``. The emulator needs nothing and yields None.
+    """
+    _check_kind(kind)
     if kind == "emulated":
-        return EmulatedGraph()
-    raise ValueError(f"graph_kind={kind!r} (supported: {', '.join(GRAPH_KINDS)})")
+        yield None
+        return
+    with _device_session(device) as pool:
+        yield pool
 
 
 # Last: the runner builds graphs through new_graph above.

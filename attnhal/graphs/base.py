@@ -11,6 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Callable, TypeVar
 
+import torch
+
 T = TypeVar("T")
 
 
@@ -37,6 +39,14 @@ class CaptureError(RuntimeError):
         return (CaptureError, (self.op, self.why))
 
 
+class CaptureAbort(CaptureError):
+    """The driver failed a capture, so the device's capture state is no longer trusted.
+
+    Raised by the failing capture and by every later capture on that device: a
+    :class:`~attnhal.graphs.GraphRunner` stops capturing its remaining phases.
+    """
+
+
 class Graph(ABC):
     """One captured function, replayable on the tensors it was captured with."""
 
@@ -50,6 +60,13 @@ class Graph(ABC):
         cannot hold (a host sync, a data-dependent output shape).
         """
 
+    def warm_up(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` once eagerly, where :meth:`capture` will run it, so that lazy
+        initialization (library handles, kernel compilation, allocator growth) stays
+        out of the graph."""
+        with torch.no_grad():
+            fn()
+
     @abstractmethod
     def replay(self) -> None:
         """Re-run the captured work on the current contents of its tensors."""
@@ -59,10 +76,11 @@ class Graph(ABC):
     def replay_allocations(self) -> int:
         """Tensor allocations counted during the last :meth:`replay`.
 
-        A device graph reports 0: a real graph cannot allocate. The emulator
-        reports how many op outputs it had to allocate afresh, which is 0 when
-        the captured function writes everything into pre-allocated tensors
-        (``out=``, ``copy_``, in-place ops).
+        A device graph reports the allocator's allocation count around the
+        replay (``torch.cuda.memory_stats``), which a sound graph keeps at 0.
+        The emulator reports how many op outputs it had to allocate afresh,
+        which is 0 when the captured function writes everything into
+        pre-allocated tensors (``out=``, ``copy_``, in-place ops).
         """
 
     @property

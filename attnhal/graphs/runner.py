@@ -1,11 +1,16 @@
 """GraphRunner: capture what a :class:`~attnhal.plan.GraphPlan` says, pad, replay, fall back.
 
 For each phase the plan captures, the runner allocates static buffers sized for
-the largest capture batch size, captures one graph per size (largest first, so
-that device graphs share one memory pool) and, at :meth:`GraphRunner.run`,
-copies a batch into the static buffers, pads it up to the next captured size
-and replays. Batches above the largest size, and phases that are not captured,
-run eagerly. A capture that fails turns that phase, and only that phase, eager.
+that phase's largest capture batch size, captures one graph per size of the
+phase's own ``PhasePlan.capture_sizes`` and, at
+:meth:`GraphRunner.run`, copies a batch into the static buffers, pads it up to
+the next captured size of that phase (padded rows get the phase's
+``PhasePlan.seq_len_fill``) and replays. All graphs of a runner share one memory
+pool: the phase with the largest footprint is captured first, each phase's
+sizes largest first. Batches above the largest size, and phases that are not
+captured, run eagerly. A capture that fails turns that phase, and only that
+phase, eager — unless the driver failed it (:class:`CaptureAbort`): then the
+phases not yet captured run eagerly too, with that reason.
 
 The graph kind comes from :attr:`Platform.graph_kind` (a real CUDA/HIP graph or
 the CPU emulator); nothing here looks at the vendor or at the backend's class.
@@ -29,11 +34,11 @@ from attnhal.capabilities import Phase
 from attnhal.plan import GraphPlan, SpecConfig
 from attnhal.platform import GraphKind, Platform
 
-from . import new_graph
-from .base import Graph
+from . import CAPTURE_ERROR_MODES, capture_session, new_graph
+from .base import CaptureAbort, Graph
 
 __all__ = ["GraphCaptureWarning", "GraphRunner", "InputSpec", "MetadataOwner", "PhaseStats",
-           "PhaseStep", "StepOutputs", "tokens_per_row"]
+           "PhaseStep", "StepOutputs", "tokens_per_row", "torch_version"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +118,15 @@ class PhaseStats:
         return {"captured_sizes": list(self.captured_sizes), "failure": self.failure,
                 "replays": self.replays, "eager_runs": self.eager_runs,
                 "replay_allocations": self.replay_allocations}
+
+
+_TIE_ORDER = (Phase.TARGET_VERIFY, Phase.DECODE, Phase.DRAFT_EXTEND, Phase.DRAFT_DECODE, Phase.PREFILL)
+
+
+def torch_version(version: str) -> tuple[int, int]:
+    """``"2.9.0+rocm6.4"`` -> ``(2, 9)``."""
+    major, minor = (version.split("+")[0].split(".") + ["0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def tokens_per_row(phase: Phase, spec: SpecConfig) -> int:
@@ -251,11 +265,16 @@ class GraphRunner:
 
     Parameters
     ----------
-    plan: the plan; phases with ``capture=True`` that have a step are captured at
-        every ``plan.capture_sizes`` (batch sizes in requests).
-    platform: where tensors live (``torch_device``) and how graphs are captured
-        (``graph_kind``).
+    plan: the one source of what is captured: each phase with ``capture=True`` that has
+        a step is captured at exactly ``plan[phase].capture_sizes`` (batch sizes in
+        requests), its padded rows filled with ``plan[phase].seq_len_fill``.
+    platform: where tensors live (``torch_device``), how graphs are captured
+        (``graph_kind``) and the oldest torch whose device graphs report capture
+        errors (``graph_min_torch``).
     steps: per phase, what to run (see :class:`PhaseStep`). Only these phases can be run.
+    capture_error_mode: device graphs' capture error mode (see
+        :data:`~attnhal.graphs.CAPTURE_ERROR_MODES`); "thread_local" where another
+        thread (an NCCL/RCCL watchdog) runs during capture.
 
     Construction captures. It never raises for a failing capture: the phase
     falls back to eager, :attr:`plan` records ``capture_failed`` with the error,
@@ -263,13 +282,19 @@ class GraphRunner:
     """
 
     def __init__(self, plan: GraphPlan, platform: Platform,
-                 steps: Mapping[Phase, PhaseStep] | Mapping[str, PhaseStep]) -> None:
+                 steps: Mapping[Phase, PhaseStep] | Mapping[str, PhaseStep],
+                 capture_error_mode: str = "global") -> None:
+        if capture_error_mode not in CAPTURE_ERROR_MODES:
+            raise ValueError(f"capture_error_mode={capture_error_mode!r} "
+                             f"(supported: {', '.join(CAPTURE_ERROR_MODES)})")
         self._plan = plan
         self.platform = platform
+        self._capture_error_mode = capture_error_mode
         self._steps = {Phase(p): s for p, s in steps.items()}
         self._stats = {p: PhaseStats() for p in self._steps}
         self._buffers: dict[Phase, _StaticBuffers] = {}
         self._graphs: dict[Phase, dict[int, _Captured]] = {}
+        self._pool: object | None = None
         self._capture_all()
 
     @property
@@ -287,35 +312,90 @@ class GraphRunner:
 
     # --- capture --------------------------------------------------------------------
     def _capture_all(self) -> None:
-        phases = [p for p in self._steps if self._plan[p].capture]
-        sizes = tuple(sorted(self._plan.capture_sizes, reverse=True))
-        if not phases or not sizes:
+        # The plan is the one source of what to capture: each phase's own sizes, largest first.
+        sizes = {p: self._sizes(p) for p in self._steps if self._plan[p].capture}
+        sizes = {p: s for p, s in sizes.items() if s}
+        if not sizes:
             return
-        phases = self._init_graph_states(phases, sizes[0])
-        bar = self._progress(len(phases) * len(sizes))
+        refusal = self._refusal()
+        if refusal is not None:
+            for phase in sizes:
+                self._fail(phase, refusal, stacklevel=4)
+            return
+        phases = self._init_graph_states(sizes)
+        phases.sort(key=lambda p: self._footprint(p, sizes[p][0]), reverse=True)
+        bar = self._progress(sum(len(sizes[p]) for p in phases))
         try:
+            with capture_session(self.platform.graph_kind.value, self.platform.torch_device) as pool:
+                self._pool = pool
+                self._capture_phases({p: sizes[p] for p in phases}, bar)
+        except Exception as exc:  # noqa: BLE001 - the device cannot capture at all: every phase runs eagerly
             for phase in phases:
-                try:
-                    self._graphs[phase] = self._capture_phase(phase, sizes, bar)
-                except Exception as exc:  # noqa: BLE001 - any capture error means "run this phase eagerly"
+                if phase not in self._graphs and self._stats[phase].failure is None:
                     self._fail(phase, exc, stacklevel=4)
-                    continue
-                self._stats[phase].captured_sizes = self.captured_sizes(phase)
-                logger.info("captured phase=%s at batch sizes %s (%s graphs)", phase.value,
-                            self._stats[phase].captured_sizes, self.platform.graph_kind.value)
         finally:
             if bar is not None:
                 bar.close()
 
-    def _init_graph_states(self, phases: list[Phase], max_size: int) -> list[Phase]:
-        """Call ``init_graph_state`` once per metadata owner, sized for every phase it serves
-        (a second call would re-allocate buffers an earlier phase's graphs already hold)."""
+    def _capture_phases(self, sizes: dict[Phase, tuple[int, ...]], bar: Any) -> None:
+        """Capture each phase of ``sizes`` (in its order) at its sizes (largest first)."""
+        phases = list(sizes)
+        for i, phase in enumerate(phases):
+            try:
+                self._graphs[phase] = self._capture_phase(phase, sizes[phase], bar)
+            except CaptureAbort as exc:  # the driver's capture state is gone: capture nothing more
+                self._fail(phase, exc, stacklevel=5)
+                for later in phases[i + 1:]:
+                    self._fail(later, RuntimeError(f"not captured after phase={phase.value} failed in "
+                                                   f"the driver: {exc}"), stacklevel=5)
+                return
+            except Exception as exc:  # noqa: BLE001 - any capture error means "run this phase eagerly"
+                self._fail(phase, exc, stacklevel=5)
+                continue
+            self._stats[phase].captured_sizes = self.captured_sizes(phase)
+            logger.info("captured phase=%s at batch sizes %s (%s graphs)", phase.value,
+                        self._stats[phase].captured_sizes, self.platform.graph_kind.value)
+
+    def _sizes(self, phase: Phase) -> tuple[int, ...]:
+        """``phase``'s capture sizes, largest first: the plan's; a hand-built :class:`PhasePlan`
+        that names none gets what the planner would give, the policy's sizes for the phase."""
+        sizes = self._plan[phase].capture_sizes or self._plan.policy.capture_sizes_for(phase, self._plan.spec)
+        return tuple(sorted(sizes, reverse=True))
+
+    def _fill(self, phase: Phase) -> int:
+        """The seq len of ``phase``'s padded rows: the plan's (the descriptor resolved for this
+        plan, per phase); a hand-built :class:`PhasePlan` without one asks the metadata owner."""
+        fill = self._plan[phase].seq_len_fill
+        return fill if fill is not None else self._steps[phase].metadata.graph_seq_len_fill_value(self._plan.spec)
+
+    def _refusal(self) -> RuntimeError | None:
+        """Why device graphs must not be captured with this torch, or None."""
+        minimum = self.platform.graph_min_torch
+        if self.platform.graph_kind is not GraphKind.DEVICE or minimum is None:
+            return None
+        have = torch_version(torch.__version__)
+        if have >= minimum:
+            return None
+        return RuntimeError(f"torch={torch.__version__} (supported: >= {minimum[0]}.{minimum[1]} for device "
+                            f"graphs on {self.platform.vendor.value}: older torch lets a host sync during "
+                            "capture pass silently and replay the capture-time value)")
+
+    def _footprint(self, phase: Phase, max_size: int) -> tuple[int, int]:
+        """Query tokens of ``phase`` at the largest size (what its graphs hold in the shared pool);
+        on a tie the target model's phases first (a target forward outweighs a draft forward)."""
+        tokens = max_size * self._steps[phase].rows_per_request * tokens_per_row(phase, self._plan.spec)
+        return tokens, -_TIE_ORDER.index(phase)
+
+    def _init_graph_states(self, sizes: Mapping[Phase, tuple[int, ...]]) -> list[Phase]:
+        """Call ``init_graph_state`` once per metadata owner, sized for every phase it serves at
+        that phase's largest capture size (a second call would re-allocate buffers an earlier
+        phase's graphs already hold)."""
         groups: dict[int, list[Phase]] = {}
-        for phase in phases:
+        for phase in sizes:
             groups.setdefault(id(self._steps[phase].metadata), []).append(phase)
         ok = []
         for group in groups.values():
-            rows = [max_size * self._steps[p].rows_per_request for p in group]
+            rows = [sizes[p][0] * self._steps[p].rows_per_request for p in group]
             try:
                 tokens = [r * tokens_per_row(p, self._plan.spec) for r, p in zip(rows, group)]
                 self._steps[group[0]].metadata.init_graph_state(max(rows), max(tokens))
@@ -328,21 +408,19 @@ class GraphRunner:
 
     def _capture_phase(self, phase: Phase, sizes: tuple[int, ...], bar: Any) -> dict[int, _Captured]:
         step = self._steps[phase]
-        fill = step.metadata.graph_seq_len_fill_value(self._plan.spec)
-        buffers = _StaticBuffers(phase, self._plan.spec, step, sizes[0] * step.rows_per_request, fill,
+        buffers = _StaticBuffers(phase, self._plan.spec, step, sizes[0] * step.rows_per_request, self._fill(phase),
                                  torch.device(self.platform.torch_device))
         self._buffers[phase] = buffers
         graphs: dict[int, _Captured] = {}
-        pool: object | None = None
-        for size in sizes:  # largest first: later graphs fit in the first one's pool
+        for size in sizes:  # largest first: later graphs fit in the memory the first one took
             batch, inputs = buffers.view(size)
             step.metadata.init_capture_metadata(batch)
             run = functools.partial(step.forward, batch, inputs)
-            with torch.no_grad():
-                run()  # warm-up: lazy initialization stays out of the graph
-            graph = new_graph(self.platform.graph_kind.value, pool=pool)
+            graph = new_graph(self.platform.graph_kind.value, pool=self._pool, device=self.platform.torch_device,
+                              warmup_iters=0, capture_error_mode=self._capture_error_mode)
+            graph.warm_up(run)  # once per size: kernels specialized on this size compile outside the graph
             graphs[size] = _Captured(graph, batch, inputs, _checked(graph.capture(run)))
-            pool = pool if pool is not None else graph.pool
+            self._pool = self._pool if self._pool is not None else graph.pool
             if bar is not None:
                 bar.update(1)
         return graphs
@@ -373,7 +451,8 @@ class GraphRunner:
         ``inputs`` follow the step's :class:`InputSpec` s, e.g. ``q``: ``[num_tokens,
         num_q_heads, head_size]``. Replayed outputs are **views of the graph's static
         outputs**, cut to the real ``rows``/``num_tokens``; they stay valid until the next
-        ``run`` of this phase (clone to keep them). Eager outputs are fresh tensors.
+        ``run`` of *any* phase, since all graphs share one memory pool (clone to keep
+        them). Eager outputs are fresh tensors.
         Both run under ``torch.no_grad()``.
         """
         phase = Phase(phase)

@@ -25,6 +25,8 @@ class DemoConfig:
     max_new_tokens: int = 32
     graphs: bool = True
     seed: int = 0
+    page_size: int = 1
+    kv_dtype: str = "float32"
 
 
 @dataclass
@@ -33,6 +35,7 @@ class DemoReport:
 
     plan: GraphPlan
     backends: dict[str, str]
+    kv_cache: dict[str, Any]
     capture: dict[str, dict[str, Any]]
     greedy_tokens_per_s: float
     runs: dict[str, dict[str, Any]]
@@ -43,7 +46,7 @@ class DemoReport:
 
     def to_dict(self) -> dict[str, Any]:
         spec = self.plan.spec
-        return {"platform": self.plan.platform, "backends": self.backends,
+        return {"platform": self.plan.platform, "backends": self.backends, "kv_cache": self.kv_cache,
                 "spec": {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens},
                 "plan": self.plan.to_dict(), "capture": self.capture,
                 "greedy_tokens_per_s": self.greedy_tokens_per_s, "runs": self.runs, "lossless": self.lossless}
@@ -68,7 +71,8 @@ def run_demo(cfg: DemoConfig) -> DemoReport:
     prompts = _prompts(cfg, target.cfg.vocab_size)
     context = max(map(len, prompts)) + cfg.max_new_tokens + 2 * cfg.spec.max_draft_tokens + 8
     sizes = GraphPolicy(max_batch_size=cfg.batch_size).capture_sizes()
-    common: dict[str, Any] = dict(platform=cfg.platform, backend=cfg.backend, max_context_len=context)
+    common: dict[str, Any] = dict(platform=cfg.platform, backend=cfg.backend, max_context_len=context,
+                                  page_size=cfg.page_size, kv_dtype=cfg.kv_dtype)
 
     greedy = SpecWorker(target, None, SpecConfig(), policy=GraphPolicy(enabled=False, batch_sizes=sizes), **common)
     reference, greedy_s = _timed(greedy, prompts, cfg.max_new_tokens)
@@ -89,6 +93,7 @@ def run_demo(cfg: DemoConfig) -> DemoReport:
     return DemoReport(
         plan=worker.plan,
         backends={role: cls.capabilities.name for role, cls in worker.classes.items()},
+        kv_cache={"page_size": cfg.page_size, "kv_dtype": cfg.kv_dtype, "storage": str(worker.cache_dtype)},
         capture={p.value: st.to_dict() for p, st in worker.runner.summary().items()},
         greedy_tokens_per_s=cfg.batch_size * cfg.max_new_tokens / greedy_s,
         runs=runs,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -34,6 +35,7 @@ from attnhal.backend import (
     KVPool,
     MultiStepDraft,
     SpecInfo,
+    kv_storage_dtype,
 )
 from attnhal.capabilities import AttentionRequest, Phase
 from attnhal.graphs import GraphRunner, PhaseStep
@@ -79,12 +81,17 @@ class _Request:
     draft_row: int = 0
     target_len: int = 0  # tokens in the target's KV cache
     draft_len: int = 0  # tokens in the draft's KV cache
+    # Positions whose pages the request owns (pages outlive rejected drafts: reused next step).
+    target_cap: int = 0
+    draft_cap: int = 0
 
 
-def _pick(registry: Registry, platform: Platform, model: TinyLlama, name: str | None) -> BackendClass:
+def _pick(registry: Registry, platform: Platform, model: TinyLlama, name: str | None, page_size: int,
+          kv_dtype: str) -> BackendClass:
     cfg = model.cfg.attention
-    request = AttentionRequest(dtype="float32", head_size=cfg.head_size, num_q_heads=cfg.num_q_heads,
-                               num_kv_heads=cfg.num_kv_heads)
+    request = AttentionRequest(dtype="float32", kv_dtype=kv_dtype, head_size=cfg.head_size, page_size=page_size,
+                               num_q_heads=cfg.num_q_heads, num_kv_heads=cfg.num_kv_heads,
+                               features=cfg.features)
     backend = registry.select(platform, request, name=name).backend
     assert backend is not None
     return backend
@@ -108,27 +115,35 @@ class SpecWorker:
     max_context_len: the longest prompt + generation + draft tokens per request.
     max_requests: requests one ``generate`` call may hold (KV pool rows); default twice
         the largest capture size.
+    page_size: tokens per KV page. Accepted draft tokens are moved to their positions'
+        slots (a page table cannot point a position at a scattered slot).
+    kv_dtype: the KV-cache dtype name (``"float32"``, ``"fp8_e4m3"`` in the platform's
+        flavour, ``"fp8_e5m2"``...); the model computes in float32.
     """
 
     def __init__(self, target: TinyLlama, draft: TinyLlama | None, spec: SpecConfig, *,
                  platform: Platform | str | None = None, backend: str | None = None,
                  role_backends: Mapping[str, str] | None = None,
                  policy: GraphPolicy | None = None, max_context_len: int = 512,
-                 max_requests: int | None = None, registry: Registry | None = None) -> None:
+                 max_requests: int | None = None, registry: Registry | None = None, page_size: int = 1,
+                 kv_dtype: str = "float32") -> None:
         self.target, self.draft, self.spec = target, draft, spec
         self.platform = current(platform)
+        self.page_size, self.kv_dtype = page_size, kv_dtype
+        self.cache_dtype = kv_storage_dtype(kv_dtype, self.platform.fp8_flavor)
         self.policy = policy or GraphPolicy(max_batch_size=8)
         self.device = torch.device(self.platform.torch_device)
         self.max_requests = max_requests or 2 * self.policy.capture_sizes()[-1]
         registry = registry or default_registry()
         names = {**dict.fromkeys(("target", "draft_decode", "draft_extend"), backend), **(role_backends or {})}
         speculative = spec.speculative and draft is not None
-        self.classes: dict[str, BackendClass] = {"target": _pick(registry, self.platform, target, names.get("target"))}
+        pick = partial(_pick, registry, self.platform, page_size=page_size, kv_dtype=kv_dtype)
+        self.classes: dict[str, BackendClass] = {"target": pick(target, names.get("target"))}
         if speculative:
             assert draft is not None
-            self.classes["draft_extend"] = _pick(registry, self.platform, draft, names.get("draft_extend"))
+            self.classes["draft_extend"] = pick(draft, names.get("draft_extend"))
             if spec.num_steps > 1:
-                self.classes["draft_decode"] = _pick(registry, self.platform, draft, names.get("draft_decode"))
+                self.classes["draft_decode"] = pick(draft, names.get("draft_decode"))
         caps = {role: cls.capabilities for role, cls in self.classes.items()}
         self.initial_plan = plan(spec, self.platform, PhaseBackends(
             caps["target"], caps.get("draft_decode"), caps.get("draft_extend")), self.policy)
@@ -138,10 +153,11 @@ class SpecWorker:
 
     # --- construction ------------------------------------------------------------------------
     def _pool(self, model: TinyLlama, max_context_len: int, extra_slots: int = 0) -> KVPool:
-        cfg, max_reqs = model.cfg, self.max_requests
-        return KVPool(num_layers=cfg.num_layers, num_slots=max_reqs * max_context_len + extra_slots,
-                      num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=torch.float32,
-                      max_reqs=max_reqs, max_context_len=max_context_len, device=self.device)
+        cfg, max_reqs, P = model.cfg, self.max_requests, self.page_size
+        pages = max_reqs * -(-max_context_len // P) + -(-extra_slots // P)
+        return KVPool(num_layers=cfg.num_layers, num_slots=pages * P, num_kv_heads=cfg.num_kv_heads,
+                      head_dim=cfg.head_dim, dtype=self.cache_dtype, max_reqs=max_reqs,
+                      max_context_len=max_context_len, device=self.device, page_size=P)
 
     def _build(self, max_context_len: int) -> None:
         self.target.to(self.device)
@@ -155,7 +171,10 @@ class SpecWorker:
             self.draft_pool = self._pool(self.draft, max_context_len, extra_slots=max_rows * self.spec.num_steps)
             self.extend_backend = self.classes["draft_extend"](self.draft.cfg.attention, self.draft_pool)
             # Scratch slots for draft-decode K/V, one per (row, step); never committed.
-            self.scratch = self.draft_pool.alloc_slots(max_rows * self.spec.num_steps).view(max_rows, -1)
+            n, P = max_rows * self.spec.num_steps, self.page_size
+            pages = self.draft_pool.alloc_pages(-(-n // P))
+            slots = (pages.view(-1, 1) * P + torch.arange(P, device=self.device)).view(-1)
+            self.scratch = slots[:n].view(max_rows, -1)
             steps[Phase.DRAFT_EXTEND] = self._extend_step()
             if "draft_decode" in self.classes:
                 self.multi_step = MultiStepDraft(self.classes["draft_decode"], self.draft.cfg.attention,
@@ -245,38 +264,47 @@ class SpecWorker:
 
     def _release(self, reqs: list[_Request]) -> None:
         for r in reqs:
-            self.target_pool.free_slots(self.target_pool.req_to_token[r.target_row, : r.target_len].long())
-            self.target_pool.free_req(r.target_row)
+            self._free_row(self.target_pool, r.target_row, r.target_cap)
             if r.draft_row:
-                self.draft_pool.free_slots(self.draft_pool.req_to_token[r.draft_row, : r.draft_len].long())
-                self.draft_pool.free_req(r.draft_row)
+                self._free_row(self.draft_pool, r.draft_row, r.draft_cap)
 
-    def _append(self, pool: KVPool, row: int, start: int, count: int) -> torch.Tensor:
-        slots = pool.alloc_slots(count)
-        pool.req_to_token[row, start: start + count] = slots.to(torch.int32)
-        return slots
+    def _free_row(self, pool: KVPool, row: int, cap: int) -> None:
+        pool.free_pages(pool.req_to_page[row, : -(-cap // pool.page_size)].long())
+        pool.free_req(row)
+
+    def _append(self, pool: KVPool, row: int, start: int, count: int, cap: int) -> tuple[torch.Tensor, int]:
+        """Slots of positions ``start .. start + count - 1`` of ``row``, taking pages up to
+        them (the row owns pages for ``cap`` positions); returns the slots and the new cap."""
+        P = pool.page_size
+        have, need = -(-cap // P), -(-(start + count) // P)
+        if need > have:
+            pool.req_to_page[row, have:need] = pool.alloc_pages(need - have).to(torch.int32)
+        positions = torch.arange(start, start + count, device=self.device)
+        return pool.slots(torch.full_like(positions, row), positions), max(cap, need * P)
 
     def _prefill(self, reqs: list[_Request]) -> None:
         """Target (and draft) prefill of the prompts; the target's argmax is the first new token."""
         prompts = [r.tokens for r in reqs]
-        logits = self._prefill_model(self.target, self.target_backend, self.target_pool,
-                                     [r.target_row for r in reqs], prompts)
-        for r, tok in zip(reqs, logits.argmax(-1).tolist()):
-            r.target_len = r.prompt_len
+        logits, caps = self._prefill_model(self.target, self.target_backend, self.target_pool,
+                                           [r.target_row for r in reqs], prompts)
+        for r, tok, cap in zip(reqs, logits.argmax(-1).tolist(), caps):
+            r.target_len, r.target_cap = r.prompt_len, cap
             r.tokens.append(tok)
         if "draft_extend" in self.classes:
             assert self.draft is not None
             for r in reqs:
                 r.draft_row = self.draft_pool.alloc_req()
-            self._prefill_model(self.draft, self.extend_backend, self.draft_pool,
-                                [r.draft_row for r in reqs], [r.tokens[: r.prompt_len] for r in reqs])
-            for r in reqs:
-                r.draft_len = r.prompt_len
+            _, caps = self._prefill_model(self.draft, self.extend_backend, self.draft_pool,
+                                          [r.draft_row for r in reqs], [r.tokens[: r.prompt_len] for r in reqs])
+            for r, cap in zip(reqs, caps):
+                r.draft_len, r.draft_cap = r.prompt_len, cap
 
     def _prefill_model(self, model: TinyLlama, backend: AttentionBackend, pool: KVPool, rows: list[int],
-                       prompts: list[list[int]]) -> torch.Tensor:
+                       prompts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+        """Logits of each prompt's last token, and each row's page capacity."""
         lens = [len(p) for p in prompts]
-        loc = torch.cat([self._append(pool, row, 0, n) for row, n in zip(rows, lens)])
+        taken = [self._append(pool, row, 0, n, 0) for row, n in zip(rows, lens)]
+        loc = torch.cat([slots for slots, _ in taken])
         batch = ForwardBatch(Phase.PREFILL, _int(rows, self.device), _int(lens, self.device, torch.int32), loc,
                              extend_lens=_int(lens, self.device, torch.int32), extend_lens_cpu=lens,
                              seq_lens_cpu=torch.tensor(lens, dtype=torch.int32))
@@ -284,15 +312,17 @@ class SpecWorker:
         positions = _int([i for n in lens for i in range(n)], self.device)
         backend.init_forward_metadata(batch)
         last = torch.tensor(lens).cumsum(0) - 1
-        return model(ids, positions, batch, backend)[last.to(self.device)]
+        return model(ids, positions, batch, backend)[last.to(self.device)], [cap for _, cap in taken]
 
     def _decode(self, reqs: list[_Request]) -> None:
         """Plain greedy decode: one token per request."""
+        locs = []
         for r in reqs:
-            self._append(self.target_pool, r.target_row, r.target_len, 1)
+            slot, r.target_cap = self._append(self.target_pool, r.target_row, r.target_len, 1, r.target_cap)
+            locs.append(slot)
         rows = _int([r.target_row for r in reqs], self.device)
         seq = [r.target_len + 1 for r in reqs]
-        loc = self.target_pool.req_to_token[rows, _int([r.target_len for r in reqs], self.device)].long()
+        loc = torch.cat(locs)
         batch = ForwardBatch(Phase.DECODE, rows, _int(seq, self.device, torch.int32), loc,
                              seq_lens_cpu=torch.tensor(seq, dtype=torch.int32))
         inputs = {"input_ids": _int([r.tokens[-1] for r in reqs], self.device),
@@ -322,7 +352,8 @@ class SpecWorker:
         new = [r.tokens[r.draft_len:] for r in reqs]
         ids, positions, locs = [], [], []
         for r, toks in zip(reqs, new):
-            slots = self._append(self.draft_pool, r.draft_row, r.draft_len, len(toks)).tolist()
+            taken, r.draft_cap = self._append(self.draft_pool, r.draft_row, r.draft_len, len(toks), r.draft_cap)
+            slots = taken.tolist()
             pad = width - len(toks)
             ids += toks + [0] * pad
             positions += list(range(r.draft_len, r.draft_len + width))
@@ -356,7 +387,10 @@ class SpecWorker:
 
     def _verify(self, reqs: list[_Request], tree: VerifyTree) -> tuple[list[list[int]], torch.Tensor]:
         n = tree.tokens.shape[1]
-        slots = [self._append(self.target_pool, r.target_row, r.target_len, n) for r in reqs]
+        slots = []
+        for r in reqs:
+            taken, r.target_cap = self._append(self.target_pool, r.target_row, r.target_len, n, r.target_cap)
+            slots.append(taken)
         base = _int([r.target_len for r in reqs], self.device)
         batch = ForwardBatch(
             Phase.TARGET_VERIFY, _int([r.target_row for r in reqs], self.device),
@@ -369,10 +403,14 @@ class SpecWorker:
         return [s.tolist() for s in slots], out.view(len(reqs), n)
 
     def _commit(self, r: _Request, tokens: list[int], slots: list[int], path: list[int], bonus: int) -> None:
-        """Keep the accepted nodes' target K/V in order, free the rest, append the tokens."""
-        kept = [slots[i] for i in path]
-        pool = self.target_pool
-        pool.req_to_token[r.target_row, r.target_len: r.target_len + len(kept)] = _int(kept, self.device, torch.int32)
-        pool.free_slots(_int(sorted(set(slots) - set(kept)), self.device))
-        r.target_len += len(kept)
+        """Move the accepted nodes' target K/V to the positions they now hold, append the tokens.
+
+        Node ``path[j]`` (``>= j``: ancestors come first) becomes position ``target_len + j``,
+        whose slot is ``slots[j]``; ascending ``j`` never overwrites a node still to move.
+        """
+        moves = [(slots[i], slots[j]) for j, i in enumerate(path) if i != j]
+        if moves:
+            src, dst = (_int(list(x), self.device) for x in zip(*moves))
+            self.target_pool.copy_slots(src, dst)
+        r.target_len += len(path)
         r.tokens += [tokens[i] for i in path[1:]] + [bonus]

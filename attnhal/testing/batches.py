@@ -17,13 +17,15 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import Any
 
 import torch
 
-from attnhal.backend import PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo
+from attnhal.backend import PADDING_PAGE, PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo, kv_storage_dtype
 from attnhal.capabilities import Phase
 from attnhal.plan import SpecConfig
+from attnhal.platform import Fp8Flavor
 
 __all__ = [
     "TORCH_DTYPES",
@@ -41,6 +43,11 @@ __all__ = [
 
 #: Descriptor dtype names -> torch dtypes.
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: How q, k, v may lie in memory (see ``CaseSpec.qkv_layout``).
+QKV_LAYOUTS = ("contiguous", "fused", "strided")
+#: Largest integer q/k magnitude whose products and sums (head size <= 256) every dtype
+#: and an fp32 accumulator hold exactly (bf16 holds integers up to 256).
+MAX_EXACT_QK = 32
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,26 @@ class CaseSpec:
         value scatters them through the pool (a seeded permutation).
     seed: seeds the K/V in the pool, the stale table entries and ``q``, ``k``, ``v``.
     host_seq_lens: also give ``seq_lens_cpu`` (for backends declaring ``needs_host_seq_lens``).
+    scale: explicit softmax scale of the attention config; ``None`` = ``head_size ** -0.5``.
+    qk_magnitude: ``> 1``: q and every K (new and cached) are integers in
+        ``[-qk_magnitude, qk_magnitude]`` — logits of hundreds that every dtype holds
+        exactly, so a kernel that skips the max-subtraction or accumulates q·k in a narrow
+        type shows, while a correct one is exact up to its softmax.
+    v_magnitude: ``!= 1``: every V (new and cached) uniform in ``[-v_magnitude, v_magnitude]``:
+        values near the dtype's range.
+    qkv_layout: ``"contiguous"``; ``"fused"``: q, k, v are views of one ``[n, H + 2 KV, D]``
+        tensor (a fused qkv projection); ``"strided"``: every other head of a tensor twice as
+        wide (head stride ``2 D``). The last dimension stays contiguous.
+
+    Features (see :class:`~attnhal.backend.AttentionConfig` and :mod:`attnhal.backend.kv_pool`):
+
+    page_size: tokens per KV page; requests own whole pages (scattered with ``slot_seed``).
+    kv_dtype: the KV-cache dtype name; ``None`` = ``dtype``. ``fp8_e4m3`` is stored in
+        ``fp8_flavor`` (``"e4m3fn"`` or ``"e4m3fnuz"``, the simulated platform's).
+    kv_scale: ``k_scale`` of every layer (``v_scale`` is twice it) for fp8 caches.
+    sliding_window, logit_softcap: as in the attention config (a window per layer as a tuple).
+    sinks: give seeded random sink logits ``[num_layers, num_q_heads]``.
+    v_head_size: head size of V and the output (MLA: 512 with ``head_size`` 576).
     """
 
     phase: Phase
@@ -92,6 +119,20 @@ class CaseSpec:
     slot_seed: int = 0
     seed: int = 0
     host_seq_lens: bool = False
+    # --- input variation (engineer j): scale, magnitudes and memory layout of q/k/v --------
+    scale: float | None = None
+    qk_magnitude: int = 1
+    v_magnitude: float = 1.0
+    qkv_layout: str = "contiguous"
+    # --- features (issue 12): page table, KV storage, per-layer attention options ------
+    page_size: int = 1
+    kv_dtype: str | None = None
+    fp8_flavor: str = "e4m3fn"
+    kv_scale: float = 1.0
+    sliding_window: int | tuple[int | None, ...] | None = None
+    logit_softcap: float | None = None
+    sinks: bool = False
+    v_head_size: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase(self.phase))
@@ -152,10 +193,22 @@ class CaseSpec:
             raise ValueError(f"spec=None (supported: a SpecConfig for phase={self.phase.value})")
         return self.spec
 
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The KV pool's storage dtype."""
+        return kv_storage_dtype(self.kv_dtype or self.dtype, Fp8Flavor(self.fp8_flavor))
+
     def _errors(self) -> list[str]:
         out = []
         if self.dtype not in TORCH_DTYPES:
             out.append(f"dtype={self.dtype} (supported: {', '.join(TORCH_DTYPES)})")
+        out += self._input_errors()
+        try:
+            self.cache_dtype
+        except ValueError as exc:
+            out.append(str(exc))
+        if self.page_size < 1 or not self.kv_scale > 0:
+            out.append(f"page_size, kv_scale={self.page_size}, {self.kv_scale} (supported: >= 1, > 0)")
         if self.num_kv_heads < 1 or self.num_q_heads % self.num_kv_heads:
             out.append(f"num_q_heads/num_kv_heads={self.num_q_heads}/{self.num_kv_heads} "
                        "(supported: num_kv_heads >= 1 dividing num_q_heads)")
@@ -196,6 +249,19 @@ class CaseSpec:
         return out
 
 
+    def _input_errors(self) -> list[str]:
+        out = []
+        if self.scale is not None and not self.scale > 0:
+            out.append(f"scale={self.scale} (supported: None or > 0)")
+        if not 1 <= self.qk_magnitude <= MAX_EXACT_QK:
+            out.append(f"qk_magnitude={self.qk_magnitude} (supported: 1..{MAX_EXACT_QK}, exact in every dtype)")
+        if not self.v_magnitude > 0:
+            out.append(f"v_magnitude={self.v_magnitude} (supported: > 0)")
+        if self.qkv_layout not in QKV_LAYOUTS:
+            out.append(f"qkv_layout={self.qkv_layout} (supported: {', '.join(QKV_LAYOUTS)})")
+        return out
+
+
 def _spec_repr(spec: SpecConfig) -> str:
     if not spec.speculative:
         return "SpecConfig()"
@@ -227,9 +293,9 @@ def tree_mask(parents: Sequence[int]) -> torch.Tensor:
 class Case:
     """One forward built from ``spec``.
 
-    ``q``: ``[num_tokens, num_q_heads, head_size]``; ``k``, ``v``:
-    ``[num_tokens, num_kv_heads, head_size]``, the new tokens' K/V that ``forward``
-    writes to ``batch.out_cache_loc`` of layer ``layer``.
+    ``q``: ``[num_tokens, num_q_heads, head_size]``; ``k``: ``[num_tokens, num_kv_heads,
+    head_size]``, ``v``: ``[num_tokens, num_kv_heads, v_head_size]``, the new tokens' K/V that
+    ``forward`` writes to ``batch.out_cache_loc`` of layer ``layer``.
     """
 
     spec: CaseSpec
@@ -260,77 +326,129 @@ class PoolSize:
 def pool_size(spec: CaseSpec, spare: int = 8) -> PoolSize:
     """The smallest pool that holds ``spec`` (plus ``spare`` context and slots, so that a
     backend reading past a row's end reads stale but valid entries)."""
-    seqs = spec.seq_lens()
+    seqs, P = spec.seq_lens(), spec.page_size
     draft = spec.requests * spec.topk * spec._spec.num_steps if spec.phase is Phase.DRAFT_DECODE else 0
-    return PoolSize(num_slots=sum(seqs) + draft + spare, max_reqs=spec.requests + 1,
-                    max_context_len=max(seqs) + spare)
+    pages = sum(-(-n // P) for n in seqs) + -(-(draft + spare) // P)
+    return PoolSize(num_slots=pages * P, max_reqs=spec.requests + 1, max_context_len=max(seqs) + spare)
 
 
 def make_pool(spec: CaseSpec, size: PoolSize | None = None, device: str | torch.device = "cpu") -> KVPool:
     """An empty pool shaped for ``spec`` (heads, head size, dtype, layers) of ``size``."""
     size = size or pool_size(spec)
-    return KVPool(num_layers=spec.num_layers, num_slots=size.num_slots, num_kv_heads=spec.num_kv_heads,
-                  head_dim=spec.head_size, dtype=TORCH_DTYPES[spec.dtype], max_reqs=size.max_reqs,
-                  max_context_len=size.max_context_len, device=device)
+    pool = KVPool(num_layers=spec.num_layers, num_slots=size.num_slots, num_kv_heads=spec.num_kv_heads,
+                  head_dim=spec.head_size, dtype=spec.cache_dtype, max_reqs=size.max_reqs,
+                  max_context_len=size.max_context_len, device=device, page_size=spec.page_size,
+                  v_head_dim=spec.v_head_size)
+    if pool.is_fp8:
+        pool.k_scale.fill_(spec.kv_scale)
+        pool.v_scale.fill_(2 * spec.kv_scale)
+    return pool
 
 
-def fill_pool(pool: KVPool, gen: torch.Generator) -> None:
-    """Random K/V in every slot of every layer (the padding slot too), in place."""
-    for cache in (*pool.k, *pool.v):
-        cache.copy_(torch.randn(cache.shape, generator=gen).to(cache.dtype))
+def fill_pool(pool: KVPool, gen: torch.Generator, qk_magnitude: int = 1, v_magnitude: float = 1.0) -> None:
+    """Random K/V in every slot of every layer (the padding slot too), in place; K and V
+    drawn as :func:`new_qkv` draws them (see ``CaseSpec.qk_magnitude``, ``v_magnitude``);
+    fp8 caches store them divided by the layer's scale (they dequantize to those values)."""
+    for caches, scales, draw in ((pool.k, pool.k_scale, partial(_draw, magnitude=qk_magnitude)),
+                                 (pool.v, pool.v_scale, partial(_draw_v, magnitude=v_magnitude))):
+        for cache, scale in zip(caches, scales.tolist()):
+            values = draw(cache.shape, gen)
+            cache.copy_((values / scale if pool.is_fp8 else values).to(cache.dtype))
+
+
+def _draw(shape: tuple[int, ...] | torch.Size, gen: torch.Generator, magnitude: int) -> torch.Tensor:
+    """Unit normal values, or integers in ``[-magnitude, magnitude]`` when ``magnitude > 1``."""
+    if magnitude > 1:
+        return torch.randint(-magnitude, magnitude + 1, tuple(shape), generator=gen).float()
+    return torch.randn(shape, generator=gen)
+
+
+def _draw_v(shape: tuple[int, ...] | torch.Size, gen: torch.Generator, magnitude: float) -> torch.Tensor:
+    """Unit normal values, or uniform in ``[-magnitude, magnitude]`` (bounded: near a
+    dtype's range, a normal tail would overflow it)."""
+    if magnitude != 1:
+        return (torch.rand(shape, generator=gen) * 2 - 1) * magnitude
+    return torch.randn(shape, generator=gen)
 
 
 def build_case(spec: CaseSpec, pool: KVPool | None = None, device: str | torch.device = "cpu") -> Case:
     """Build ``spec`` into tensors, in ``pool`` if given (overwritten in place) or a new one.
 
     Reusing a pool keeps its tensors (a captured graph holds them): the table is
-    rewritten and K/V redrawn with ``copy_``. Entries of ``req_to_token`` past each
-    row's end hold random slots: a backend must never read them.
+    rewritten and K/V redrawn with ``copy_``. Entries of ``req_to_page`` past each
+    row's end hold random pages: a backend must never read them.
     """
     need = pool_size(spec, spare=0)
     if pool is None:
         pool = make_pool(spec, pool_size(spec), device)
-    elif (need.num_slots > pool.num_slots or need.max_reqs > pool.req_to_token.shape[0] - 1
-          or need.max_context_len > pool.max_context_len):
-        raise ValueError(f"pool of {pool.num_slots} slots, {pool.req_to_token.shape[0] - 1} rows, "
-                         f"context {pool.max_context_len} (supported: >= {need} for {spec!r})")
-    rng = random.Random(spec.seed)
+    elif (need.num_slots > pool.num_slots or need.max_reqs > pool.req_to_page.shape[0] - 1
+          or need.max_context_len > pool.max_context_len or pool.page_size != spec.page_size):
+        raise ValueError(f"pool of {pool.num_slots} slots, {pool.req_to_page.shape[0] - 1} rows, "
+                         f"context {pool.max_context_len}, page size {pool.page_size} "
+                         f"(supported: >= {need}, page size {spec.page_size} for {spec!r})")
     gen = torch.Generator().manual_seed(spec.seed)
-    fill_pool(pool, gen)
-    free = _free_slots(pool.num_slots, spec.slot_seed)
+    fill_pool(pool, gen, spec.qk_magnitude, spec.v_magnitude)
+    P = pool.page_size
+    num_pages = pool.num_slots // P
+    free = _free_slots(num_pages, spec.slot_seed)  # pages
     reqs = list(range(1, spec.requests + 1))
     if spec.slot_seed:
         random.Random(spec.slot_seed).shuffle(reqs)
-    table = torch.tensor([[rng.randint(1, pool.num_slots) for _ in range(pool.max_context_len)]
-                          for _ in range(pool.req_to_token.shape[0])], dtype=torch.int32)
-    table[0] = PADDING_SLOT  # the padding request's row (see attnhal.backend.kv_pool)
+    table = torch.randint(1, num_pages + 1, tuple(pool.req_to_page.shape), generator=gen, dtype=torch.int32)
+    table[0] = PADDING_PAGE  # the padding request's row (see attnhal.backend.kv_pool)
     slots = []
     for req, n in zip(reqs, spec.seq_lens()):
-        taken = [free.pop() for _ in range(n)]
-        table[req, :n] = torch.tensor(taken, dtype=torch.int32)
-        slots.append(taken)
-    pool.req_to_token.copy_(table.to(pool.device))
+        pages = [free.pop() for _ in range(-(-n // P))]
+        table[req, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        slots.append([pages[i // P] * P + i % P for i in range(n)])
+    pool.req_to_page.copy_(table.to(pool.device))
+    free = [page * P + i for page in free for i in range(P - 1, -1, -1)]  # slots of the pages left
     batch, row_slots = _BUILDERS[spec.phase](spec, reqs, slots, free)
     batch = _to(batch, pool.device)
     config = attention_config(spec)
-    q, k, v = new_qkv(config, batch.num_tokens, gen, pool.device)
+    q, k, v = new_qkv(config, batch.num_tokens, gen, pool.device, spec)
     return Case(spec, config, pool, batch, q, k, v, layer=spec.layer, row_slots=row_slots)
 
 
 def attention_config(spec: CaseSpec) -> AttentionConfig:
-    """The attention config of ``spec``: heads, head size, dtype (default scale)."""
+    """The attention config of ``spec``: heads, head sizes, dtype, scale, features."""
+    sinks = None
+    if spec.sinks:  # seeded by the shape alone: cases replayed through one graph share them
+        gen = torch.Generator().manual_seed(7)
+        sinks = 2 * torch.randn((spec.num_layers, spec.num_q_heads), generator=gen)
     return AttentionConfig(num_q_heads=spec.num_q_heads, num_kv_heads=spec.num_kv_heads,
-                           head_size=spec.head_size, dtype=TORCH_DTYPES[spec.dtype])
+                           head_size=spec.head_size, dtype=TORCH_DTYPES[spec.dtype], scale=spec.scale,
+                           v_head_size=spec.v_head_size, sliding_window=spec.sliding_window,
+                           logit_softcap=spec.logit_softcap, sinks=sinks)
 
 
-def new_qkv(config: AttentionConfig, num_tokens: int, gen: torch.Generator,
-            device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random ``q`` ``[n, Hq, D]``, ``k``, ``v`` ``[n, Hkv, D]`` in the config's dtype."""
-    shapes = ((num_tokens, config.num_q_heads, config.head_size),
-              (num_tokens, config.num_kv_heads, config.head_size),
-              (num_tokens, config.num_kv_heads, config.head_size))
-    q, k, v = (torch.randn(s, generator=gen).to(config.dtype).to(device) for s in shapes)
+def new_qkv(config: AttentionConfig, num_tokens: int, gen: torch.Generator, device: str | torch.device = "cpu",
+            spec: CaseSpec | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random ``q`` ``[n, Hq, D]``, ``k`` ``[n, Hkv, D]``, ``v`` ``[n, Hkv, Dv]`` in the config's
+    dtype, with the magnitudes and memory layout of ``spec`` (unit normal, contiguous without)."""
+    n, H, KV, D, Dv = num_tokens, config.num_q_heads, config.num_kv_heads, config.head_size, config.out_head_size
+    qk, vm, layout = (spec.qk_magnitude, spec.v_magnitude, spec.qkv_layout) if spec else (1, 1.0, "contiguous")
+    q, k, v = _draw((n, H, D), gen, qk), _draw((n, KV, D), gen, qk), _draw_v((n, KV, Dv), gen, vm)
+    q, k, v = (x.to(config.dtype).to(device) for x in (q, k, v))
+    if layout == "fused":  # one [n, H D + KV D + KV Dv] row per token, as one qkv projection writes it
+        fused = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], dim=1)
+
+        def heads(start: int, count: int, size: int) -> torch.Tensor:
+            return fused.as_strided((n, count, size), (fused.shape[1], size, 1), start)
+
+        return heads(0, H, D), heads(H * D, KV, D), heads((H + KV) * D, KV, Dv)
+    if layout == "strided":
+        return _every_other_head(q), _every_other_head(k), _every_other_head(v)
     return q, k, v
+
+
+def _every_other_head(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the even heads of a tensor twice as wide (head stride ``2 D``; odd heads NaN,
+    so a kernel reading them shows)."""
+    n, h, d = x.shape
+    wide = torch.full((n, 2 * h, d), float("nan"), dtype=x.dtype, device=x.device)
+    wide[:, ::2] = x
+    return wide[:, ::2]
 
 
 def reparent_rows(spec: CaseSpec, forward: int) -> list[int]:
@@ -343,7 +461,7 @@ def reparent_rows(spec: CaseSpec, forward: int) -> list[int]:
 
 
 def _free_slots(num_slots: int, slot_seed: int) -> list[int]:
-    """Slots in the order they are taken (``pop`` from the end): ascending, or a seeded shuffle."""
+    """Slots (or pages) in the order they are taken (``pop`` from the end): ascending, or a seeded shuffle."""
     free = list(range(num_slots, 0, -1))
     if slot_seed:
         random.Random(slot_seed).shuffle(free)

@@ -24,25 +24,38 @@ Settings, each a class attribute or a fixture of the same name (the attribute wi
     default ``--attnhal-platform``, else :func:`attnhal.platform.detect`.
 ``max_examples``
     random examples per check on top of the fixed ones; ``--attnhal-examples`` and
-    ``$ATTNHAL_CONFORMANCE_EXAMPLES`` override it; default 2.
+    ``$ATTNHAL_CONFORMANCE_EXAMPLES`` override it; default 3 (25 with ``thorough``).
+``thorough``
+    also the costlier fixed examples and more random ones; ``--attnhal-thorough``.
+``budget``
+    seconds of random examples per check (rounds until spent; ``max_examples`` then caps
+    them); ``--attnhal-budget`` spreads its total over the checks of the class.
+``allow_unchecked``
+    a claim this process cannot check is skipped instead of failing; ``--attnhal-allow-unchecked``.
+``max_seq_len``, ``max_cost``
+    bounds of drawn batches and fixed examples (small for an interpreter).
 ``backend_kwargs``
     keyword arguments for every ``backend_cls(config, pool, **backend_kwargs)``.
 """
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
+from hypothesis.errors import Flaky
 
 from attnhal.backend import AttentionBackend
-from attnhal.capabilities import DTYPES, GRAPH_PHASES, Feature, Phase, Vendor
+from attnhal.capabilities import DTYPES, GRAPH_PHASES, KV_DTYPES, Feature, Phase, Vendor
 from attnhal.platform import Platform, current
 from attnhal.testing.checks import (
     DEFAULT_EXAMPLES,
     EXAMPLES_ENV,
+    THOROUGH_EXAMPLES,
     Claim,
     ClaimFalsified,
     ClaimKind,
@@ -54,12 +67,16 @@ from attnhal.testing.checks import (
     not_checked_reason,
     verify,
 )
+from attnhal.testing.checks.run import flaky_result
 from attnhal.testing.report import resolve_backend
 
 __all__ = ["BackendConformance"]
 
 _PHASES = [p.value for p in Phase]
 _GRAPH_PHASES = [p.value for p in GRAPH_PHASES]
+#: Page sizes a descriptor may claim beyond 1, and KV dtypes beyond the compute dtypes.
+_PAGE_SIZES = [8, 16, 32, 64, 128, 256]
+_EXTRA_KV_DTYPES = [d for d in KV_DTYPES if d not in DTYPES]
 
 
 def _setting(request: pytest.FixtureRequest, name: str) -> Any:
@@ -83,7 +100,23 @@ def _examples(request: pytest.FixtureRequest) -> int:
     if env:
         return int(env)
     value = _setting(request, "max_examples")
-    return DEFAULT_EXAMPLES if value is None else int(value)
+    if value is not None:
+        return int(value)
+    return THOROUGH_EXAMPLES if _flag(request, "thorough") else DEFAULT_EXAMPLES
+
+
+def _flag(request: pytest.FixtureRequest, name: str) -> bool:
+    """``--attnhal-NAME`` given, or the class attribute / fixture ``name`` true."""
+    return bool(request.config.getoption(f"attnhal_{name}", default=False) or _setting(request, name))
+
+
+def _budget(request: pytest.FixtureRequest, checks: int) -> float | None:
+    """Seconds per check: ``--attnhal-budget`` spread over the class's checks, else ``budget``."""
+    total = request.config.getoption("attnhal_budget", default=None)
+    if total is not None:
+        return float(total) / max(checks, 1)
+    value = _setting(request, "budget")
+    return None if value is None else float(value)
 
 
 def _backend(request: pytest.FixtureRequest) -> type[AttentionBackend]:
@@ -115,15 +148,29 @@ class BackendConformance:
     platform: ClassVar[Platform | str | None] = None
     max_examples: ClassVar[int | None] = None
     backend_kwargs: ClassVar[Mapping[str, Any] | None] = None
+    thorough: ClassVar[bool | None] = None
+    budget: ClassVar[float | None] = None
+    allow_unchecked: ClassVar[bool | None] = None
+    max_seq_len: ClassVar[int | None] = None
+    max_cost: ClassVar[int | None] = None
     #: The plugin's generated suite reads the backend from ``--attnhal-backend`` first.
     from_option: ClassVar[bool] = False
 
     @pytest.fixture(scope="class")
     @classmethod
     def attnhal_target(cls, request: pytest.FixtureRequest) -> Target:
-        """What every test of the class runs: backend, platform, example count."""
-        return Target(_backend(request), _platform(request), max_examples=_examples(request),
-                      backend_kwargs=dict(_setting(request, "backend_kwargs") or {}))
+        """What every test of the class runs: backend, platform, example count, bounds."""
+        target = Target(_backend(request), _platform(request), max_examples=_examples(request),
+                        backend_kwargs=dict(_setting(request, "backend_kwargs") or {}),
+                        thorough=_flag(request, "thorough"))
+        seq, cost = _setting(request, "max_seq_len"), _setting(request, "max_cost")
+        target = replace(target, max_seq_len=int(seq or target.max_seq_len), max_cost=int(cost or target.max_cost))
+        seconds = _budget(request, len(claims(target.caps)))
+        if seconds is not None:
+            unset = _setting(request, "max_examples") is None and request.config.getoption(
+                "attnhal_examples", default=None) is None
+            target = replace(target, seconds=seconds, max_examples=10**9 if unset else target.max_examples)
+        return target
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("phase", _PHASES)
@@ -155,44 +202,74 @@ class BackendConformance:
         """``MultiStepDraft``: every forward matches the reference as the draft tree re-parents."""
         _claim(attnhal_target, request, Claim(ClaimKind.MULTI_STEP))
 
+    def test_deterministic(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
+        """Two eager forwards of one batch, and two replays of one graph, are bitwise equal."""
+        _claim(attnhal_target, request, Claim(ClaimKind.DETERMINISTIC))
+
+    def test_inputs_unchanged(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
+        """q/k/v, the batch, the pool's table and other layers are untouched by a forward."""
+        _claim(attnhal_target, request, Claim(ClaimKind.INPUTS_UNCHANGED))
+
     @pytest.mark.parametrize("vendor", [v.value for v in Vendor])
     def test_vendor(self, attnhal_target: Target, request: pytest.FixtureRequest, vendor: str) -> None:
         """Where the claims ran: the claimed vendors without a device here are reported skipped."""
         _claim(attnhal_target, request, Claim(ClaimKind.VENDOR, vendor))
 
-    def test_other_declared_values(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
-        """Page sizes other than 1 and KV dtypes other than the compute dtypes: reported, not run."""
-        extra = [c for c in claims(attnhal_target.caps) if c.kind in (ClaimKind.PAGE_SIZE, ClaimKind.KV_DTYPE)]
-        for claim in extra:
-            _record(request, attnhal_target, ClaimResult(claim, Status.NOT_CHECKED,
-                                                         not_checked_reason(attnhal_target, claim) or ""))
-        if not extra:
-            pytest.skip("no page sizes other than 1 and no KV dtypes beyond the compute dtypes are claimed")
-        pytest.skip("not checked here: " + "; ".join(
-            f"{c.name}: {not_checked_reason(attnhal_target, c)}" for c in extra))
+    @pytest.mark.parametrize("feature", [f.value for f in Feature if f is not Feature.CUSTOM_MASK])
+    def test_unclaimed_feature(self, attnhal_target: Target, request: pytest.FixtureRequest, feature: str) -> None:
+        """A feature the backend does not claim is refused with ``UnsupportedPhase``, not ignored."""
+        _claim(attnhal_target, request, Claim(ClaimKind.UNCLAIMED_FEATURE, feature))
+
+    @pytest.mark.parametrize("page_size", _PAGE_SIZES)
+    def test_page_size(self, attnhal_target: Target, request: pytest.FixtureRequest, page_size: int) -> None:
+        """A claimed page size > 1: every phase (and graph phase) with requests owning whole pages."""
+        _claim(attnhal_target, request, Claim(ClaimKind.PAGE_SIZE, str(page_size)))
+
+    @pytest.mark.parametrize("kv_dtype", _EXTRA_KV_DTYPES)
+    def test_kv_dtype(self, attnhal_target: Target, request: pytest.FixtureRequest, kv_dtype: str) -> None:
+        """A claimed KV dtype beyond the compute dtypes (fp8 per flavour, with per-layer scales)."""
+        _claim(attnhal_target, request, Claim(ClaimKind.KV_DTYPE, kv_dtype))
 
 
 def _claim(target: Target, request: pytest.FixtureRequest, claim: Claim) -> None:
-    """Skip an unmade claim, skip (and record) one not checkable here, else check it."""
+    """Skip an unmade claim; fail (or, when waived, skip) one not checkable here; else check it."""
     if claim not in claims(target.caps):
         pytest.skip(f"{claim.name} is not claimed by {target.caps.name!r}: not tested")
     why = not_checked_reason(target, claim)
     if why is not None:
         _record(request, target, ClaimResult(claim, Status.NOT_CHECKED, why))
-        pytest.skip(f"not checked here: {claim.name}: {why}")
+        _unchecked(request, f"{claim.name}: {why}")
+        return
     if claim.kind is ClaimKind.VENDOR:  # where the claims ran: nothing to run for it
         _record(request, target, verify(target, claim))
         return
+    start = time.perf_counter()
     try:
         detail, count = check(target, claim)
     except ClaimFalsified as exc:
         notes = "\n".join(getattr(exc, "__notes__", ()))
-        _record(request, target, ClaimResult(claim, Status.FALSIFIED, exc.detail, counterexample=notes or None))
+        _record(request, target, ClaimResult(claim, Status.FALSIFIED, exc.detail, counterexample=notes or None,
+                                             seconds=time.perf_counter() - start))
         failure = "\n".join(filter(None, (str(exc), notes, _cause(exc))))
+    except Flaky as exc:
+        result = flaky_result(claim, exc)
+        result.seconds = time.perf_counter() - start
+        _record(request, target, result)
+        failure = "\n".join(filter(None, (f"claim {claim.name} falsified (flaky): {result.detail}",
+                                            result.counterexample)))
     else:
-        _record(request, target, ClaimResult(claim, Status.VERIFIED, detail, examples=count))
+        _record(request, target, ClaimResult(claim, Status.VERIFIED, detail, examples=count,
+                                             seconds=time.perf_counter() - start))
         return
     pytest.fail(failure, pytrace=False)  # outside the handler: no "during handling" chain in the output
+
+
+def _unchecked(request: pytest.FixtureRequest, what: str) -> None:
+    """A claim not checked here fails the run unless waived (``allow_unchecked``)."""
+    if _flag(request, "allow_unchecked"):
+        pytest.skip(f"not checked here: {what}")
+    pytest.fail(f"not checked here: {what} (waive with --attnhal-allow-unchecked or allow_unchecked = True)",
+                pytrace=False)
 
 
 def _cause(exc: BaseException) -> str:

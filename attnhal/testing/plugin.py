@@ -11,9 +11,16 @@ nothing happens unless an option below is given.
     directory certifies the torch backend.
 ``--attnhal-examples N``
     random examples per check on top of the fixed ones (default
-    ``$ATTNHAL_CONFORMANCE_EXAMPLES`` or 2; 0 = fixed examples only).
+    ``$ATTNHAL_CONFORMANCE_EXAMPLES`` or 3; 0 = fixed examples only).
 ``--attnhal-platform SPEC``
     run on a simulated platform (``hip:gfx942``) instead of the detected one.
+``--attnhal-budget SECONDS``
+    random examples for that long, spread over the checks (rounds until each share is spent).
+``--attnhal-thorough``
+    release check: more random examples and the costlier fixed ones.
+``--attnhal-allow-unchecked``
+    claims this process cannot check (device-only ones on a CPU machine) are skipped;
+    without it they fail.
 
 At the end of a session that ran conformance tests it prints the claims table
 (claim | status | detail) of each backend.
@@ -40,7 +47,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run the attnhal conformance suite on this backend (registered name or module:attr)")
     group.addoption("--attnhal-examples", metavar="N", type=int, default=None,
                     help="random examples per conformance check on top of the fixed ones "
-                         "(default: $ATTNHAL_CONFORMANCE_EXAMPLES or 2; 0: fixed examples only)")
+                         "(default: $ATTNHAL_CONFORMANCE_EXAMPLES or 3, 25 with --attnhal-thorough; "
+                         "0: fixed examples only)")
+    group.addoption("--attnhal-budget", metavar="SECONDS", type=float, default=None,
+                    help="seconds of random conformance examples, spread over the checks")
+    group.addoption("--attnhal-thorough", action="store_true", default=False,
+                    help="release check: more random examples and the costlier fixed ones")
+    group.addoption("--attnhal-allow-unchecked", action="store_true", default=False,
+                    help="skip (instead of failing) claims this process cannot check")
     group.addoption("--attnhal-platform", metavar="SPEC", default=None,
                     help="platform to run the conformance suite on, e.g. hip:gfx942 (simulated); "
                          "default: the detected one")
@@ -51,6 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
     examples = config.getoption("attnhal_examples")
     if examples is not None and examples < 0:
         raise pytest.UsageError(f"--attnhal-examples={examples} (supported: >= 0)")
+    budget = config.getoption("attnhal_budget")
+    if budget is not None and not budget > 0:
+        raise pytest.UsageError(f"--attnhal-budget={budget} (supported: seconds > 0)")
     backend = config.getoption("attnhal_backend")
     if backend:
         _check_backend(backend)

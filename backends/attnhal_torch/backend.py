@@ -19,12 +19,20 @@ from typing import ClassVar
 
 import torch
 
-from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, UnsupportedPhase
+from attnhal.backend import (
+    AttentionBackend,
+    AttentionConfig,
+    ForwardBatch,
+    KVPool,
+    UnsupportedFeature,
+    UnsupportedPhase,
+)
 from attnhal.backend.validate import maybe_validate_batch
 from attnhal.capabilities import BackendCapabilities, Phase
+from attnhal.platform import Platform
 
 from .capabilities import CAPABILITIES
-from .kernel import KVLayout, Workspace, paged_attention, reserve_graph_workspace
+from .kernel import KVLayout, LayerParams, Workspace, paged_attention, reserve_graph_workspace
 from .layout import INDEX_BUDGET_BYTES, LayoutBuffers, fill_layout, fill_prefill_piece, set_draft_columns
 from .workers import host_workers
 
@@ -66,11 +74,16 @@ class _Plan:
 
 
 class TorchBackend(AttentionBackend):
-    """Reference backend: all five phases, GQA/MQA, fp32/fp16/bf16, tree masks, graphs.
+    """Reference backend: all five phases, GQA/MQA/MLA, fp32/fp16/bf16 compute, fp8 KV
+    (either e4m3 flavour, e5m2), any page size, tree masks, sliding window, soft-cap,
+    sinks, graphs.
 
     Parameters
     ----------
     config, pool: see :class:`~attnhal.backend.AttentionBackend`.
+    platform: the platform the backend runs for; given, a pool whose fp8 flavour differs
+        from the platform's is refused (:meth:`~attnhal.backend.KVPool.platform_reasons`).
+        The CPU computes in no flavour: it reads either in software.
     chunk: KV columns gathered per step; small enough that a chunk of K (or V)
         for the whole batch stays in cache.
     score_budget_bytes: fp32 scores kept at once (one softmax segment).
@@ -83,12 +96,16 @@ class TorchBackend(AttentionBackend):
 
     capabilities: ClassVar[BackendCapabilities] = CAPABILITIES
 
-    def __init__(self, config: AttentionConfig, pool: KVPool, *, chunk: int = 64,
-                 score_budget_bytes: int = 16 << 20, host_workers: int | None = None,
+    def __init__(self, config: AttentionConfig, pool: KVPool, *, platform: Platform | None = None,
+                 chunk: int = 64, score_budget_bytes: int = 16 << 20, host_workers: int | None = None,
                  index_budget_bytes: int = INDEX_BUDGET_BYTES) -> None:
         super().__init__(config, pool)
         if chunk < 1 or (host_workers is not None and host_workers < 1):
             raise ValueError(f"chunk, host_workers={chunk}, {host_workers} (supported: >= 1)")
+        flavour = pool.platform_reasons(platform) if platform is not None else []
+        if flavour:
+            raise UnsupportedFeature("backend 'torch': " + "; ".join(r.message for r in flavour))
+        self.layer_params = [self._layer_params(layer) for layer in range(pool.num_layers)]
         self.chunk = chunk
         self.score_budget_bytes = score_budget_bytes
         self.host_workers = host_workers
@@ -99,6 +116,16 @@ class TorchBackend(AttentionBackend):
         self._graph_max: tuple[int, int] | None = None
         self._graph_layouts: dict[tuple[Phase, int, int], LayoutBuffers] = {}
         self._plan: _Plan | None = None
+
+    def _layer_params(self, layer: int) -> LayerParams:
+        """What layer ``layer`` adds to the shared layout; tensors are views kept for graphs."""
+        cfg, pool = self.config, self.pool
+        sinks = None
+        if cfg.sinks is not None:
+            sinks = cfg.sinks[layer].to(device=pool.device, dtype=torch.float32)
+        fp8 = pool.is_fp8
+        return LayerParams(cfg.sm_scale, cfg.window(layer), cfg.logit_softcap, sinks,
+                           pool.k_scale[layer] if fp8 else None, pool.v_scale[layer] if fp8 else None)
 
     # --- eager --------------------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
@@ -159,7 +186,8 @@ class TorchBackend(AttentionBackend):
                 t1 = min(int(n), t0 + block)
                 buf = LayoutBuffers(max_rows=1, tokens_per_row=t1 - t0, main_len=prefix + t1, extra=0,
                                     chunk=self.chunk, table_width=self.pool.max_context_len,
-                                    num_kv_heads=self._kv_heads, device=self.pool.device)
+                                    num_kv_heads=self._kv_heads, device=self.pool.device,
+                                    page_size=self.pool.page_size, windows=self.config.windows)
                 layout = fill_prefill_piece(buf, batch.req_pool_indices[r:r + 1], prefix + t0 + 1, self.pool)
                 pieces.append(_Piece(slice(start + t0, start + t1), layout))
             start += int(n)
@@ -184,7 +212,8 @@ class TorchBackend(AttentionBackend):
         if not ws.frozen:
             reserve_graph_workspace(
                 ws, max_rows=max_bs, max_tokens=max_num_tokens, num_q_heads=self.config.num_q_heads,
-                num_kv_heads=self._kv_heads, head_size=self.config.head_size, chunk=self.chunk,
+                num_kv_heads=self._kv_heads, head_size=self.config.head_size,
+                v_head_size=self.config.out_head_size, chunk=self.chunk,
                 budget_bytes=self.score_budget_bytes, cache_dtype=self.pool.dtype)
             ws.frozen = True
         self._graph_ws, self._graph_max = ws, (max_bs, max_num_tokens)
@@ -234,7 +263,7 @@ class TorchBackend(AttentionBackend):
         return per_row
 
     def _extra_columns(self, batch: ForwardBatch) -> int:
-        """Columns beyond the req_to_token row: verify's draft tokens, draft decode's path."""
+        """Columns beyond the request's positions: verify's draft tokens, draft decode's path."""
         if batch.phase is Phase.TARGET_VERIFY:
             return batch._spec().num_draft_tokens
         if batch.phase is Phase.DRAFT_DECODE:
@@ -249,7 +278,8 @@ class TorchBackend(AttentionBackend):
         return LayoutBuffers(max_rows=rows, tokens_per_row=self._tokens_per_row(batch), main_len=main_len,
                              extra=self._extra_columns(batch), chunk=self.chunk,
                              table_width=self.pool.max_context_len, num_kv_heads=self._kv_heads,
-                             device=self.pool.device, index_budget_bytes=self.index_budget_bytes)
+                             device=self.pool.device, page_size=self.pool.page_size,
+                             windows=self.config.windows, index_budget_bytes=self.index_budget_bytes)
 
     # --- compute ------------------------------------------------------------------------------------
     def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
@@ -261,23 +291,24 @@ class TorchBackend(AttentionBackend):
             spec = batch._spec()
             assert spec.draft_path is not None
             set_draft_columns(plan.draft, batch.batch_size, spec.draft_path, spec.draft_step)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        k, v = self.pool.k[layer], self.pool.v[layer]
+        out = torch.empty((*q.shape[:2], self.config.out_head_size), dtype=q.dtype, device=q.device)
+        k, v, params = self.pool.k[layer], self.pool.v[layer], self.layer_params[layer]
         if plan.workers and len(plan.pieces) > 1:
-            host_workers(plan.workers).run([partial(self._run_piece, q, k, v, p, out, None) for p in plan.pieces])
+            host_workers(plan.workers).run([partial(self._run_piece, q, k, v, params, p, out, None)
+                                            for p in plan.pieces])
         else:
             for piece in plan.pieces:
-                self._run_piece(q, k, v, piece, out, plan.workspace)
+                self._run_piece(q, k, v, params, piece, out, plan.workspace)
         return out
 
-    def _run_piece(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, piece: _Piece,
-                   out: torch.Tensor, ws: Workspace | None) -> None:
+    def _run_piece(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: LayerParams,
+                   piece: _Piece, out: torch.Tensor, ws: Workspace | None) -> None:
         if ws is None:  # a worker thread: its own scratch
             ws = getattr(self._worker_ws, "ws", None)
             if ws is None:
                 ws = self._worker_ws.ws = Workspace(self.pool.device)
-        paged_attention(q[piece.tokens], k, v, piece.layout, self.config.sm_scale, ws,
-                        self.score_budget_bytes, out[piece.tokens])
+        paged_attention(q[piece.tokens], k, v, piece.layout, params, ws, self.score_budget_bytes,
+                        out[piece.tokens])
 
     forward_prefill = _attend
     forward_decode = _attend

@@ -8,6 +8,13 @@ configs, head sizes 16-256, contexts up to ~230): the smallest ``tol`` with
 once, so fp16 / bf16 errors are bounded by half an output ulp (2^-11, 2^-8
 relative) plus fp32 noise; the declared values keep about 2x over those bounds,
 and fp32 leaves room for long contexts.
+
+KV dtypes (same script, 60 cases per pair, page sizes 1/16/64 and a random mix of window,
+soft-cap and sinks, 2026-12-01): an fp8 cache (e4m3fn, e4m3fnuz, e5m2; scales 0.25 and 1)
+needed 7.1e-7 (fp32 compute), 3.2e-4 (fp16) and 2.5e-3 (bf16) — no more than the compute
+dtype alone (5.5e-7, 3.1e-4, 2.6e-3). The reference reads the same quantized bytes and
+the backend dequantizes exactly in fp32, so fp8 adds no error of its own: the declared
+fp8 tolerances are fp32's, and the compute dtype's (looser) tolerance governs.
 """
 
 from __future__ import annotations
@@ -34,9 +41,12 @@ CAPABILITIES = BackendCapabilities(
     graph=dict.fromkeys(GRAPH_PHASES, SpecLimits()),
     multi_step=SpecLimits(),
     dtypes=frozenset(("float32", "float16", "bfloat16")),
-    head_sizes=frozenset((16, 32, 64, 80, 96, 128, 256)),
-    page_sizes=frozenset((1,)),
-    features=frozenset((Feature.CUSTOM_MASK,)),
+    # fp8 KV in either e4m3 flavour (torch has both dtypes) and e5m2, dequantized in fp32.
+    kv_dtypes=frozenset(("float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")),
+    # 576: MLA's absorbed q/k head (latent 512 + rope 64; V and the output are 512).
+    head_sizes=frozenset((16, 32, 64, 80, 96, 128, 256, 576)),
+    page_sizes=frozenset((1, 16, 32, 64, 128)),
+    features=frozenset(Feature),
     # Padded rows may carry any seq len >= 0: layouts clamp positions into the row.
     seq_len_fill=SeqLenFill(base=1),
     needs_host_seq_lens=False,
@@ -44,5 +54,7 @@ CAPABILITIES = BackendCapabilities(
         "float32": Tolerance(atol=1e-5, rtol=1e-5),
         "float16": Tolerance(atol=1e-3, rtol=1e-3),
         "bfloat16": Tolerance(atol=8e-3, rtol=8e-3),
+        "fp8_e4m3": Tolerance(atol=1e-5, rtol=1e-5),
+        "fp8_e5m2": Tolerance(atol=1e-5, rtol=1e-5),
     },
 )

@@ -3,10 +3,14 @@
 Every phase is written as the same three things per row ``r`` and query token ``t``:
 
 * ``limit[r, t]``: the query attends token positions ``p < limit`` of its
-  ``req_to_token`` row (the "main" columns ``0..L-1``);
+  request row (the "main" columns ``0..L-1``; column ``p`` reads the slot the page
+  table gives position ``p``: ``req_to_page[row, p // P] * P + p % P``);
 * optionally ``E`` *extra* columns with their own slots (``extra_slots[r, e]``)
   and mask (``extra_blocked[r, t, e]``): the draft tokens of ``target_verify``
-  (a tree) and of ``draft_decode`` (the branch's path).
+  (a tree) and of ``draft_decode`` (the branch's path);
+* for sliding windows, the query's KV position ``qpos[r, t]`` and each column's key
+  position ``kpos[r, c]`` (main column ``p``: ``p``; extra columns: ``extra_pos``), per
+  :class:`~attnhal.backend.AttentionConfig`; a window ``w`` blocks ``kpos < qpos - w``.
 
 :class:`LayoutBuffers` holds every tensor of one layout preallocated, and the
 ``fill_*`` functions write them with ``out=`` / in-place ops only, so the same
@@ -43,6 +47,7 @@ class LayoutBuffers:
 
     def __init__(self, *, max_rows: int, tokens_per_row: int, main_len: int, extra: int,
                  chunk: int, table_width: int, num_kv_heads: int, device: torch.device,
+                 page_size: int = 1, windows: tuple[int, ...] = (),
                  index_budget_bytes: int = INDEX_BUDGET_BYTES) -> None:
         R, T, L, E, KV = max_rows, tokens_per_row, main_len, extra, num_kv_heads
         width = round_up(L + E, chunk)
@@ -58,16 +63,27 @@ class LayoutBuffers:
         self.prefix = torch.empty((R,), dtype=i64, device=dev)
         self.flat_main = torch.empty((R, L), dtype=i64, device=dev)
         self.flat_extra = torch.empty((R, E), dtype=i64, device=dev)
+        self.extra_offset = torch.empty((R, E), dtype=i64, device=dev)
         self.tokens = torch.empty((R * max(L, E),), dtype=torch.int32, device=dev)
         self.extra_slots = torch.zeros((R, E), dtype=i64, device=dev)
         self.extra_blocked = torch.ones((R, T, E), dtype=torch.bool, device=dev)
         self.positions = torch.arange(L, dtype=i64, device=dev)
         # Columns past the table's width are blocked anyway; clamping keeps the
         # flat index inside the row it belongs to.
-        self.table_positions = self.positions.clamp(max=table_width - 1)
+        table_positions = self.positions.clamp(max=table_width - 1)
+        self.page_size = page_size
+        self.page_cols = torch.div(table_positions, page_size, rounding_mode="floor")
+        self.page_offsets = table_positions % page_size
         self.token_index = torch.arange(T, dtype=i64, device=dev)
         self.extra_index = torch.arange(E, dtype=i64, device=dev)
         self.causal = torch.ones((T, T), dtype=torch.bool, device=dev).triu(1)
+        # Sliding windows: positions of queries and columns, one mask per window size.
+        self.qpos = torch.empty((R, T), dtype=i64, device=dev)
+        self.kpos = torch.zeros((R, width), dtype=i64, device=dev)
+        self.kpos[:, :L] = self.positions
+        self.extra_pos = torch.zeros((R, E), dtype=i64, device=dev)
+        self.threshold = torch.empty((R, T), dtype=i64, device=dev)
+        self.window_blocked = {w: torch.ones((R, T, width), dtype=torch.bool, device=dev) for w in windows}
 
     @property
     def max_rows(self) -> int:
@@ -79,7 +95,8 @@ class LayoutBuffers:
 
     def view(self, rows: int) -> KVLayout:
         index = None if self.index is None else self.index[:, :rows * self.num_kv_heads * self.chunk]
-        return KVLayout(self.rows[:rows], self.blocked[:rows], self.chunk, index)
+        windows = {w: m[:rows] for w, m in self.window_blocked.items()}
+        return KVLayout(self.rows[:rows], self.blocked[:rows], self.chunk, index, windows=windows)
 
 
 def fill_layout(buf: LayoutBuffers, batch: ForwardBatch, pool: KVPool) -> KVLayout:
@@ -91,17 +108,18 @@ def fill_layout(buf: LayoutBuffers, batch: ForwardBatch, pool: KVPool) -> KVLayo
     fill = {Phase.DECODE: _limits_decode, Phase.DRAFT_DECODE: _limits_draft_decode,
             Phase.TARGET_VERIFY: _limits_verify, Phase.DRAFT_EXTEND: _limits_draft_extend}
     fill[batch.phase](buf, batch, pool, B)
-    _finish(buf, B, batch.req_pool_indices, pool.req_to_token)
+    _finish(buf, B, batch.req_pool_indices, pool.req_to_page)
     return buf.view(B)
 
 
 def fill_prefill_piece(buf: LayoutBuffers, req_row: torch.Tensor, first_limit: int, pool: KVPool) -> KVLayout:
     """One prefill row's query block: token ``t`` attends positions ``< first_limit + t``.
 
-    ``req_row``: ``[1]`` int64, the row of ``pool.req_to_token`` (eager only).
+    ``req_row``: ``[1]`` int64, the request row of the page table (eager only).
     """
     torch.add(buf.token_index.view(1, -1), first_limit, out=buf.limit[:1])
-    _finish(buf, 1, req_row, pool.req_to_token)
+    torch.sub(buf.limit[:1], 1, out=buf.qpos[:1])
+    _finish(buf, 1, req_row, pool.req_to_page)
     layout = buf.view(1)
     layout.mask_from = first_limit // buf.chunk
     return layout
@@ -111,6 +129,7 @@ def fill_prefill_piece(buf: LayoutBuffers, req_row: torch.Tensor, first_limit: i
 
 def _limits_decode(buf: LayoutBuffers, batch: ForwardBatch, pool: KVPool, B: int) -> None:
     buf.limit[:B].copy_(batch.seq_lens.view(B, 1))
+    torch.sub(buf.limit[:B], 1, out=buf.qpos[:B])
 
 
 def _limits_draft_decode(buf: LayoutBuffers, batch: ForwardBatch, pool: KVPool, B: int) -> None:
@@ -118,11 +137,13 @@ def _limits_draft_decode(buf: LayoutBuffers, batch: ForwardBatch, pool: KVPool, 
     # place up to the forward itself (see attnhal.backend.batch), so the forward
     # reads them (set_draft_columns). Here only the mask: the branch attends its
     # own path up to the current step, a static pattern.
-    E = buf.extra
+    E, step = buf.extra, batch._spec().draft_step
     buf.limit[:B].copy_(batch.seq_lens.view(B, 1))
     buf.extra_slots[:B].zero_()
-    torch.gt(buf.extra_index.view(1, 1, E).expand(B, 1, E), batch._spec().draft_step,
-             out=buf.extra_blocked[:B])
+    torch.gt(buf.extra_index.view(1, 1, E).expand(B, 1, E), step, out=buf.extra_blocked[:B])
+    # path token j sits at position seq_lens + j; the query is the step's token
+    torch.add(buf.extra_index.view(1, E).expand(B, E), batch.seq_lens.view(B, 1), out=buf.extra_pos[:B])
+    torch.add(batch.seq_lens.view(B, 1), step, out=buf.qpos[:B])
 
 
 def set_draft_columns(buf: LayoutBuffers, rows: int, draft_path: torch.Tensor, step: int) -> None:
@@ -150,12 +171,17 @@ def _limits_verify(buf: LayoutBuffers, batch: ForwardBatch, pool: KVPool, B: int
     torch.sub(batch.seq_lens, T, out=prefix)
     prefix.clamp_(min=0)
     buf.limit[:B].copy_(prefix.view(B, 1).expand(B, T))
-    _table_slots(buf, B, batch.req_pool_indices, prefix, pool.req_to_token, buf.extra_slots[:B])
+    _table_slots(buf, B, batch.req_pool_indices, prefix, pool, buf.extra_slots[:B])
     mask = spec.custom_mask
     if mask is None:
         buf.extra_blocked[:B].copy_(buf.causal.view(1, T, T).expand(B, T, T))
     else:
         torch.logical_not(mask, out=buf.extra_blocked[:B])
+    # A draft token's position is prefix + its depth (drafts it attends, itself included, - 1).
+    depth = buf.extra_pos[:B]
+    torch.sum(buf.extra_blocked[:B], dim=2, out=depth)  # T - 1 - depth
+    torch.sub(prefix.view(B, 1), depth, out=depth).add_(T - 1)
+    buf.qpos[:B].copy_(depth)
 
 
 def _limits_draft_extend(buf: LayoutBuffers, batch: ForwardBatch, pool: KVPool, B: int) -> None:
@@ -167,39 +193,62 @@ def _limits_draft_extend(buf: LayoutBuffers, batch: ForwardBatch, pool: KVPool, 
     torch.add(buf.token_index.view(1, T).expand(B, T), prefix.view(B, 1), out=buf.limit[:B])
     buf.limit[:B].add_(1)
     torch.minimum(buf.limit[:B], batch.seq_lens.view(B, 1), out=buf.limit[:B])
+    torch.sub(buf.limit[:B], 1, out=buf.qpos[:B])
 
 
 def _table_slots(buf: LayoutBuffers, B: int, req_rows: torch.Tensor, start: torch.Tensor,
-                 table: torch.Tensor, out: torch.Tensor) -> None:
-    """``out[r, e] = table[req_rows[r], start[r] + e]`` (positions clamped into the row)."""
-    E, width = out.shape[1], table.shape[1]
-    flat = buf.flat_extra[:B]
+                 pool: KVPool, out: torch.Tensor) -> None:
+    """``out[r, e]`` = the slot of position ``start[r] + e`` of request ``req_rows[r]``
+    (positions clamped into the row)."""
+    E, table, P = out.shape[1], pool.req_to_page, pool.page_size
+    flat, offset = buf.flat_extra[:B], buf.extra_offset[:B]
     torch.add(buf.extra_index.view(1, E).expand(B, E), start.view(B, 1), out=flat)
-    flat.clamp_(max=width - 1)
-    flat.add_(req_rows.view(B, 1), alpha=width)
-    tokens = buf.tokens[:B * E]
-    torch.index_select(table.view(-1), 0, flat.view(-1), out=tokens)
-    out.copy_(tokens.view(B, E))
+    flat.clamp_(max=pool.max_context_len - 1)
+    torch.remainder(flat, P, out=offset)
+    flat.div_(P, rounding_mode="floor")
+    _page_slots(buf, table, req_rows, flat, offset, P, out)
+
+
+def _page_slots(buf: LayoutBuffers, table: torch.Tensor, req_rows: torch.Tensor, page_cols: torch.Tensor,
+                offsets: torch.Tensor, P: int, out: torch.Tensor) -> None:
+    """``out[r, c] = table[req_rows[r], page_cols[r, c]] * P + offsets[r, c]``; ``page_cols`` is
+    overwritten (its rows become flat indices of ``table``)."""
+    B, n = out.shape
+    page_cols.add_(req_rows.view(B, 1), alpha=table.shape[1])
+    pages = buf.tokens[:B * n]
+    torch.index_select(table.view(-1), 0, page_cols.reshape(-1), out=pages)
+    torch.mul(pages.view(B, n), P, out=out)
+    out.add_(offsets)
+
+
+def _window_masks(buf: LayoutBuffers, B: int) -> None:
+    """Per window ``w``: ``blocked`` or key position ``< qpos - w``."""
+    kpos = buf.kpos[:B].view(B, 1, -1)
+    for w, mask in buf.window_blocked.items():
+        threshold = buf.threshold[:B]
+        torch.sub(buf.qpos[:B], w, out=threshold)
+        torch.lt(kpos.expand_as(mask[:B]), threshold.view(B, -1, 1), out=mask[:B])
+        mask[:B].logical_or_(buf.blocked[:B])
 
 
 # --- shared tail ----------------------------------------------------------------------
 
 def _finish(buf: LayoutBuffers, B: int, req_rows: torch.Tensor, table: torch.Tensor) -> None:
-    """Slots and mask of all columns from ``limit`` and the extra columns."""
+    """Slots and masks of all columns from ``limit``, ``qpos`` and the extra columns."""
     L, E, T = buf.main_len, buf.extra, buf.tokens_per_row
-    width = table.shape[1]
     rows, blocked = buf.rows[:B], buf.blocked[:B]
     if L:
         flat = buf.flat_main[:B]
-        torch.add(buf.table_positions.view(1, L).expand(B, L), req_rows.view(B, 1), alpha=width, out=flat)
-        tokens = buf.tokens[:B * L]
-        torch.index_select(table.view(-1), 0, flat.view(-1), out=tokens)
-        rows[:, :L].copy_(tokens.view(B, L))
+        flat.copy_(buf.page_cols.view(1, L).expand(B, L))
+        _page_slots(buf, table, req_rows, flat, buf.page_offsets.view(1, L).expand(B, L), buf.page_size,
+                    rows[:, :L])
         torch.ge(buf.positions.view(1, 1, L).expand(B, T, L), buf.limit[:B].view(B, T, 1),
                  out=blocked[:, :, :L])
     if E:
         rows[:, L:L + E].copy_(buf.extra_slots[:B])
         blocked[:, :, L:L + E].copy_(buf.extra_blocked[:B])
+        buf.kpos[:B, L:L + E].copy_(buf.extra_pos[:B])
+    _window_masks(buf, B)
     # Columns no query attends read the padding slot: never a stale or
     # out-of-range entry, and a cache-hot one.
     dead = buf.dead[:B]

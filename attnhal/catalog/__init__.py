@@ -1,0 +1,137 @@
+"""The engine catalogue: descriptors of real engines' attention backends, shipped as data.
+
+Each file ``attnhal/catalog/<engine>/<name>.toml`` is an ordinary descriptor file
+(see ``docs/descriptors.md``) plus one ``[catalog]`` table with what the catalogue
+itself needs: the engine release it describes and a one-line summary. Every claim
+in a file carries a comment citing ``path.py:LINE`` of that release. The
+descriptor says what the backend *can* do; where the engine's own code decides
+otherwise, ``docs/catalog.md`` lists the discrepancy.
+
+Backends are addressed as ``ENGINE:NAME`` (``sglang:aiter``, ``vllm:FLASH_ATTN``)
+wherever attnhal takes a backend name. They have no implementation here: they are
+descriptors to plan with, not backends to run.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from attnhal.capabilities import BackendCapabilities, Reason, ReasonCode
+from attnhal.descriptors import DescriptorError, parse_descriptor
+
+if TYPE_CHECKING:
+    from attnhal.registry import BackendEntry
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+__all__ = ["ENGINES", "CatalogEntry", "CatalogError", "entries", "is_catalog_name", "load", "registry_entry"]
+
+#: Engines with a catalogue directory, and the release each one describes.
+ENGINES = MappingProxyType({"sglang": "0.5.23", "vllm": "0.33.0"})
+
+#: Keys of the ``[catalog]`` table. ``meta`` holds engine-specific facts the adapters read.
+_CATALOG_KEYS = ("engine", "version", "summary", "meta")
+
+
+class CatalogError(LookupError):
+    """An unknown catalogue name, or a malformed catalogue file."""
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One catalogued engine backend: its descriptor and where it comes from."""
+
+    engine: str
+    name: str  # the engine's own name: "aiter", "FLASH_ATTN"
+    version: str
+    summary: str
+    descriptor: BackendCapabilities
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.engine}:{self.name}"
+
+
+def is_catalog_name(name: str) -> bool:
+    """Whether ``name`` addresses the catalogue (``ENGINE:NAME``)."""
+    engine, sep, _ = name.partition(":")
+    return bool(sep) and engine in ENGINES
+
+
+def _files(engine: str) -> dict[str, Any]:
+    folder = resources.files(__name__) / engine
+    return {f.name.removesuffix(".toml"): f for f in folder.iterdir() if f.name.endswith(".toml")}
+
+
+def _parse(engine: str, name: str, text: str) -> CatalogEntry:
+    where = f"attnhal/catalog/{engine}/{name}.toml"
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{where}: {exc}") from None
+    meta = data.pop("catalog", None)
+    if not isinstance(meta, dict):
+        raise CatalogError(f"{where}: catalog={meta!r} (supported: a [catalog] table with {', '.join(_CATALOG_KEYS)})")
+    unknown = sorted(set(meta) - set(_CATALOG_KEYS))
+    if unknown:
+        raise CatalogError(f"{where}: catalog.{unknown[0]} (supported: keys {', '.join(_CATALOG_KEYS)})")
+    if meta.get("engine") != engine or meta.get("version") != ENGINES[engine]:
+        raise CatalogError(f"{where}: catalog.engine/version={meta.get('engine')}/{meta.get('version')} "
+                           f"(supported: {engine}/{ENGINES[engine]})")
+    if data.get("name") != f"{engine}:{name}":
+        raise CatalogError(f"{where}: name={data.get('name')!r} (supported: {engine}:{name!r})")
+    try:
+        caps = parse_descriptor(data)
+    except DescriptorError as exc:
+        raise CatalogError(f"{where}: {exc}") from None
+    return CatalogEntry(engine, name, meta["version"], str(meta.get("summary", "")), caps,
+                        MappingProxyType(dict(meta.get("meta", {}))))
+
+
+@cache
+def _entries(engine: str) -> dict[str, CatalogEntry]:
+    return {name: _parse(engine, name, f.read_text(encoding="utf-8"))
+            for name, f in sorted(_files(engine).items())}
+
+
+def entries(engine: str | None = None) -> list[CatalogEntry]:
+    """Every catalogued backend (of one engine, or of all), sorted by engine and name."""
+    engines = [engine] if engine is not None else list(ENGINES)
+    for e in engines:
+        if e not in ENGINES:
+            raise CatalogError(f"engine={e} (supported: {', '.join(ENGINES)})")
+    return [entry for e in engines for entry in _entries(e).values()]
+
+
+def load(name: str) -> CatalogEntry:
+    """The catalogue entry ``ENGINE:NAME``; the error lists the engine's names."""
+    engine, _, short = name.partition(":")
+    if engine not in ENGINES:
+        raise CatalogError(f"backend={name} (supported: ENGINE:NAME with ENGINE in {{{', '.join(ENGINES)}}})")
+    found = _entries(engine)
+    if short not in found:
+        known = ", ".join(f"{engine}:{n}" for n in found)
+        raise CatalogError(f"backend={name} (supported: {known})")
+    return found[short]
+
+
+def registry_entry(name: str) -> BackendEntry:
+    """``ENGINE:NAME`` as a registry entry with a descriptor and no implementation."""
+    from attnhal.registry import BackendEntry, BackendUnavailable
+
+    try:
+        entry = load(name)
+    except CatalogError as exc:
+        raise BackendUnavailable(name, [Reason(ReasonCode.NO_BACKEND, str(exc))]) from None
+    source = f"attnhal catalogue {entry.engine}/{entry.name}.toml ({entry.engine} {entry.version})"
+    return BackendEntry(entry.qualified_name, source, descriptor=entry.descriptor)

@@ -1,0 +1,213 @@
+"""The engine side of the command line: ``attnhal catalog`` and ``attnhal plan --engine sglang|vllm -- ...``.
+
+Kept apart from :mod:`attnhal.cli` so that the engine vocabulary lives with the
+adapters; ``attnhal.cli`` registers these commands and imports this module lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Sequence
+
+from attnhal import catalog
+from attnhal.capabilities import AttentionRequest, Facts, not_supported_reasons
+from attnhal.engines import sglang, vllm
+from attnhal.engines.flags import EngineArgError
+from attnhal.plan import GraphPlan
+from attnhal.platform import Platform
+from attnhal.spec import RequestContext, SpecConfig
+
+__all__ = ["cmd_catalog", "cmd_engine_explain", "cmd_engine_plan", "split_own_flags"]
+
+#: attnhal's own flags accepted among the engine's flags (after ``--``), as in
+#: ``attnhal plan --engine sglang -- --attention-backend aiter ... --platform hip:gfx942``.
+OWN_FLAGS = ("platform", "model")
+
+
+def split_own_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """Pull attnhal's own ``--platform`` / ``--model`` out of an engine command line."""
+    own: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].removeprefix("--").partition("=")
+        if argv[i].startswith("--") and name in OWN_FLAGS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise EngineArgError(f"--{name}", f"--{name} needs a value")
+                value, i = argv[i + 1], i + 1
+            own[name] = value
+        else:
+            rest.append(argv[i])
+        i += 1
+    return own, rest
+
+
+def _attnhal_flags_given(args: argparse.Namespace) -> list[str]:
+    """attnhal's own plan/explain flags given beside --engine (they would be silently dropped)."""
+    from attnhal.cli import build_parser
+
+    defaults = vars(build_parser().parse_args([args.command]))
+    keep = {"engine", "engine_args", "func", "json", "command", *OWN_FLAGS}
+    return ["--" + k.replace("_", "-") for k, v in vars(args).items() if k not in keep and v != defaults.get(k)]
+
+
+def _run(args: argparse.Namespace, commands: dict[str, Callable[..., int]]) -> int:
+    """Split the engine's flags from attnhal's and run the engine's command; bad input exits 2."""
+    from attnhal.cli import UsageError
+
+    mixed = _attnhal_flags_given(args)
+    if mixed:
+        raise UsageError(f"{mixed[0]} with --engine (supported: the engine's own flags after `--`, "
+                         f"and {', '.join('--' + f for f in (*OWN_FLAGS, 'json'))})")
+    try:
+        given, engine_argv = split_own_flags(args.engine_args)
+        # attnhal's --platform / --model may stand before `--` as well as among the engine's flags.
+        own: dict[str, str | None] = {name: given.get(name) or getattr(args, name, None) for name in OWN_FLAGS}
+        return commands[args.engine](args, own, engine_argv)
+    except (EngineArgError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_engine_plan(args: argparse.Namespace) -> int:
+    """``attnhal plan --engine sglang|vllm -- <engine flags>``: the plan the engine's flags lead to."""
+    return _run(args, {"sglang": _sglang_plan, "vllm": _vllm_plan})
+
+
+def cmd_engine_explain(args: argparse.Namespace) -> int:
+    """``attnhal explain --engine sglang|vllm -- <engine flags>``: whether each backend the flags
+    name fits the request (platform, model, KV cache), with every reason; then the plan."""
+    return _run(args, {"sglang": _sglang_explain, "vllm": _vllm_explain})
+
+
+def _fits(names: dict[str, list[str]], platform: Platform, spec: SpecConfig, context: RequestContext,
+          as_json: bool) -> tuple[bool, list[dict[str, object]]]:
+    """Each backend's fit with the request, printed (unless ``as_json``); all fit?"""
+    facts = Facts.of(platform, context, spec)
+    request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, page_size=context.page_size,
+                               model=context.model)
+    out = []
+    for name, roles in names.items():
+        caps = catalog.load(name).descriptor.resolve(facts)
+        reasons = not_supported_reasons(caps, request, platform)
+        out.append({"backend": name, "roles": roles, "fits": not reasons, "reasons": [r.to_dict() for r in reasons]})
+        if not as_json:
+            print(f"backend {name!r} ({', '.join(roles)}) on {platform.spec}:")
+            print("  fits this request" if not reasons else "\n".join(f"  does not fit: {r}" for r in reasons))
+    return all(item["fits"] for item in out), out
+
+
+def _explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str],
+             names: dict[str, list[str]], platform: Platform, result: GraphPlan) -> int:
+    """Each backend's fit with the plan's request, then the plan (the engine's plan command prints it)."""
+    fits, report = _fits(names, platform, result.spec, result.context, args.json)
+    if args.json:
+        print(json.dumps({"engine": args.engine, "backends": report, "plan": result.to_dict()}, indent=2))
+    else:
+        print()
+        {"sglang": _sglang_plan, "vllm": _vllm_plan}[args.engine](args, own, argv)
+    return 0 if fits else 1
+
+
+def _sglang_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
+    from attnhal.cli import resolve_platform
+
+    config = _sglang_config(argv, own)
+    names: dict[str, list[str]] = {}
+    for role, name in config.roles.items():
+        if name is not None:
+            names.setdefault(f"sglang:{name}", []).append(role)
+    platform = resolve_platform(own["platform"])
+    return _explain(args, own, argv, names, platform, config.plan(platform))
+
+
+def _vllm_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
+    from attnhal.cli import resolve_platform
+
+    config = vllm.from_engine_args(vllm.parse_cli(argv))
+    platform = resolve_platform(own["platform"])
+    return _explain(args, own, argv, {config.backend: ["every role"]}, platform, config.plan(platform, own["model"]))
+
+
+def _vllm_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
+    from attnhal.cli import format_plan, resolve_platform
+
+    config = vllm.from_engine_args(vllm.parse_cli(argv))
+    result = config.plan(resolve_platform(own["platform"]), own["model"])
+    entry = catalog.load(config.backend)
+    level = vllm.catalog_support(config.backend)
+    r = config.resolution
+    if args.json:
+        print(json.dumps({"engine": "vllm", "version": vllm.VLLM_VERSION, "backend": config.backend,
+                          "cg_support": level.name, "cg_conditions": entry.meta.get("cg_conditions"),
+                          "cudagraph_mode": {"requested": r.requested.value,
+                                             "resolved": r.mode.value if r.mode else None,
+                                             "steps": list(r.steps), "error": r.error},
+                          "ignored": list(config.ignored), "plan": result.to_dict()}, indent=2))
+        return 0 if result.valid and r.error is None else 1
+    conditions = entry.meta.get("cg_conditions")
+    print(f"engine: vLLM {vllm.VLLM_VERSION} -> {config.backend}: AttentionCGSupport {level.name}"
+          + (f" ({conditions})" if conditions else ""))
+    resolved = r.mode.value if r.mode else f"error: {r.error}"
+    print(f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps))
+    print(format_plan(result))
+    _print_ignored(config.ignored)
+    return 0 if result.valid and r.error is None else 1
+
+
+def _print_ignored(ignored: tuple[str, ...]) -> None:
+    if ignored:
+        print("ignored (cannot change an attention-graph decision): "
+              + ", ".join("--" + n.replace("_", "-") for n in ignored))
+
+
+def _sglang_config(argv: list[str], own: dict[str, str | None]) -> sglang.EngineConfig:
+    env = {sglang.DRAFT_EXTEND_GRAPH_OFF: os.environ.get(sglang.DRAFT_EXTEND_GRAPH_OFF, "")}
+    return sglang.from_server_args(sglang.parse_cli(argv), env=env, model=own["model"])
+
+
+def _sglang_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
+    from attnhal.cli import format_plan, resolve_platform
+
+    config = _sglang_config(argv, own)
+    result = config.plan(resolve_platform(own["platform"]))
+    if args.json:
+        print(json.dumps({"engine": "sglang", "version": sglang.SGLANG_VERSION, "roles": dict(config.roles),
+                          "ignored": list(config.ignored), "notes": list(config.notes),
+                          "plan": result.to_dict()}, indent=2))
+        return 0 if result.valid else 1
+    roles = ", ".join(f"{role}={name}" for role, name in config.roles.items() if name is not None)
+    print(f"engine: SGLang {sglang.SGLANG_VERSION} flags -> roles: {roles}")
+    print(format_plan(result))
+    for phase, decision in result.phases.items():
+        if decision.capture:
+            print(f"why: {phase.value} is captured: {decision.backend} declares {phase.value} graphs and "
+                  "their limits hold, the platform has a graph API and the policy allows them")
+    for note in config.notes:
+        print(f"note: {note}")
+    for name in dict.fromkeys(n for n in config.roles.values() if n is not None):
+        for differs in catalog.load(f"sglang:{name}").meta.get("engine_differs", ()):
+            print(f"engine differs (sglang:{name}): {differs}")
+    _print_ignored(config.ignored)
+    return 0 if result.valid else 1
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    """``attnhal catalog [--engine E]``: every catalogued engine backend."""
+    from attnhal.cli import UsageError, table
+
+    try:
+        found = catalog.entries(args.engine)
+    except catalog.CatalogError as exc:
+        raise UsageError(f"--engine: {exc}") from None
+    if args.json:
+        print(json.dumps([{"name": e.qualified_name, "engine": e.engine, "version": e.version,
+                           "vendors": sorted(v.value for v in e.descriptor.vendors), "summary": e.summary}
+                          for e in found], indent=2))
+        return 0
+    rows = [(e.qualified_name, ",".join(sorted(v.value for v in e.descriptor.vendors)),
+             f"{e.engine} {e.version}", e.summary) for e in found]
+    print(table(("name", "vendors", "describes", "summary"), rows))
+    return 0

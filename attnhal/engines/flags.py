@@ -1,0 +1,133 @@
+"""Reading an engine's arguments: one table of modelled flags, one set of harmless ones.
+
+Shared by the engine adapters. A modelled flag is converted (a bad value is an
+error naming the flag); a harmless flag is accepted and reported as ignored; any
+other flag is an error naming it — nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from attnhal.spec import ModelKind
+
+__all__ = ["EngineArgError", "Flag", "check", "cli_name", "model_kind", "parse_cli", "positive", "truth",
+           "one_of"]
+
+
+class EngineArgError(ValueError):
+    """An engine argument attnhal cannot take: unknown, unmodelled, or a bad value; ``flag`` names it."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        self.flag = flag
+        super().__init__(f"{flag}: {message}")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A modelled flag: ``convert(flag, value)`` checks and converts; ``boolean`` flags take no value."""
+
+    convert: Callable[[str, Any], Any]
+    boolean: bool = False
+
+
+def cli_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def positive(flag: str, value: Any) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: an integer)") from None
+    if number < 1 or isinstance(value, bool):
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: an integer >= 1)")
+    return number
+
+
+def positive_list(flag: str, value: Any) -> tuple[int, ...]:
+    items = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+    return tuple(positive(flag, v) for v in items)
+
+
+def truth(flag: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text not in ("true", "false", "1", "0"):
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: true or false)")
+    return text in ("true", "1")
+
+
+def one_of(allowed: Sequence[str]) -> Callable[[str, Any], str]:
+    def convert(flag: str, value: Any) -> str:
+        if value not in allowed:
+            raise EngineArgError(flag, f"{flag}={value!r} (supported: {', '.join(allowed)})")
+        return str(value)
+    return convert
+
+
+def model_kind(value: ModelKind | str | None) -> ModelKind | None:
+    """attnhal's ``--model``: engines read the model kind from the checkpoint, attnhal cannot."""
+    try:
+        return ModelKind(value) if value is not None else None
+    except ValueError:
+        raise EngineArgError("--model", f"--model={value!r} (supported: {', '.join(m.value for m in ModelKind)}; "
+                                        "attnhal's flag: the engine reads the model kind from the checkpoint)") from None
+
+
+def check(args: Mapping[str, Any], flags: Mapping[str, Flag], harmless: Collection[str],
+          where: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Converted modelled values (``None`` values dropped) and the sorted ignored names.
+
+    ``where`` names the harmless set in the error (``attnhal.engines.sglang.HARMLESS``).
+    """
+    values, ignored = {}, []
+    for name, value in args.items():
+        if value is None:
+            continue
+        if name in flags:
+            values[name] = flags[name].convert(cli_name(name), value)
+        elif name in harmless:
+            ignored.append(name)
+        else:
+            raise EngineArgError(cli_name(name), f"{cli_name(name)} is not modelled by attnhal "
+                                 f"(modelled: {', '.join(cli_name(f) for f in flags)}; "
+                                 f"ignored as harmless: see {where})")
+    return values, tuple(sorted(ignored))
+
+
+def parse_cli(argv: Sequence[str], flags: Mapping[str, Flag]) -> dict[str, Any]:
+    """Command-line flags -> ``{argument_name: text}``, unconverted.
+
+    ``--flag value`` and ``--flag=value`` both work; a flag followed by several values
+    keeps them space-separated; ``flags`` says which are boolean (no value). Unknown
+    flags are kept: :func:`check` reports them by name.
+    """
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("--"):
+            raise EngineArgError(token, f"{token!r} (supported: flags written --name value)")
+        name, eq, value = token[2:].partition("=")
+        name = name.replace("-", "_")
+        flag = flags.get(name)
+        if eq:
+            out[name] = value
+        elif flag is not None and flag.boolean:
+            out[name] = True
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            values = []
+            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                values.append(argv[i + 1])
+                i += 1
+            out[name] = " ".join(values)
+        elif flag is not None:
+            raise EngineArgError(cli_name(name), f"{cli_name(name)} needs a value")
+        else:
+            out[name] = True
+        i += 1
+    return out

@@ -1,0 +1,259 @@
+"""SGLang adapter: server arguments in, an attnhal plan out — without SGLang installed.
+
+Takes SGLang's own argument names and values (release 0.5.23: ``attention_backend``,
+``speculative_num_steps``, ``page_size``, ...) as a dict, a namespace or a command
+line, and builds the planner's inputs: the spec config, the backend of every role
+(descriptors from the catalogue, ``sglang:NAME``), the graph policy and the request
+context. A flag attnhal does not model is an error naming it; a flag that cannot
+change an attention-graph decision (``--model-path``, ``--port``, ...) is listed
+as ignored, never dropped silently. See ``docs/engine.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnhal import catalog
+from attnhal.capabilities import BackendCapabilities, Phase
+from attnhal.engines import flags as _flags
+from attnhal.engines.flags import EngineArgError, Flag, model_kind, one_of, positive, positive_list, truth
+from attnhal.plan import ALGORITHM_PHASES, AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, plan
+from attnhal.platform import Platform
+from attnhal.spec import ModelKind, RequestContext, SpecConfig
+
+__all__ = ["EngineArgError", "EngineConfig", "capture_sizes", "from_server_args", "parse_cli", "plan_server_args", "roles"]
+
+SGLANG_VERSION = catalog.ENGINES["sglang"]
+
+
+# --- the engine's vocabulary -------------------------------------------------------------
+
+#: Deprecated names SGLang still accepts (arg_groups/choices.py:75, 87; speculative/draft_utils.py:109, 140).
+_ALIASES = {"nsa": "dsa", "tokenspeed_mla": "cutedsl_mla"}
+#: Backends whose draft extend and default prefill SGLang builds on another backend: cute-dsl MLA
+#: is decode-only; both run trtllm-gen (draft_utils.py:137-138; arg_groups/overrides.py:1233-1260).
+_EXTEND_ON = {"cutedsl_mla": "trtllm_mla"}
+#: ``--speculative-algorithm`` -> attnhal's algorithm (speculative/spec_info.py:39-47).
+#: NEXTN is SGLang's name for DeepSeek MTP; STANDALONE reuses the EAGLE worker.
+_ALGORITHMS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp", "STANDALONE": "standalone", "NGRAM": "ngram"}
+#: ``--kv-cache-dtype`` -> attnhal kv dtype; ``auto`` = the model dtype (arg_groups/fields/model.py:197-210).
+_KV_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+              "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+#: ``--dtype`` -> attnhal compute dtype; ``auto`` = the checkpoint's dtype (not checked).
+_DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
+#: SGLang's default page size on CUDA/HIP when none is given (arg_groups/overrides.py:1361-1362).
+DEFAULT_PAGE_SIZE = 1
+#: attnhal's capture limit when SGLang's is not given (SGLang sizes it from GPU memory).
+DEFAULT_MAX_BS = 32
+
+#: Flags that cannot change which attention phases run or are captured: accepted, listed as ignored.
+HARMLESS = frozenset("""
+model_path tokenizer_path tokenizer_mode host port served_model_name trust_remote_code revision
+load_format context_length mem_fraction_static max_running_requests max_total_tokens chunked_prefill_size
+tp_size dp_size ep_size random_seed log_level log_requests enable_metrics show_time_cost
+speculative_draft_model_path speculative_draft_model_revision speculative_draft_load_format
+speculative_token_map speculative_accept_threshold_single speculative_accept_threshold_acc
+schedule_policy schedule_conservativeness disable_radix_cache quantization watchdog_timeout
+api_key skip_server_warmup enable_torch_compile torch_compile_max_bs
+""".split())
+
+
+def _backend(flag: str, value: Any) -> str:
+    name = _ALIASES.get(str(value), str(value))
+    try:
+        catalog.load(f"sglang:{name}")
+    except catalog.CatalogError:
+        known = ", ".join(e.name for e in catalog.entries("sglang"))
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: {known})") from None
+    return name
+
+
+def _algorithm(flag: str, value: Any) -> str:
+    name = str(value).upper()
+    if name not in _ALGORITHMS:
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: {', '.join(_ALGORITHMS)}; "
+                                   "DFLASH, DSPARK, UNO and FROZEN_KV_MTP are not modelled)")
+    return name
+
+
+#: The modelled arguments (release 0.5.23 names, plus the pre-0.5.23 global cuda-graph flags).
+FLAGS: Mapping[str, Flag] = {
+    "attention_backend": Flag(_backend),
+    "prefill_attention_backend": Flag(_backend),
+    "decode_attention_backend": Flag(_backend),
+    "speculative_draft_attention_backend": Flag(_backend),
+    "speculative_algorithm": Flag(_algorithm),
+    "speculative_num_steps": Flag(positive),
+    "speculative_eagle_topk": Flag(positive),
+    "speculative_num_draft_tokens": Flag(positive),
+    "speculative_ngram_max_bfs_breadth": Flag(positive),
+    "speculative_attention_mode": Flag(one_of(("prefill", "decode"))),
+    "page_size": Flag(positive),
+    "kv_cache_dtype": Flag(one_of(("auto", *_KV_DTYPES))),
+    "dtype": Flag(one_of(("auto", *_DTYPES))),
+    "disable_cuda_graph": Flag(truth, boolean=True),
+    "disable_decode_cuda_graph": Flag(truth, boolean=True),
+    "cuda_graph_backend_decode": Flag(one_of(("full", "disabled"))),
+    "cuda_graph_max_bs": Flag(positive),
+    "cuda_graph_max_bs_decode": Flag(positive),
+    "cuda_graph_bs": Flag(positive_list),
+    "cuda_graph_bs_decode": Flag(positive_list),
+    "disable_cuda_graph_padding": Flag(truth, boolean=True),
+}
+
+
+# --- reading the arguments -----------------------------------------------------------------
+
+def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
+    """SGLang command-line flags -> ``{argument_name: text}`` (see :func:`attnhal.engines.flags.parse_cli`)."""
+    return _flags.parse_cli(argv, FLAGS)
+
+
+# --- building the planner's inputs -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """SGLang arguments translated: what ``plan`` needs, and what was not used."""
+
+    spec: SpecConfig
+    backends: PhaseBackends
+    policy: GraphPolicy
+    context: RequestContext
+    roles: Mapping[str, str | None] = field(default_factory=dict)  # role -> SGLang backend name
+    ignored: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def plan(self, platform: Platform | str) -> GraphPlan:
+        return plan(self.spec, platform, self.backends, self.policy, self.context)
+
+
+def _spec(values: Mapping[str, Any], notes: list[str]) -> SpecConfig:
+    algorithm = values.get("speculative_algorithm")
+    if algorithm is None:
+        return SpecConfig()
+    if algorithm == "NGRAM":
+        if "speculative_num_draft_tokens" not in values:
+            raise EngineArgError("--speculative-num-draft-tokens", "NGRAM needs --speculative-num-draft-tokens")
+        width: int = values["speculative_num_draft_tokens"]
+        breadth: int = values.get("speculative_ngram_max_bfs_breadth", 1)
+        return _spec_or_error(lambda: SpecConfig.ngram(width, breadth))
+    steps = values.get("speculative_num_steps")
+    if steps is None:
+        raise EngineArgError("--speculative-num-steps", "--speculative-num-steps is required (SGLang picks it per "
+                             "model when omitted; attnhal does not model that choice)")
+    topk = values.get("speculative_eagle_topk", 1)
+    tokens = values.get("speculative_num_draft_tokens", 0)
+    if topk == 1 and tokens not in (0, steps + 1):
+        # SGLang overrides it, with a warning (arg_groups/speculative_hook.py:1255-1266).
+        notes.append(f"speculative_num_draft_tokens={tokens} -> {steps + 1}: SGLang sets num_steps + 1 for topk 1")
+        tokens = steps + 1
+    return _spec_or_error(lambda: SpecConfig.eagle(steps, topk, tokens, algorithm=_ALGORITHMS[algorithm]))
+
+
+def _spec_or_error(build: Callable[[], SpecConfig]) -> SpecConfig:
+    try:
+        return build()
+    except ValueError as exc:
+        flag = {"num_steps": "--speculative-num-steps", "topk": "--speculative-eagle-topk",
+                "num_draft_tokens": "--speculative-num-draft-tokens"}.get(str(exc).split("=")[0],
+                                                                          "--speculative-num-steps")
+        raise EngineArgError(flag, str(exc)) from None
+
+
+def roles(values: Mapping[str, Any], spec: SpecConfig) -> dict[str, str | None]:
+    """The SGLang backend name running each role, as SGLang picks them.
+
+    prefill/decode: the split flags over ``--attention-backend`` (draft_utils.py:55-61);
+    target verify and draft extend follow ``--speculative-attention-mode`` (draft_utils.py:145-149);
+    the draft model's backend is ``--speculative-draft-attention-backend`` when given (draft_utils.py:45,61).
+    """
+    base = values.get("attention_backend")
+    decode = values.get("decode_attention_backend", base)
+    prefill = values.get("prefill_attention_backend") or _EXTEND_ON.get(decode) or base
+    if prefill is None or decode is None:
+        raise EngineArgError("--attention-backend", "--attention-backend is required (SGLang picks one per model "
+                             "and GPU when omitted; attnhal does not model that choice)")
+    follow = decode if values.get("speculative_attention_mode") == "decode" else prefill
+    draft = values.get("speculative_draft_attention_backend")
+    extend = draft or follow
+    names = {"prefill": prefill, "decode": decode, "target_verify": follow, "draft_decode": draft or decode,
+             "draft_extend": _EXTEND_ON.get(extend, extend)}
+    # The speculative roles exist only where their phase runs (no draft backend for n-gram or one step).
+    runs = ALGORITHM_PHASES[spec.algorithm] - ({Phase.DRAFT_DECODE} if spec.num_steps == 1 else set())
+    runs |= {Phase.PREFILL, Phase.DECODE}
+    return {role: name if Phase(role) in runs else None for role, name in names.items()}
+
+
+def _descriptor(name: str | None) -> BackendCapabilities | None:
+    return catalog.load(f"sglang:{name}").descriptor if name is not None else None
+
+
+def _backends(names: Mapping[str, str | None], mode: str) -> PhaseBackends:
+    return PhaseBackends(target=None, prefill=_descriptor(names["prefill"]), decode=_descriptor(names["decode"]),
+                         draft_decode=_descriptor(names["draft_decode"]),
+                         draft_extend=_descriptor(names["draft_extend"]),
+                         speculative_attention_mode=AttentionMode(mode))
+
+
+#: The environment variable that turns the draft-extend graph off (environ.py; eagle_worker_v2.py:627).
+DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
+
+
+def capture_sizes(max_bs: int, speculative: bool, padding: bool = True) -> tuple[int, ...]:
+    """SGLang's default decode capture batch sizes up to ``max_bs``
+    (arg_groups/cuda_graph_hook.py:499-532): denser at small sizes under speculation."""
+    if not padding:
+        sizes = list(range(1, max_bs + 1))
+    elif speculative:
+        sizes = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8), *range(272, max_bs + 1, 16)]
+    else:
+        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
+    return tuple(sorted({b for b in sizes if b <= max_bs} | {max_bs}))
+
+
+def _policy(values: Mapping[str, Any], env: Mapping[str, str], spec: SpecConfig) -> GraphPolicy:
+    disabled = (values.get("disable_cuda_graph", False) or values.get("disable_decode_cuda_graph", False)
+                or values.get("cuda_graph_backend_decode") == "disabled")
+    max_bs = values.get("cuda_graph_max_bs_decode", values.get("cuda_graph_max_bs"))
+    sizes = values.get("cuda_graph_bs_decode", values.get("cuda_graph_bs"))
+    if max_bs is None and sizes is not None:
+        max_bs = max(sizes)
+    max_bs = max_bs or DEFAULT_MAX_BS
+    if sizes is None:
+        sizes = capture_sizes(max_bs, spec.speculative, not values.get("disable_cuda_graph_padding", False))
+    off = env.get(DRAFT_EXTEND_GRAPH_OFF, "").lower() in ("1", "true")
+    return GraphPolicy(enabled=not disabled, max_batch_size=max_bs, batch_sizes=sizes,
+                       disabled_phases=frozenset((Phase.DRAFT_EXTEND,)) if off else frozenset())
+
+
+def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[str, str] | None = None,
+                     model: ModelKind | str | None = None) -> EngineConfig:
+    """Translate SGLang server arguments (names as in ``ServerArgs``) into planner inputs.
+
+    ``env`` may carry ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH`` (eagle_worker_v2.py:627);
+    ``model`` is the model's attention kind, which SGLang reads from the checkpoint.
+    Raises :class:`EngineArgError` naming the flag for anything attnhal cannot take.
+    """
+    raw = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+    values, ignored = _flags.check(raw, FLAGS, HARMLESS, "attnhal.engines.sglang.HARMLESS")
+    notes: list[str] = []
+    spec = _spec(values, notes)
+    names = roles(values, spec)
+    if not {"cuda_graph_max_bs", "cuda_graph_max_bs_decode", "cuda_graph_bs", "cuda_graph_bs_decode"} & set(values):
+        notes.append(f"capture batch sizes up to {DEFAULT_MAX_BS}: SGLang sizes them from GPU memory; "
+                     "give --cuda-graph-max-bs-decode to match a server")
+    context = RequestContext(model=model_kind(model), dtype=_DTYPES.get(values.get("dtype", "auto")),
+                             kv_dtype=_KV_DTYPES.get(values.get("kv_cache_dtype", "auto")),
+                             page_size=values.get("page_size", DEFAULT_PAGE_SIZE))
+    return EngineConfig(spec=spec, backends=_backends(names, values.get("speculative_attention_mode", "prefill")),
+                        policy=_policy(values, env or {}, spec), context=context, roles=names, ignored=ignored,
+                        notes=tuple(notes))
+
+
+def plan_server_args(args: Mapping[str, Any] | argparse.Namespace, platform: Platform | str,
+                     env: Mapping[str, str] | None = None, model: ModelKind | str | None = None) -> GraphPlan:
+    """``from_server_args(args, env, model).plan(platform)``."""
+    return from_server_args(args, env, model).plan(platform)

@@ -1,0 +1,185 @@
+"""What is being planned for: the speculative config and the request/model context.
+
+These two records are the planner's inputs besides the platform and the
+descriptors. They sit below :mod:`attnhal.capabilities` so that the import graph
+runs one way: platform -> spec -> capabilities -> plan.
+
+Public entry points validate their arguments: a wrong type is a ``TypeError``
+and a value out of range a ``ValueError``, each naming the argument, the value
+and what is allowed. Numbers that size work have documented upper bounds
+(:data:`MAX_NUM_STEPS`, :data:`MAX_TOPK`, :data:`MAX_DRAFT_TOKENS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+__all__ = [
+    "DTYPES",
+    "KV_DTYPES",
+    "MAX_DRAFT_TOKENS",
+    "MAX_NUM_STEPS",
+    "MAX_TOPK",
+    "ModelKind",
+    "RequestContext",
+    "SpecAlgorithm",
+    "SpecConfig",
+    "check_int",
+]
+
+#: Compute dtypes by their torch names (``torch.float16`` -> ``"float16"``).
+DTYPES = ("float32", "float16", "bfloat16")
+#: KV-cache dtypes; ``fp8_e4m3`` resolves to the platform's :class:`~attnhal.platform.Fp8Flavor`.
+KV_DTYPES = (*DTYPES, "fp8_e4m3", "fp8_e5m2")
+
+#: Upper bounds of the speculative settings: beyond them no engine runs, and a
+#: typo (``--spec-steps 100000``) must not size buffers.
+MAX_NUM_STEPS = 64
+MAX_TOPK = 64
+MAX_DRAFT_TOKENS = 1024
+
+
+def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    """``value`` if it is an int in ``[minimum, maximum]``; bools, floats and strings are refused."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} (supported: an int, got {type(value).__name__})")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise ValueError(f"{name}={value} (supported: {bound})")
+    return value
+
+
+def _enum(enum: type[Enum], name: str, value: object) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} (supported: {', '.join(m.value for m in enum)})") from None
+
+
+class SpecAlgorithm(str, Enum):
+    """Speculative-decoding algorithms engines run.
+
+    Which phases each runs is data in :data:`attnhal.plan.ALGORITHM_PHASES`:
+
+    - ``none``: plain decoding (prefill, decode).
+    - ``eagle``, ``eagle3``, ``mtp``: a draft head on the target's hidden states;
+      draft_extend, draft_decode (``num_steps > 1``) and target_verify.
+    - ``standalone``: a separate small draft model with its own KV cache. Same
+      phases as EAGLE; it differs in what the draft reads (its own embeddings,
+      not the target's hidden states), not in attention.
+    - ``ngram``: drafts from an n-gram cache of the context (lookahead); no draft
+      model, so target_verify only. ``num_steps`` is the draft depth, ``topk``
+      the branching of the draft tree.
+    """
+
+    NONE = "none"
+    EAGLE = "eagle"
+    EAGLE3 = "eagle3"
+    MTP = "mtp"
+    STANDALONE = "standalone"
+    NGRAM = "ngram"
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding settings.
+
+    ``num_draft_tokens`` defaults to ``num_steps + 1`` for a chain (``topk == 1``);
+    a tree (``topk > 1``) must give it, at most ``topk * num_steps + 1``.
+    Bounds: ``num_steps <= 64``, ``topk <= 64``, ``num_draft_tokens <= 1024``.
+    """
+
+    algorithm: SpecAlgorithm = SpecAlgorithm.NONE
+    num_steps: int = 1
+    topk: int = 1
+    num_draft_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "algorithm", _enum(SpecAlgorithm, "algorithm", self.algorithm))
+        check_int("num_steps", self.num_steps, 1, MAX_NUM_STEPS)
+        check_int("topk", self.topk, 1, MAX_TOPK)
+        check_int("num_draft_tokens", self.num_draft_tokens, 0, MAX_DRAFT_TOKENS)
+        if self.num_draft_tokens == 0:
+            if self.topk > 1 and self.speculative:
+                raise ValueError(f"num_draft_tokens=0 (supported: 2..{self.max_draft_tokens} "
+                                 f"must be given when topk={self.topk} > 1)")
+            object.__setattr__(self, "num_draft_tokens", self.num_steps + 1)
+        if not 2 <= self.num_draft_tokens <= self.max_draft_tokens:
+            raise ValueError(f"num_draft_tokens={self.num_draft_tokens} "
+                             f"(supported: 2..{self.max_draft_tokens} for num_steps={self.num_steps}, "
+                             f"topk={self.topk})")
+
+    @property
+    def speculative(self) -> bool:
+        return self.algorithm is not SpecAlgorithm.NONE
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """The draft tree's size plus the root token."""
+        return min(self.topk * self.num_steps + 1, MAX_DRAFT_TOKENS)
+
+    @property
+    def draft_extend_len(self) -> int:
+        """Query tokens per request in draft extend: the accepted tokens, padded."""
+        return self.num_steps + 1 if self.topk == 1 else self.num_draft_tokens
+
+    def with_steps(self, num_steps: int) -> SpecConfig:
+        """This config at another step count (adaptive speculation): a chain keeps
+        ``num_draft_tokens = num_steps + 1``; a tree keeps its ``num_draft_tokens``."""
+        tokens = 0 if self.topk == 1 else self.num_draft_tokens
+        return SpecConfig(self.algorithm, num_steps, self.topk, tokens)
+
+    @classmethod
+    def eagle(cls, num_steps: int, topk: int = 1, num_draft_tokens: int = 0,
+              algorithm: SpecAlgorithm | str = SpecAlgorithm.EAGLE) -> SpecConfig:
+        """An EAGLE-style config (also ``eagle3``, ``mtp``, ``standalone`` through ``algorithm``)."""
+        return cls(SpecAlgorithm(algorithm), num_steps, topk, num_draft_tokens)
+
+    @classmethod
+    def ngram(cls, num_draft_tokens: int, breadth: int = 1) -> SpecConfig:
+        """N-gram / lookahead drafting: ``num_draft_tokens`` verified per request, a tree
+        of ``breadth`` branches per level (``breadth > 1`` needs a tree mask)."""
+        check_int("num_draft_tokens", num_draft_tokens, 2, MAX_DRAFT_TOKENS)
+        return cls(SpecAlgorithm.NGRAM, min(num_draft_tokens - 1, MAX_NUM_STEPS), breadth, num_draft_tokens)
+
+
+class ModelKind(str, Enum):
+    """The attention layout of the model: which kernels a backend needs."""
+
+    MHA = "mha"  # one KV head per query head
+    GQA = "gqa"  # query heads share KV heads (MQA included)
+    MLA = "mla"  # multi-head latent attention (DeepSeek): compressed KV, different kernels
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """The model and KV-cache facts a plan is made for; ``None`` = not given (not checked).
+
+    Attributes
+    ----------
+    model: attention layout (:class:`ModelKind`).
+    dtype: compute dtype by name (:data:`DTYPES`).
+    kv_dtype: KV-cache dtype by name (:data:`KV_DTYPES`).
+    head_size: head dimension (1..1024).
+    page_size: tokens per KV page (1..4096), as in :class:`~attnhal.backend.KVPool`.
+    """
+
+    model: ModelKind | None = None
+    dtype: str | None = None
+    kv_dtype: str | None = None
+    head_size: int | None = None
+    page_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.model is not None:
+            object.__setattr__(self, "model", _enum(ModelKind, "model", self.model))
+        for name, allowed in (("dtype", DTYPES), ("kv_dtype", KV_DTYPES)):
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise ValueError(f"{name}={value!r} (supported: {', '.join(allowed)})")
+        if self.head_size is not None:
+            check_int("head_size", self.head_size, 1, 1024)
+        if self.page_size is not None:
+            check_int("page_size", self.page_size, 1, 4096)

@@ -1,0 +1,182 @@
+"""What every check shares: running examples through hypothesis, blaming a claim for a
+crash, and comparing outputs and caches."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+from hypothesis import example, given, seed
+from hypothesis import strategies as st
+
+from attnhal.backend import ForwardBatch, KVPool
+from attnhal.capabilities import Tolerance
+from attnhal.testing.batches import Case, CaseSpec
+from attnhal.testing.checks.claims import Claim, ClaimFalsified
+from attnhal.testing.checks.target import Target
+from attnhal.testing.reference import real_tokens
+
+#: Random examples per round when a check runs for a time (``Target.seconds``).
+ROUND = 4
+
+
+def run_examples(target: Target, name: str, strategy: st.SearchStrategy[Any], fixed: Sequence[Any],
+                 body: Callable[[Any], None]) -> int:
+    """Run ``body`` on the fixed examples then the drawn ones; returns the count.
+
+    Drawn: ``target.max_examples``, or with ``target.seconds`` rounds of :data:`ROUND`
+    examples (each its own seed) until the time is spent or ``max_examples`` are run.
+    """
+    count = [0]
+
+    def test(case: Any) -> None:
+        body(case)
+        count[0] += 1
+
+    test.__name__ = test.__qualname__ = name  # hypothesis names the counterexample after it
+    wrapped: Any = test
+    for case in reversed(fixed):
+        wrapped = example(case=case)(wrapped)
+    if target.seconds is None:
+        target.hypothesis_settings()(given(case=strategy)(wrapped))()
+        return count[0]
+    end = time.monotonic() + target.seconds
+    first = replace(target, max_examples=min(ROUND, target.max_examples))
+    first.hypothesis_settings()(given(case=strategy)(wrapped))()
+    base = zlib.crc32(name.encode())
+    rounds = 1
+    while time.monotonic() < end and count[0] - len(fixed) < target.max_examples:
+        more = replace(target, max_examples=min(ROUND, target.max_examples - (count[0] - len(fixed))),
+                       derandomize=False, database=None)
+        drawn = more.hypothesis_settings(explicit=False)(given(case=strategy)(test))
+        seed(base + rounds)(drawn)()
+        rounds += 1
+    return count[0]
+
+
+def input_tolerance(tol: Tolerance, case: Case) -> Tolerance:
+    """``tol`` (declared for unit-scale inputs) for the inputs of ``case``.
+
+    ``atol`` counts in units of V's magnitude (the output is a weighted mean of V). With
+    large logits (large q/k, or an explicit scale above the default) the softmax is
+    ill-conditioned: a correct fp32 exponent of a logit ``s`` is off by ``~eps * |s|``, so
+    the largest logit ``L`` adds ``4 eps L`` (times V's magnitude).
+    """
+    spec = case.spec
+    if spec.qk_magnitude == 1 and spec.v_magnitude == 1 and spec.scale is None:
+        return tol
+    atol = tol.atol
+    if spec.qk_magnitude > 1 or spec.scale is not None:
+        atol += 4 * torch.finfo(torch.float32).eps * _largest_logit(case)
+    return replace(tol, atol=atol * spec.v_magnitude)
+
+
+def _largest_logit(case: Case) -> float:
+    """``max |scale * q . k|`` over the queries and every key of the layer (a bound on the attended)."""
+    slots = {s for row in case.row_slots for s in row} | set(case.batch.out_cache_loc.tolist())
+    spec = case.batch.spec
+    if spec is not None and spec.draft_path is not None:
+        slots |= set(spec.draft_path.flatten().tolist())
+    index = torch.tensor(sorted(slots), dtype=torch.int64)
+    keys = case.pool.k[case.layer].detach().cpu()[index].float()  # [S, KV, D], the new K written or not:
+    keys = torch.cat([keys, case.k.detach().cpu().float()])       # both bound the attended logits
+    q = case.q.detach().cpu().float()
+    n, h, d = q.shape
+    if not q.numel() or not len(index):
+        return 0.0  # no query token (every prefill row empty): nothing is compared
+    kv = keys.shape[1]
+    grouped = q.reshape(n, kv, h // kv, d)
+    logits = torch.einsum("nkgd,skd->nkgs", grouped, keys)
+    return float(logits.abs().max()) * case.config.sm_scale
+
+
+@contextlib.contextmanager
+def blame(claim: Claim, what: str) -> Iterator[None]:
+    """Any error of the backend inside is a falsification of ``claim``."""
+    try:
+        yield
+    except ClaimFalsified:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a crash of a claimed capability is a broken claim
+        raise ClaimFalsified(claim, f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def heads(spec: CaseSpec) -> str:
+    kind = "MHA" if spec.num_q_heads == spec.num_kv_heads else "MQA" if spec.num_kv_heads == 1 else "GQA"
+    return f"{spec.num_q_heads} q / {spec.num_kv_heads} kv heads ({kind})"
+
+
+def mismatch(got: torch.Tensor, want: torch.Tensor, tokens: Sequence[int], tol: Tolerance,
+              names: tuple[str, str] = ("out", "ref")) -> str | None:
+    """Why ``got`` is not ``want`` within ``atol + rtol * |want|`` on ``tokens``, or None."""
+    if not tokens:
+        return None
+    index = torch.tensor(list(tokens), dtype=torch.int64)
+    g, w = got.detach().cpu().double()[index], want.detach().cpu().double()[index]
+    if not torch.isfinite(g).all():
+        bad = (~torch.isfinite(g)).nonzero()[0].tolist()
+        return f"non-finite output at token {tokens[bad[0]]}, head {bad[1]}"
+    diff = (g - w).abs()
+    excess = diff - (tol.atol + tol.rtol * w.abs())
+    if excess.max() <= 0:
+        return None
+    t, h, _ = (int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+    over = int((excess > 0).sum())
+    a, b = names
+    return (f"max |{a} - {b}| = {diff.max():.3g} (token {tokens[t]}, head {h}: |{a}| {g[t, h].abs().max():.3g} "
+            f"vs |{b}| {w[t, h].abs().max():.3g}) exceeds atol {tol.atol:g} + rtol {tol.rtol:g}*|{b}| "
+            f"in {over} of {excess.numel()} elements")
+
+
+def check_output(claim: Claim, out: object, q: torch.Tensor, want: torch.Tensor, batch: ForwardBatch,
+                  tol: Tolerance, what: str) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise ClaimFalsified(claim, f"{what} returned {type(out).__name__} (supported: a tensor)")
+    shape = (*q.shape[:2], want.shape[-1])  # the output head size is V's
+    if out.shape != shape or out.dtype != q.dtype:
+        raise ClaimFalsified(claim, f"{what} returned {list(out.shape)} {out.dtype} "
+                                    f"(supported: shape {list(shape)} and q's dtype {q.dtype})")
+    problem = mismatch(out, want, real_tokens(batch), tol)
+    if problem is None and out.numel() and not torch.isfinite(out).all():
+        problem = "non-finite output in padding tokens (they must be finite)"
+    if problem is not None:
+        raise ClaimFalsified(claim, f"{what}: {problem}")
+
+
+def check_cache(claim: Claim, pool: KVPool, layer: int, before: tuple[torch.Tensor, torch.Tensor],
+                 batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor, what: str) -> None:
+    """Only ``out_cache_loc`` (and the padding slot) of ``layer`` changed, to the new K/V
+    (quantized as the pool stores them)."""
+    expect = pool.layer_copy(layer)
+    expect.k[0].copy_(before[0])
+    expect.v[0].copy_(before[1])
+    expect.write(0, batch.out_cache_loc, k, v)
+    for name, cache, want in (("K", pool.k[layer], expect.k[0]), ("V", pool.v[layer], expect.v[0])):
+        wrong = (_bits(cache) != _bits(want)).flatten(1).any(1)
+        wrong[0] = False  # the padding slot: padding tokens write there, in any order
+        if wrong.any():
+            slots = wrong.nonzero().flatten().tolist()
+            raise ClaimFalsified(claim, f"{what}: the {name} cache differs from the expected write at slots "
+                                        f"{slots[:8]} (only out_cache_loc may change, to the new tokens' {name})")
+
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` comparable with ``!=``: fp8 tensors as their bytes (torch compares no fp8 on CPU)."""
+    return t.view(torch.uint8) if t.dtype.itemsize == 1 else t
+
+
+def with_example(exc: ClaimFalsified, spec: CaseSpec) -> ClaimFalsified:
+    """Attach the (fixed) example as hypothesis attaches a drawn one."""
+    exc.__notes__ = [*getattr(exc, "__notes__", []), f"Failing example: {spec!r}"]
+    return exc
+

@@ -1,0 +1,159 @@
+"""``feature[F]``, ``page_size[P]``, ``kv_dtype[D]`` and ``unclaimed_feature[F]``.
+
+A feature, page size or KV dtype is a *variant* of the phase cases: the canonical case
+of every claimed phase (and drawn ones) with the variant's :class:`CaseSpec` fields set,
+run eagerly against the reference — which applies the same window, soft-cap, sinks,
+V head size, page table and KV quantization — and, for every claimed graph phase, one
+capture replayed against eager and the reference (the page table, the fp8 scales and
+the sink logits are replay metadata too). ``custom_mask`` is the tree of
+``target_verify``. An unclaimed feature must be refused with ``UnsupportedPhase``
+(``UnsupportedFeature`` is one), never computed as if it were absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import strategies as st
+
+from attnhal.capabilities import GRAPH_PHASES, Feature, Phase
+from attnhal.platform import Fp8Flavor, GraphKind
+from attnhal.testing import strategies as ast
+from attnhal.testing.batches import CaseSpec
+from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
+from attnhal.testing.checks.common import plural, run_examples
+from attnhal.testing.checks.expected import resize
+from attnhal.testing.checks.graphs import in_limits, replay_fixed
+from attnhal.testing.checks.phases import canonical_cases, eager_body, expect_refusal
+from attnhal.testing.checks.target import Target, checkable_dtypes
+
+__all__ = ["MLA_HEAD_SIZE", "MLA_V_HEAD_SIZE", "check_feature", "check_kv_dtype", "check_page_size",
+           "check_unclaimed_feature", "feature_not_checked"]
+
+#: MLA (absorbed, DeepSeek): q/k head = latent 512 + rope 64, V = the latent part, one KV head.
+MLA_HEAD_SIZE, MLA_V_HEAD_SIZE = 576, 512
+
+Variant = Callable[[CaseSpec], CaseSpec]
+
+#: Per feature: the fixed variants (several, e.g. a window layer and a full layer next to
+#: it) and the drawn one.
+_FIXED: dict[Feature, list[dict[str, Any]]] = {
+    Feature.SLIDING_WINDOW: [{"sliding_window": (None, 3)}, {"sliding_window": (3, None)}, {"sliding_window": 0}],
+    Feature.LOGIT_SOFTCAP: [{"logit_softcap": 1.0}],
+    Feature.SINKS: [{"sinks": True}],
+    Feature.MLA: [{"head_size": MLA_HEAD_SIZE, "v_head_size": MLA_V_HEAD_SIZE, "num_kv_heads": 1}],
+}
+
+
+def _drawn(feature: Feature) -> st.SearchStrategy[dict[str, Any]]:
+    if feature is Feature.SLIDING_WINDOW:
+        return st.integers(0, 12).map(lambda w: {"sliding_window": w})
+    if feature is Feature.LOGIT_SOFTCAP:
+        return st.floats(0.25, 30.0).map(lambda c: {"logit_softcap": c})
+    return st.just(_FIXED[feature][0])
+
+
+def feature_not_checked(target: Target, claim: Claim) -> str | None:
+    """Why ``claim`` (a feature, page size or KV dtype) cannot be checked here, or None."""
+    caps = target.caps
+    if claim.kind is ClaimKind.FEATURE and claim.subject == Feature.CUSTOM_MASK.value:
+        if Phase.TARGET_VERIFY not in caps.phases:
+            return "custom_mask applies to target_verify, which the backend does not claim"
+    if claim.kind is ClaimKind.FEATURE and claim.subject == Feature.MLA.value:
+        if MLA_HEAD_SIZE not in caps.head_sizes:
+            return f"mla needs head_size={MLA_HEAD_SIZE} (claimed: {sorted(caps.head_sizes)})"
+    if claim.kind is ClaimKind.UNCLAIMED_FEATURE and Phase.DECODE not in caps.phases:
+        return "the refusal is checked on decode, which the backend does not claim"
+    return None
+
+
+def check_feature(target: Target, claim: Claim) -> tuple[str, int]:
+    feature = Feature(claim.subject)
+    if feature is Feature.CUSTOM_MASK:
+        return _check_custom_mask(target, claim)
+    fixed = [_fields(f) for f in _FIXED[feature]]
+    return _check_variant(target, claim, fixed, _drawn(feature).map(_fields))
+
+
+def check_page_size(target: Target, claim: Claim) -> tuple[str, int]:
+    page = {"page_size": int(claim.subject), "slot_seed": 7}
+    return _check_variant(target, claim, [_fields(page)], st.just(_fields(page)))
+
+
+def check_kv_dtype(target: Target, claim: Claim) -> tuple[str, int]:
+    """Every flavour the platform may store ``fp8_e4m3`` in: its own, or both on a platform
+    without one (the CPU stores either; which one is the caller's explicit choice)."""
+    kv = claim.subject
+    flavours = [target.platform.fp8_flavor] if target.platform.fp8_flavor is not Fp8Flavor.NONE else [
+        Fp8Flavor.OCP, Fp8Flavor.FNUZ]
+    if kv != "fp8_e4m3":
+        flavours = flavours[:1]
+    fixed = [_fields({"kv_dtype": kv, "fp8_flavor": f.value, "kv_scale": 0.5}) for f in flavours]
+    detail, count = _check_variant(target, claim, fixed, st.sampled_from(fixed))
+    if kv == "fp8_e4m3":
+        detail = f"stored as {' and '.join(f.value for f in flavours)}; {detail}"
+    return detail, count
+
+
+def check_unclaimed_feature(target: Target, claim: Claim) -> tuple[str, int]:
+    """A config with a feature the backend does not claim is refused, at construction or forward."""
+    caps = target.caps
+    spec = _fields(_FIXED[Feature(claim.subject)][0])(
+        canonical_cases(caps, Phase.DECODE, checkable_dtypes(target)[0], min(caps.head_sizes))[0])
+    return expect_refusal(target, claim, spec, claim.subject,
+                          " (a backend must not compute attention without a feature it was given)")
+
+
+# --- running a variant ------------------------------------------------------------------------------
+
+def _fields(values: dict[str, Any]) -> Variant:
+    return lambda spec: replace(spec, **values)
+
+
+def _check_variant(target: Target, claim: Claim, fixed: list[Variant],
+                   drawn: st.SearchStrategy[Variant]) -> tuple[str, int]:
+    """Every claimed phase, eager (fixed variants of the canonical case, then drawn cases),
+    then every claimed graph phase captured once with the first variant."""
+    caps = target.caps
+    dtypes = checkable_dtypes(target)
+    phases = [p for p in Phase if p in caps.phases]
+    head = min(caps.head_sizes)
+    cases = [v(c) for p in phases for v in fixed for c in canonical_cases(caps, p, dtypes[0], head)]
+    strategy = st.tuples(st.sampled_from(phases), st.sampled_from(dtypes), drawn).flatmap(
+        lambda pdv: ast.case_specs(caps, pdv[0], dtype=pdv[1], max_requests=target.max_requests,
+                                   max_seq_len=target.max_seq_len).map(pdv[2]))
+    name = f"{claim.kind.value}_{claim.subject}"
+    count = run_examples(target, name, strategy, cases, eager_body(target, claim))
+    can_capture = target.platform.graph_kind is not GraphKind.NONE
+    graphs = [p for p in GRAPH_PHASES if p in caps.graph and can_capture
+              and _check_graph_variant(target, claim, p, fixed[0], dtypes[0], head)]
+    return (f"phases {', '.join(p.value for p in phases)}; {plural(count, 'example')} eager"
+            + (f"; graphs of {', '.join(p.value for p in graphs)}" if graphs else "")), count
+
+
+def _check_graph_variant(target: Target, claim: Claim, phase: Phase, variant: Variant, dtype: str,
+                         head: int) -> bool:
+    """Capture ``phase`` with the variant and replay 2 and 1 requests; False if the canonical
+    case is outside the phase's graph limits (then the graph claim's own check covers it)."""
+    graph_claim = Claim(ClaimKind.GRAPH, phase.value)
+    base = variant(canonical_cases(target.caps, phase, dtype, head)[0])
+    if not in_limits(target, graph_claim, base):
+        return False
+    try:
+        replay_fixed(target, graph_claim, [resize(base, n, base.seed + n) for n in (2, 1)])
+    except ClaimFalsified as exc:
+        raise ClaimFalsified(claim, f"{exc.claim}: {exc.detail}") from exc
+    return True
+
+
+def _check_custom_mask(target: Target, claim: Claim) -> tuple[str, int]:
+    caps = target.caps
+    dtypes = checkable_dtypes(target)
+    fixed = [c for h in sorted(caps.head_sizes)[:1] for c in canonical_cases(caps, Phase.TARGET_VERIFY, dtypes[0], h)]
+    strategy = st.sampled_from(dtypes).flatmap(lambda d: ast.case_specs(
+        caps, Phase.TARGET_VERIFY, dtype=d, tree=True, max_requests=target.max_requests,
+        max_seq_len=target.max_seq_len))
+    count = run_examples(target, "feature_custom_mask", strategy, fixed, eager_body(target, claim))
+    return f"target_verify with draft-tree masks; {plural(count, 'example')}", count

@@ -1,0 +1,164 @@
+"""``deterministic`` and ``inputs_unchanged``: what every backend owes, claimed or not.
+
+* ``deterministic`` — one backend running the same batch twice gives bitwise-equal
+  outputs (real tokens), and so do two replays of one captured graph: an engine compares
+  and caches results, and a speculative step must accept the same tokens when re-run.
+* ``inputs_unchanged`` — after ``init_forward_metadata`` and ``forward``: ``q``, ``k``,
+  ``v`` (views of a fused tensor included), every batch tensor, the pool's table and
+  every layer's K/V are as they were, except ``out_cache_loc`` (and the padding slot) of
+  the forward's layer, which hold the new tokens' K/V.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from hypothesis import strategies as st
+
+from attnhal.backend import ForwardBatch
+from attnhal.capabilities import GRAPH_PHASES, Phase
+from attnhal.platform import GraphKind
+from attnhal.testing import strategies as ast
+from attnhal.testing.batches import CaseSpec, build_case
+from attnhal.testing.checks import fixed
+from attnhal.testing.checks.capture import capture
+from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
+from attnhal.testing.checks.common import blame, check_cache, heads, plural, run_examples
+from attnhal.testing.checks.expected import expected
+from attnhal.testing.checks.graphs import fixed_graph_cases
+from attnhal.testing.checks.phases import canonical_cases
+from attnhal.testing.checks.specs import graph_specs, multi_step_graph
+from attnhal.testing.checks.target import Target, checkable_dtypes
+from attnhal.testing.reference import real_tokens
+
+__all__ = ["check_deterministic", "check_inputs_unchanged"]
+
+
+def _phases(target: Target) -> list[Phase]:
+    return [p for p in Phase if p in target.caps.phases]
+
+
+def _drawn(target: Target) -> st.SearchStrategy[CaseSpec]:
+    """Any claimed phase and dtype, with input variations."""
+    caps = target.caps
+    return st.sampled_from(_phases(target)).flatmap(lambda p: st.sampled_from(checkable_dtypes(target)).flatmap(
+        lambda d: ast.case_specs(caps, p, dtype=d, max_requests=target.max_requests, max_seq_len=target.max_seq_len,
+                                 max_cost=target.max_cost, inputs=True)))
+
+
+def _fixed(target: Target, pick: Callable[[CaseSpec], list[CaseSpec]]) -> list[CaseSpec]:
+    dtype, head = checkable_dtypes(target)[0], min(target.caps.head_sizes)
+    out = [c for p in _phases(target) for c in pick(canonical_cases(target.caps, p, dtype, head)[0])]
+    return [c for c in out if fixed.fits(c, target.max_seq_len, target.max_cost)]
+
+
+def _where(spec: CaseSpec) -> str:
+    return f"{spec.phase.value}, {spec.dtype}, {heads(spec)}, seq lens {spec.seq_lens()}"
+
+
+# --- deterministic -----------------------------------------------------------------------------
+
+def check_deterministic(target: Target, claim: Claim) -> tuple[str, int]:
+    def body(spec: CaseSpec) -> None:
+        case = build_case(spec, device=target.device)
+        with blame(claim, f"{_where(spec)}: the backend"):
+            backend = target.new_backend(case.config, case.pool)
+            backend.init_forward_metadata(case.batch)
+            first = backend.forward(case.q, case.k, case.v, case.layer, case.batch).clone()
+            second = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
+        _same(claim, first, second, case.batch, f"{_where(spec)}: two eager forwards of one batch")
+
+    # Several KV chunks and splits: where a reduction order can vary.
+    examples = _fixed(target, lambda base: fixed.boundary_cases(base)[:1])
+    count = run_examples(target, "deterministic", _drawn(target), examples, body)
+    replays = _check_replays(target, claim)
+    how = f"; two replays of {plural(replays, 'graph phase')}" if replays else ""
+    return f"two eager forwards bitwise equal, every claimed phase; {plural(count, 'example')}{how}", count
+
+
+def _same(claim: Claim, a: torch.Tensor, b: torch.Tensor, batch: ForwardBatch, what: str) -> None:
+    index = torch.tensor(real_tokens(batch), dtype=torch.int64, device=a.device)
+    x, y = a.index_select(0, index), b.index_select(0, index)
+    if not torch.equal(x, y):
+        diff = (x.double() - y.double()).abs()
+        raise ClaimFalsified(claim, f"{what} differ: max |first - second| = {diff.nan_to_num(float('inf')).max():.3g} "
+                                    f"in {int((x != y).sum())} of {x.numel()} elements (supported: bitwise equal)")
+
+
+def _check_replays(target: Target, claim: Claim) -> int:
+    """Replay each claimed graph phase's fixed case twice; returns how many phases ran."""
+    if target.platform.graph_kind is GraphKind.NONE:
+        return 0
+    ran = 0
+    for phase in (p for p in GRAPH_PHASES if p in target.caps.graph):
+        graph_claim = Claim(ClaimKind.GRAPH, phase.value)
+        cases = fixed_graph_cases(target, graph_claim, (2,))
+        if not cases or graph_specs(target, graph_claim).is_empty:
+            continue
+        spec = fixed.at_lengths(cases[0][0], (129, 65))
+        try:
+            _replay_twice(target, claim, graph_claim, spec)
+        except ClaimFalsified as exc:
+            if exc.claim != graph_claim.name:
+                raise
+            continue  # no working graph to replay: the graph claim reports why
+        ran += 1
+    return ran
+
+
+def _replay_twice(target: Target, claim: Claim, graph_claim: Claim, spec: CaseSpec) -> None:
+    graph = capture(target, graph_claim, (spec,), (spec.requests,))
+    case = build_case(spec, pool=graph.pool)
+    multi = multi_step_graph(target, graph_claim)
+    exp = expected(target, claim, case, multi)
+    saved = graph.pool.k[graph.layer].clone(), graph.pool.v[graph.layer].clone()
+    path = case.batch.spec.draft_path if case.batch.spec is not None else None
+    saved_path = path.clone() if path is not None else None
+    outs = []
+    for _ in range(2):
+        graph.pool.k[graph.layer].copy_(saved[0])
+        graph.pool.v[graph.layer].copy_(saved[1])
+        if path is not None and saved_path is not None:
+            path.copy_(saved_path)
+        with blame(claim, f"replay of {spec.phase.value}"):
+            got = graph.runner.run(spec.phase, case.batch, exp.inputs)
+        outs.append([o.clone() for o in (got if isinstance(got, tuple) else (got,))])
+    for s, (a, b) in enumerate(zip(*outs)):
+        _same(claim, a, b, exp.batches[s], f"{_where(spec)}: two replays of one graph (forward {s})")
+
+
+# --- inputs unchanged ------------------------------------------------------------------------------
+
+def check_inputs_unchanged(target: Target, claim: Claim) -> tuple[str, int]:
+    def body(spec: CaseSpec) -> None:
+        case = build_case(spec, device=target.device)
+        tensors = {"q": case.q, "k": case.k, "v": case.v, "req_to_page": case.pool.req_to_page,
+                   **_batch_tensors(case.batch)}
+        tensors |= {f"K cache of layer {i}": c for i, c in enumerate(case.pool.k) if i != case.layer}
+        tensors |= {f"V cache of layer {i}": c for i, c in enumerate(case.pool.v) if i != case.layer}
+        before = {name: t.clone() for name, t in tensors.items()}
+        layer = case.pool.k[case.layer].clone(), case.pool.v[case.layer].clone()
+        what = f"{_where(spec)}, {spec.qkv_layout} q/k/v"
+        with blame(claim, f"{what}: the backend"):
+            backend = target.new_backend(case.config, case.pool)
+            backend.init_forward_metadata(case.batch)
+            backend.forward(case.q, case.k, case.v, case.layer, case.batch)
+        changed = [name for name, t in tensors.items() if not torch.equal(t, before[name])]
+        if changed:
+            raise ClaimFalsified(claim, f"{what}: forward changed {', '.join(changed)} (supported: only "
+                                        "out_cache_loc of the forward's layer is written)")
+        check_cache(claim, case.pool, case.layer, layer, case.batch, case.k, case.v, what)
+
+    examples = _fixed(target, lambda base: [fixed.edge_cases(base)[0], fixed.input_cases(base, base.dtype)[0]])
+    count = run_examples(target, "inputs_unchanged", _drawn(target), examples, body)
+    return (f"q/k/v, batch tensors, the pool's table and other layers untouched, every claimed phase; "
+            f"{plural(count, 'example')}"), count
+
+
+def _batch_tensors(batch: ForwardBatch) -> dict[str, torch.Tensor]:
+    out = {name: getattr(batch, name) for name in ("req_pool_indices", "seq_lens", "out_cache_loc", "extend_lens",
+                                                   "seq_lens_cpu")}
+    if batch.spec is not None:
+        out |= {"spec.custom_mask": batch.spec.custom_mask, "spec.draft_path": batch.spec.draft_path}
+    return {f"batch.{name}": t for name, t in out.items() if isinstance(t, torch.Tensor)}

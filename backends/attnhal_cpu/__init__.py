@@ -1,0 +1,27 @@
+"""attnhal cpu backend: a fused C++ paged-attention kernel for CPUs, built on first use.
+
+Registered through the ``attnhal.backends`` entry point as ``cpu``. ``import
+attnhal_cpu`` imports no torch: the descriptor (:data:`CAPABILITIES`) is plain data;
+``CpuBackend`` loads on first access, and the kernel is compiled (or loaded from
+torch's extension cache) the first time the backend is asked whether it can run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from attnhal_cpu.descriptor import CAPABILITIES, NATIVE_PHASES
+
+if TYPE_CHECKING:
+    from attnhal_cpu.backend import CpuBackend
+
+__all__ = ["CAPABILITIES", "NATIVE_PHASES", "CpuBackend"]
+
+
+def __getattr__(name: str) -> Any:
+    # The entry point "attnhal_cpu:CpuBackend" resolves through here.
+    if name == "CpuBackend":
+        from attnhal_cpu.backend import CpuBackend
+
+        return CpuBackend
+    raise AttributeError(f"module 'attnhal_cpu' has no attribute {name!r}")

@@ -1,0 +1,49 @@
+"""The native op ``torch.ops.attnhal_cpu.attend`` and its fake (meta) implementation.
+
+One op per launch, declared with ``Tensor(a!)`` outputs: graph capture (real or the
+CPU emulator), ``torch.compile`` and the dispatcher see one op that writes into the
+tensors it was given and returns nothing, so a captured graph re-runs the kernel on
+the same buffers and everything that changes between replays is read from tensors.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from attnhal_cpu.build import native_build
+
+__all__ = ["NativeUnavailable", "attend_op"]
+
+
+class NativeUnavailable(RuntimeError):
+    """The C++ kernel could not be built or loaded here (the message says why)."""
+
+
+_LOCK = threading.Lock()
+_FAKE_REGISTERED = False
+
+
+def attend_op() -> Any:
+    """``torch.ops.attnhal_cpu.attend`` (building the extension on first use).
+
+    Schema: ``attend(out!, mid_o!, mid_lse!, q, k_cache, v_cache, req_to_page,
+    req_pool_indices, seq_lens, ext_lens?, mask?, extra_slots?, num_extra,
+    tokens_per_row, page_size, sm_scale, num_splits)``; see ``csrc/attention.cpp``.
+    """
+    global _FAKE_REGISTERED
+    build = native_build()
+    if not build.ok:
+        raise NativeUnavailable(f"attnhal_cpu kernel unavailable: {build.error}")
+    with _LOCK:
+        if not _FAKE_REGISTERED:
+            torch.library.register_fake("attnhal_cpu::attend")(_attend_fake)
+            _FAKE_REGISTERED = True
+    return torch.ops.attnhal_cpu.attend
+
+
+def _attend_fake(out: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor, *args: Any) -> None:
+    # Writes only into its given tensors: nothing to allocate, nothing to return.
+    return None

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One command for a lent GPU machine (CUDA or ROCm): bash benchmarks/gpu_session.sh OUT
+#
+# Writes everything under OUT (at most 8 files): summary.txt (one line per part: ok, FAIL,
+# timeout or SKIP, seconds) and one log per part. Uses $PYTHON, else .venv/bin/python when
+# the README's venv exists, else python3; installs nothing. A whole run is capped at 8
+# minutes: a part that would start past the cap is skipped with a line saying so.
+# Without a CUDA/HIP device it runs the parts a CPU can (platform info, the graph tests,
+# which skip there, the device seam's unit tests, the benchmark's call sites against SDPA
+# under the Triton interpreter) and prints one SKIP line per device part.
+set -u
+OUT=${1:?usage: bash benchmarks/gpu_session.sh OUT}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
+elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
+else PY=python3; fi
+# The test suite's interpreter switch and platform simulation must not leak into device runs.
+unset TRITON_INTERPRET ATTNHAL_PLATFORM
+BUDGET_S=470
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+FAILED=0
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# part NAME LOG LIMIT_S CMD...: run CMD with its output appended to OUT/LOG, one summary line.
+part() {
+    local name=$1 log=$2 limit=$3 left=$((BUDGET_S - SECONDS)) start=$SECONDS rc status
+    shift 3
+    if [ "$left" -lt 15 ]; then note "SKIP $name: the session's ${BUDGET_S}s budget is spent"; return; fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "### $name: $* (limit ${limit}s)" >>"$OUT/$log"
+    timeout "$limit" "$@" >>"$OUT/$log" 2>&1
+    rc=$?
+    case $rc in
+        0) status=ok ;;
+        124) status="timeout after ${limit}s"; FAILED=1 ;;
+        *) status="FAIL rc=$rc"; FAILED=1 ;;
+    esac
+    note "$(printf '%-34s %-18s %4ds  %s' "$name" "$status" $((SECONDS - start)) "$log")"
+}
+
+skip() { note "SKIP $1: no CUDA/HIP device"; }
+
+note "attnhal GPU session $(date -u +%FT%TZ), python $PY, git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+part "attnhal info" info.txt 60 "$PY" -m attnhal info
+if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    DEVICE=1
+else
+    DEVICE=0
+fi
+
+part "graph tests (device + seam)" pytest.txt 150 "$PY" -m pytest -q -rs -p no:cacheprovider \
+    tests/test_graphs_gpu.py tests/test_graphs_device_unit.py
+
+if [ $DEVICE = 1 ]; then
+    for mode in guarded driver unguarded; do
+        part "capture aftermath ($mode)" aftermath.txt 60 "$PY" benchmarks/capture_aftermath.py --mode "$mode"
+    done
+    for backend in torch triton; do
+        part "worker end to end ($backend)" worker.txt 90 "$PY" -m attnhal demo --backend "$backend" \
+            --spec-steps 3 --topk 2 --draft-tokens 4 --batch-size 8 --max-bs 8 --max-new-tokens 32 --json
+    done
+    part "decode graph replay vs eager" replay.txt 120 "$PY" benchmarks/graph_replay.py
+    part "triton bandwidth + prefill" bandwidth.txt 150 "$PY" benchmarks/gpu_bandwidth.py --check
+    for backend in torch triton; do
+        part "conformance $backend (real graphs)" conformance.txt 90 "$PY" -m attnhal conformance "$backend"
+    done
+else
+    skip "capture aftermath (guarded, driver, unguarded)"
+    skip "worker end to end (torch, triton)"
+    skip "decode graph replay vs eager"
+    TRITON_INTERPRET=1 part "benchmark call sites vs sdpa (cpu)" bandwidth.txt 60 \
+        "$PY" benchmarks/gpu_bandwidth.py --check
+    skip "triton bandwidth + prefill"
+    skip "conformance torch, triton (real graphs)"
+fi
+note "done in ${SECONDS}s: $([ $FAILED = 0 ] && echo 'no part failed' || echo 'some part FAILED')"
+exit $FAILED

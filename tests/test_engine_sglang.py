@@ -1,0 +1,241 @@
+"""SGLang adapter: SGLang's server arguments in, attnhal's plan inputs and plan out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from attnhal.capabilities import Phase
+from attnhal.cli import main
+from attnhal.engines import sglang
+
+EAGLE = {"attention_backend": "triton", "speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
+         "speculative_eagle_topk": 1}
+
+
+def test_parse_cli_forms() -> None:
+    argv = ["--attention-backend", "aiter", "--speculative-num-steps=2", "--disable-cuda-graph",
+            "--cuda-graph-bs", "1", "2", "4", "--port", "30000"]
+    assert sglang.parse_cli(argv) == {"attention_backend": "aiter", "speculative_num_steps": "2",
+                                      "disable_cuda_graph": True, "cuda_graph_bs": "1 2 4", "port": "30000"}
+    with pytest.raises(sglang.EngineArgError, match="--page-size needs a value"):
+        sglang.parse_cli(["--page-size"])
+
+
+def test_dict_and_namespace_give_the_same_config() -> None:
+    a = sglang.from_server_args(EAGLE, model="mha")
+    b = sglang.from_server_args(argparse.Namespace(**EAGLE), model="mha")
+    assert a == b
+    assert a.spec.num_steps == 3 and a.spec.num_draft_tokens == 4 and a.context.page_size == 1
+
+
+@pytest.mark.parametrize("args,flag", [
+    ({"attention_backend": "fa9"}, "--attention-backend"),
+    ({"decode_attention_backend": "nope", "attention_backend": "triton"}, "--decode-attention-backend"),
+    ({**EAGLE, "enable_dp_attention": True}, "--enable-dp-attention"),
+    ({**EAGLE, "speculative_algorithm": "DFLASH"}, "--speculative-algorithm"),
+    ({**EAGLE, "speculative_eagle_topk": 0}, "--speculative-eagle-topk"),
+    ({**EAGLE, "speculative_eagle_topk": 2}, "--speculative-num-draft-tokens"),
+    ({**EAGLE, "page_size": "x"}, "--page-size"),
+    ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 1}, "--attention-backend"),
+    ({**EAGLE, "speculative_num_steps": None}, "--speculative-num-steps"),
+])
+def test_bad_flags_name_the_flag(args: dict[str, object], flag: str) -> None:
+    with pytest.raises(sglang.EngineArgError) as info:
+        sglang.from_server_args(args)
+    assert info.value.flag == flag and str(info.value).startswith(flag)
+
+
+def test_harmless_flags_are_listed_as_ignored() -> None:
+    config = sglang.from_server_args({**EAGLE, "model_path": "x", "tp_size": 8, "port": 1})
+    assert config.ignored == ("model_path", "port", "tp_size")
+
+
+def test_roles_follow_sglang() -> None:
+    args = {**EAGLE, "prefill_attention_backend": "fa3", "decode_attention_backend": "flashinfer"}
+    assert sglang.from_server_args(args).roles == {
+        "prefill": "fa3", "decode": "flashinfer", "target_verify": "fa3", "draft_decode": "flashinfer",
+        "draft_extend": "fa3"}
+    decode_mode = sglang.from_server_args({**args, "speculative_attention_mode": "decode"}).roles
+    assert decode_mode["target_verify"] == decode_mode["draft_extend"] == "flashinfer"
+    draft = sglang.from_server_args({**args, "speculative_draft_attention_backend": "triton"}).roles
+    assert draft["draft_decode"] == draft["draft_extend"] == "triton" and draft["target_verify"] == "fa3"
+    one_step = sglang.from_server_args({**EAGLE, "speculative_num_steps": 1}).roles
+    assert one_step["draft_decode"] is None
+    # cute-dsl MLA is decode-only: prefill and draft extend run trtllm_mla (aliases resolve too).
+    cute = sglang.from_server_args({**EAGLE, "attention_backend": "tokenspeed_mla"}).roles
+    assert cute["decode"] == "cutedsl_mla" and cute["prefill"] == cute["draft_extend"] == "trtllm_mla"
+    split = sglang.from_server_args({**EAGLE, "attention_backend": "fa3", "decode_attention_backend": "cutedsl_mla"})
+    assert split.roles["prefill"] == "trtllm_mla"  # SGLang fills the prefill backend (overrides.py:1233-1260)
+    assert sglang.from_server_args({**EAGLE, "attention_backend": "nsa"}).roles["decode"] == "dsa"
+
+
+def test_topk_1_sets_draft_tokens_like_sglang_and_says_so() -> None:
+    config = sglang.from_server_args({**EAGLE, "speculative_num_draft_tokens": 9, "cuda_graph_max_bs": 8})
+    assert config.spec.num_draft_tokens == 4
+    assert config.notes == ("speculative_num_draft_tokens=9 -> 4: SGLang sets num_steps + 1 for topk 1",)
+    assert "GPU memory" in sglang.from_server_args(EAGLE).notes[0]
+
+
+def test_dtypes_reach_the_context() -> None:
+    config = sglang.from_server_args({**EAGLE, "dtype": "half", "kv_cache_dtype": "fp8_e4m3"})
+    assert (config.context.dtype, config.context.kv_dtype) == ("float16", "fp8_e4m3")
+    auto = sglang.from_server_args({**EAGLE, "dtype": "auto", "kv_cache_dtype": "auto"}).context
+    assert (auto.dtype, auto.kv_dtype) == (None, None)
+    fa3 = sglang.plan_server_args({**EAGLE, "attention_backend": "fa3", "kv_cache_dtype": "fp8_e5m2"}, "cuda:sm90")
+    assert not fa3.valid and "kv_dtype=fp8_e5m2" in str(fa3[Phase.TARGET_VERIFY].reasons[0])
+
+
+def test_graph_switches() -> None:
+    for off in ({"disable_cuda_graph": True}, {"disable_decode_cuda_graph": "true"},
+                {"cuda_graph_backend_decode": "disabled"}):
+        assert not sglang.plan_server_args({**EAGLE, **off}, "cuda:sm90", model="mha").captured
+    env = {sglang.DRAFT_EXTEND_GRAPH_OFF: "1"}
+    result = sglang.plan_server_args(EAGLE, "cuda:sm90", env=env, model="mha")
+    assert not result[Phase.DRAFT_EXTEND].capture and result[Phase.TARGET_VERIFY].capture
+    sizes = sglang.from_server_args({**EAGLE, "cuda_graph_bs_decode": "1 3 5"}).policy
+    assert sizes.capture_sizes() == (1, 3, 5) and sizes.max_batch_size == 5
+    policy = sglang.from_server_args({**EAGLE, "cuda_graph_max_bs": 40}).policy
+    assert policy.max_batch_size == 40
+    assert policy.capture_sizes() == (*range(1, 9), *range(10, 33, 2), 40)  # SGLang's speculative list
+    plain = sglang.from_server_args({"attention_backend": "triton", "cuda_graph_max_bs": 40}).policy
+    assert plain.capture_sizes() == (1, 2, 4, 8, 12, 16, 24, 32, 40)
+    unpadded = sglang.from_server_args({**EAGLE, "cuda_graph_max_bs": 5, "disable_cuda_graph_padding": True})
+    assert unpadded.policy.capture_sizes() == (1, 2, 3, 4, 5)
+
+
+def test_ngram_verifies_only() -> None:
+    result = sglang.plan_server_args({"attention_backend": "flashinfer", "speculative_algorithm": "NGRAM",
+                                      "speculative_num_draft_tokens": 8,
+                                      "speculative_ngram_max_bfs_breadth": 2}, "cuda:sm90", model="mha")
+    assert result.valid and [p for p in Phase if result[p].runs] == [Phase.PREFILL, Phase.TARGET_VERIFY]
+    roles = sglang.from_server_args({"attention_backend": "flashinfer", "speculative_algorithm": "NGRAM",
+                                     "speculative_num_draft_tokens": 8}).roles
+    assert roles["draft_decode"] is None and roles["draft_extend"] is None and roles["target_verify"] == "flashinfer"
+    assert result[Phase.TARGET_VERIFY].capture
+
+
+def test_aiter_trees_are_invalid_at_draft_extend() -> None:
+    result = sglang.plan_server_args({**EAGLE, "attention_backend": "aiter", "speculative_eagle_topk": 2,
+                                      "speculative_num_draft_tokens": 5}, "hip:gfx942", model="mha")
+    assert not result.valid
+    codes = {r.code.value for r in result[Phase.DRAFT_EXTEND].reasons}
+    assert "spec_limit" in codes
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+SEED = ["--", "--attention-backend", "aiter", "--speculative-algorithm", "EAGLE",
+        "--speculative-num-steps", "1", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2",
+        "--platform", "hip:gfx942"]
+
+
+def test_cli_seed_scenario_captures_draft_extend(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", *SEED)
+    assert code == 0, out
+    extend = next(line for line in out.splitlines() if line.startswith("draft_extend"))
+    assert extend.split()[1:4] == ["yes", "yes", "sglang:aiter"]
+    assert "roles:" in out and "plan: valid" in out
+    assert "why: draft_extend is captured" in out
+    assert "engine differs (sglang:aiter)" in out and "eagle_worker_v2.py:546-565" in out and "D1" in out
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--json", *SEED, "--port", "30000")
+    data = json.loads(out)
+    assert data["plan"]["phases"]["draft_extend"]["capture"] is True and data["ignored"] == ["port"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--attention-backend", "fa9"], "--attention-backend"),
+    (["--enable-dp-attention"], "--enable-dp-attention"),
+    (["--platform"], "--platform"),
+])
+def test_cli_bad_engine_flags_exit_2(capsys: pytest.CaptureFixture[str], extra: list[str], needle: str) -> None:
+    code, _, err = run(capsys, "plan", "--engine", "sglang", *SEED, *extra)
+    assert code == 2 and needle in err
+
+
+def test_cli_engine_flags_need_engine_and_attnhal_flags_stay_out(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "plan", *SEED)
+    assert code == 2 and "need --engine" in err
+    code, _, err = run(capsys, "plan", "--engine", "sglang", "--page-size", "16", *SEED)
+    assert code == 2 and "--page-size with --engine" in err
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE3", "NEXTN", "STANDALONE"])
+@pytest.mark.parametrize("backend,platform", [("aiter", "hip:gfx942"), ("triton", "cuda:sm90"), ("fa3", "cuda:sm90")])
+def test_eagle_family_plans_like_eagle(algorithm: str, backend: str, platform: str) -> None:
+    for steps in (1, 3):
+        base = {**EAGLE, "attention_backend": backend, "speculative_num_steps": steps}
+        eagle = sglang.plan_server_args(base, platform, model="mha")
+        other = sglang.plan_server_args({**base, "speculative_algorithm": algorithm}, platform, model="mha")
+        assert other.spec.algorithm.value == {"EAGLE3": "eagle3", "NEXTN": "mtp", "STANDALONE": "standalone"}[algorithm]
+        assert [(p, d.runs, d.capture) for p, d in other.phases.items()] == \
+            [(p, d.runs, d.capture) for p, d in eagle.phases.items()]
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_BACKENDS = st.sampled_from(["triton", "aiter", "fa3", "fa4", "flashinfer", "flashmla", "nsa", "torch_native", "wave",
+                             "cutedsl_mla", "trtllm_mha", "nope"])
+_VALUES = {
+    "decode_attention_backend": st.sampled_from(["triton", "aiter", "flashinfer", "trtllm_mla"]),
+    "speculative_num_draft_tokens": st.integers(2, 20),
+    "speculative_attention_mode": st.sampled_from(["prefill", "decode"]),
+    "page_size": st.sampled_from([1, 16, 32, 64, 128]),
+    "kv_cache_dtype": st.sampled_from(["auto", "fp8_e4m3", "fp8_e5m2"]),
+    "disable_cuda_graph": st.booleans(),
+    "cuda_graph_bs_decode": st.sampled_from(["1 2 4", [8, 16]]),
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(args=st.fixed_dictionaries({"attention_backend": _BACKENDS, "speculative_num_steps": st.integers(1, 6),
+                                   "speculative_eagle_topk": st.integers(1, 4),
+                                   "speculative_algorithm": st.sampled_from(["EAGLE", "NEXTN", "NGRAM", "DFLASH"])},
+                                  optional=_VALUES),
+       platform=st.sampled_from(["cuda:sm90", "cuda:sm100", "hip:gfx942", "hip:gfx90a", "cpu"]),
+       model=st.sampled_from([None, "mha", "mla"]))
+def test_any_flags_give_a_plan_or_an_error_naming_a_flag(args: dict[str, object], platform: str,
+                                                          model: str | None) -> None:
+    try:
+        config = sglang.from_server_args(args, model=model)
+    except sglang.EngineArgError as exc:
+        assert exc.flag.startswith("--") and str(exc).startswith(exc.flag)
+        return
+    result = config.plan(platform)  # never raises for any accepted flags
+    for decision in result.phases.values():
+        assert decision.capture <= decision.runs
+        assert decision.capture or decision.reasons  # every "no" has a reason
+
+
+def test_a_full_server_args_object_through_the_modelled_names() -> None:
+    """docs/engine.md: from a ServerArgs-like object, pass the modelled names (unset ones are None)."""
+    server_args = argparse.Namespace(**EAGLE, enable_dp_attention=False, tp_size=8, page_size=None)
+    args = {name: getattr(server_args, name, None) for name in sglang.FLAGS}
+    assert sglang.from_server_args(args).plan("cuda:sm90").valid
+    with pytest.raises(sglang.EngineArgError, match="--enable-dp-attention"):
+        sglang.from_server_args(server_args)
+
+
+def test_cli_explain_with_engine_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--", "--attention-backend", "fa3", "--decode-attention-backend", "flashinfer",
+             "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2", "--platform", "cuda:sm100"]
+    code, out, _ = run(capsys, "explain", "--engine", "sglang", *flags)
+    assert code == 1
+    assert "backend 'sglang:fa3' (prefill, target_verify, draft_extend) on cuda:sm100:" in out
+    assert "does not fit: [arch] arch=sm100" in out
+    assert "backend 'sglang:flashinfer' (decode, draft_decode) on cuda:sm100:\n  fits this request" in out
+    assert "plan: INVALID" in out
+    code, out, _ = run(capsys, "explain", "--engine", "sglang", "--json", *flags)
+    data = json.loads(out)
+    assert code == 1 and [b["fits"] for b in data["backends"]] == [False, True]
+    code, out, _ = run(capsys, "explain", "--engine", "vllm", "--", "--attention-backend", "ROCM_AITER_FA",
+                       "--platform", "hip:gfx942")
+    assert code == 0 and "fits this request" in out and "AttentionCGSupport UNIFORM_BATCH" in out
+    assert run(capsys, "explain", "--platform", "cuda:sm90")[0] == 2

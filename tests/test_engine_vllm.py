@@ -1,0 +1,123 @@
+"""vLLM adapter: descriptor <-> AttentionCGSupport, the minimum over groups, the graph mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnhal import catalog
+from attnhal.cli import main
+from attnhal.engines.flags import EngineArgError
+from attnhal.engines.vllm import (
+    CGSupport,
+    GraphMode,
+    catalog_support,
+    descriptor_for_level,
+    from_engine_args,
+    min_support,
+    resolve_mode,
+    support_level,
+)
+from attnhal.platform import parse
+
+PLATFORM = {"cuda": "cuda:sm90", "hip": "hip:gfx942", "cpu": "cpu"}
+
+
+@pytest.mark.parametrize("level", list(CGSupport))
+def test_level_to_descriptor_and_back(level: CGSupport) -> None:
+    caps = descriptor_for_level("x", level, ["cuda", "hip"])
+    for spec in ("cuda:sm90", "hip:gfx942"):
+        # ALWAYS comes back as UNIFORM_BATCH: mixed prefill+decode graphs have no attnhal phase.
+        assert support_level(caps, parse(spec)) is min(level, CGSupport.UNIFORM_BATCH)
+
+
+@pytest.mark.parametrize("entry", catalog.entries("vllm"), ids=lambda e: e.name)
+def test_catalogued_descriptors_earn_their_recorded_level(entry: catalog.CatalogEntry) -> None:
+    vendor = min(v.value for v in entry.descriptor.vendors)
+    recorded = catalog_support(entry.qualified_name)
+    assert support_level(entry.descriptor, parse(PLATFORM[vendor])) is min(recorded, CGSupport.UNIFORM_BATCH)
+
+
+def test_minimum_over_attention_groups_names_the_backend() -> None:
+    groups = {"FlashAttentionBackend": CGSupport.ALWAYS, "Mamba2AttentionBackend": CGSupport.UNIFORM_BATCH,
+              "CutlassMLABackend": CGSupport.UNIFORM_SINGLE_TOKEN_DECODE}
+    assert min_support(groups) == (CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "CutlassMLABackend")
+    assert min_support({}) == (CGSupport.ALWAYS, None)
+
+
+@pytest.mark.parametrize("requested,support,query_len,split,expected", [
+    (GraphMode.FULL_AND_PIECEWISE, CGSupport.ALWAYS, 4, True, GraphMode.FULL_AND_PIECEWISE),
+    (GraphMode.FULL_AND_PIECEWISE, CGSupport.UNIFORM_BATCH, 4, True, GraphMode.FULL_AND_PIECEWISE),
+    (GraphMode.FULL, CGSupport.UNIFORM_BATCH, 1, True, GraphMode.FULL_AND_PIECEWISE),
+    (GraphMode.FULL, CGSupport.UNIFORM_BATCH, 1, False, GraphMode.FULL_DECODE_ONLY),
+    (GraphMode.FULL_AND_PIECEWISE, CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, 1, True, GraphMode.FULL_AND_PIECEWISE),
+    (GraphMode.FULL_AND_PIECEWISE, CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, 4, True, GraphMode.PIECEWISE),
+    (GraphMode.FULL_DECODE_ONLY, CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, 4, False, GraphMode.NONE),
+    (GraphMode.FULL_AND_PIECEWISE, CGSupport.NEVER, 1, True, GraphMode.PIECEWISE),
+    (GraphMode.PIECEWISE, CGSupport.NEVER, 4, True, GraphMode.PIECEWISE),
+    (GraphMode.NONE, CGSupport.ALWAYS, 1, True, GraphMode.NONE),
+])
+def test_resolve_mode_follows_vllm(requested: GraphMode, support: CGSupport, query_len: int, split: bool,
+                                   expected: GraphMode) -> None:
+    result = resolve_mode(requested, support, query_len, attention_split=split)
+    assert result.mode is expected and result.error is None
+    assert len(result.steps) == (0 if expected is requested else len(result.steps))
+    assert all("->" in step for step in result.steps)
+
+
+def test_full_with_never_is_an_error_and_piecewise_needs_a_piecewise_model() -> None:
+    result = resolve_mode(GraphMode.FULL, CGSupport.NEVER)
+    assert result.mode is None and "PIECEWISE" in (result.error or "")
+    assert resolve_mode(GraphMode.FULL_AND_PIECEWISE, CGSupport.ALWAYS,
+                        piecewise_available=False).mode is GraphMode.FULL_DECODE_ONLY
+    assert resolve_mode(GraphMode.PIECEWISE, CGSupport.ALWAYS, piecewise_available=False).mode is GraphMode.NONE
+
+
+def test_catalog_support_refuses_other_engines() -> None:
+    with pytest.raises(catalog.CatalogError, match="vllm"):
+        catalog_support("sglang:aiter")
+
+
+def test_engine_args_resolve_the_mode_and_plan() -> None:
+    config = from_engine_args({"attention_backend": "flash_attn", "spec_method": "eagle3", "spec_tokens": 3})
+    assert config.backend == "vllm:FLASH_ATTN" and config.spec.num_draft_tokens == 4
+    assert config.requested is GraphMode.FULL_AND_PIECEWISE and config.resolution.mode is GraphMode.FULL_AND_PIECEWISE
+    result = config.plan("cuda:sm90", "mha")
+    assert result.valid and result["target_verify"].capture and result.spec.algorithm.value == "eagle3"
+    cutlass = from_engine_args({"attention_backend": "CUTLASS_MLA",
+                                "speculative_config": '{"method": "deepseek_mtp", "num_speculative_tokens": 2}'})
+    assert cutlass.resolution.mode is GraphMode.PIECEWISE and not cutlass.plan("cuda:sm100", "mla").captured
+    ngram = from_engine_args({"attention_backend": "TRITON_ATTN", "spec_method": "ngram", "spec_tokens": 4,
+                              "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}, "max_model_len": 8})
+    assert ngram.spec.algorithm.value == "ngram" and ngram.spec.num_draft_tokens == 5 and ngram.ignored == ("max_model_len",)
+    assert from_engine_args({"attention_backend": "TRITON_ATTN", "enforce_eager": True}).resolution.mode is GraphMode.NONE
+
+
+@pytest.mark.parametrize("args,flag", [
+    ({}, "--attention-backend"),
+    ({"attention_backend": "FLASH_ATTN4"}, "--attention-backend"),
+    ({"attention_backend": "FLASH_ATTN", "spec_tokens": 3}, "--spec-tokens"),
+    ({"attention_backend": "FLASH_ATTN", "compilation_config": '{"level": 3}'}, "--compilation-config.level"),
+    ({"attention_backend": "FLASH_ATTN", "compilation_config": '{"cudagraph_mode": "ALL"}'},
+     "--compilation-config.cudagraph_mode"),
+    ({"attention_backend": "FLASH_ATTN", "kv_transfer_config": "{}"}, "--kv-transfer-config"),
+])
+def test_bad_engine_args_name_the_flag(args: dict[str, object], flag: str) -> None:
+    with pytest.raises(EngineArgError) as info:
+        from_engine_args(args)
+    assert info.value.flag == flag
+
+
+def test_cli_plan_with_vllm_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--engine", "vllm", "--", "--attention-backend", "CUTLASS_MLA", "--spec-method", "mtp",
+            "--spec-tokens", "3", "--platform", "cuda:sm100", "--model", "mla"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "AttentionCGSupport UNIFORM_SINGLE_TOKEN_DECODE" in out
+    assert "cudagraph_mode: FULL_AND_PIECEWISE -> PIECEWISE" in out and "needs UNIFORM_BATCH" in out
+    assert main(["plan", "--engine", "vllm", "--json", *argv[3:]]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cudagraph_mode"]["resolved"] == "PIECEWISE" and data["cg_support"] == "UNIFORM_SINGLE_TOKEN_DECODE"
+    assert main(["plan", "--engine", "vllm", "--", "--attention-backend", "NOPE"]) == 2
+    assert "--attention-backend" in capsys.readouterr().err
