@@ -407,18 +407,24 @@ def test_unclaimed_feature_is_refused_not_ignored() -> None:
 
 def test_tree_mask_packs_into_int32_words() -> None:
     """40 draft tokens: two mask words per query (bit 31 included, two's complement),
-    then the token's depth."""
-    from attnhal_triton.backend import _pack_tree
+    then the token's depth; packing again into the same buffers (graph replay) gives
+    the fresh result."""
+    from attnhal_triton.backend import _bit_weights, _new_tree, _pack_tree
 
     gen = torch.Generator().manual_seed(0)
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, 40)]
     mask = torch.stack([tree_mask(parents), torch.ones(40, 40, dtype=torch.bool).tril()])
-    tree = _pack_tree(mask)
+    tree = _new_tree(mask)
     assert tree is not None and tree.shape == (2, 40, 3) and tree.dtype == torch.int32
     unpacked = (tree[..., :2].long().unsqueeze(-1) >> torch.arange(32)) & 1
     assert torch.equal(unpacked.flatten(-2)[..., :40].bool(), mask)
     assert tree[1, :, 2].tolist() == list(range(40))
     assert tree[0, :, 2].tolist() == (mask[0].sum(-1) - 1).tolist()
+    out = torch.zeros(2, 40, 3, dtype=torch.int32)
+    bits = torch.zeros(2, 40, 64, dtype=torch.int32)
+    for m in (mask.flip(0), mask):
+        _pack_tree(m, out, bits, _bit_weights(m.device))
+    assert torch.equal(out, tree)
 
 
 def test_empty_and_unused_splits_are_skipped() -> None:

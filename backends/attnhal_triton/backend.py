@@ -74,6 +74,7 @@ class _GraphState:
     num_splits: torch.Tensor
     mid_o: torch.Tensor
     mid_lse: torch.Tensor
+    bit_weights: torch.Tensor
     by_shape: dict[tuple[str, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
 
     def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
@@ -130,7 +131,7 @@ class TritonBackend(AttentionBackend):
         kernel = _kernel_of(batch)
         splits = _split_counts(batch.seq_lens, self.rows[kernel]) if _splits(kernel) else None
         mid = self._eager_mid_for(_partial_rows(batch)) if splits is not None else None
-        tree = _pack_tree(_mask(batch))
+        tree = _new_tree(_mask(batch))
         self._meta = _make_meta(batch, kernel, batch.req_pool_indices, batch.seq_lens,
                                 batch.extend_lens, splits, tree, mid)
 
@@ -156,7 +157,7 @@ class TritonBackend(AttentionBackend):
             seq_lens=torch.ones(max_bs, dtype=torch.int32, device=dev),
             ext_lens=torch.ones(max_bs, dtype=torch.int32, device=dev),
             num_splits=torch.ones(max_bs, dtype=torch.int32, device=dev),
-            mid_o=mid_o, mid_lse=mid_lse,
+            mid_o=mid_o, mid_lse=mid_lse, bit_weights=_bit_weights(dev),
         )
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
@@ -207,7 +208,8 @@ class TritonBackend(AttentionBackend):
         if mask is not None:
             t = mask.shape[-1]
             tree = state.buffer("tree", (t, _words(t) + 1), torch.int32, allocate)[:bs]
-            _pack_tree(mask, out=tree)
+            bits = state.buffer("tree_bits", (t, _words(t) * 32), torch.int32, allocate)[:bs]
+            _pack_tree(mask, tree, bits, state.bit_weights)
         return req, seq, ext, splits, tree
 
     def _eager_mid_for(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -365,29 +367,42 @@ def _words(t: int) -> int:
     return -(-t // 32)
 
 
-def _pack_tree(mask: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Tree mask ``[bs, T, T]`` bool -> ``[bs, T, W + 1]`` int32 with ``W = ceil(T / 32)``.
+def _bit_weights(device: torch.device) -> torch.Tensor:
+    """``[32]`` int32 ``1 << k``; bit 31 is int32's sign bit (two's complement words)."""
+    return torch.ones(32, dtype=torch.int32, device=device).bitwise_left_shift_(
+        torch.arange(32, dtype=torch.int32, device=device))
+
+
+def _new_tree(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Eager batches: the packed tree mask in fresh tensors (see :func:`_pack_tree`)."""
+    if mask is None:
+        return None
+    bs, t, _ = mask.shape
+    out = torch.empty((bs, t, _words(t) + 1), dtype=torch.int32, device=mask.device)
+    bits = torch.zeros((bs, t, _words(t) * 32), dtype=torch.int32, device=mask.device)
+    return _pack_tree(mask, out, bits, _bit_weights(mask.device))
+
+
+def _pack_tree(mask: torch.Tensor, out: torch.Tensor, bits: torch.Tensor,
+               weights: torch.Tensor) -> torch.Tensor:
+    """Tree mask ``[bs, T, T]`` bool -> ``out`` ``[bs, T, W + 1]`` int32, ``W = ceil(T / 32)``.
 
     Bit ``j % 32`` of word ``j // 32`` of query ``i`` is ``mask[:, i, j]``; word ``W`` is
     draft ``i``'s depth, the number of draft tokens it attends minus one (its KV position
     is ``prefix + depth``). The kernel reads one word per 32 draft tokens instead of a
-    byte per token, and one pointer for mask and depths. Written into ``out`` when given.
+    byte per token, and one pointer for mask and depths.
+
+    Only in-place and ``out=`` ops, so graph replay allocates nothing: ``bits``
+    ``[bs, T, 32 W]`` int32 is scratch whose columns past ``T`` must be zero (they stay
+    zero: only the first ``T`` are rewritten), ``weights`` is :func:`_bit_weights`.
     """
-    if mask is None:
-        return None
     bs, t, _ = mask.shape
     words = _words(t)
-    padded = torch.zeros((bs, t, words * 32), dtype=torch.int64, device=mask.device)
-    padded[..., :t] = mask.to(torch.int64)
-    weights = torch.ones(32, dtype=torch.int64, device=mask.device).bitwise_left_shift_(
-        torch.arange(32, device=mask.device))
-    packed = (padded.view(bs, t, words, 32) * weights).sum(-1)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # int32 two's complement
-    depth = mask.sum(-1, keepdim=True) - 1
-    tree = torch.cat([packed, depth], -1).to(torch.int32)
-    if out is None:
-        return tree
-    return out.copy_(tree)
+    bits[..., :t].copy_(mask)
+    weighted = bits.view(bs, t, words, 32).mul_(weights)
+    torch.sum(weighted, -1, dtype=torch.int32, out=out[..., :words])  # disjoint bits: sum == OR
+    torch.sum(mask, -1, dtype=torch.int32, out=out[..., words]).sub_(1)
+    return out
 
 
 def _make_meta(batch: ForwardBatch, kernel: str, req: torch.Tensor, seq: torch.Tensor,
