@@ -248,8 +248,11 @@ def _clean_env() -> dict[str, str]:
 
 def test_compile_check_compiles_for_every_target_without_spills() -> None:
     """One decode and one tree-verify kernel per target (fp8 in the target's flavour where it
-    has one), in a process without TRITON_INTERPRET."""
-    targets = ["cuda:80", "cuda:90", "hip:gfx90a", "hip:gfx942", "hip:gfx950"]
+    has one), in a process without TRITON_INTERPRET. CI compiles one target per fp8 flavour
+    and vendor; ``ATTNHAL_SLOW=1`` adds the pre-fp8 ones (sm80, gfx90a)."""
+    targets = ["cuda:90", "hip:gfx942", "hip:gfx950"]
+    if os.environ.get("ATTNHAL_SLOW"):
+        targets += ["cuda:80", "hip:gfx90a"]
     done = subprocess.run(
         [sys.executable, "-m", "attnhal_triton.compile_check", "--json", "--kernels", "decode",
          "extend_verify_tree", "--dtypes", "bfloat16", "fp8", "--head-sizes", "128", "--targets", *targets],
