@@ -92,7 +92,8 @@ def test_python_dash_m_entry():
 def test_info_lists_the_torch_backend_available_on_cpu(capsys):
     code, out, _ = run(capsys, "info", "--platform", "cpu", "--json")
     backends = json.loads(out)["backends"]
-    assert code == 0 and backends["torch"] == {"available": True, "reasons": []}
+    assert code == 0 and backends["torch"]["available"] is True and backends["torch"]["reasons"] == []
+    assert "draft_decode" in backends["torch"]["capabilities"]["graph"]
     _, text, _ = run(capsys, "info", "--platform", "cpu")
     torch_row = next(line for line in text.splitlines() if line.startswith("torch "))
     assert "available" in torch_row and "unavailable" not in torch_row
@@ -139,7 +140,7 @@ def test_plan_context_roles_and_policy_flags(capsys):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--platform", "cuda:"], "--platform"),
-    (["--max-bs", "5000"], "max_batch_size=5000 (supported: 1..4096)"),
+    (["--max-bs", "5000"], "--max-bs=5000 (supported: an integer 1..4096)"),
     (["--adaptive-steps", "1,x"], "--adaptive-steps='1,x'"),
     (["--model", "moe"], "--model='moe'"),
     (["--spec-algorithm", "medusa"], "--spec-algorithm='medusa'"),

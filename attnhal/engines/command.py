@@ -50,7 +50,7 @@ def _attnhal_flags_given(args: argparse.Namespace) -> list[str]:
     from attnhal.cli import build_parser
 
     defaults = vars(build_parser().parse_args([args.command]))
-    keep = {"engine", "engine_args", "func", "json", "command", *OWN_FLAGS}
+    keep = {"engine", "engine_args", "func", "json", "command", "argv", "debug", *OWN_FLAGS}
     return ["--" + k.replace("_", "-") for k, v in vars(args).items() if k not in keep and v != defaults.get(k)]
 
 

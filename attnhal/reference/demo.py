@@ -18,15 +18,39 @@ __all__ = ["DemoConfig", "DemoReport", "run_demo"]
 
 @dataclass(frozen=True)
 class DemoConfig:
+    """One ``attnhal demo`` run; every field is a flag of the command."""
+
     spec: SpecConfig
     platform: Platform
     backend: str | None = None
     batch_size: int = 4
     max_new_tokens: int = 32
     graphs: bool = True
-    seed: int = 0
+    seed: int = 0  # the prompts (and the model, unless model_seed is given)
+    max_prompt_len: int = 16  # prompt lengths are drawn in min(3, max)..max
+    max_bs: int | None = None  # largest capture batch size; default batch_size
+    model_seed: int | None = None
     page_size: int = 1
     kv_dtype: str = "float32"
+
+    @property
+    def capture_sizes(self) -> tuple[int, ...]:
+        return GraphPolicy(max_batch_size=self.max_bs or self.batch_size).capture_sizes()
+
+    def models(self) -> tuple[TinyLlama, TinyLlama]:
+        """The target and its draft."""
+        target = TinyLlama(ModelConfig(seed=self.seed if self.model_seed is None else self.model_seed))
+        return target, draft_of(target)
+
+    def prompts(self, vocab: int) -> list[list[int]]:
+        generator = torch.Generator().manual_seed(self.seed)
+        shortest = min(3, self.max_prompt_len)
+        lengths = torch.randint(shortest, self.max_prompt_len + 1, (self.batch_size,), generator=generator).tolist()
+        return [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+    def context_len(self, prompts: list[list[int]]) -> int:
+        """Tokens per request the KV pool must hold: prompt, generation and draft tokens."""
+        return max(map(len, prompts)) + self.max_new_tokens + 2 * self.spec.max_draft_tokens + 8
 
 
 @dataclass
@@ -52,12 +76,6 @@ class DemoReport:
                 "greedy_tokens_per_s": self.greedy_tokens_per_s, "runs": self.runs, "lossless": self.lossless}
 
 
-def _prompts(cfg: DemoConfig, vocab: int) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(cfg.seed)
-    lengths = torch.randint(3, 17, (cfg.batch_size,), generator=generator).tolist()
-    return [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
-
-
 def _timed(worker: SpecWorker, prompts: list[list[int]], max_new: int) -> tuple[Generation, float]:
     start = time.perf_counter()
     out = worker.generate(prompts, max_new)
@@ -66,12 +84,12 @@ def _timed(worker: SpecWorker, prompts: list[list[int]], max_new: int) -> tuple[
 
 def run_demo(cfg: DemoConfig) -> DemoReport:
     """Plain greedy, then speculative decoding eager and with graphs; returns the report."""
-    target = TinyLlama(ModelConfig(seed=cfg.seed))
-    draft = draft_of(target)
-    prompts = _prompts(cfg, target.cfg.vocab_size)
-    context = max(map(len, prompts)) + cfg.max_new_tokens + 2 * cfg.spec.max_draft_tokens + 8
-    sizes = GraphPolicy(max_batch_size=cfg.batch_size).capture_sizes()
-    common: dict[str, Any] = dict(platform=cfg.platform, backend=cfg.backend, max_context_len=context,
+    target, draft = cfg.models()
+    prompts = cfg.prompts(target.cfg.vocab_size)
+    sizes = cfg.capture_sizes
+    common: dict[str, Any] = dict(platform=cfg.platform, backend=cfg.backend,
+                                  max_context_len=cfg.context_len(prompts),
+                                  max_requests=max(cfg.batch_size, 2 * sizes[-1]),
                                   page_size=cfg.page_size, kv_dtype=cfg.kv_dtype)
 
     greedy = SpecWorker(target, None, SpecConfig(), policy=GraphPolicy(enabled=False, batch_sizes=sizes), **common)

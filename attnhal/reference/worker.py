@@ -21,7 +21,7 @@ extend. Draft-decode K/V go to scratch slots owned by the worker.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
@@ -66,6 +66,9 @@ class Generation:
     tokens: list[list[int]]
     accepted: list[int] = field(default_factory=list)  # accepted draft tokens per verify, per request
     verify_steps: int = 0
+    #: Requests stopped before ``max_new_tokens`` (index -> why): their KV did not fit.
+    #: Their tokens are every token committed so far (a prefix of the full answer).
+    stopped: dict[int, str] = field(default_factory=dict)
 
     @property
     def mean_accept_length(self) -> float:
@@ -84,6 +87,7 @@ class _Request:
     # Positions whose pages the request owns (pages outlive rejected drafts: reused next step).
     target_cap: int = 0
     draft_cap: int = 0
+    index: int = 0  # position in the generate call's prompts
 
 
 def _pick(registry: Registry, platform: Platform, model: TinyLlama, name: str | None, page_size: int,
@@ -241,22 +245,68 @@ class SpecWorker:
         if not prompts or any(not p for p in prompts) or len(prompts) > self.max_requests:
             raise ValueError(f"prompts: {len(prompts)} (supported: 1..{self.max_requests} non-empty token lists; "
                              "raise max_requests for more)")
-        reqs = [_Request(list(p), len(p), self.target_pool.alloc_req()) for p in prompts]
+        reqs = [_Request(list(p), len(p), self.target_pool.alloc_req(), index=i) for i, p in enumerate(prompts)]
         result = Generation(tokens=[])
         try:
-            self._prefill(reqs)
-            active = [r for r in reqs if len(r.tokens) - r.prompt_len < max_new_tokens]
+            admitted = self._admit(reqs, result, self._prefill_end)
+            if admitted:
+                self._prefill(admitted)
+            active = [r for r in admitted if len(r.tokens) - r.prompt_len < max_new_tokens]
             while active:
                 for chunk in self._chunks(active):
-                    if "draft_extend" in self.classes:
+                    chunk = self._admit(chunk, result, self._step_end)
+                    if chunk and "draft_extend" in self.classes:
                         self._speculate(chunk, result)
-                    else:
+                    elif chunk:
                         self._decode(chunk)
-                active = [r for r in active if len(r.tokens) - r.prompt_len < max_new_tokens]
+                active = [r for r in active if r.index not in result.stopped
+                          and len(r.tokens) - r.prompt_len < max_new_tokens]
         finally:
             self._release(reqs)
         result.tokens = [r.tokens[r.prompt_len: r.prompt_len + max_new_tokens] for r in reqs]
         return result
+
+    # --- KV room: a request whose next step does not fit stops with a reason ------------------
+    def _prefill_end(self, r: _Request) -> tuple[int, int]:
+        """(target, draft) positions ``r`` holds after its prefill."""
+        return r.prompt_len, r.prompt_len if "draft_extend" in self.classes else 0
+
+    def _step_end(self, r: _Request) -> tuple[int, int]:
+        """(target, draft) positions ``r`` may hold during its next step: the verified nodes,
+        and every token committed since the draft's last extend."""
+        if "draft_extend" not in self.classes:
+            return r.target_len + 1, 0
+        return r.target_len + self.spec.num_draft_tokens, len(r.tokens)
+
+    def _owned(self, r: _Request) -> tuple[int, int]:
+        """(target, draft) positions whose KV pages ``r`` holds now (pages outlive rejected drafts)."""
+        return r.target_cap, r.draft_cap
+
+    def _admit(self, reqs: list[_Request], result: Generation,
+               end: Callable[[_Request], tuple[int, int]]) -> list[_Request]:
+        """The requests of ``reqs`` whose next step fits the KV pools (in order); the others stop.
+
+        Checked before the step allocates anything, so a full pool never leaves a step
+        half-done: every token committed so far stays in the result.
+        """
+        pools = [self.target_pool] + ([self.draft_pool] if "draft_extend" in self.classes else [])
+        free = [pool.free_page_count for pool in pools]
+        admitted = []
+        for r in reqs:
+            ends = end(r)
+            needs = [max(0, -(-e // pool.page_size) - -(-o // pool.page_size))
+                     for pool, e, o in zip(pools, ends, self._owned(r))]
+            why = [f"context={name}: {e} positions (supported: <= max_context_len={pool.max_context_len})"
+                   for name, pool, e in zip(("target", "draft"), pools, ends) if e > pool.max_context_len]
+            why += [f"kv_pool={name}: a step needs {n} pages, {left} free (supported: a step that fits; "
+                    "raise max_requests or max_context_len)"
+                    for name, n, left in zip(("target", "draft"), needs, free) if n > left]
+            if why:
+                result.stopped[r.index] = why[0]
+                continue
+            free = [left - n for left, n in zip(free, needs)]
+            admitted.append(r)
+        return admitted
 
     def _chunks(self, reqs: list[_Request]) -> list[list[_Request]]:
         size = self.policy.capture_sizes()[-1]

@@ -289,6 +289,11 @@ def run_compile_check(kernels: Sequence[str] | None = None, targets: Sequence[st
         raise ValueError(f"kernels={unknown} (supported: {', '.join(VARIANTS)})")
     targets, dtypes = list(targets or DEFAULT_TARGETS), list(dtypes or DTYPES)
     head_sizes = list(head_sizes or HEAD_SIZES)
+    for target in targets:  # here, not in a worker process, so a bad target is one clear error
+        try:
+            Job("", target, "", 0, False).platform()
+        except ValueError as exc:
+            raise ValueError(f"targets={target!r}: {exc}") from None
     if _interpreting():
         return _run_child(kernels, targets, dtypes, head_sizes, fallback, jobs)
     work = _jobs(kernels, targets, dtypes, head_sizes, fallback)
@@ -361,8 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = [sys.executable, "-m", "attnhal_triton.compile_check",
                    *(sys.argv[1:] if argv is None else argv)]
         return subprocess.run(command, env=_clean_env(), check=False).returncode
-    rows = run_compile_check(args.kernels, args.targets, args.dtypes, args.head_sizes,
-                             args.fallback, args.jobs)
+    try:
+        rows = run_compile_check(args.kernels, args.targets, args.dtypes, args.head_sizes,
+                                 args.fallback, args.jobs)
+    except ValueError as exc:
+        print(f"{_parser().prog}: error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     bad = any(not r["ok"] or r["spills"] for r in rows)
     return 0 if args.allow_failures or not bad else 1

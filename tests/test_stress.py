@@ -1,0 +1,77 @@
+"""The reliability run's drawing and reporting (the 10,000-case run itself is not a unit test)."""
+
+import attnhal.reference.stress as stress
+from attnhal.cli import demo_config, main, parsed_demo_config
+from attnhal.reference.stress import AXES, Axis, StressConfig, draw_cases
+
+CHOICES = {"platforms": stress.PLATFORMS, "backends": {p: ["torch", "triton"] for p in stress.PLATFORMS}}
+
+
+def test_drawing_is_reproducible_and_every_case_is_a_valid_demo_command():
+    cfg = StressConfig(cases=1000, seed=11)
+    first, again = list(draw_cases(cfg, CHOICES)), list(draw_cases(cfg, CHOICES))
+    assert [c.values for c in first] == [c.values for c in again]
+    assert 40 <= len({c.worker_key() for c in first}) <= -(-1000 // stress.CASES_PER_WORKER)  # repeats coincide
+    for case in first[:300]:
+        demo = parsed_demo_config(case.argv())
+        assert demo.spec.num_steps == case.values["spec_steps"] and demo.spec.topk == case.values["topk"]
+        assert demo.graphs == case.values["graphs"] and demo.batch_size == case.values["batch_size"]
+        assert demo.capture_sizes == (1, 2, 4) and demo.model_seed == stress.MODEL_SEED
+        assert case.command().startswith("attnhal demo --max-bs 4 --model-seed 0 --platform ")
+    drawn = {name: {str(c.values[name]) for c in first} for name in AXES}
+    assert drawn["graphs"] == {"True", "False"} and len(drawn["platform"]) == len(stress.PLATFORMS)
+    assert drawn["topk"] == {"1", "2", "3"} and drawn["backend"] == {"torch", "triton"}
+
+
+def test_an_axis_is_one_line(monkeypatch):
+    monkeypatch.setitem(AXES, "prompt_len", Axis("--prompt-len", lambda r, c: 7))
+    case = next(draw_cases(StressConfig(cases=1), CHOICES))
+    assert "--prompt-len 7" in case.command() and parsed_demo_config(case.argv()).max_prompt_len == 7
+
+
+def test_failures_are_reported_with_their_reproduction_command(monkeypatch, capsys):
+    def run_case(case, workers, make_config):
+        make_config(case.argv())
+        if case.index == 1:
+            raise RuntimeError("injected")
+        return ("failed", "not lossless: request 0 differs") if case.index == 2 else None
+    monkeypatch.setattr(stress, "_run_case", run_case)
+    assert main(["demo", "--cases", "4", "--seed", "3", "--backend", "torch"]) == 1
+    out = capsys.readouterr()
+    assert out.out.startswith("4 cases in ") and "2 lossless, 0 fp32 ties, 2 failed" in out.out
+    failed = [line for line in out.out.splitlines() if line.startswith("FAILED attnhal demo ")]
+    assert len(failed) == 2 and "RuntimeError: injected" in out.out and "not lossless" in out.out
+    assert out.err.startswith("reliability run: 4 cases, seed 3") and "FAILED case 1: attnhal demo" in out.err
+    assert demo_config  # the CLI builds each case's config through its own parser
+
+
+TIE = {"platform": "hip:gfx942", "backend": "torch", "spec_steps": 1, "topk": 3, "draft_tokens": 3, "graphs": False,
+       "batch_size": 3, "prompt_len": 2, "max_new_tokens": 8, "seed": 2128007786}
+
+
+def test_an_fp32_tie_is_told_apart_from_a_failure(monkeypatch):
+    """Case 1801 of ``demo --cases 10000 --seed 2026``: greedy's top two logits differ by ~5e-7."""
+    workers = stress._Workers()
+    kind, why = stress._run_case(stress.Case(0, TIE), workers, parsed_demo_config)
+    assert kind == "tie" and "request 0 differs from greedy at token 6: [12, 105] vs [161, 71]" in why
+
+    real_generate = workers.worker.generate
+
+    def corrupted(prompts, n):  # a real bug: the third token of request 1 is wrong
+        out = real_generate(prompts, n)
+        out.tokens[1][2] = (out.tokens[1][2] + 1) % 512
+        return out
+    monkeypatch.setattr(workers.worker, "generate", corrupted)
+    kind, why = stress._run_case(stress.Case(1, TIE), workers, parsed_demo_config)
+    assert kind == "failed" and "request 1 differs from greedy at token 2" in why and "logit gap" in why
+
+
+def test_an_interrupted_run_still_reports(monkeypatch, capsys):
+    def run_case(case, workers, make_config):
+        if case.index == 2:
+            raise KeyboardInterrupt
+        return None
+    monkeypatch.setattr(stress, "_run_case", run_case)
+    assert main(["demo", "--cases", "5", "--backend", "torch"]) == 130
+    out = capsys.readouterr().out
+    assert out.startswith("interrupted: the summary covers the cases run so far\n2 cases in ")
