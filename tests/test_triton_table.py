@@ -20,11 +20,12 @@ from attnhal.backend import AttentionConfig, KVPool  # noqa: E402
 from attnhal.capabilities import Feature, Phase, SpecLimits  # noqa: E402
 from attnhal.platform import parse  # noqa: E402
 from attnhal_triton import CAPABILITIES, FALLBACK, TABLE, UnknownArchWarning, lookup  # noqa: E402
-from attnhal_triton.launch_table import KERNELS, LaunchRow, decode_launch, rows_for  # noqa: E402
+from attnhal_triton.launch_table import EXTEND_VARIANTS, KERNELS, LaunchRow, decode_launch, rows_for  # noqa: E402
 
 PACKAGE = Path(__file__).resolve().parents[1] / "backends" / "attnhal_triton"
 HIP_ONLY = {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}
-KNOWN = {"cuda:sm80": "sm80", "cuda:sm90": "sm90", "hip:gfx90a": "gfx90", "hip:gfx942": "gfx94"}
+KNOWN = {"cuda:sm80": "sm80", "cuda:sm90": "sm90", "hip:gfx90a": "gfx90", "hip:gfx942": "gfx94",
+         "hip:gfx950": "gfx95"}
 
 
 # --- lookup ---------------------------------------------------------------------------
@@ -50,7 +51,7 @@ def test_cuda_sm90_picks_the_sm90_row_without_hip_options(kernel: str) -> None:
     assert not HIP_ONLY & set(row.launch_options)
 
 
-@pytest.mark.parametrize("spec", ["hip:gfx1100", "cuda:sm75", "cuda:sm100"])
+@pytest.mark.parametrize("spec", ["hip:gfx1100", "cuda:sm75", "cuda:sm103"])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_unknown_arch_takes_the_fallback_with_a_warning(kernel: str, spec: str) -> None:
     platform = parse(spec)
@@ -78,12 +79,36 @@ def test_every_known_family_has_a_general_row_per_kernel(spec: str) -> None:
 
 def test_most_specific_row_wins() -> None:
     sm80 = parse("cuda:sm80")
-    assert lookup("extend", sm80, 256, "float16").head_size == 256
-    assert lookup("extend", sm80, 128, "float32").dtype == "float32"
-    assert lookup("extend", sm80, 64, "bfloat16").head_size is None
+    assert lookup("extend_verify", sm80, 256, "float16").head_size == 256
+    assert lookup("extend_verify", sm80, 128, "float32").dtype == "float32"
+    assert lookup("extend_verify", sm80, 64, "bfloat16").head_size is None
     gfx = parse("hip:gfx90a")
-    both = lookup("extend", gfx, 256, "float32")
+    both = lookup("extend_draft", gfx, 256, "float32")
     assert (both.head_size, both.dtype) == (256, "float32")
+
+
+@pytest.mark.parametrize("spec,family", [("cuda:sm86", "sm80"), ("cuda:sm89", "sm80"),
+                                         ("cuda:sm100", "sm90"), ("cuda:sm120", "sm80")])
+def test_aliased_archs_take_a_compiled_familys_rows(spec: str, family: str) -> None:
+    """Aliases are table data: no warning, the rows of the aliased family."""
+    for kernel in KERNELS:
+        row = _no_warning(kernel, spec)
+        assert (row.vendor, row.arch_family) == ("cuda", family)
+
+
+def test_one_row_set_per_kernel_variant() -> None:
+    """Each extend form has its own rows: sm90 prefill / causal verify take the anchors'
+    128x64 tiles, the tree and draft forms 64x64; HIP tree verify its own smaller tiles."""
+    sm90 = parse("cuda:sm90")
+    blocks = {k: dict(lookup(k, sm90, 128, "bfloat16").blocks) for k in EXTEND_VARIANTS}
+    assert blocks["extend_prefill"] == blocks["extend_verify"] == {"BLOCK_M": 128, "BLOCK_N": 64}
+    assert blocks["extend_verify_tree"] == blocks["extend_draft"] == {"BLOCK_M": 64, "BLOCK_N": 64}
+    gfx = parse("hip:gfx942")
+    assert lookup("extend_verify_tree", gfx, 128, "float16").blocks["BLOCK_M"] == 32
+    assert lookup("extend_verify", gfx, 128, "float16").blocks["BLOCK_M"] == 64
+    # Split forms carry the family's split settings; prefill does not split.
+    assert lookup("extend_verify", gfx, 128, "float16").kv_splits == 32
+    assert lookup("extend_prefill", gfx, 128, "float16").kv_splits == 1
 
 
 def test_vendor_only_options_are_valid_options_of_that_vendors_compiler() -> None:
@@ -121,7 +146,7 @@ def test_backend_takes_its_rows_from_the_platform() -> None:
     from attnhal_triton import TritonBackend
 
     hip = TritonBackend(cfg, pool, platform=parse("hip:gfx942"))
-    assert hip.rows["extend"] == lookup("extend", parse("hip:gfx942"), 64, "float16")
+    assert hip.rows["extend_verify"] == lookup("extend_verify", parse("hip:gfx942"), 64, "float16")
     assert hip.num_kv_splits == 32
     with pytest.warns(UnknownArchWarning, match="gfx1100"):
         TritonBackend(cfg, pool, platform=parse("hip:gfx1100"))
@@ -144,8 +169,12 @@ def test_descriptor() -> None:
     caps = TritonBackend.capabilities
     assert caps is CAPABILITIES and caps.name == "triton" and caps.requires == ("triton",)
     assert set(caps.graph) == {Phase.DECODE, Phase.TARGET_VERIFY, Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND}
-    assert caps.multi_step == SpecLimits() and Feature.CUSTOM_MASK in caps.features
-    assert caps.phases == frozenset(Phase)
+    assert caps.multi_step == SpecLimits() and caps.phases == frozenset(Phase)
+    # Each claim is run by tests/test_triton_kernels.py under the interpreter.
+    assert caps.features == {Feature.CUSTOM_MASK, Feature.SLIDING_WINDOW, Feature.LOGIT_SOFTCAP,
+                             Feature.SINKS}
+    assert caps.page_sizes == {1, 16, 64}
+    assert caps.kv_dtypes == {"float16", "bfloat16", "float32", "fp8_e4m3", "fp8_e5m2"}
 
 
 _BLOCK_TRITON = """
@@ -218,16 +247,23 @@ def _clean_env() -> dict[str, str]:
 
 
 def test_compile_check_compiles_for_every_target_without_spills() -> None:
-    """One decode and one tree-verify kernel per target, in a process without TRITON_INTERPRET."""
-    targets = ["cuda:80", "cuda:90", "hip:gfx90a", "hip:gfx942"]
+    """One decode and one tree-verify kernel per target (fp8 in the target's flavour where it
+    has one), in a process without TRITON_INTERPRET. CI compiles one target per fp8 flavour
+    and vendor; ``ATTNHAL_SLOW=1`` adds the pre-fp8 ones (sm80, gfx90a)."""
+    targets = ["cuda:90", "hip:gfx942", "hip:gfx950"]
+    if os.environ.get("ATTNHAL_SLOW"):
+        targets += ["cuda:80", "hip:gfx90a"]
     done = subprocess.run(
         [sys.executable, "-m", "attnhal_triton.compile_check", "--json", "--kernels", "decode",
-         "extend_verify_tree", "--dtypes", "bfloat16", "--head-sizes", "128", "--targets", *targets],
+         "extend_verify_tree", "--dtypes", "bfloat16", "fp8", "--head-sizes", "128", "--targets", *targets],
         capture_output=True, text=True, env=_clean_env(), check=False, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(done.stdout)
-    assert {(r["kernel"], r["target"]) for r in rows} == {
-        (k, t) for k in ("decode", "extend_verify_tree") for t in targets}
+    assert {(r["kernel"], r["target"], r["dtype"]) for r in rows} == {
+        (k, t, d) for k in ("decode", "extend_verify_tree") for t in targets
+        for d in ("bfloat16", "fp8") if d != "fp8" or t in ("cuda:90", "hip:gfx942", "hip:gfx950")}
+    flavours = {r["target"]: r["fp8_flavor"] for r in rows if r["dtype"] == "fp8"}
+    assert flavours == {"cuda:90": "e4m3fn", "hip:gfx942": "e4m3fnuz", "hip:gfx950": "e4m3fn"}
     for row in rows:
         assert row["ok"] and row["spills"] == 0 and row["registers"] > 0, row
         assert not row["fallback"] and "fallback" not in row["row"]

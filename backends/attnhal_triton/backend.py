@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -16,6 +16,7 @@ from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVP
 from attnhal.capabilities import (
     AttentionRequest,
     BackendCapabilities,
+    Feature,
     Phase,
     Reason,
     ReasonCode,
@@ -30,6 +31,8 @@ from attnhal_triton.launch_table import KERNELS, LaunchRow, lookup
 __all__ = ["TritonBackend"]
 
 _DECODE_PHASES = (Phase.DECODE, Phase.DRAFT_DECODE)
+# Phases whose extend splits the KV range into partials merged by decode_reduce.
+_SPLIT_PHASES = (Phase.TARGET_VERIFY, Phase.DRAFT_EXTEND)
 # The platform only picks launch rows: a simulated or CPU platform runs the same
 # kernels through the interpreter, so vendor/arch reasons do not stop construction.
 _PLATFORM_CODES = (ReasonCode.VENDOR, ReasonCode.ARCH)
@@ -42,9 +45,11 @@ class _Meta:
     batch: ForwardBatch
     req_pool_indices: torch.Tensor
     seq_lens: torch.Tensor
+    kernel: str = "decode"
+    num_splits: torch.Tensor | None = None
     ext_lens: torch.Tensor | None = None
     qo_indptr: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
+    tree: torch.Tensor | None = None
     q_per_row: int = 1
     max_q: int = 1
     mid_o: torch.Tensor | None = None
@@ -55,18 +60,21 @@ class _Meta:
 class _GraphState:
     """Static buffers for captured phases, sized once by ``init_graph_state``.
 
-    ``mid_o`` ``[max_bs, Hq, S, D]`` and ``mid_lse`` ``[max_bs, Hq, S]`` hold the decode
-    partials with ``S`` fixed for the backend's life. The custom mask's shape depends
-    on the spec config, so its buffer is made at the first capture of each shape
-    (outside the captured region) and reused by every replay.
+    ``mid_o`` ``[max(max_bs, max_num_tokens), Hq, S, D]`` and ``mid_lse`` ``[..., Hq, S]``
+    hold the split partials (decode rows, or split-extend tokens) with ``S`` the rows'
+    largest ``kv_splits``; ``num_splits`` ``[max_bs]`` each row's split count. The tree
+    mask's shape depends on the spec config, so its buffers are made at the first
+    capture of each shape (outside the captured region) and reused by every replay.
     """
 
     max_bs: int
     req_pool_indices: torch.Tensor
     seq_lens: torch.Tensor
     ext_lens: torch.Tensor
+    num_splits: torch.Tensor
     mid_o: torch.Tensor
     mid_lse: torch.Tensor
+    bit_weights: torch.Tensor
     by_shape: dict[tuple[str, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
 
     def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
@@ -115,24 +123,28 @@ class TritonBackend(AttentionBackend):
 
     @property
     def num_kv_splits(self) -> int:
-        """Split-KV count of the decode kernels (from the launch row)."""
-        return self.rows["decode"].kv_splits
+        """Most KV splits of a row (decode and split extend): the partial buffers' ``S``."""
+        return max(row.kv_splits for row in self.rows.values())
 
     # --- metadata ------------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        mid = self._eager_mid_for(batch.batch_size) if batch.phase in _DECODE_PHASES else None
-        self._meta = _make_meta(batch, batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
-                                _mask(batch), mid)
+        kernel = _kernel_of(batch)
+        splits = _split_counts(batch.seq_lens, self.rows[kernel]) if _splits(kernel) else None
+        mid = self._eager_mid_for(_partial_rows(batch)) if splits is not None else None
+        tree = _new_tree(_mask(batch))
+        self._meta = _make_meta(batch, kernel, batch.req_pool_indices, batch.seq_lens,
+                                batch.extend_lens, splits, tree, mid)
 
     def share_graph_state(self, leader: AttentionBackend) -> None:
-        """Reuse ``leader``'s decode partial buffers (the steps of one multi-step draft run
+        """Reuse ``leader``'s partial buffers (the steps of one multi-step draft run
         one after another, and each step's reduce consumes them before the next step)."""
         self._leader = leader if isinstance(leader, TritonBackend) else None
 
     def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        """Allocate row metadata and decode partial buffers for up to ``max_bs`` batch rows."""
+        """Allocate row metadata and split partial buffers for up to ``max_bs`` batch rows
+        (``max_num_tokens`` query tokens)."""
         cfg, dev = self.config, self.pool.device
-        shape = (max_bs, cfg.num_q_heads, self.num_kv_splits, cfg.head_size)
+        shape = (max(max_bs, max_num_tokens), cfg.num_q_heads, self.num_kv_splits, cfg.head_size)
         leader = self._leader._graph if self._leader is not None else None
         if leader is not None and tuple(leader.mid_o.shape) == shape:
             mid_o, mid_lse = leader.mid_o, leader.mid_lse
@@ -144,7 +156,8 @@ class TritonBackend(AttentionBackend):
             req_pool_indices=torch.zeros(max_bs, dtype=torch.int64, device=dev),
             seq_lens=torch.ones(max_bs, dtype=torch.int32, device=dev),
             ext_lens=torch.ones(max_bs, dtype=torch.int32, device=dev),
-            mid_o=mid_o, mid_lse=mid_lse,
+            num_splits=torch.ones(max_bs, dtype=torch.int32, device=dev),
+            mid_o=mid_o, mid_lse=mid_lse, bit_weights=_bit_weights(dev),
         )
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
@@ -152,13 +165,14 @@ class TritonBackend(AttentionBackend):
             self.init_forward_metadata(batch)  # never captured: a variable token count
             return
         state = self._graph_state(batch)
-        req, seq, ext, mask = self._copy_in(state, batch, allocate=True)
-        bs = batch.batch_size
-        mid = (state.mid_o[:bs], state.mid_lse[:bs]) if batch.phase in _DECODE_PHASES else None
-        self._meta = _make_meta(batch, req, seq, ext, mask, mid)
+        req, seq, ext, splits, tree = self._copy_in(state, batch, allocate=True)
+        rows = _partial_rows(batch)
+        self._meta = _make_meta(batch, _kernel_of(batch), req, seq, ext, splits, tree,
+                                (state.mid_o[:rows], state.mid_lse[:rows]))
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
-        """Copy ``batch``'s values into the static buffers; no allocation, no host sync."""
+        """Copy ``batch``'s values into the static buffers and derive the split counts and
+        packed mask from them on the device; no allocation of kept tensors, no host sync."""
         self._copy_in(self._graph_state(batch), batch, allocate=False)
 
     def _graph_state(self, batch: ForwardBatch) -> _GraphState:
@@ -167,11 +181,14 @@ class TritonBackend(AttentionBackend):
         if batch.batch_size > self._graph.max_bs:
             raise ValueError(f"batch_size={batch.batch_size} (supported: <= max_bs="
                              f"{self._graph.max_bs} given to init_graph_state)")
+        if _partial_rows(batch) > self._graph.mid_o.shape[0]:
+            raise ValueError(f"num_tokens={batch.num_tokens} (supported: <= max_num_tokens="
+                             f"{self._graph.mid_o.shape[0]} given to init_graph_state)")
         return self._graph
 
-    @staticmethod
-    def _copy_in(state: _GraphState, batch: ForwardBatch, allocate: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def _copy_in(self, state: _GraphState, batch: ForwardBatch, allocate: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor,
+                            torch.Tensor | None]:
         """Write the batch's per-row tensors into static buffers; returns their views.
 
         ``draft_path`` is not copied: ``forward`` reads the batch's own tensor, which a
@@ -185,15 +202,18 @@ class TritonBackend(AttentionBackend):
         if batch.extend_lens is not None:
             ext = state.ext_lens[:bs]
             ext.copy_(batch.extend_lens)
-        mask = _mask(batch)
+        splits = state.num_splits[:bs]
+        _split_counts(seq, self.rows[_kernel_of(batch)], out=splits)
+        mask, tree = _mask(batch), None
         if mask is not None:
-            static = state.buffer("mask", tuple(mask.shape[1:]), mask.dtype, allocate)[:bs]
-            static.copy_(mask)
-            mask = static
-        return req, seq, ext, mask
+            t = mask.shape[-1]
+            tree = state.buffer("tree", (t, _words(t) + 1), torch.int32, allocate)[:bs]
+            bits = state.buffer("tree_bits", (t, _words(t) * 32), torch.int32, allocate)[:bs]
+            _pack_tree(mask, tree, bits, state.bit_weights)
+        return req, seq, ext, splits, tree
 
     def _eager_mid_for(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode partial buffers for eager batches, grown on demand and reused."""
+        """Split partial buffers for eager batches, grown on demand and reused."""
         if self._eager_mid is None or self._eager_mid[0].shape[0] < rows:
             cfg, splits = self.config, self.num_kv_splits
             self._eager_mid = (
@@ -230,39 +250,74 @@ class TritonBackend(AttentionBackend):
     def forward_draft_extend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         return self._extend(q, layer, self._meta_for(batch))
 
+    def _layer_args(self, layer: int) -> dict[str, Any]:
+        """The per-layer arguments every kernel takes: cache, scales, features."""
+        pool, cfg = self.pool, self.config
+        scaled = pool.is_fp8
+        window = cfg.window(layer)
+        return dict(k_cache=pool.k[layer], v_cache=pool.v[layer], req_to_page=pool.req_to_page,
+                    k_scale=pool.k_scale[layer:layer + 1] if scaled else None,
+                    v_scale=pool.v_scale[layer:layer + 1] if scaled else None,
+                    page_size=pool.page_size, sm_scale=cfg.sm_scale,
+                    softcap=float(cfg.logit_softcap or 0.0),
+                    window=-1 if window is None else int(window))
+
+    def _sinks(self, layer: int) -> torch.Tensor | None:
+        sinks = self.config.sinks
+        return None if sinks is None else sinks[layer].to(torch.float32)
+
     def _decode(self, q: torch.Tensor, layer: int, meta: _Meta,
                 extra: torch.Tensor | None = None, num_extra: int = 0) -> torch.Tensor:
         """``q`` ``[rows, Hq, D]`` -> ``[rows, Hq, D]``: two launches (partials, merge).
 
         ``extra`` ``[rows, >= num_extra]``: slots each row attends after its prefix.
         """
-        assert meta.mid_o is not None and meta.mid_lse is not None
+        assert meta.mid_o is not None and meta.mid_lse is not None and meta.num_splits is not None
         out = q.new_empty(q.shape)
-        ops.decode_partial(meta.mid_o, meta.mid_lse, q, self.pool.k[layer], self.pool.v[layer],
-                           self.pool.req_to_token, meta.req_pool_indices, meta.seq_lens,
-                           extra, num_extra, self.config.sm_scale,
-                           self._launch["decode"])
-        ops.decode_reduce(out, meta.mid_o, meta.mid_lse, self._launch["decode_reduce"])
+        ops.decode_partial(meta.mid_o, meta.mid_lse, q, req_pool_indices=meta.req_pool_indices,
+                           seq_lens=meta.seq_lens, num_splits=meta.num_splits, extra_slots=extra,
+                           num_extra=num_extra, launch=self._launch["decode"],
+                           **self._layer_args(layer))
+        ops.decode_reduce(out, meta.mid_o, meta.mid_lse, meta.num_splits, self._sinks(layer), 1,
+                          self._launch["decode_reduce"])
         return out
 
     def _extend(self, q: torch.Tensor, layer: int, meta: _Meta) -> torch.Tensor:
-        """``q`` ``[tokens, Hq, D]`` -> ``[tokens, Hq, D]``: one launch."""
+        """``q`` ``[tokens, Hq, D]`` -> ``[tokens, Hq, D]``: one launch, or for the split
+        variants two (partials, then the decode reduce over the tokens)."""
         out = q.new_empty(q.shape)
-        ops.extend(out, q, self.pool.k[layer], self.pool.v[layer], self.pool.req_to_token,
-                   meta.req_pool_indices, meta.seq_lens, meta.qo_indptr, meta.ext_lens,
-                   meta.mask, meta.q_per_row, meta.max_q, self.config.sm_scale,
-                   self._launch["extend"])
+        split = meta.mid_o is not None
+        ops.extend(out, meta.mid_o, meta.mid_lse, q, req_pool_indices=meta.req_pool_indices,
+                   seq_lens=meta.seq_lens, num_splits=meta.num_splits, qo_indptr=meta.qo_indptr,
+                   ext_lens=meta.ext_lens, tree=meta.tree,
+                   sinks=None if split else self._sinks(layer), q_per_row=meta.q_per_row,
+                   max_q=meta.max_q, launch=self._launch[meta.kernel], **self._layer_args(layer))
+        if split:
+            assert meta.mid_o is not None and meta.mid_lse is not None and meta.num_splits is not None
+            ops.decode_reduce(out, meta.mid_o, meta.mid_lse, meta.num_splits, self._sinks(layer),
+                              meta.q_per_row, self._launch["decode_reduce"])
         return out
 
 
 # --- helpers ----------------------------------------------------------------------------
 
+def _features(config: AttentionConfig) -> frozenset[Feature]:
+    """The optional features ``config`` asks for."""
+    windows = config.sliding_window if isinstance(config.sliding_window, tuple) else (config.sliding_window,)
+    wanted = {Feature.SLIDING_WINDOW: any(w is not None for w in windows),
+              Feature.LOGIT_SOFTCAP: config.logit_softcap is not None,
+              Feature.SINKS: config.sinks is not None,
+              Feature.MLA: config.out_head_size != config.head_size}
+    return frozenset(f for f, on in wanted.items() if on)
+
+
 def _check_supported(config: AttentionConfig, pool: KVPool, dtype: str, platform: Platform) -> None:
-    request = AttentionRequest(dtype=dtype, kv_dtype=dtype_name(pool.dtype), head_size=config.head_size,
-                               page_size=1, num_q_heads=config.num_q_heads,
-                               num_kv_heads=config.num_kv_heads)
+    request = AttentionRequest(dtype=dtype, kv_dtype=pool.kv_dtype, head_size=config.head_size,
+                               page_size=pool.page_size, num_q_heads=config.num_q_heads,
+                               num_kv_heads=config.num_kv_heads, features=_features(config))
     reasons = [r for r in not_supported_reasons(CAPABILITIES, request, platform)
                if r.code not in _PLATFORM_CODES]
+    reasons += pool.platform_reasons(platform)
     if (pool.num_kv_heads, pool.head_dim) != (config.num_kv_heads, config.head_size):
         reasons.append(reason(ReasonCode.HEAD_SIZE, "pool.num_kv_heads/head_dim",
                               f"{pool.num_kv_heads}/{pool.head_dim}",
@@ -277,10 +332,86 @@ def _mask(batch: ForwardBatch) -> torch.Tensor | None:
     return None
 
 
-def _make_meta(batch: ForwardBatch, req: torch.Tensor, seq: torch.Tensor, ext: torch.Tensor | None,
-               mask: torch.Tensor | None, mid: tuple[torch.Tensor, torch.Tensor] | None) -> _Meta:
+def _kernel_of(batch: ForwardBatch) -> str:
+    """The launch-table kernel variant that serves ``batch``."""
+    phase = batch.phase
+    if phase in _DECODE_PHASES:
+        return "decode"
+    if phase is Phase.TARGET_VERIFY:
+        return "extend_verify_tree" if _mask(batch) is not None else "extend_verify"
+    return "extend_draft" if phase is Phase.DRAFT_EXTEND else "extend_prefill"
+
+
+def _splits(kernel: str) -> bool:
+    return kernel == "decode" or kernel in ("extend_verify", "extend_verify_tree", "extend_draft")
+
+
+def _partial_rows(batch: ForwardBatch) -> int:
+    """Rows of split partials: one per decode row, one per query token of a split extend."""
+    return batch.batch_size if batch.phase in _DECODE_PHASES else batch.num_tokens
+
+
+def _split_counts(seq_lens: torch.Tensor, row: LaunchRow, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``clamp(ceil(seq_lens / split_len), 1, kv_splits)`` per row, int32, on the device.
+
+    In place on ``out`` when given (graph replay: the buffer the captured kernels read).
+    """
+    if out is None:
+        out = torch.empty_like(seq_lens, dtype=torch.int32)
+    out.copy_(seq_lens)
+    out.add_(row.split_len - 1).div_(row.split_len, rounding_mode="floor")
+    return out.clamp_(1, row.kv_splits)
+
+
+def _words(t: int) -> int:
+    return -(-t // 32)
+
+
+def _bit_weights(device: torch.device) -> torch.Tensor:
+    """``[32]`` int32 ``1 << k``; bit 31 is int32's sign bit (two's complement words)."""
+    return torch.ones(32, dtype=torch.int32, device=device).bitwise_left_shift_(
+        torch.arange(32, dtype=torch.int32, device=device))
+
+
+def _new_tree(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Eager batches: the packed tree mask in fresh tensors (see :func:`_pack_tree`)."""
+    if mask is None:
+        return None
+    bs, t, _ = mask.shape
+    out = torch.empty((bs, t, _words(t) + 1), dtype=torch.int32, device=mask.device)
+    bits = torch.zeros((bs, t, _words(t) * 32), dtype=torch.int32, device=mask.device)
+    return _pack_tree(mask, out, bits, _bit_weights(mask.device))
+
+
+def _pack_tree(mask: torch.Tensor, out: torch.Tensor, bits: torch.Tensor,
+               weights: torch.Tensor) -> torch.Tensor:
+    """Tree mask ``[bs, T, T]`` bool -> ``out`` ``[bs, T, W + 1]`` int32, ``W = ceil(T / 32)``.
+
+    Bit ``j % 32`` of word ``j // 32`` of query ``i`` is ``mask[:, i, j]``; word ``W`` is
+    draft ``i``'s depth, the number of draft tokens it attends minus one (its KV position
+    is ``prefix + depth``). The kernel reads one word per 32 draft tokens instead of a
+    byte per token, and one pointer for mask and depths.
+
+    Only in-place and ``out=`` ops, so graph replay allocates nothing: ``bits``
+    ``[bs, T, 32 W]`` int32 is scratch whose columns past ``T`` must be zero (they stay
+    zero: only the first ``T`` are rewritten), ``weights`` is :func:`_bit_weights`.
+    """
+    bs, t, _ = mask.shape
+    words = _words(t)
+    bits[..., :t].copy_(mask)
+    weighted = bits.view(bs, t, words, 32).mul_(weights)
+    torch.sum(weighted, -1, dtype=torch.int32, out=out[..., :words])  # disjoint bits: sum == OR
+    torch.sum(mask, -1, dtype=torch.int32, out=out[..., words]).sub_(1)
+    return out
+
+
+def _make_meta(batch: ForwardBatch, kernel: str, req: torch.Tensor, seq: torch.Tensor,
+               ext: torch.Tensor | None, splits: torch.Tensor | None, tree: torch.Tensor | None,
+               mid: tuple[torch.Tensor, torch.Tensor] | None) -> _Meta:
     """Per-phase launch parameters; only ``prefill`` reads a host value (its grid size)."""
-    meta = _Meta(batch, req, seq, mid_o=mid[0] if mid else None, mid_lse=mid[1] if mid else None)
+    split = _splits(kernel)
+    meta = _Meta(batch, req, seq, kernel=kernel, num_splits=splits if split else None, tree=tree,
+                 mid_o=mid[0] if mid and split else None, mid_lse=mid[1] if mid and split else None)
     phase = batch.phase
     if phase is Phase.PREFILL:
         if ext is None:
@@ -292,7 +423,6 @@ def _make_meta(batch: ForwardBatch, req: torch.Tensor, seq: torch.Tensor, ext: t
         meta.max_q = max(lens) if lens else int(ext.max()) if batch.batch_size else 0
     elif phase is Phase.TARGET_VERIFY:
         meta.q_per_row = meta.max_q = batch._spec().num_draft_tokens
-        meta.mask = mask
     elif phase is Phase.DRAFT_EXTEND:
         if ext is None:
             raise ValueError("extend_lens=None (supported: [bs] int32 accepted lengths for draft_extend)")

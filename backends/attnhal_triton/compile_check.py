@@ -41,17 +41,23 @@ from attnhal_triton.launch_table import LaunchRow, UnknownArchWarning, fallback_
 __all__ = ["DEFAULT_TARGETS", "VARIANTS", "format_table", "main", "run_compile_check"]
 
 #: ``"cuda:<capability>"`` or ``"hip:<gfx arch>"``; the warp size follows the platform.
-DEFAULT_TARGETS = ("cuda:80", "cuda:90", "hip:gfx90a", "hip:gfx942")
-DTYPES = ("float16", "bfloat16", "float32")
+#: cuda:86/89/100/120 take aliased sm80/sm90 rows (``launch_table.ALIASES``).
+DEFAULT_TARGETS = ("cuda:80", "cuda:86", "cuda:89", "cuda:90", "cuda:100", "cuda:120",
+                   "hip:gfx90a", "hip:gfx942", "hip:gfx950")
+#: ``fp8``: a bf16 model over an fp8 KV cache in the target's e4m3 flavour
+#: (``Platform.fp8_flavor``; targets without one are not compiled for it).
+DTYPES = ("float16", "bfloat16", "float32", "fp8")
 HEAD_SIZES = (64, 128, 256)
 #: Query heads per KV head compiled for (Llama-3-8B-like GQA).
 GROUP = 4
 
 _TRITON_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+#: Triton's pointer type of each e4m3 flavour (OCP e4m3fn = "fp8e4nv", MI300's fnuz = "fp8e4b8").
+_FP8 = {"e4m3fn": "fp8e4nv", "e4m3fnuz": "fp8e4b8"}
 #: Shared memory (LDS) a block may use, by target arch: a kernel over it compiles
 #: but cannot launch, so the check reports it as an error. Archs not listed are
 #: not checked.
-SHARED_LIMIT = {"80": 166912, "86": 101376, "89": 101376, "90": 232448,
+SHARED_LIMIT = {"80": 166912, "86": 101376, "89": 101376, "90": 232448, "100": 232448, "120": 101376,
                 "gfx90a": 65536, "gfx942": 65536, "gfx950": 163840}
 
 
@@ -61,27 +67,38 @@ class Variant:
 
     table_kernel: str
     function: str
-    flags: Mapping[str, bool] = field(default_factory=dict)
+    flags: Mapping[str, bool | int] = field(default_factory=dict)
 
 
-#: Every kernel form the backend launches, by the phase(s) it serves.
+#: Every kernel form the backend launches, by the phase(s) it serves; each has its own
+#: launch-table rows. Every form is compiled with page size 16 and the soft-cap on
+#: (the heavier form; window and scales are runtime values), prefill and the reduce
+#: with sinks.
+_COMMON: dict[str, bool | int] = {"PAGE_SIZE": 16, "HAS_SOFTCAP": True}
+_EXTEND: dict[str, bool | int] = {**_COMMON, "MASK_WORDS": 1}
 VARIANTS: Mapping[str, Variant] = {
-    "decode": Variant("decode", "decode_partial_kernel"),  # decode and draft_decode
-    "decode_reduce": Variant("decode_reduce", "decode_reduce_kernel"),
-    "extend_prefill": Variant("extend", "extend_kernel",
-                              {"PACKED": True, "HAS_EXT_LENS": True, "USE_MASK": False}),
-    "extend_verify": Variant("extend", "extend_kernel",
-                             {"PACKED": False, "HAS_EXT_LENS": False, "USE_MASK": False}),
-    "extend_verify_tree": Variant("extend", "extend_kernel",
-                                  {"PACKED": False, "HAS_EXT_LENS": False, "USE_MASK": True}),
-    "extend_draft": Variant("extend", "extend_kernel",
-                            {"PACKED": False, "HAS_EXT_LENS": True, "USE_MASK": False}),
+    "decode": Variant("decode", "decode_partial_kernel", _COMMON),  # decode and draft_decode
+    "decode_reduce": Variant("decode_reduce", "decode_reduce_kernel", {"HAS_SINKS": True}),
+    "extend_prefill": Variant("extend_prefill", "extend_kernel", {
+        **_EXTEND, "PACKED": True, "HAS_EXT_LENS": True, "USE_MASK": False, "SPLIT": False,
+        "HAS_SINKS": True}),
+    "extend_verify": Variant("extend_verify", "extend_kernel", {
+        **_EXTEND, "PACKED": False, "HAS_EXT_LENS": False, "USE_MASK": False, "SPLIT": True,
+        "HAS_SINKS": False}),
+    "extend_verify_tree": Variant("extend_verify_tree", "extend_kernel", {
+        **_EXTEND, "PACKED": False, "HAS_EXT_LENS": False, "USE_MASK": True, "SPLIT": True,
+        "HAS_SINKS": False}),
+    "extend_draft": Variant("extend_draft", "extend_kernel", {
+        **_EXTEND, "PACKED": False, "HAS_EXT_LENS": True, "USE_MASK": False, "SPLIT": True,
+        "HAS_SINKS": False}),
 }
 
-# Pointer element types; Q/K/V/Out take the compute dtype.
-_POINTERS = {"MidO": "fp32", "MidLse": "fp32", "ReqToToken": "i32", "ReqIdx": "i64",
-             "SeqLens": "i32", "QoIndptr": "i32", "ExtLens": "i32", "Extra": "i64", "Mask": "u8"}
-_DATA = ("Q", "K", "V", "Out")
+# Pointer element types; Q/Out take the compute dtype, K/V the cache dtype.
+_POINTERS = {"MidO": "fp32", "MidLse": "fp32", "ReqToPage": "i32", "ReqIdx": "i64",
+             "SeqLens": "i32", "NumSplits": "i32", "QoIndptr": "i32", "ExtLens": "i32",
+             "Extra": "i64", "Tree": "i32", "KScale": "fp32",
+             "VScale": "fp32", "Sinks": "fp32"}
+_FLOAT_SCALARS = frozenset({"qk_scale", "softcap"})
 # Strides that are multiples of the head size (>= 16) in every real layout: the JIT
 # would specialise them as divisible by 16, so the check does too.
 _ALIGNED = frozenset({"stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
@@ -100,12 +117,21 @@ class Job:
         vendor, _, arch = self.target.partition(":")
         return parse(f"{vendor}:{'sm' + arch if arch.isdigit() else arch}")
 
+    @property
+    def compute_dtype(self) -> str:
+        return "bfloat16" if self.dtype == "fp8" else self.dtype
+
+    @property
+    def fp8_flavor(self) -> str:
+        """The e4m3 flavour of an ``fp8`` job (the target platform's), else ``""``."""
+        return self.platform().fp8_flavor.value if self.dtype == "fp8" else ""
+
     def row(self, kernel: str) -> LaunchRow:
         if self.fallback:
-            return fallback_row(kernel, self.head_size, self.dtype)
+            return fallback_row(kernel, self.head_size, self.compute_dtype)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnknownArchWarning)
-            return lookup(kernel, self.platform(), self.head_size, self.dtype)
+            return lookup(kernel, self.platform(), self.head_size, self.compute_dtype)
 
 
 def _gpu_target(spec: str) -> Any:
@@ -122,7 +148,9 @@ def _constexprs(job: Job, variant: Variant, row: LaunchRow) -> dict[str, Any]:
         splits = job.row("decode").kv_splits
         values["BLOCK_S"] = 1 << max(0, splits - 1).bit_length()
         return values
-    values.update(GROUP=GROUP, DOT_F32=False, **row.constexprs)
+    values.update(GROUP=GROUP, DOT_F32=False, KV_SCALED=job.dtype == "fp8", **row.constexprs)
+    if variant.function == "extend_kernel":
+        values.update(MAX_SPLITS=row.kv_splits, NUM_Q_HEADS=GROUP * 8)  # 8 KV heads
     if variant.table_kernel == "decode":
         # As ops.decode_partial: the group padded to >= 16 rows, capped by the row.
         values["BLOCK_H"] = min(row.blocks["BLOCK_H"], max(16, 1 << (GROUP - 1).bit_length()))
@@ -142,10 +170,14 @@ def _source(job: Job, variant: Variant, row: LaunchRow) -> Any:
         if name in constexprs:
             signature[name] = "constexpr"
             continue
-        if name in _DATA or name in _POINTERS:
-            signature[name] = "*" + (_TRITON_DTYPE[job.dtype] if name in _DATA else _POINTERS[name])
+        if name in ("K", "V") and job.dtype == "fp8":
+            signature[name] = "*" + _FP8[job.fp8_flavor]
+        elif name in ("Q", "K", "V", "Out"):
+            signature[name] = "*" + _TRITON_DTYPE[job.compute_dtype]
+        elif name in _POINTERS:
+            signature[name] = "*" + _POINTERS[name]
         else:
-            signature[name] = "fp32" if name == "qk_scale" else "i32"
+            signature[name] = "fp32" if name in _FLOAT_SCALARS else "i32"
         if signature[name].startswith("*") or name in _ALIGNED:
             attrs[(index,)] = [["tt.divisibility", 16]]
     return ASTSource(fn, signature, constexprs, attrs)
@@ -203,6 +235,7 @@ def _compile_one(job: Job) -> dict[str, Any]:
     variant = VARIANTS[job.variant]
     row = job.row(variant.table_kernel)
     result: dict[str, Any] = {**asdict(job), "kernel": job.variant, "row": row.key(),
+                              "fp8_flavor": job.fp8_flavor,
                               "ok": False, "registers": None, "spills": None, "scratch": None,
                               "shared": None, "error": "", "seconds": 0.0}
     del result["variant"]
@@ -227,11 +260,10 @@ def _compile_one(job: Job) -> dict[str, Any]:
 
 def _jobs(kernels: Iterable[str], targets: Iterable[str], dtypes: Iterable[str],
           head_sizes: Iterable[int], fallback: bool) -> list[Job]:
-    jobs = [Job(k, t, d, h, False) for t in targets for k in kernels for d in dtypes for h in head_sizes]
-    if fallback:
-        jobs += [Job(k, t, d, h, True) for t in targets for k in kernels for d in dtypes
-                 for h in head_sizes]
-    return jobs
+    jobs = [Job(k, t, d, h, fb) for fb in ((False, True) if fallback else (False,))
+            for t in targets for k in kernels for d in dtypes for h in head_sizes]
+    # fp8 e4m3 only where the target computes in an e4m3 flavour (platform data).
+    return [j for j in jobs if j.dtype != "fp8" or j.fp8_flavor in _FP8]
 
 
 def _interpreting() -> bool:
@@ -289,7 +321,8 @@ def _run_child(kernels: list[str], targets: list[str], dtypes: list[str], head_s
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """A fixed-width table of :func:`run_compile_check` rows plus a summary line."""
     head = ("kernel", "target", "dtype", "head", "row", "regs", "spills", "scratch", "smem", "status")
-    lines = [[r["kernel"], r["target"], r["dtype"], str(r["head_size"]), r["row"],
+    lines = [[r["kernel"], r["target"],
+              f"fp8_{r['fp8_flavor']}" if r.get("fp8_flavor") else r["dtype"], str(r["head_size"]), r["row"],
               _num(r["registers"]), _num(r["spills"]), _num(r["scratch"]), _num(r["shared"]),
               "ok" if r["ok"] else f"ERROR {r['error']}"] for r in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)

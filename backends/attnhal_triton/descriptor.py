@@ -21,10 +21,15 @@ CAPABILITIES = BackendCapabilities(
     # draft_decode serves every step s (prefix plus draft_path[:, :s + 1]).
     multi_step=SpecLimits(),
     dtypes=frozenset(("float16", "bfloat16", "float32")),
+    # fp8 caches are read as stored * per-layer scale in the kernels; an e4m3 pool must
+    # be in the platform's flavour (KVPool.platform_reasons).
+    kv_dtypes=frozenset(("float16", "bfloat16", "float32", "fp8_e4m3", "fp8_e5m2")),
     # tl.arange needs a power of two; tl.dot needs K >= 16.
     head_sizes=frozenset((16, 32, 64, 128, 256)),
-    page_sizes=frozenset((1,)),
-    features=frozenset((Feature.CUSTOM_MASK,)),
+    # Any page size works (slot = page * P + pos % P, P a constexpr); these are the tested ones.
+    page_sizes=frozenset((1, 16, 64)),
+    features=frozenset((Feature.CUSTOM_MASK, Feature.SLIDING_WINDOW, Feature.LOGIT_SOFTCAP,
+                        Feature.SINKS)),
     # Any length >= 0 is safe in padded rows (empty rows give 0, never NaN).
     seq_len_fill=SeqLenFill(1),
     needs_host_seq_lens=False,

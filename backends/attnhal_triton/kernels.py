@@ -1,6 +1,6 @@
 # mypy: disable-error-code="no-untyped-def"
 # (Triton kernels take untyped tensors/pointers; their types live in the signatures triton infers.)
-"""Triton attention kernels over a paged (page size 1) KV cache.
+"""Triton attention kernels over a paged KV cache.
 
 Imported lazily (first forward, or the compile check): importing this module
 imports triton. ``TRITON_INTERPRET=1`` must be set before this import for the
@@ -10,26 +10,37 @@ Kernels
 -------
 ``decode_partial_kernel``
     split-KV stage 1 of ``decode`` and ``draft_decode``. Grid
-    ``(rows, num_kv_heads * head_blocks, num_splits)``: one program per row, KV
+    ``(rows, num_kv_heads * head_blocks, max_splits)``: one program per row, KV
     head (all of its query heads, padded to ``BLOCK_H >= 16`` so ``tl.dot`` applies)
-    and KV split. Writes the split's normalised partial output and its base-2
-    log-sum-exp.
+    and KV split. Row ``r`` uses ``NumSplits[r]`` splits (sized on the device by the
+    metadata step); programs past that count do nothing. Writes the split's
+    normalised partial output and its base-2 log-sum-exp.
 ``decode_reduce_kernel``
-    stage 2: merges the splits of one (row, query head) with their log-sum-exp.
+    stage 2 of decode and of the split extend: merges the non-empty splits of one
+    (row, query head) with their log-sum-exp (and the head's sink logit).
 ``extend_kernel``
     ``prefill``, ``target_verify`` and ``draft_extend``. Grid
-    ``(rows, num_kv_heads, m_blocks)``: one program per row, KV head and block of
-    ``BLOCK_M`` flattened (query token, query head of the group) pairs, so short
-    speculative rows still fill a ``tl.dot`` tile.
+    ``(m_blocks, rows, num_kv_heads * splits)``: one program per block of
+    ``BLOCK_M`` flattened (query token, query head of the group) pairs, row, KV head
+    and KV split (m-blocks on axis 0, whose limit is 2**31 - 1, not 65535). With
+    ``SPLIT`` it writes (o, lse) partials for ``decode_reduce_kernel``; without, the output.
+
+Paging: position ``p`` of a row lives in slot ``page * PAGE_SIZE + p % PAGE_SIZE`` with
+``page = req_to_page[row, p // PAGE_SIZE]``.
 
 All softmax arithmetic is fp32 in base 2 (scores are pre-multiplied by
-``sm_scale * log2(e)``). Masked scores are ``-inf``; a row with nothing to attend
-yields 0, never NaN (padded graph rows may have any length).
+``sm_scale * log2(e)``; with a soft-cap, ``cap * tanh(s / cap)`` is taken first).
+Masked scores are ``-inf``; a row with nothing to attend yields 0, never NaN
+(padded graph rows may have any length). Sliding window: a query at KV position
+``qpos`` attends positions ``>= qpos - window`` (``window < 0``: no window).
 
 ``DOT_F32`` casts the dot operands to fp32: the interpreter computes bf16 ``tl.dot``
 on raw bit patterns (triton-lang/triton#11584), so bf16 runs through this path
 under the interpreter only. ``tl.dot`` uses ``input_precision="ieee"`` so that
-fp32 inputs are not rounded to tf32.
+fp32 inputs are not rounded to tf32. ``KV_SCALED``: the cache stores fp8, read as
+``stored.float() * scale`` (per-layer K and V scales): the stored values, exact in
+fp16/bf16, enter the dots and the scales are applied to the scores (K) and the
+accumulator (V), which is the same by linearity.
 """
 
 from __future__ import annotations
@@ -39,7 +50,15 @@ import triton.language as tl
 
 from triton.runtime.interpreter import InterpretedFunction
 
-__all__ = ["INTERPRETED", "decode_partial_kernel", "decode_reduce_kernel", "extend_kernel"]
+__all__ = ["INTERPRETED", "decode_partial_kernel", "extend_kernel", "decode_reduce_kernel"]
+
+_LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _tanh(x):
+    # Vendor-neutral (no libdevice): tanh(x) = 1 - 2 / (e^(2x) + 1); exp2 overflow gives +-1.
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
 
 
 @triton.jit
@@ -60,43 +79,65 @@ def _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32: tl.constexpr, DOT_PRECISI
 
 
 @triton.jit
-def _load_kv(q, K, V, req_row, pos, ok, kv_head, qk_scale,
-             stride_kt, stride_kh, stride_vt, stride_vh,
-             HEAD_DIM: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Gather K/V of positions ``pos`` [N] through ``req_row`` (a req_to_token row pointer).
+def _paged_slots(req_row, pos, ok, PAGE_SIZE: tl.constexpr):
+    """KV slots of positions ``pos`` [N] of the row whose page-table row is ``req_row``."""
+    page = tl.load(req_row + pos // PAGE_SIZE, mask=ok, other=0).to(tl.int64)
+    return page * PAGE_SIZE + pos % PAGE_SIZE
 
-    Returns base-2 scores ``q @ k^T`` [M, N] (fp32; masked-out positions not yet -inf)
-    and ``v`` [N, D].
+
+@triton.jit
+def _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
+                       stride_kt, stride_kh, stride_vt, stride_vh,
+                       HEAD_DIM: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                       DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Base-2 scores ``q @ k^T`` [M, N] (fp32; masked-out positions not yet -inf) and ``v`` [N, D].
+
+    V is loaded before the QK dot so that both memory round trips overlap the dot.
+    K and V are cast to q's dtype: a cache of another dtype costs a cast, not a mixed
+    dot. fp8 values are exact in fp16/bf16; their scales are applied outside the loop
+    (``_kv_scaled``), since both products are linear in them.
     """
     offs_d = tl.arange(0, HEAD_DIM)
-    slot = tl.load(req_row + pos, mask=ok, other=0).to(tl.int64)
+    v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                mask=ok[:, None], other=0.0)
     k = tl.load(K + slot[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
                 mask=ok[None, :], other=0.0)
     if DOT_F32:
         s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision=DOT_PRECISION)
     else:
         s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
-    # K and V in q's dtype: a cache of another dtype costs a cast, not a mixed dot.
-    v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                mask=ok[:, None], other=0.0).to(q.dtype)
-    return s * qk_scale, v
+    if HAS_SOFTCAP:
+        # qk_scale is sm_scale / cap here and softcap is cap * log2(e) (ops.py).
+        s = softcap * _tanh(s * qk_scale)
+    else:
+        s = s * qk_scale
+    return s, v.to(q.dtype)
+
+
+@triton.jit
+def _kv_scaled(qk_scale, KScale, VScale, KV_SCALED: tl.constexpr):
+    """(score scale with K's dequantisation scale folded in, V's scale) of an fp8 cache."""
+    if KV_SCALED:
+        return qk_scale * tl.load(KScale), tl.load(VScale)
+    return qk_scale, 1.0
 
 
 @triton.jit
 def decode_partial_kernel(
-    Q, K, V, MidO, MidLse, ReqToToken, ReqIdx, SeqLens, Extra,
-    qk_scale, num_extra, num_splits,
+    Q, K, V, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, Extra, KScale, VScale,
+    qk_scale, softcap, window, num_extra,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     stride_req, stride_extra,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, KV_SCALED: tl.constexpr,
     DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Stage 1: partial attention of one (row, KV head, head block, split).
 
     Q ``[rows, Hq, D]``; K, V ``[slots, Hkv, D]``; MidO ``[rows, Hq, S, D]`` fp32;
-    MidLse ``[rows, Hq, S]`` fp32 (base 2); ReqToToken ``[reqs, ctx]``; ReqIdx, SeqLens
-    ``[rows]``; Extra ``[rows, >= num_extra]`` slots attended after the prefix
+    MidLse ``[rows, Hq, S]`` fp32 (base 2); ReqToPage ``[reqs, pages]``; ReqIdx, SeqLens,
+    NumSplits ``[rows]``; Extra ``[rows, >= num_extra]`` slots attended after the prefix
     (``draft_decode``'s draft path; ``num_extra == 0`` for ``decode``).
     """
     row = tl.program_id(0).to(tl.int64)
@@ -104,14 +145,17 @@ def decode_partial_kernel(
     kv_head = tl.program_id(1) // head_blocks
     split = tl.program_id(2)
 
-    req_row = ReqToToken + tl.load(ReqIdx + row).to(tl.int64) * stride_req
+    n_splits = tl.load(NumSplits + row)
+    live = split < n_splits  # programs past the row's split count store nothing
+    req_row = ReqToPage + tl.load(ReqIdx + row).to(tl.int64) * stride_req
     prefix_len = tl.load(SeqLens + row)
     total = prefix_len + num_extra
-    # Split lengths are whole KV blocks, so short rows leave trailing splits empty
-    # instead of running many partial blocks.
-    chunk = tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = tl.minimum(start + chunk, total)
+    # The query sits at position total - 1; a window starts its keys at total - 1 - window.
+    lo = tl.maximum(tl.where(window >= 0, total - 1 - window, 0), 0)
+    # Split lengths are whole KV blocks, so a short row leaves its last splits empty.
+    chunk = tl.cdiv(tl.cdiv(total - lo, tl.maximum(n_splits, 1)), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.where(live, tl.minimum(start + chunk, total), start)
     prefix_end = tl.minimum(end, prefix_len)
 
     offs_g = (tl.program_id(1) % head_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -120,56 +164,72 @@ def decode_partial_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=head_ok[:, None], other=0.0)
+    qk_scale, v_scale = _kv_scaled(qk_scale, KScale, VScale, KV_SCALED)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-    # The committed prefix, gathered through req_to_token.
+    # The committed prefix, through the page table.
     for n0 in range(start, prefix_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < prefix_end
-        s, v = _load_kv(q, K, V, req_row, pos, ok, kv_head, qk_scale,
-                        stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, DOT_F32, DOT_PRECISION)
+        slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
+        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
+                                  stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM,
+                                  HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
         s = tl.where(ok[None, :], s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
     # Extra slots (draft path) of the split's part of [prefix_len, total): at most
-    # one short block, gathered through the row's Extra.
+    # one short block, read straight from the row's Extra.
     extra_row = Extra + row * stride_extra - prefix_len
     for n0 in range(tl.maximum(start, prefix_len), end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < end
-        s, v = _load_kv(q, K, V, extra_row, pos, ok, kv_head, qk_scale,
-                        stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, DOT_F32, DOT_PRECISION)
+        slot = tl.load(extra_row + pos, mask=ok, other=0).to(tl.int64)
+        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
+                                  stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM,
+                                  HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
         s = tl.where(ok[None, :], s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
 
+    # (Scalar conditions are broadcast to the block: the interpreter rejects a 0-d mask term.)
+    # An empty split stores only lse = -inf: the reduce neither weighs nor reads its output.
+    acc = acc * v_scale
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o_ptrs = MidO + row * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
-    tl.store(o_ptrs, acc / l_safe[:, None], mask=head_ok[:, None])
-    # An empty split stores lse = -inf, which stage 2 weighs as 0.
+    tl.store(o_ptrs, acc / l_safe[:, None], mask=(head_ok & (offs_g * 0 + start < end))[:, None])
     tl.store(MidLse + row * stride_lb + heads * stride_lh + split, m_i + tl.log2(l_safe),
-             mask=head_ok)
+             mask=head_ok & (offs_g * 0 + split < n_splits))
 
 
 @triton.jit
 def decode_reduce_kernel(
-    MidO, MidLse, Out, num_splits,
+    MidO, MidLse, Out, NumSplits, Sinks, rows_per_entry,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outt, stride_outh,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
-    """Stage 2: Out ``[rows, Hq, D]`` = splits of MidO merged by their log-sum-exp."""
+    """Stage 2: Out ``[rows, Hq, D]`` = the non-empty splits of MidO merged by their
+    log-sum-exp. Row ``r`` has ``NumSplits[r // rows_per_entry]`` splits; ``Sinks``
+    ``[Hq]`` fp32 adds ``exp(sink)`` to each head's denominator."""
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
-    s_ok = offs_s < num_splits
+    s_ok = offs_s < tl.load(NumSplits + row // rows_per_entry)
     lse = tl.load(MidLse + row * stride_lb + head * stride_lh + offs_s, mask=s_ok,
                   other=float("-inf"))
     m = tl.max(lse, 0)
-    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
+    if HAS_SINKS:
+        sink = tl.load(Sinks + head) * _LOG2E
+        m = tl.maximum(m, sink)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m_use)
+    filled = s_ok & (lse != float("-inf"))
     o = tl.load(MidO + row * stride_ob + head * stride_oh + offs_s[:, None] * stride_os
-                + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+                + offs_d[None, :], mask=filled[:, None], other=0.0)
     total = tl.sum(w, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - m_use)
     out = tl.sum(o * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
     tl.store(Out + row * stride_outt + head * stride_outh + offs_d,
              out.to(Out.dtype.element_ty))
@@ -193,29 +253,57 @@ def _row_queries(row, QoIndptr, ExtLens, q_per_row, PACKED: tl.constexpr,
 
 
 @triton.jit
+def _tree_allowed(Tree, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS: tl.constexpr):
+    """Tree-mask bits [M, N] of draft keys ``j`` for queries ``tok``."""
+    words = Tree + (row * q_per_row + tok) * (MASK_WORDS + 1)
+    word = tl.load(words[:, None] + j[None, :] // 32, mask=m_ok[:, None] & ok[None, :], other=0)
+    return ((word >> (j[None, :] % 32)) & 1) != 0
+
+
+@triton.jit
+def _tree_depth(Tree, row, tok, ok, q_per_row, MASK_WORDS: tl.constexpr):
+    """Depths of draft tokens ``tok``: the word after each token's mask words."""
+    return tl.load(Tree + (row * q_per_row + tok) * (MASK_WORDS + 1) + MASK_WORDS, mask=ok, other=0)
+
+
+@triton.jit
 def extend_kernel(
-    Q, K, V, Out, ReqToToken, ReqIdx, SeqLens, QoIndptr, ExtLens, Mask,
-    qk_scale, q_per_row,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_outt, stride_outh, stride_req,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PACKED: tl.constexpr, HAS_EXT_LENS: tl.constexpr, USE_MASK: tl.constexpr,
+    Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
+    Tree, KScale, VScale, Sinks,
+    qk_scale, softcap, window, q_per_row,
+    stride_qt, stride_qh, stride_req,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PACKED: tl.constexpr, HAS_EXT_LENS: tl.constexpr,
+    USE_MASK: tl.constexpr, MASK_WORDS: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALED: tl.constexpr,
     DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Extend attention of one (row, KV head, block of flattened query rows).
+    """Extend attention of one (block of flattened query rows, row, KV head, split).
 
     Q, Out ``[tokens, Hq, D]``; K, V ``[slots, Hkv, D]``. Row ``r``'s queries are
     tokens ``QoIndptr[r]..QoIndptr[r+1]`` (``PACKED``) or ``r*T..r*T+T`` with
     ``T = q_per_row``. New tokens ``ext`` are ``ExtLens[r]`` (``HAS_EXT_LENS``) or the
-    query count; ``prefix = SeqLens[r] - ext``. Query ``i`` attends positions
-    ``p <= min(prefix + i, SeqLens[r] - 1)``, or with ``USE_MASK``: ``p < prefix``
-    and draft ``j = p - prefix`` where ``Mask[r, i, j]`` (uint8 ``[rows, T, T]``).
+    query count; ``prefix = SeqLens[r] - ext``. Query ``i`` sits at KV position
+    ``qpos = min(prefix + i, SeqLens[r] - 1)`` and attends ``p <= qpos``, or with
+    ``USE_MASK``: ``p < prefix`` and draft ``j = p - prefix`` where bit ``j % 32`` of
+    ``Tree[r, i, j // 32]`` is set (``Tree`` ``[rows, T, MASK_WORDS + 1]`` int32; the last
+    word of token ``i`` is its depth); then ``qpos = prefix + depth[i]`` and draft key
+    ``j`` sits at ``prefix + depth[j]``. ``SPLIT``: the block's KV range is cut into
+    ``NumSplits[r]`` (<= ``MAX_SPLITS``) chunks whose (o, lse) partials go to MidO
+    ``[tokens, Hq, MAX_SPLITS, D]`` / MidLse ``[tokens, Hq, MAX_SPLITS]`` for
+    ``decode_reduce_kernel`` (which adds the sinks); otherwise Out is written. Out and the
+    partials are contiguous: their strides follow from the constexpr shapes, which keeps
+    scalar registers free (the tree form ran out of SGPRs on CDNA).
     """
-    row = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    m_block = tl.program_id(2)
+    # Contiguous cache [slots, Hkv, D]: a slot's row is Hkv * D elements.
+    KV_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * HEAD_DIM
+    m_block = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    kv_head = tl.program_id(2) // MAX_SPLITS
+    split = tl.program_id(2) % MAX_SPLITS
 
-    req_row = ReqToToken + tl.load(ReqIdx + row).to(tl.int64) * stride_req
+    req_row = ReqToPage + tl.load(ReqIdx + row).to(tl.int64) * stride_req
     kv_len = tl.load(SeqLens + row)
     q_start, n_q, ext = _row_queries(row, QoIndptr, ExtLens, q_per_row, PACKED, HAS_EXT_LENS)
     prefix = kv_len - ext
@@ -227,50 +315,85 @@ def extend_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = (q_start + tok) * stride_qt + heads * stride_qh
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+    qk_scale, v_scale = _kv_scaled(qk_scale, KScale, VScale, KV_SCALED)
 
-    # KV ranges this block needs: [0, shared) seen by every query, [shared, hi) masked
-    # per query; both empty when the block holds no query of this row.
+    # KV ranges this block needs: [lo, shared) seen by every query but for the window,
+    # [shared, hi) masked per query; both empty when the block holds no query of this row.
     has_rows = m_block * BLOCK_M // GROUP < n_q
-    last_tok = tl.minimum(((m_block + 1) * BLOCK_M - 1) // GROUP, n_q - 1)
     if USE_MASK:
+        qpos = prefix + _tree_depth(Tree, row, tok, m_ok, q_per_row, MASK_WORDS)
         hi = kv_len
     else:
+        qpos = tl.minimum(prefix + tok, kv_len - 1)
+        last_tok = tl.minimum(((m_block + 1) * BLOCK_M - 1) // GROUP, n_q - 1)
         hi = tl.minimum(prefix + last_tok + 1, kv_len)
     hi = tl.where(has_rows, hi, 0)
     shared = tl.minimum(tl.maximum(prefix, 0), hi)
+    lo_q = tl.where(window >= 0, qpos - window, 0)  # [M] first position each query sees
+    lo = tl.minimum(tl.maximum(tl.min(tl.where(m_ok, lo_q, hi), 0), 0), hi)
+    if SPLIT:
+        n_splits = tl.load(NumSplits + row)
+        live = split < n_splits
+        chunk = tl.cdiv(tl.cdiv(hi - lo, tl.maximum(n_splits, 1)), BLOCK_N) * BLOCK_N
+        s_lo = lo + split * chunk
+        s_hi = tl.where(live, tl.minimum(s_lo + chunk, hi), s_lo)
+    else:
+        s_lo = lo
+        s_hi = hi
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for n0 in range(0, shared, BLOCK_N):
+    for n0 in range(s_lo, tl.minimum(s_hi, shared), BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < shared
-        s, v = _load_kv(q, K, V, req_row, pos, ok, kv_head, qk_scale,
-                        stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, DOT_F32, DOT_PRECISION)
-        s = tl.where(ok[None, :], s, float("-inf"))
+        slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
+        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
+                                  KV_ROW, HEAD_DIM, KV_ROW, HEAD_DIM, HEAD_DIM,
+                                  HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+        s = tl.where(ok[None, :] & (pos[None, :] >= lo_q[:, None]), s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
 
-    limit = tl.minimum(prefix + tok, kv_len - 1)
-    mask_rows = Mask + row * q_per_row * q_per_row + tok * q_per_row - prefix
-    for n0 in range(shared, hi, BLOCK_N):
+    for n0 in range(tl.maximum(s_lo, shared), s_hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
-        ok = pos < hi
-        s, v = _load_kv(q, K, V, req_row, pos, ok, kv_head, qk_scale,
-                        stride_kt, stride_kh, stride_vt, stride_vh, HEAD_DIM, DOT_F32, DOT_PRECISION)
+        ok = pos < s_hi
+        slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
+        s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
+                                  KV_ROW, HEAD_DIM, KV_ROW, HEAD_DIM, HEAD_DIM,
+                                  HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
         if USE_MASK:
             # Positions from ``shared`` on are draft tokens j = pos - prefix in [0, T).
-            bits = tl.load(mask_rows[:, None] + pos[None, :], mask=m_ok[:, None] & ok[None, :],
-                           other=0)
-            allowed = bits != 0
+            j = pos - prefix
+            allowed = _tree_allowed(Tree, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS)
+            kpos = prefix + _tree_depth(Tree, row, j, ok, q_per_row, MASK_WORDS)
         else:
-            allowed = (pos[None, :] <= limit[:, None]) & ok[None, :]
+            allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :]
+            kpos = pos
+        allowed = allowed & (kpos[None, :] >= lo_q[:, None])
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
 
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out_rows = (q_start + tok) * stride_outt + heads * stride_outh
-    tl.store(Out + out_rows[:, None] + offs_d[None, :],
-             (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=m_ok[:, None])
+    acc = acc * v_scale
+    if SPLIT:
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        token = q_start + tok
+        cell = (token * NUM_Q_HEADS + heads) * MAX_SPLITS + split  # [M] (token, head, split)
+        tl.store(MidO + cell[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None],
+                 mask=(m_ok & (tok * 0 + s_lo < s_hi))[:, None])
+        tl.store(MidLse + cell, m_i + tl.log2(l_safe),
+                 mask=m_ok & (tok * 0 + split < n_splits))
+    else:
+        if HAS_SINKS:
+            # The sink joins the denominator only: exp(sink) with no value.
+            sink = tl.load(Sinks + heads) * _LOG2E
+            m_new = tl.maximum(m_i, sink)
+            alpha = tl.exp2(m_i - m_new)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp2(sink - m_new)
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        out_rows = ((q_start + tok) * NUM_Q_HEADS + heads) * HEAD_DIM
+        tl.store(Out + out_rows[:, None] + offs_d[None, :],
+                 (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=m_ok[:, None])
 
 
 #: True when the kernels above run in the Triton interpreter (TRITON_INTERPRET=1 at import).

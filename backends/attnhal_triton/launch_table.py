@@ -26,6 +26,8 @@ from typing import Any
 from attnhal.platform import Platform
 
 __all__ = [
+    "ALIASES",
+    "EXTEND_VARIANTS",
     "FALLBACK",
     "KERNELS",
     "TABLE",
@@ -38,8 +40,23 @@ __all__ = [
     "rows_for",
 ]
 
-#: Kernel names the table keys on (see ``kernels.py``).
-KERNELS = ("decode", "decode_reduce", "extend")
+#: Kernel variants the table keys on: one row set per compiled form (see ``kernels.py``).
+#: ``decode`` serves decode and draft_decode; ``decode_reduce`` merges the splits of
+#: decode and of the split extend; the ``extend_*`` forms are prefill (packed, one
+#: pass), target_verify causal / tree-masked and draft_extend (uniform, split KV).
+KERNELS = ("decode", "decode_reduce", "extend_prefill", "extend_verify", "extend_verify_tree",
+           "extend_draft")
+#: The extend variants, which share their rows' shapes unless a family overrides one.
+EXTEND_VARIANTS = KERNELS[2:]
+#: Arch families served by another family's rows (the rows compile spill-free for
+#: them, checked by the compile check): sm86/sm89 (consumer Ampere/Ada, less shared
+#: memory than sm80 but the sm80 rows fit), sm100 (datacenter Blackwell) takes the sm90
+#: rows, sm120 (consumer Blackwell: mma.sync and ~100 KB shared memory like sm89) the
+#: sm80 rows — the sm90 128x64 extend tiles spill there.
+ALIASES: Mapping[tuple[str, str], str] = MappingProxyType({
+    ("cuda", "sm86"): "sm80", ("cuda", "sm89"): "sm80",
+    ("cuda", "sm100"): "sm90", ("cuda", "sm120"): "sm80",
+})
 
 
 class UnknownArchWarning(UserWarning):
@@ -58,7 +75,10 @@ class LaunchRow:
     head_size, dtype: ``None`` matches any.
     blocks: the kernel's block-size constexprs (upper-case names, e.g. ``BLOCK_N``).
     num_warps, num_stages: passed to every launch.
-    kv_splits: split-KV count of the decode kernel (fixed when a graph is captured).
+    kv_splits: most KV splits of a row (decode and split extend); the buffers are sized
+        for it, so it is fixed when a graph is captured.
+    split_len: positions per split at least: row ``r`` takes
+        ``clamp(ceil(seq_len[r] / split_len), 1, kv_splits)`` splits, computed on the device.
     dot_precision: ``tl.dot`` input precision for fp32 operands (``"ieee"`` everywhere;
         ``"tf32x3"`` where the vendor offers it: fp32-accurate on tensor cores).
     extra: vendor-only launch options (HIP: ``waves_per_eu``, ``matrix_instr_nonkdim``,
@@ -72,6 +92,7 @@ class LaunchRow:
     num_warps: int = 4
     num_stages: int = 1
     kv_splits: int = 1
+    split_len: int = 256
     head_size: int | None = None
     dtype: str | None = None
     dot_precision: str = "ieee"
@@ -133,8 +154,11 @@ def decode_launch(encoded: str) -> tuple[dict[str, Any], dict[str, Any]]:
 # for every supported head size and dtype (``python -m attnhal_triton.compile_check
 # --fallback``). They are starting points, not benchmarks: no GPU was available to
 # time them. Row order breaks specificity ties (dtype rows come before head-size rows).
+# A spec's kernel ``"extend"`` stands for every extend variant; the split variants
+# (verify, tree verify, draft extend) take the family's split settings.
 
 _HIP = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 2}
+_SPLIT_EXTEND = ("extend_verify", "extend_verify_tree", "extend_draft")
 # fp32 extend where fp32 dots run on FMA units (NVIDIA, and the fallback): 16x16 tiles,
 # 2 warps up to head size 64, 4 above (ptxas spills a few bytes otherwise).
 _FP32_EXTEND = (
@@ -145,32 +169,40 @@ _FP32_EXTEND = (
 
 
 def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...]],
-          **common: Any) -> list[LaunchRow]:
-    """Rows from ``(kernel, head_size, dtype, blocks, num_warps, num_stages)`` tuples."""
-    return [LaunchRow(kernel, vendor, family, blocks, num_warps=warps, num_stages=stages,
-                      head_size=head, dtype=dtype, **common)
-            for kernel, head, dtype, blocks, warps, stages in specs]
+          splits: int = 1, split_len: int = 256, **common: Any) -> list[LaunchRow]:
+    """Rows from ``(kernel, head_size, dtype, blocks, num_warps, num_stages)`` tuples.
+
+    ``splits``/``split_len`` go to the rows of the split kernels (decode and the split
+    extend variants); ``"extend"`` expands to one row per extend variant.
+    """
+    rows = []
+    for kernel, head, dtype, blocks, warps, stages in specs:
+        for name in EXTEND_VARIANTS if kernel == "extend" else (kernel,):
+            split = name == "decode" or name in _SPLIT_EXTEND
+            rows.append(LaunchRow(name, vendor, family, blocks, num_warps=warps, num_stages=stages,
+                                  head_size=head, dtype=dtype, kv_splits=splits if split else 1,
+                                  split_len=split_len, **common))
+    return rows
 
 
-def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int],
-            w256: int) -> list[LaunchRow]:
+def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256: int,
+            prefill_verify: Mapping[str, int] | None = None) -> list[LaunchRow]:
     # fp32 operands take the FMA path (tf32 would break the fp32 tolerance, and
     # 3xTF32 needs more registers still): small tiles keep it spill-free.
     big = {"BLOCK_M": 64, "BLOCK_N": 64}
-    return [
-        *_rows("cuda", family, [
-            ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 2),
-            ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 2),
-            ("decode", 256, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 2),
-        ], kv_splits=16),
-        *_rows("cuda", family, [
-            ("decode_reduce", None, None, {}, 4, 1),
-            *_FP32_EXTEND,
-            ("extend", None, None, big, 8, 2),
-            ("extend", 128, None, d128, 8, 2),
-            ("extend", 256, None, d256, w256, 2),
-        ]),
-    ]
+    wide = [(kernel, head, None, prefill_verify, 8, 2) for kernel in ("extend_prefill", "extend_verify")
+            for head in (None, 128)] if prefill_verify else []
+    return _rows("cuda", family, [
+        ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 2),
+        ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 2),
+        ("decode", 256, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 2),
+        ("decode_reduce", None, None, {}, 4, 1),
+        *_FP32_EXTEND,
+        *wide,  # before the general extend rows: the first of equally specific rows wins
+        ("extend", None, None, big, 8, 2),
+        ("extend", 128, None, d128, 8, 2),
+        ("extend", 256, None, d256, w256, 2),
+    ], splits=16)
 
 
 def _amd(family: str, splits: int) -> list[LaunchRow]:
@@ -178,15 +210,19 @@ def _amd(family: str, splits: int) -> list[LaunchRow]:
     # MFMA with kpack=2 suits these fp16/bf16 tiles; fp32 runs on fp32 MFMA.
     return [
         *_rows("hip", family, [
+            # fp32 K/V blocks of 64 hit 256 VGPRs and spill with page reads and the soft-cap.
+            ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 1),
+            ("decode", 256, "float32", {"BLOCK_N": 16, "BLOCK_H": 16}, 4, 1),
             ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 1),
             ("decode", 256, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 1),
-        ], kv_splits=splits, extra=_HIP),
-        *_rows("hip", family, [("decode_reduce", None, None, {}, 4, 1)]),
-        *_rows("hip", family, [
+            # The tree mask's word loads and depths cost registers: 64x32 spills.
+            ("extend_verify_tree", None, None, {"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1),
+            ("extend_verify_tree", 256, None, {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
             ("extend", 256, "float32", {"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1),
             ("extend", None, None, {"BLOCK_M": 64, "BLOCK_N": 32}, 4, 1),
             ("extend", 256, None, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 1),
-        ], extra=_HIP),
+        ], splits=splits, extra=_HIP),
+        *_rows("hip", family, [("decode_reduce", None, None, {}, 4, 1)]),
     ]
 
 
@@ -194,39 +230,42 @@ TABLE: tuple[LaunchRow, ...] = (
     # Ampere (A100): 108 SMs, 64K registers per SM; head size 128 and 256 need narrower tiles.
     *_nvidia("sm80", d128={"BLOCK_M": 32, "BLOCK_N": 64}, d256={"BLOCK_M": 32, "BLOCK_N": 32},
              w256=4),
-    # Hopper (H100/H200): 132 SMs, more shared memory per SM.
+    # Hopper (H100/H200): 132 SMs, more shared memory per SM; prefill and causal verify
+    # take the anchors' 128x64 tiles up to head size 128.
     *_nvidia("sm90", d128={"BLOCK_M": 64, "BLOCK_N": 64}, d256={"BLOCK_M": 64, "BLOCK_N": 32},
-             w256=8),
+             w256=8, prefill_verify={"BLOCK_M": 128, "BLOCK_N": 64}),
     *_amd("gfx90", splits=16),  # CDNA2 (MI200): 110 CUs
     *_amd("gfx94", splits=32),  # CDNA3 (MI300X): 304 CUs, more KV splits at small batch
+    *_amd("gfx95", splits=32),  # CDNA4 (MI350): as CDNA3 until measured
     # The Triton interpreter on CPU: options are ignored; BLOCK_N >= 64 and few
-    # splits keep the number of sequentially interpreted programs small.
-    LaunchRow("decode", "cpu", "cpu", {"BLOCK_N": 64, "BLOCK_H": 16}, kv_splits=4),
-    LaunchRow("decode_reduce", "cpu", "cpu", {}),
-    LaunchRow("extend", "cpu", "cpu", {"BLOCK_M": 64, "BLOCK_N": 64}),
+    # splits keep the number of sequentially interpreted programs small, and a short
+    # split length makes the tests' short rows use several splits.
+    *_rows("cpu", "cpu", [
+        ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 1),
+        ("decode_reduce", None, None, {}, 4, 1),
+        ("extend", None, None, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 1),
+    ], splits=4, split_len=64),
 )
 
 #: Rows for an arch family the table does not know (``vendor`` and ``arch_family``
 #: None): small tiles, 1 stage, IEEE dots and no vendor-only options, so that they
 #: compile spill-free on every target the compile check knows.
-FALLBACK: tuple[LaunchRow, ...] = (
-    *_rows(None, None, [
-        ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 1),
-        ("decode", None, None, {"BLOCK_N": 16, "BLOCK_H": 16}, 4, 1),
-    ], kv_splits=8),
-    *_rows(None, None, [
-        ("decode_reduce", None, None, {}, 4, 1),
-        *_FP32_EXTEND,
-        ("extend", None, None, {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
-    ]),
-)
+FALLBACK: tuple[LaunchRow, ...] = tuple(_rows(None, None, [
+    ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 1),
+    ("decode", None, None, {"BLOCK_N": 16, "BLOCK_H": 16}, 4, 1),
+    ("decode_reduce", None, None, {}, 4, 1),
+    *_FP32_EXTEND,
+    ("extend", None, None, {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
+], splits=8))
 
 
 def rows_for(kernel: str, vendor: str, arch_family: str,
              table: Iterable[LaunchRow] = TABLE) -> list[LaunchRow]:
-    """All rows of ``kernel`` for one arch family (empty if the family is unknown)."""
+    """All rows of ``kernel`` for one arch family, or for the family it aliases
+    (:data:`ALIASES`); empty if the family is unknown."""
+    family = ALIASES.get((vendor, arch_family), arch_family)
     return [r for r in table if r.kernel == kernel and r.vendor == vendor
-            and r.arch_family == arch_family]
+            and r.arch_family == family]
 
 
 def best_row(rows: Iterable[LaunchRow], head_size: int, dtype: str) -> LaunchRow:

@@ -57,27 +57,60 @@ def _dot_f32(dtype: torch.dtype) -> bool:
     return bool(_kernels().INTERPRETED and dtype == torch.bfloat16)
 
 
+def _scores(sm_scale: float, softcap: float) -> tuple[float, float]:
+    """(qk_scale, softcap) kernel arguments: base-2 scores, soft-capped when ``softcap > 0``.
+
+    With a cap the kernels compute ``(cap * log2 e) * tanh(q.k * (sm_scale / cap))``.
+    """
+    if softcap > 0:
+        return sm_scale / softcap, softcap * _LN2_INV
+    return sm_scale * _LN2_INV, 0.0
+
+
+def _check_contiguous(**tensors: torch.Tensor) -> None:
+    """The extend kernel derives these tensors' strides from their shapes."""
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name}.stride()={t.stride()} (supported: contiguous)")
+
+
+def _kv_scale_args(k_cache: torch.Tensor, k_scale: Optional[torch.Tensor],
+                   v_scale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Scale pointers (``[1]`` fp32 views) and ``KV_SCALED``; scales come with fp8 caches only."""
+    if (k_scale is None) != (v_scale is None):
+        raise ValueError("k_scale/v_scale: give both or neither")
+    if k_scale is None or v_scale is None:
+        return k_cache, k_cache, False
+    return k_scale, v_scale, True
+
+
 # --- decode, stage 1 ----------------------------------------------------------------
 
 @torch.library.custom_op("attnhal_triton::decode_partial", mutates_args=("mid_o", "mid_lse"))
 def decode_partial(
     mid_o: torch.Tensor, mid_lse: torch.Tensor, q: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-    extra_slots: Optional[torch.Tensor], num_extra: int, sm_scale: float, launch: str,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_page: torch.Tensor,
+    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, num_splits: torch.Tensor,
+    extra_slots: Optional[torch.Tensor], k_scale: Optional[torch.Tensor],
+    v_scale: Optional[torch.Tensor], num_extra: int, page_size: int, sm_scale: float,
+    softcap: float, window: int, launch: str,
 ) -> None:
     """Split-KV partial attention of one query token per row.
 
     Parameters
     ----------
-    mid_o: ``[>= rows, Hq, S, D]`` fp32, written: each split's normalised output.
-    mid_lse: ``[>= rows, Hq, S]`` fp32, written: each split's base-2 log-sum-exp.
+    mid_o: ``[>= rows, Hq, S, D]`` fp32, written: each non-empty split's normalised output.
+    mid_lse: ``[>= rows, Hq, S]`` fp32, written: each split's base-2 log-sum-exp
+        (``-inf`` for an empty split; splits ``>= num_splits[r]`` are not written).
     q: ``[rows, Hq, D]``.
-    k_cache, v_cache: ``[slots, Hkv, D]``.
-    req_to_token: ``[reqs, ctx]`` int32 slot of each position.
+    k_cache, v_cache: ``[slots, Hkv, D]`` (fp8 with ``k_scale``/``v_scale``).
+    req_to_page: ``[reqs, pages]`` int32 page of each ``page_size`` positions.
     req_pool_indices: ``[rows]`` int64; seq_lens: ``[rows]`` int32 prefix lengths.
+    num_splits: ``[rows]`` int32 in ``[1, S]``: KV splits of each row.
     extra_slots: ``[rows, >= num_extra]`` slots attended after the prefix, or None.
+    k_scale, v_scale: ``[1]`` fp32 dequantisation scales, or None.
     num_extra: how many ``extra_slots`` columns each row attends.
+    softcap: logit soft-cap, 0 for none; window: left window, -1 for none.
     """
     rows, num_q_heads, head_dim = q.shape
     if rows == 0:
@@ -87,72 +120,93 @@ def decode_partial(
     constexprs, options = _launch(launch)
     block_h = min(constexprs["BLOCK_H"], max(16, triton_next_pow2(group)))
     head_blocks = -(-group // block_h)
-    splits = mid_o.shape[2]
     extra = extra_slots if extra_slots is not None else seq_lens.view(-1, 1)
-    grid = (rows, k_cache.shape[1] * head_blocks, splits)
+    ks, vs, scaled = _kv_scale_args(k_cache, k_scale, v_scale)
+    qk_scale, cap = _scores(sm_scale, softcap)
+    grid = (rows, k_cache.shape[1] * head_blocks, mid_o.shape[2])
     _kernels().decode_partial_kernel[grid](
-        q, k_cache, v_cache, mid_o, mid_lse, req_to_token, req_pool_indices, seq_lens, extra,
-        sm_scale * _LN2_INV, num_extra, splits,
+        q, k_cache, v_cache, mid_o, mid_lse, req_to_page, req_pool_indices, seq_lens, num_splits,
+        extra, ks, vs, qk_scale, cap, window, num_extra,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        req_to_token.stride(0), extra.stride(0),
+        req_to_page.stride(0), extra.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_N=constexprs["BLOCK_N"],
-        DOT_F32=_dot_f32(q.dtype), DOT_PRECISION=constexprs["DOT_PRECISION"], **options,
+        PAGE_SIZE=page_size, HAS_SOFTCAP=cap > 0, KV_SCALED=scaled, DOT_F32=_dot_f32(q.dtype),
+        DOT_PRECISION=constexprs["DOT_PRECISION"], **options,
     )
 
 
 @decode_partial.register_fake
-def _(mid_o, mid_lse, q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,  # type: ignore[no-untyped-def]
-      extra_slots, num_extra, sm_scale, launch) -> None:
+def _(mid_o, mid_lse, q, k_cache, v_cache, req_to_page, req_pool_indices, seq_lens,  # type: ignore[no-untyped-def]
+      num_splits, extra_slots, k_scale, v_scale, num_extra, page_size, sm_scale, softcap, window,
+      launch) -> None:
     return None
 
 
-# --- decode, stage 2 ----------------------------------------------------------------
+# --- stage 2: merge the splits ---------------------------------------------------------
 
 @torch.library.custom_op("attnhal_triton::decode_reduce", mutates_args=("out",))
-def decode_reduce(out: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor, launch: str) -> None:
-    """Merge the splits: ``out`` ``[rows, Hq, D]`` from ``mid_o``/``mid_lse`` (first ``rows``)."""
+def decode_reduce(out: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor, num_splits: torch.Tensor,
+           sinks: Optional[torch.Tensor], rows_per_entry: int, launch: str) -> None:
+    """Merge the splits: ``out`` ``[rows, Hq, D]`` from ``mid_o``/``mid_lse`` (first ``rows``).
+
+    Row ``r`` has ``num_splits[r // rows_per_entry]`` splits (one entry per batch row:
+    ``rows_per_entry`` is 1 for decode, the tokens per row for the split extend);
+    ``sinks``: ``[Hq]`` fp32 sink logits, or None.
+    """
     rows, num_q_heads, head_dim = out.shape
     if rows == 0:
         return
     _check_last_dim(out=out, mid_o=mid_o)
     _, options = _launch(launch)
-    splits = mid_o.shape[2]
     _kernels().decode_reduce_kernel[(rows, num_q_heads)](
-        mid_o, mid_lse, out, splits,
+        mid_o, mid_lse, out, num_splits, sinks if sinks is not None else mid_lse, rows_per_entry,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_S=triton_next_pow2(splits), **options,
+        HEAD_DIM=head_dim, BLOCK_S=triton_next_pow2(mid_o.shape[2]), HAS_SINKS=sinks is not None,
+        **options,
     )
 
 
 @decode_reduce.register_fake
-def _(out, mid_o, mid_lse, launch) -> None:  # type: ignore[no-untyped-def]
+def _(out, mid_o, mid_lse, num_splits, sinks, rows_per_entry, launch) -> None:  # type: ignore[no-untyped-def]
     return None
 
 
 # --- extend ---------------------------------------------------------------------------
 
-@torch.library.custom_op("attnhal_triton::extend", mutates_args=("out",))
+@torch.library.custom_op("attnhal_triton::extend", mutates_args=("out", "mid_o", "mid_lse"))
 def extend(
-    out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-    qo_indptr: Optional[torch.Tensor], ext_lens: Optional[torch.Tensor],
-    mask: Optional[torch.Tensor], q_per_row: int, max_q: int, sm_scale: float, launch: str,
+    out: torch.Tensor, mid_o: Optional[torch.Tensor], mid_lse: Optional[torch.Tensor],
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    req_to_page: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    num_splits: Optional[torch.Tensor], qo_indptr: Optional[torch.Tensor],
+    ext_lens: Optional[torch.Tensor], tree: Optional[torch.Tensor], k_scale: Optional[torch.Tensor],
+    v_scale: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+    q_per_row: int, max_q: int, page_size: int, sm_scale: float, softcap: float, window: int,
+    launch: str,
 ) -> None:
     """Extend attention over the paged cache (prefill, target_verify, draft_extend).
 
     Parameters
     ----------
-    out, q: ``[tokens, Hq, D]``; ``out`` is written.
-    k_cache, v_cache: ``[slots, Hkv, D]``; req_to_token: ``[reqs, ctx]`` int32.
+    out, q: ``[tokens, Hq, D]``; ``out`` (contiguous) is written unless ``mid_o`` is given.
+    mid_o, mid_lse: ``[>= tokens, Hq, S, D]`` / ``[>= tokens, Hq, S]`` fp32, contiguous: with them the
+        KV range is split (``num_splits`` ``[rows]`` int32 in ``[1, S]``) and the partials
+        written for :func:`decode_reduce` (which adds the sinks); None: one pass into ``out``.
+    k_cache, v_cache: ``[slots, Hkv, D]``; req_to_page: ``[reqs, pages]`` int32.
     req_pool_indices: ``[rows]`` int64; seq_lens: ``[rows]`` int32 KV lengths.
     qo_indptr: ``[rows + 1]`` int32 query offsets (packed prefill), or None for the
         uniform layout of ``q_per_row`` tokens per row.
     ext_lens: ``[rows]`` int32 new tokens per row, or None (= query tokens per row).
-    mask: ``[rows, T, T]`` bool/uint8 tree mask with ``T = q_per_row``, or None (causal).
+    tree: ``[rows, T, W + 1]`` int32 with ``W = ceil(T / 32)``: bit ``j % 32`` of word
+        ``j // 32`` of query ``i`` set when ``i`` attends draft ``j`` (``T = q_per_row``),
+        word ``W`` the depth of draft ``i``; None: causal.
+    k_scale, v_scale: ``[1]`` fp32 fp8 dequantisation scales, or None.
+    sinks: ``[Hq]`` fp32 sink logits (one pass only), or None.
     max_q: the largest query count of a row (sizes the grid).
+    softcap: logit soft-cap, 0 for none; window: left window, -1 for none.
     """
     rows = req_pool_indices.shape[0]
     if rows == 0 or q.shape[0] == 0:
@@ -162,27 +216,37 @@ def extend(
     group = num_q_heads // k_cache.shape[1]
     constexprs, options = _launch(launch)
     block_m = constexprs["BLOCK_M"]
-    grid = (rows, k_cache.shape[1], -(-max_q * group // block_m))
+    split = mid_o is not None
+    if split and (mid_lse is None or num_splits is None or sinks is not None):
+        raise ValueError("a split extend (mid_o given) needs mid_lse and num_splits, and leaves "
+                         "sinks to decode_reduce")
+    # Without a split the output stands in for the partials' pointers (never written).
+    part_o, part_lse = (mid_o, mid_lse) if mid_o is not None and mid_lse is not None else (out, out)
+    max_splits = part_o.shape[2] if split else 1
+    _check_contiguous(out=out, mid_o=part_o, mid_lse=part_lse, k_cache=k_cache, v_cache=v_cache)
     dummy = seq_lens
-    mask_u8 = mask.view(torch.uint8) if mask is not None else dummy
+    ks, vs, scaled = _kv_scale_args(k_cache, k_scale, v_scale)
+    qk_scale, cap = _scores(sm_scale, softcap)
+    words = tree.shape[-1] - 1 if tree is not None else 1
+    grid = (-(-max_q * group // block_m), rows, k_cache.shape[1] * max_splits)
     _kernels().extend_kernel[grid](
-        q, k_cache, v_cache, out, req_to_token, req_pool_indices, seq_lens,
-        qo_indptr if qo_indptr is not None else dummy,
-        ext_lens if ext_lens is not None else dummy, mask_u8,
-        sm_scale * _LN2_INV, q_per_row,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-        req_to_token.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=constexprs["BLOCK_N"],
+        q, k_cache, v_cache, out, part_o, part_lse, req_to_page, req_pool_indices, seq_lens,
+        *(t if t is not None else dummy for t in (num_splits, qo_indptr, ext_lens, tree)),
+        ks, vs, sinks if sinks is not None else dummy,
+        qk_scale, cap, window, q_per_row, q.stride(0), q.stride(1), req_to_page.stride(0),
+        NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m,
+        BLOCK_N=constexprs["BLOCK_N"], MAX_SPLITS=max_splits, PAGE_SIZE=page_size,
         PACKED=qo_indptr is not None, HAS_EXT_LENS=ext_lens is not None,
-        USE_MASK=mask is not None, DOT_F32=_dot_f32(q.dtype),
+        USE_MASK=tree is not None, MASK_WORDS=words, SPLIT=split, HAS_SOFTCAP=cap > 0,
+        HAS_SINKS=sinks is not None, KV_SCALED=scaled, DOT_F32=_dot_f32(q.dtype),
         DOT_PRECISION=constexprs["DOT_PRECISION"], **options,
     )
 
 
 @extend.register_fake
-def _(out, q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,  # type: ignore[no-untyped-def]
-      qo_indptr, ext_lens, mask, q_per_row, max_q, sm_scale, launch) -> None:
+def _(out, mid_o, mid_lse, q, k_cache, v_cache, req_to_page, req_pool_indices,  # type: ignore[no-untyped-def]
+      seq_lens, num_splits, qo_indptr, ext_lens, tree, k_scale, v_scale, sinks,
+      q_per_row, max_q, page_size, sm_scale, softcap, window, launch) -> None:
     return None
 
 
