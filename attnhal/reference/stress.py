@@ -232,7 +232,7 @@ class _Workers:
     def __init__(self) -> None:
         self.key: tuple[Any, ...] | None = None
         self.worker: SpecWorker | None = None
-        self.greedy: dict[tuple[str, str | None], SpecWorker] = {}
+        self.greedy: dict[tuple[str, str | None, int, str], SpecWorker] = {}
         self._models: dict[int | None, tuple[TinyLlama, TinyLlama]] = {}
 
     def models(self, cfg: DemoConfig) -> tuple[TinyLlama, TinyLlama]:
