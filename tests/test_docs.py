@@ -28,7 +28,7 @@ def test_readme_starts_with_install_and_test_commands():
     assert block and text.index("```bash") < 20
     install, tests = block.group(1).strip().splitlines()
     assert "torch==2.13.0" in install and install.endswith("attnhal demo")
-    assert tests == ".venv/bin/python -m pytest -q"
+    assert tests == ".venv/bin/python -m pytest -q -n 2"
     assert tests in (ROOT / ".ci/run").read_text()
 
 
