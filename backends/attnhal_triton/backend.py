@@ -16,7 +16,6 @@ from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVP
 from attnhal.capabilities import (
     AttentionRequest,
     BackendCapabilities,
-    Feature,
     Phase,
     Reason,
     ReasonCode,
@@ -301,20 +300,10 @@ class TritonBackend(AttentionBackend):
 
 # --- helpers ----------------------------------------------------------------------------
 
-def _features(config: AttentionConfig) -> frozenset[Feature]:
-    """The optional features ``config`` asks for."""
-    windows = config.sliding_window if isinstance(config.sliding_window, tuple) else (config.sliding_window,)
-    wanted = {Feature.SLIDING_WINDOW: any(w is not None for w in windows),
-              Feature.LOGIT_SOFTCAP: config.logit_softcap is not None,
-              Feature.SINKS: config.sinks is not None,
-              Feature.MLA: config.out_head_size != config.head_size}
-    return frozenset(f for f, on in wanted.items() if on)
-
-
 def _check_supported(config: AttentionConfig, pool: KVPool, dtype: str, platform: Platform) -> None:
     request = AttentionRequest(dtype=dtype, kv_dtype=pool.kv_dtype, head_size=config.head_size,
                                page_size=pool.page_size, num_q_heads=config.num_q_heads,
-                               num_kv_heads=config.num_kv_heads, features=_features(config))
+                               num_kv_heads=config.num_kv_heads, features=config.features)
     reasons = [r for r in not_supported_reasons(CAPABILITIES, request, platform)
                if r.code not in _PLATFORM_CODES]
     reasons += pool.platform_reasons(platform)
