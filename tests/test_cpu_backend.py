@@ -124,6 +124,39 @@ def test_gqa_groups_and_long_rows(group: int) -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_size", [64, 80, 96, 128, 256, 72, 68, 36])
+def test_every_head_size_and_loop_tail(dtype: torch.dtype, head_size: int) -> None:
+    """The op at every claimed head size, and at sizes that reach each tail of the inner loops
+    (72: a lone W-chunk after the 2W pairs with AVX2, 68 and 36: scalar tails), against fp64
+    over the same paged K/V; bf16 keeps q and the accumulators in its even/odd pair order."""
+    from attnhal_cpu.ops import attend_op
+
+    gen = torch.Generator().manual_seed(head_size)
+    rows, kv, group, page, length = 3, 2, 4, 16, 100
+    pages = rows * (length // page + 1)
+    k = torch.randn(pages * page, kv, head_size, generator=gen).to(dtype)
+    v = torch.randn(pages * page, kv, head_size, generator=gen).to(dtype)
+    table = torch.randperm(pages, generator=gen).to(torch.int32).view(rows, -1).contiguous()
+    q = torch.randn(rows, kv * group, head_size, generator=gen).to(dtype)
+    seq = torch.tensor([length, 1, 37], dtype=torch.int32)
+    out, splits = torch.empty_like(q), 2
+    mid_o, mid_lse = torch.empty(rows * kv * group * splits * head_size), torch.empty(rows * kv * group * splits)
+    scale = head_size ** -0.5
+    attend_op()(out, mid_o, mid_lse, q, k, v, table, torch.arange(rows), seq, None, None, None, 0, 1, page,
+                scale, splits)
+    for r in range(rows):
+        pos = torch.arange(int(seq[r]))
+        slots = table[r].long()[pos // page] * page + pos % page
+        keys = k[slots].double().repeat_interleave(group, dim=1)    # [len, Hq, D]
+        vals = v[slots].double().repeat_interleave(group, dim=1)
+        weights = torch.softmax(torch.einsum("hd,thd->ht", q[r].double(), keys) * scale, dim=-1)
+        want = torch.einsum("ht,thd->hd", weights, vals)
+        bound = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+        assert torch.allclose(out[r].double(), want, atol=bound, rtol=bound), (r, (out[r].double() - want).abs().max())
+
+
+@needs_kernel
 def test_op_schema_and_fake() -> None:
     from attnhal_cpu.ops import attend_op
 

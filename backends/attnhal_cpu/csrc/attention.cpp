@@ -12,6 +12,9 @@
 //
 // Tile width W follows the instruction set the extension was compiled for (AVX-512: 16
 // floats, AVX2: 8, otherwise 4): tiles wider than the registers run several times slower.
+// Inside a tile, scores and P.V are register-blocked (up to 4 query vectors × 2-4 K rows
+// or V pairs per block, see kRowsPerBlock): each K/V load feeds several FMAs and eight
+// independent sums hide FMA latency.
 
 #include <ATen/ATen.h>
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -57,7 +60,10 @@ constexpr int kPrefetchTiles = 2;
 // Query vectors one task holds at most when grouping KV heads (q and accumulators stay in L1/L2).
 constexpr int64_t kMaxVectors = 64;
 
-inline vf splat(float x) { return vf{} + x; }
+template <std::size_t... I>
+inline vf broadcast(float x, std::index_sequence<I...>) { return vf{((void)I, x)...}; }
+// x in every lane (not vf{} + x: that costs an add, since 0 + x is not x for x = -0).
+inline vf splat(float x) { return broadcast(x, std::make_index_sequence<W>{}); }
 
 // --- widening loads: W cache elements -> W fp32 lanes ---------------------------------
 inline vf load(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
@@ -82,22 +88,53 @@ inline vf load(const c10::Half* p) {
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 
 // --- horizontal reductions -------------------------------------------------------------
+// Horizontal sums of W vectors in two stages that stay cheap on x86: sums of adjacent pairs
+// within each 4-lane block (one in-block shuffle pair, like haddps) until each block of
+// vector u_g holds the block partials of 4 inputs, then whole blocks are paired and added.
 template <std::size_t... I>
-inline vf evens(vf a, vf b, std::index_sequence<I...>) { return __builtin_shufflevector(a, b, (2 * I)...); }
-template <std::size_t... I>
-inline vf odds(vf a, vf b, std::index_sequence<I...>) { return __builtin_shufflevector(a, b, (2 * I + 1)...); }
-// Lanes [a0+a1, a2+a3, ..., b0+b1, ...]: log2(W) rounds turn W vectors into their W sums.
-inline vf pair_sum(vf a, vf b) {
-  return evens(a, b, std::make_index_sequence<W>{}) + odds(a, b, std::make_index_sequence<W>{});
+inline vf pair_in_blocks(vf a, vf b, std::index_sequence<I...>) {
+  // lane i: block i/4; its first two lanes come from a, the last two from b.
+  constexpr auto pick = [](std::size_t i, std::size_t odd) {
+    return (i % 4 < 2 ? 0 : W) + 4 * (i / 4) + 2 * (i % 2) + odd;
+  };
+  return __builtin_shufflevector(a, b, pick(I, 0)...) + __builtin_shufflevector(a, b, pick(I, 1)...);
 }
-// out[n] = sum of the lanes of v[n], for n < W (v is clobbered).
+template <std::size_t... I>
+inline vf pair_blocks(vf a, vf b, std::index_sequence<I...>) {
+  // block k of the result: blocks 2k, 2k+1 of a (first half) or of b (second half), summed.
+  constexpr std::size_t nb = W / 4;
+  constexpr auto pick = [](std::size_t i, std::size_t odd) {
+    const std::size_t k = i / 4;
+    return (k < nb / 2 ? 0 : W) + 4 * (2 * (k % (nb / 2 ? nb / 2 : 1)) + odd) + i % 4;
+  };
+  return __builtin_shufflevector(a, b, pick(I, 0)...) + __builtin_shufflevector(a, b, pick(I, 1)...);
+}
+// out lane n = sum of the lanes of v[n], for n < W (v is clobbered).
 inline vf transpose_sum(vf* v) {
-  for (int width = W; width > 1; width /= 2)
-    for (int i = 0; i < width / 2; ++i) v[i] = pair_sum(v[2 * i], v[2 * i + 1]);
+  constexpr auto seq = std::make_index_sequence<W>{};
+  for (int width = W; width > W / 4; width /= 2)   // two in-block rounds: W -> W/4 vectors
+    for (int i = 0; i < width / 2; ++i) v[i] = pair_in_blocks(v[2 * i], v[2 * i + 1], seq);
+  if constexpr (W > 4)
+    for (int width = W / 4; width > 1; width /= 2)
+      for (int i = 0; i < width / 2; ++i) v[i] = pair_blocks(v[2 * i], v[2 * i + 1], seq);
   return v[0];
 }
-inline float lane_max(vf v) { float m = v[0]; for (int i = 1; i < W; ++i) m = v[i] > m ? v[i] : m; return m; }
-inline float lane_sum(vf v) { float s = 0; for (int i = 0; i < W; ++i) s += v[i]; return s; }
+// Lane i of v and lane i + S of v (mod W), for a log2(W)-step horizontal reduction.
+template <int S, std::size_t... I>
+inline vf rotate(vf v, std::index_sequence<I...>) { return __builtin_shufflevector(v, v, ((I + S) % W)...); }
+template <int S = W / 2>
+inline vf all_max(vf v) {
+  const vf r = rotate<S>(v, std::make_index_sequence<W>{});
+  v = v > r ? v : r;
+  if constexpr (S > 1) return all_max<S / 2>(v); else return v;
+}
+template <int S = W / 2>
+inline vf all_sum(vf v) {
+  v += rotate<S>(v, std::make_index_sequence<W>{});
+  if constexpr (S > 1) return all_sum<S / 2>(v); else return v;
+}
+inline float lane_max(vf v) { return all_max(v)[0]; }
+inline float lane_sum(vf v) { return all_sum(v)[0]; }
 
 // exp(x) for x <= 0 (scores minus their running max); lanes at -inf give 0.
 // Range reduction x = n ln2 + r, |r| <= ln2 / 2, degree-7 Taylor for e^r (relative error
@@ -164,24 +201,178 @@ struct RowView {
   int64_t len, prefix, total, min_open;
 };
 
+// --- the order q and the accumulators are kept in --------------------------------------
+// K/V elements are consumed 2W at a time, as two vectors. For bf16 caches those are the
+// even and the odd elements of the 2W (one load, then a shift or a mask each: bf16 is the
+// high half of an fp32), which halves the cost of widening; q is stored in that same order
+// and the accumulators come out in it, so dot products and sums are unchanged and only
+// the final output is put back in place. Other dtypes keep the natural order.
+template <typename T> constexpr bool kPairSplit = std::is_same_v<T, c10::BFloat16>;
+
+inline void load_pair(const float* p, vf& a, vf& b) { a = load(p); b = load(p + W); }
+inline void load_pair(const c10::Half* p, vf& a, vf& b) { a = load(p); b = load(p + W); }
+inline void load_pair(const c10::BFloat16* p, vf& a, vf& b) {
+  vu u; std::memcpy(&u, p, sizeof u);  // lane i: element 2i in the low half, 2i + 1 in the high half
+  const vu lo = u << 16, hi = u & 0xffff0000u;
+  std::memcpy(&a, &lo, sizeof a); std::memcpy(&b, &hi, sizeof b);
+}
+
+// Where element c of a row of D goes in kernel order (the body is the part in whole 2W pairs).
+template <typename T>
+inline int64_t kernel_index(int64_t c, int64_t D) {
+  const int64_t body = D - D % (2 * W);
+  if (!kPairSplit<T> || c >= body) return c;
+  const int64_t i = c % (2 * W);
+  return c - i + (i % 2) * W + i / 2;
+}
+
+// Keeps v in a register: without it GCC folds a load that feeds several FMAs into each of
+// them as a memory operand, and the duplicated loads (not the FMAs) then set the pace.
+inline void pin(vf& v) {
+#if defined(__x86_64__)
+  asm("" : "+x"(v));
+#else
+  (void)v;
+#endif
+}
+
+// Register blocks of the two inner products. A block holds MB query vectors (MB <= 4) and
+// enough K rows (scores) or V pairs (accumulate) that eight independent sums are in
+// flight: FMA latency is hidden, every K/V load feeds MB FMAs, and blocks stay within the
+// 16 vector registers of AVX2.
+template <int MB> constexpr int kRowsPerBlock = MB == 1 ? 4 : 2;
+template <int MB> constexpr int kPairsPerBlock = MB <= 2 ? 2 : 1;
+
+// sc[m] lane n = q[m] . rows[n] for the MB query vectors q[m] = q + m * qs (kernel order)
+// and the W rows of a tile. K rows are widened to fp32 in registers, never copied.
+template <int MB, typename T>
+inline void tile_scores(const float* q, int64_t qs, const T* const* rows, int64_t D, vf* sc) {
+  constexpr int NB = kRowsPerBlock<MB>;
+  const int64_t body = D - D % (2 * W), chunks = D - D % W;
+  vf part[MB][W];
+  for (int n0 = 0; n0 < W; n0 += NB) {
+    vf a[MB][NB];
+    for (int m = 0; m < MB; ++m)
+      for (int j = 0; j < NB; ++j) a[m][j] = splat(0);
+    for (int64_t c = 0; c < body; c += 2 * W) {
+      vf x[NB][2];
+      for (int j = 0; j < NB; ++j) { load_pair(rows[n0 + j] + c, x[j][0], x[j][1]); pin(x[j][0]); pin(x[j][1]); }
+      for (int m = 0; m < MB; ++m) {
+        vf q0 = load(q + m * qs + c), q1 = load(q + m * qs + c + W);
+        pin(q0); pin(q1);
+        for (int j = 0; j < NB; ++j) { a[m][j] += q0 * x[j][0]; a[m][j] += q1 * x[j][1]; }
+      }
+    }
+    for (int64_t c = body; c < chunks; c += W)  // an odd chunk (head sizes not a multiple of 2W)
+      for (int m = 0; m < MB; ++m)
+        for (int j = 0; j < NB; ++j) a[m][j] += load(q + m * qs + c) * load(rows[n0 + j] + c);
+    for (int m = 0; m < MB; ++m)
+      for (int j = 0; j < NB; ++j) part[m][n0 + j] = a[m][j];
+  }
+  for (int m = 0; m < MB; ++m) {
+    sc[m] = transpose_sum(part[m]);
+    for (int64_t c = chunks; c < D; ++c)  // head sizes not a multiple of W
+      for (int n = 0; n < W; ++n) sc[m][n] += q[m * qs + c] * static_cast<float>(rows[n][c]);
+  }
+}
+
+// acc[m] = alpha[m] * acc[m] + sum_n p[m][n] * rows[n] over D (kernel order), for MB query
+// vectors. The rescale by alpha (online softmax) rides on the accumulator loads.
+template <int MB, typename T>
+inline void tile_accumulate(float* const* acc, const float* alpha, const float* p, const T* const* rows, int64_t D) {
+  vf scale[MB];
+  for (int m = 0; m < MB; ++m) scale[m] = splat(alpha[m]);
+  // Accumulators for C vectors from c on; load(row, c, x) fills x[0..C) from one row.
+  auto block = [&](int64_t c, auto vectors, auto load_row) {
+    constexpr int C = decltype(vectors)::value;
+    vf a[MB][C];
+    for (int m = 0; m < MB; ++m)
+      for (int k = 0; k < C; ++k) a[m][k] = load(acc[m] + c + k * W) * scale[m];
+    for (int n = 0; n < W; ++n) {
+      vf x[C];
+      load_row(rows[n] + c, x);
+      for (int k = 0; k < C; ++k) pin(x[k]);
+      for (int m = 0; m < MB; ++m) {
+        const vf w = splat(p[m * W + n]);
+        for (int k = 0; k < C; ++k) a[m][k] += w * x[k];
+      }
+    }
+    for (int m = 0; m < MB; ++m)
+      for (int k = 0; k < C; ++k) store(acc[m] + c + k * W, a[m][k]);
+  };
+  constexpr int PB = kPairsPerBlock<MB>;
+  const int64_t body = D - D % (2 * W);
+  int64_t c = 0;
+  for (; c + 2 * W * PB <= body; c += 2 * W * PB)
+    block(c, std::integral_constant<int, 2 * PB>{}, [](const T* r, vf* x) {
+      for (int k = 0; k < PB; ++k) load_pair(r + 2 * W * k, x[2 * k], x[2 * k + 1]);
+    });
+  for (; c < body; c += 2 * W)
+    block(c, std::integral_constant<int, 2>{}, [](const T* r, vf* x) { load_pair(r, x[0], x[1]); });
+  for (; c + W <= D; c += W)
+    block(c, std::integral_constant<int, 1>{}, [](const T* r, vf* x) { x[0] = load(r); });
+  for (; c < D; ++c)
+    for (int m = 0; m < MB; ++m) {
+      float s = acc[m][c] * alpha[m];
+      for (int n = 0; n < W; ++n) s += p[m * W + n] * static_cast<float>(rows[n][c]);
+      acc[m][c] = s;
+    }
+}
+
+// Calls f(std::integral_constant<int, MB>{}, m0) for blocks of up to 4 of M query vectors.
+template <typename F>
+inline void for_blocks(int64_t M, F&& f) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= M; m0 += 4) f(std::integral_constant<int, 4>{}, m0);
+  switch (M - m0) {
+    case 3: f(std::integral_constant<int, 3>{}, m0); break;
+    case 2: f(std::integral_constant<int, 2>{}, m0); break;
+    case 1: f(std::integral_constant<int, 1>{}, m0); break;
+    default: break;
+  }
+}
+
+// Float scratch whose rows start vector-aligned (a vector load that straddles a cache
+// line costs two).
+struct Scratch {
+  std::vector<vf> blocks;
+  explicit Scratch(int64_t floats) : blocks((floats + W - 1) / W) {}
+  float* data() { return reinterpret_cast<float*>(blocks.data()); }
+};
+
 template <typename T>
 struct Worker {
   const Problem& P;
   int64_t M, J;                         // query vectors per KV head (T * G), per task (HG * M)
-  std::vector<float> q, rows_f32, p;    // scaled queries [J, D]; widened K/V rows [W, D]; probs [J, W]
+  int64_t Dp;                           // q row stride: D rounded up to W (rows stay aligned)
+  Scratch q;                            // scaled queries [J, Dp], kernel order
+  std::vector<float> p;                 // weights of one tile [M, W]
   std::vector<float> run_max, run_sum;  // [J]
+  std::vector<float> alpha;             // [M] rescale of each accumulator for the current tile
+  std::vector<vf> sc;                   // [M] scores of the current tile
   std::vector<float*> acc;              // [J] each vector's accumulator (its slice of mid_o)
   std::vector<int64_t> open;            // [T]
+  std::vector<float> out_row;           // [D] one output row in natural order
 
   explicit Worker(const Problem& prob)
-      : P(prob), M(prob.T * prob.G), J(prob.HG * M), q(J * prob.D), rows_f32(W * prob.D), p(J * W),
-        run_max(J), run_sum(J), acc(J), open(prob.T) {}
+      : P(prob), M(prob.T * prob.G), J(prob.HG * M), Dp((prob.D + W - 1) / W * W), q(J * Dp), p(M * W), run_max(J), run_sum(J),
+        alpha(M), sc(M), acc(J), open(prob.T), out_row(prob.D) {}
 
   int64_t slot(int64_t r, const RowView& row, int64_t pos) const {
     if (pos >= row.len) return P.extra[r * P.extra_s0 + (pos - row.len)];
     const int32_t* line = P.table + P.req[r] * P.table_s0;
     if (P.page == 1) return line[pos];
     return static_cast<int64_t>(line[pos / P.page]) * P.page + pos % P.page;
+  }
+
+  // The slots of positions [p0, p0 + n): one table read when the tile lies inside one page.
+  void tile_slots(int64_t r, const RowView& row, int64_t p0, int n, int64_t* out) const {
+    if (P.page % W == 0 && p0 + n <= row.len) {  // tiles start W-aligned: one page holds them all
+      const int64_t first = slot(r, row, p0);
+      for (int i = 0; i < n; ++i) out[i] = first + i;
+    } else {
+      for (int i = 0; i < n; ++i) out[i] = slot(r, row, p0 + i);
+    }
   }
 
   const T* k_row(int64_t slot, int64_t h) const { return static_cast<const T*>(P.k) + slot * P.k_s0 + h * P.k_s1; }
@@ -191,95 +382,21 @@ struct Worker {
   // out-of-line prefetch function "const" and deletes its calls.
   __attribute__((always_inline)) void prefetch_tile(int64_t r, const RowView& row, int64_t h0, int64_t start,
                                                     int64_t end) const {
+    if (start >= end) return;
+    int64_t slots[W];
+    const int n = static_cast<int>(std::min<int64_t>(W, end - start));
+    tile_slots(r, row, start, n, slots);
     const int64_t bytes = P.D * static_cast<int64_t>(sizeof(T));
-    for (int64_t pos = start; pos < std::min(end, start + W); ++pos) {
-      const int64_t sl = slot(r, row, pos);
+    for (int i = 0; i < n; ++i) {
       for (int64_t h = h0; h < h0 + P.HG; ++h) {
-        const char* kp = reinterpret_cast<const char*>(k_row(sl, h));
-        const char* vp = reinterpret_cast<const char*>(v_row(sl, h));
+        const char* kp = reinterpret_cast<const char*>(k_row(slots[i], h));
+        const char* vp = reinterpret_cast<const char*>(v_row(slots[i], h));
         for (int64_t b = 0; b < bytes; b += 64) {
           __builtin_prefetch(kp + b, 0, 2);  // into L2: the rows are read a few tiles later
           __builtin_prefetch(vp + b, 0, 2);
         }
       }
     }
-  }
-
-  // A row in fp32: the cache row itself for fp32 caches, else widened into rows_f32[n].
-  const float* widen(const T* src, int n) {
-    if constexpr (std::is_same_v<T, float>) {
-      return src;
-    } else {
-      const int64_t D = P.D;
-      float* dst = rows_f32.data() + n * D;
-      int64_t c = 0;
-      for (; c + W <= D; c += W) store(dst + c, load(src + c));
-      for (; c < D; ++c) dst[c] = static_cast<float>(src[c]);
-      return dst;
-    }
-  }
-
-  // W scores q . rows[n] (rows: W pointers, every one valid). Four query vectors stay in
-  // registers while the W rows stream past, so q is loaded once per tile, not per row.
-  vf scores(const float* q, const float* const* rows) const {
-    vf d[W];
-    for (int n = 0; n < W; ++n) d[n] = splat(0);
-    int64_t c = 0;
-    for (; c + 4 * W <= P.D; c += 4 * W) {
-      const vf q0 = load(q + c), q1 = load(q + c + W), q2 = load(q + c + 2 * W), q3 = load(q + c + 3 * W);
-      for (int n = 0; n < W; ++n) {
-        const float* k = rows[n] + c;
-        d[n] += q0 * load(k) + q1 * load(k + W) + q2 * load(k + 2 * W) + q3 * load(k + 3 * W);
-      }
-    }
-    for (; c + W <= P.D; c += W) {
-      const vf q0 = load(q + c);
-      for (int n = 0; n < W; ++n) d[n] += q0 * load(rows[n] + c);
-    }
-    vf out = transpose_sum(d);
-    for (; c < P.D; ++c)
-      for (int n = 0; n < W; ++n) out[n] += q[c] * rows[n][c];
-    return out;
-  }
-
-  // a += sum_n wa[n] * rows[n] and b += sum_n wb[n] * rows[n] over D: two query vectors
-  // share every V load; a chunk of both accumulators stays in registers for all W rows.
-  void accumulate2(float* a, float* b, const float* wa, const float* wb, const float* const* rows) const {
-    int64_t c = 0;
-    for (; c + 2 * W <= P.D; c += 2 * W) {
-      vf a0 = load(a + c), a1 = load(a + c + W), b0 = load(b + c), b1 = load(b + c + W);
-      for (int n = 0; n < W; ++n) {
-        const vf x = splat(wa[n]), y = splat(wb[n]);
-        const vf v0 = load(rows[n] + c), v1 = load(rows[n] + c + W);
-        a0 += x * v0; a1 += x * v1; b0 += y * v0; b1 += y * v1;
-      }
-      store(a + c, a0); store(a + c + W, a1); store(b + c, b0); store(b + c + W, b1);
-    }
-    for (; c + W <= P.D; c += W) {
-      vf a0 = load(a + c), b0 = load(b + c);
-      for (int n = 0; n < W; ++n) {
-        const vf v0 = load(rows[n] + c);
-        a0 += splat(wa[n]) * v0; b0 += splat(wb[n]) * v0;
-      }
-      store(a + c, a0); store(b + c, b0);
-    }
-    for (; c < P.D; ++c)
-      for (int n = 0; n < W; ++n) { a[c] += wa[n] * rows[n][c]; b[c] += wb[n] * rows[n][c]; }
-  }
-
-  // a += sum_n w[n] * rows[n] over D (the odd query vector of a head).
-  void accumulate(float* a, const float* w, const float* const* rows) const {
-    int64_t c = 0;
-    for (; c + 2 * W <= P.D; c += 2 * W) {
-      vf a0 = load(a + c), a1 = load(a + c + W);
-      for (int n = 0; n < W; ++n) {
-        const vf x = splat(w[n]);
-        a0 += x * load(rows[n] + c); a1 += x * load(rows[n] + c + W);
-      }
-      store(a + c, a0); store(a + c + W, a1);
-    }
-    for (; c < P.D; ++c)
-      for (int n = 0; n < W; ++n) a[c] += w[n] * rows[n][c];
   }
 
   RowView view(int64_t r) {
@@ -315,33 +432,34 @@ struct Worker {
       run_max[j] = kNegInf;
       run_sum[j] = 0.0f;
       const int64_t base = (r * P.T + t) * P.q_s0 + (h * G + g) * P.q_s1;
-      for (int64_t c = 0; c < D; ++c) q[j * D + c] = read_float(P.q, P.q_type, base + c) * P.scale;
+      for (int64_t c = 0; c < D; ++c)
+        q.data()[j * Dp + kernel_index<T>(c, D)] = read_float(P.q, P.q_type, base + c) * P.scale;
     }
 
     for (int64_t i = 0; i < kPrefetchTiles; ++i) prefetch_tile(r, row, h0, begin + i * W, end);
     int64_t tile[W];
-    const float* rows[W];
+    const T* rows[W];
     for (int64_t p0 = begin; p0 < end; p0 += W) {
       prefetch_tile(r, row, h0, p0 + kPrefetchTiles * W, end);
       const int n_valid = static_cast<int>(std::min<int64_t>(W, end - p0));
-      for (int n = 0; n < n_valid; ++n) tile[n] = slot(r, row, p0 + n);
+      tile_slots(r, row, p0, n_valid, tile);
       const bool full = p0 + n_valid <= row.min_open || p0 >= row.len;
       // Rows past the split's end repeat row 0: their scores are masked, their weights 0.
       for (int n = n_valid; n < W; ++n) tile[n] = tile[0];
       for (int64_t hh = 0; hh < P.HG; ++hh) {
-        for (int n = 0; n < W; ++n) rows[n] = widen(k_row(tile[n], h0 + hh), n);
+        const float* qh = q.data() + hh * M * Dp;
+        for (int n = 0; n < W; ++n) rows[n] = k_row(tile[n], h0 + hh);
+        for_blocks(M, [&](auto mb, int64_t m0) { tile_scores<decltype(mb)::value>(qh + m0 * Dp, Dp, rows, D, &sc[m0]); });
         for (int64_t m = 0; m < M; ++m) {
-          const int64_t j = hh * M + m;
-          vf sc = scores(q.data() + j * D, rows);
-          for (int n = n_valid; n < W; ++n) sc[n] = kNegInf;
-          if (!full) mask_tile(sc, r, row, m / G, p0, n_valid);
-          softmax_tile(sc, j);
+          for (int n = n_valid; n < W; ++n) sc[m][n] = kNegInf;
+          if (!full) mask_tile(sc[m], r, row, m / G, p0, n_valid);
+          softmax_tile(sc[m], hh * M + m, m);
         }
-        for (int n = 0; n < W; ++n) rows[n] = widen(v_row(tile[n], h0 + hh), n);
-        int64_t j = hh * M;
-        for (; j + 1 < (hh + 1) * M; j += 2)
-          accumulate2(acc[j], acc[j + 1], p.data() + j * W, p.data() + (j + 1) * W, rows);
-        if (j < (hh + 1) * M) accumulate(acc[j], p.data() + j * W, rows);
+        for (int n = 0; n < W; ++n) rows[n] = v_row(tile[n], h0 + hh);
+        float* const* acc_h = acc.data() + hh * M;
+        for_blocks(M, [&](auto mb, int64_t m0) {
+          tile_accumulate<decltype(mb)::value>(acc_h + m0, alpha.data() + m0, p.data() + m0 * W, rows, D);
+        });
       }
     }
 
@@ -350,7 +468,8 @@ struct Worker {
       const float l = run_sum[j];
       P.mid_lse[((r * P.KV + h) * P.S + s) * M + m] = l > 0 ? run_max[j] + std::log(l) : kNegInf;
       const float inv = l > 0 ? 1.0f / l : 0.0f;
-      for (int64_t c = 0; c < D; ++c) acc[j][c] *= inv;
+      for (int64_t c = 0; c < D; ++c) out_row[c] = acc[j][kernel_index<T>(c, D)];  // back to natural order
+      for (int64_t c = 0; c < D; ++c) acc[j][c] = out_row[c] * inv;
     }
   }
 
@@ -363,25 +482,21 @@ struct Worker {
     }
   }
 
-  // Online softmax: fold one tile's scores of query vector m into its running max/sum,
-  // rescaling what was accumulated before when the max grows.
-  void softmax_tile(vf sc, int64_t m) {
-    float* a = acc[m];
-    const float tile_max = lane_max(sc);
-    const float new_max = std::max(run_max[m], tile_max);
+  // Online softmax: fold one tile's scores of query vector j (m-th of its head) into its
+  // running max and sum; p[m] gets the tile's weights and alpha[m] the factor that rescales
+  // what was accumulated before (1 unless the max grew).
+  void softmax_tile(vf sc, int64_t j, int64_t m) {
+    const float new_max = std::max(run_max[j], lane_max(sc));
+    alpha[m] = 1.0f;
     vf e = splat(0);
     if (new_max != kNegInf) {
-      if (new_max > run_max[m] && run_sum[m] > 0) {
-        const float alpha = std::exp(run_max[m] - new_max);
-        run_sum[m] *= alpha;
-        const vf av = splat(alpha);
-        int64_t c = 0;
-        for (; c + W <= P.D; c += W) store(a + c, load(a + c) * av);
-        for (; c < P.D; ++c) a[c] *= alpha;
+      if (new_max > run_max[j]) {
+        alpha[m] = std::exp(run_max[j] - new_max);  // 0 when nothing was seen before
+        run_sum[j] *= alpha[m];
+        run_max[j] = new_max;
       }
-      run_max[m] = new_max;
       e = exp_nonpositive(sc - splat(new_max));
-      run_sum[m] += lane_sum(e);
+      run_sum[j] += lane_sum(e);
     }
     store(p.data() + m * W, e);
   }
