@@ -587,10 +587,14 @@ void attend(at::Tensor out, at::Tensor mid_o, at::Tensor mid_lse, const at::Tens
   TORCH_CHECK(num_splits >= 1, "num_splits=", num_splits, " (supported: >= 1)");
   P.G = q.size(1) / P.KV;
   P.S = num_splits;
-  // Heads per task: as many KV heads as keep a task's query vectors within kMaxVectors.
+  // Heads per task: as many KV heads as keep a task's query vectors within kMaxVectors,
+  // but no more than leave every thread a task (one short row would otherwise run on one
+  // core). Rows, splits and threads are fixed per captured graph, so HG is too.
+  const int64_t threads = at::get_num_threads();
   P.HG = 1;
   for (int64_t hg = P.KV; hg >= 1; --hg) {
-    if (P.KV % hg == 0 && hg * P.T * P.G <= kMaxVectors) { P.HG = hg; break; }
+    const bool fits = P.KV % hg == 0 && hg * P.T * P.G <= kMaxVectors;
+    if (fits && P.rows * (P.KV / hg) * P.S >= threads) { P.HG = hg; break; }
   }
   const int64_t parts = P.rows * P.KV * P.S * P.T * P.G;
   TORCH_CHECK(mid_lse.numel() >= parts && mid_o.numel() >= parts * P.D, "mid_o/mid_lse numel=", mid_o.numel(), "/",
