@@ -355,8 +355,8 @@ struct Worker {
   std::vector<float> out_row;           // [D] one output row in natural order
 
   explicit Worker(const Problem& prob)
-      : P(prob), M(prob.T * prob.G), J(prob.HG * M), Dp((prob.D + W - 1) / W * W), q(J * Dp), p(M * W), run_max(J), run_sum(J),
-        alpha(M), sc(M), acc(J), open(prob.T), out_row(prob.D) {}
+      : P(prob), M(prob.T * prob.G), J(prob.HG * M), Dp((prob.D + W - 1) / W * W), q(J * Dp), p(M * W),
+        run_max(J), run_sum(J), alpha(M), sc(M), acc(J), open(prob.T), out_row(prob.D) {}
 
   int64_t slot(int64_t r, const RowView& row, int64_t pos) const {
     if (pos >= row.len) return P.extra[r * P.extra_s0 + (pos - row.len)];
@@ -449,7 +449,9 @@ struct Worker {
       for (int64_t hh = 0; hh < P.HG; ++hh) {
         const float* qh = q.data() + hh * M * Dp;
         for (int n = 0; n < W; ++n) rows[n] = k_row(tile[n], h0 + hh);
-        for_blocks(M, [&](auto mb, int64_t m0) { tile_scores<decltype(mb)::value>(qh + m0 * Dp, Dp, rows, D, &sc[m0]); });
+        for_blocks(M, [&](auto mb, int64_t m0) {
+          tile_scores<decltype(mb)::value>(qh + m0 * Dp, Dp, rows, D, &sc[m0]);
+        });
         for (int64_t m = 0; m < M; ++m) {
           for (int n = n_valid; n < W; ++n) sc[m][n] = kNegInf;
           if (!full) mask_tile(sc[m], r, row, m / G, p0, n_valid);
