@@ -1,9 +1,10 @@
 """The conformance kit on the Triton backend, run by the Triton interpreter on CPU.
 
 The interpreter costs ~0.3 s per kernel launch, so CI runs the kit's fixed examples only
-(one per claimed phase x dtype x head size, plus the graph and multi-step ones). The kit's
-page-size, KV-dtype and feature claims (every phase eagerly and every graph phase, ~50 s
-each here) run with ``ATTNHAL_SLOW=1`` or ``TRITON_INTERPRET=1 attnhal conformance triton``;
+(one per claimed phase x dtype x head size, plus the graph and multi-step ones; fp16 per
+phase only in ``tests/test_triton_kernels.py``). The kit's page-size, KV-dtype and feature
+claims (every phase eagerly and every graph phase, ~50 s each here) and its fp16 phase
+checks run with ``ATTNHAL_SLOW=1`` or ``TRITON_INTERPRET=1 attnhal conformance triton``;
 in CI those features are checked per phase by ``tests/test_triton_kernels.py``.
 ``ATTNHAL_CONFORMANCE_EXAMPLES=N`` adds N random examples per check. Under the interpreter
 the kernels compute bf16 dots in fp32 (the interpreter's bf16 ``tl.dot`` is wrong,
@@ -38,7 +39,13 @@ class TestTritonConformance(BackendConformance):
 
     @pytest.fixture(autouse=True)
     def _slow_claims_opt_in(self, request: pytest.FixtureRequest) -> None:
+        name = request.node.name
         costly = ("test_feature[", "test_page_size[", "test_kv_dtype[")
-        if request.node.name.startswith(costly) and "custom_mask" not in request.node.name \
+        # fp16 per phase also runs against the reference in CI
+        # (test_triton_kernels.py::test_every_phase_every_dtype); the kit's fp16 phase checks
+        # cost ~65 s of interpreter time and join the slow set.
+        fp16_phase = name.startswith("test_phase[") and name.endswith("-float16]")
+        if ((name.startswith(costly) and "custom_mask" not in name) or fp16_phase) \
                 and not os.environ.get("ATTNHAL_SLOW"):
-            pytest.skip("page-size, KV-dtype and feature claims under the interpreter: set ATTNHAL_SLOW=1")
+            pytest.skip("page-size, KV-dtype, feature and fp16 phase claims under the interpreter: "
+                        "set ATTNHAL_SLOW=1")
