@@ -332,31 +332,44 @@ inline void for_blocks(int64_t M, F&& f) {
   }
 }
 
-// Float scratch whose rows start vector-aligned (a vector load that straddles a cache
-// line costs two).
-struct Scratch {
-  std::vector<vf> blocks;
-  explicit Scratch(int64_t floats) : blocks((floats + W - 1) / W) {}
-  float* data() { return reinterpret_cast<float*>(blocks.data()); }
+// One thread's buffers, kept across launches: sized by the first launch of a shape and
+// reused after, so a warm launch (a graph replay included) allocates nothing.
+struct Buffers {
+  std::vector<vf> q;  // floats, as vectors: rows start vector-aligned (a straddling load costs two)
+  std::vector<float> p, run_max, run_sum, alpha, out_row, sum;
+  std::vector<vf> sc;
+  std::vector<float*> acc;
+  std::vector<int64_t> open;
 };
+inline Buffers& thread_buffers() {
+  static thread_local Buffers buffers;
+  return buffers;
+}
+template <typename V>
+inline V& sized(V& v, int64_t n) {
+  v.resize(n);  // keeps the capacity: no allocation once a thread has seen this size
+  return v;
+}
 
 template <typename T>
 struct Worker {
   const Problem& P;
-  int64_t M, J;                         // query vectors per KV head (T * G), per task (HG * M)
-  int64_t Dp;                           // q row stride: D rounded up to W (rows stay aligned)
-  Scratch q;                            // scaled queries [J, Dp], kernel order
-  std::vector<float> p;                 // weights of one tile [M, W]
-  std::vector<float> run_max, run_sum;  // [J]
-  std::vector<float> alpha;             // [M] rescale of each accumulator for the current tile
-  std::vector<vf> sc;                   // [M] scores of the current tile
-  std::vector<float*> acc;              // [J] each vector's accumulator (its slice of mid_o)
-  std::vector<int64_t> open;            // [T]
-  std::vector<float> out_row;           // [D] one output row in natural order
+  int64_t M, J;                           // query vectors per KV head (T * G), per task (HG * M)
+  int64_t Dp;                             // q row stride: D rounded up to W (rows stay aligned)
+  float* q;                               // scaled queries [J, Dp], kernel order
+  std::vector<float>& p;                  // weights of one tile [M, W]
+  std::vector<float> &run_max, &run_sum;  // [J]
+  std::vector<float>& alpha;              // [M] rescale of each accumulator for the current tile
+  std::vector<vf>& sc;                    // [M] scores of the current tile
+  std::vector<float*>& acc;               // [J] each vector's accumulator (its slice of mid_o)
+  std::vector<int64_t>& open;             // [T]
+  std::vector<float>& out_row;            // [D] one output row in natural order
 
-  explicit Worker(const Problem& prob)
-      : P(prob), M(prob.T * prob.G), J(prob.HG * M), Dp((prob.D + W - 1) / W * W), q(J * Dp), p(M * W),
-        run_max(J), run_sum(J), alpha(M), sc(M), acc(J), open(prob.T), out_row(prob.D) {}
+  explicit Worker(const Problem& prob, Buffers& b = thread_buffers())
+      : P(prob), M(prob.T * prob.G), J(prob.HG * M), Dp((prob.D + W - 1) / W * W),
+        q(reinterpret_cast<float*>(sized(b.q, J * Dp / W).data())), p(sized(b.p, M * W)),
+        run_max(sized(b.run_max, J)), run_sum(sized(b.run_sum, J)), alpha(sized(b.alpha, M)), sc(sized(b.sc, M)),
+        acc(sized(b.acc, J)), open(sized(b.open, prob.T)), out_row(sized(b.out_row, prob.D)) {}
 
   int64_t slot(int64_t r, const RowView& row, int64_t pos) const {
     if (pos >= row.len) return P.extra[r * P.extra_s0 + (pos - row.len)];
@@ -433,7 +446,7 @@ struct Worker {
       run_sum[j] = 0.0f;
       const int64_t base = (r * P.T + t) * P.q_s0 + (h * G + g) * P.q_s1;
       for (int64_t c = 0; c < D; ++c)
-        q.data()[j * Dp + kernel_index<T>(c, D)] = read_float(P.q, P.q_type, base + c) * P.scale;
+        q[j * Dp + kernel_index<T>(c, D)] = read_float(P.q, P.q_type, base + c) * P.scale;
     }
 
     for (int64_t i = 0; i < kPrefetchTiles; ++i) prefetch_tile(r, row, h0, begin + i * W, end);
@@ -447,7 +460,7 @@ struct Worker {
       // Rows past the split's end repeat row 0: their scores are masked, their weights 0.
       for (int n = n_valid; n < W; ++n) tile[n] = tile[0];
       for (int64_t hh = 0; hh < P.HG; ++hh) {
-        const float* qh = q.data() + hh * M * Dp;
+        const float* qh = q + hh * M * Dp;
         for (int n = 0; n < W; ++n) rows[n] = k_row(tile[n], h0 + hh);
         for_blocks(M, [&](auto mb, int64_t m0) {
           tile_scores<decltype(mb)::value>(qh + m0 * Dp, Dp, rows, D, &sc[m0]);
@@ -508,7 +521,7 @@ struct Worker {
 void reduce(const Problem& P, void* out, at::ScalarType out_type, int64_t o_s0, int64_t o_s1) {
   const int64_t M = P.T * P.G, D = P.D, S = P.S;
   at::parallel_for(0, P.rows * P.KV * M, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> sum(D);
+    std::vector<float>& sum = sized(thread_buffers().sum, D);
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t m = i % M, rh = i / M, h = rh % P.KV, r = rh / P.KV;
       const float* lse = P.mid_lse + rh * S * M + m;
