@@ -25,7 +25,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-from attnhal.platform import ArchSet, Fp8Flavor, Platform, PlatformSpecError, Vendor, arch_at_least
+from attnhal.platform import ArchSet, Fp8Flavor, Platform, PlatformSpecError, Vendor, arch_at_least, arch_sets
 from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
 __all__ = [
@@ -337,8 +337,7 @@ class When:
             if value is not None and not isinstance(value, IntSet):
                 set_(self, name, IntSet(frozenset(value)))
         if self.arch is not None:
-            set_(self, "arch", MappingProxyType({Vendor(v): s if isinstance(s, ArchSet) else ArchSet(Vendor(v), s)
-                                                 for v, s in self.arch.items()}))
+            set_(self, "arch", MappingProxyType(arch_sets(self.arch)))
         tests = tuple((f.name, getattr(self, f.name)) for f in fields(self)
                       if f.init and getattr(self, f.name) is not None)
         if not tests:
@@ -526,8 +525,7 @@ class BackendCapabilities:
         given = {d: t if isinstance(t, Tolerance) else Tolerance(*t) for d, t in self.tolerances.items()}
         set_(self, "tolerances", MappingProxyType({**_DEFAULT_TOLERANCES, **given}))
         set_(self, "requires", tuple(self.requires))
-        set_(self, "archs", MappingProxyType({Vendor(v): s if isinstance(s, ArchSet) else ArchSet(Vendor(v), s)
-                                              for v, s in self.archs.items()}))
+        set_(self, "archs", MappingProxyType(arch_sets(self.archs)))
         models = self.models if self.models is not None else _default_models(self.features)
         set_(self, "models", _frozen(ModelKind(m) for m in models))
         set_(self, "run_limits", MappingProxyType({Phase(p): lim for p, lim in self.run_limits.items()}))

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from types import MappingProxyType
+from typing import Any
 
 __all__ = [
     "ArchSet",
@@ -368,9 +369,9 @@ def _arch_in(vendor: Vendor, item: str, arch: str) -> bool:
     return (not lo or arch_at_least(vendor, arch, lo)) and (not hi or arch_at_least(vendor, hi, arch))
 
 
-def arch_sets(table: Mapping[Vendor | str, Iterable[str]]) -> dict[Vendor, ArchSet]:
-    """``{vendor: [arch or range, ...]}`` as ArchSets (the descriptor notation)."""
-    return {Vendor(v): ArchSet(Vendor(v), tuple(items)) for v, items in table.items()}
+def arch_sets(table: Mapping[Any, ArchSet | Iterable[str]]) -> dict[Vendor, ArchSet]:
+    """``{vendor: ArchSet or [arch or range, ...]}`` as ArchSets (the descriptor notation)."""
+    return {Vendor(v): s if isinstance(s, ArchSet) else ArchSet(Vendor(v), tuple(s)) for v, s in table.items()}
 
 
 # --- parse / detect ------------------------------------------------------------
