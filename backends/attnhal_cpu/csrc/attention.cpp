@@ -209,8 +209,8 @@ struct RowView {
 // the final output is put back in place. Other dtypes keep the natural order.
 template <typename T> constexpr bool kPairSplit = std::is_same_v<T, c10::BFloat16>;
 
-inline void load_pair(const float* p, vf& a, vf& b) { a = load(p); b = load(p + W); }
-inline void load_pair(const c10::Half* p, vf& a, vf& b) { a = load(p); b = load(p + W); }
+template <typename T>
+inline void load_pair(const T* p, vf& a, vf& b) { a = load(p); b = load(p + W); }
 inline void load_pair(const c10::BFloat16* p, vf& a, vf& b) {
   vu u; std::memcpy(&u, p, sizeof u);  // lane i: element 2i in the low half, 2i + 1 in the high half
   const vu lo = u << 16, hi = u & 0xffff0000u;
