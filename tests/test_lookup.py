@@ -243,9 +243,12 @@ LIGHT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("backend,platform", [("triton", "hip:gfx942"), ("torch", "hip:gfx942"), ("cpu", "cpu")])
-def test_plan_with_a_registered_backend_does_not_import_torch(backend: str, platform: str) -> None:
-    argv = ["plan", "--backend", backend, "--platform", platform, "--spec-steps", "2", "--json"]
+@pytest.mark.parametrize("command,backend,platform", [
+    ("plan", "triton", "hip:gfx942"), ("plan", "torch", "hip:gfx942"), ("plan", "cpu", "cpu"),
+    ("explain", "triton", "cuda:sm90"),
+])
+def test_planning_with_a_registered_backend_does_not_import_torch(command: str, backend: str, platform: str) -> None:
+    argv = [command, "--backend", backend, "--platform", platform, "--spec-steps", "2", "--json"]
     out = subprocess.run([sys.executable, "-c", LIGHT.format(argv=argv)], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
