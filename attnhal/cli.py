@@ -141,21 +141,18 @@ def resolve_platform(spec: str | None) -> Platform:
 
 def resolve_backend(value: str, flag: str, registry: Registry,
                     platform: Platform | None = None) -> BackendCapabilities:
-    """A registered backend's descriptor (the one for ``platform``'s vendor), or one read from a file."""
-    if value.endswith((".json", ".toml")) or Path(value).is_file():
-        try:
-            return load_descriptor(value)
-        except OSError as exc:
-            raise UsageError(f"{flag}={value}: {exc.strerror or exc}") from None
-        except (ValueError, UnicodeError) as exc:
-            raise UsageError(f"{flag}={value}: {one_line(str(exc))}") from None
+    """The descriptor ``value`` names (:mod:`attnhal.lookup`: a descriptor file, ``ENGINE:NAME``,
+    ``module:attr`` or a registered name, the one for ``platform``'s vendor)."""
+    from attnhal.lookup import DescriptorFileError, UnknownBackend, describe
+
     try:
-        entry = registry.get(value, platform)
-    except BackendUnavailable as exc:
+        return describe(value, platform, registry=registry)
+    except DescriptorFileError as exc:
+        raise UsageError(f"{flag}={value}: {exc.detail}") from None
+    except UnknownBackend as exc:
         raise UsageError(f"{flag}: {exc.reasons[0].message}") from None
-    if entry.capabilities is None:
-        raise UsageError(f"{flag}={value}: {entry.unavailable_reasons()[0].message}")
-    return entry.capabilities
+    except BackendUnavailable as exc:  # known, but failed to load
+        raise UsageError(f"{flag}={value}: {exc.reasons[0].message}") from None
 
 
 def add_spec_flags(p: argparse.ArgumentParser, *, max_bs: bool = True) -> None:

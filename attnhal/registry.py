@@ -1,19 +1,26 @@
-"""Backend registry: plugins found through the ``attnhal.backends`` entry points.
+"""Backend registry: implementations found through the ``attnhal.backends`` entry points.
 
 The reference backends register through the same entry-point route a
-third-party package uses; the core never imports them. One name may carry a
-different descriptor per vendor (the same engine backend name is a different
-implementation on CUDA and on HIP): entries of one name with disjoint
-``vendors`` coexist, and lookups with a platform take the one for its vendor. Entry points are loaded
-lazily, one at a time: a plugin that fails to import is listed as unavailable,
+third-party package uses; the core never imports them. An entry point names
+either a :class:`BackendPlugin` (a descriptor plus where the class lives; the
+registry reads the descriptor and imports the class only when it is needed) or an
+:class:`~attnhal.backend.AttentionBackend` subclass directly (loaded when the
+registry is first listed). One name may carry a different descriptor per vendor
+(the same engine backend name is a different implementation on CUDA and on HIP):
+entries of one name with disjoint ``vendors`` coexist, and lookups with a platform
+take the one for its vendor. A plugin that fails to load is listed as unavailable,
 with its error as the reason, and does not affect the others.
+
+The registry holds implementations only. Descriptors without one (files, the
+engine catalogue) and ``module:attr`` references are resolved by :mod:`attnhal.lookup`.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
@@ -31,7 +38,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PRIORITY",
+    "GROUP",
     "BackendEntry",
+    "BackendPlugin",
     "BackendUnavailable",
     "NoBackendFits",
     "Registry",
@@ -70,31 +79,107 @@ class NoBackendFits(LookupError):
 BackendClass = type["AttentionBackend"]
 
 
+def import_object(reference: str) -> object:
+    """The object ``module:attr`` names (``attr`` may be dotted); ImportError/AttributeError as raised."""
+    module, _, attr = reference.partition(":")
+    obj: object = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _is_reference(text: str) -> bool:
+    module, sep, attr = text.partition(":")
+    return bool(sep and module and attr) and ":" not in attr
+
+
+@dataclass(frozen=True)
+class BackendPlugin:
+    """The registration record an ``attnhal.backends`` entry point names.
+
+    Put it in a module of the backend package that imports no torch (the shipped
+    backends use ``<pkg>/descriptor.py``), so that the registry can list every
+    backend's claims, and the planner plan with them, without importing any
+    implementation::
+
+        PLUGIN = BackendPlugin(CAPABILITIES, "my_package.backend:MyBackend")
+
+    Attributes
+    ----------
+    descriptor: the backend's claims, exactly the class's ``capabilities``.
+    implementation: ``"module:Class"`` of the :class:`~attnhal.backend.AttentionBackend`
+        subclass, imported by :meth:`load` on first use (selection, conformance, running).
+    """
+
+    descriptor: BackendCapabilities
+    implementation: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.descriptor, BackendCapabilities):
+            raise TypeError(f"descriptor={type(self.descriptor).__name__} (supported: BackendCapabilities)")
+        if not isinstance(self.implementation, str) or not _is_reference(self.implementation):
+            raise ValueError(f"implementation={self.implementation!r} (supported: 'module:Class')")
+
+    def load(self) -> BackendClass:
+        """Import the implementation; raises when it is missing or its ``capabilities`` is not
+        :attr:`descriptor` (the planner would plan with one descriptor and run another)."""
+        cls = import_object(self.implementation)
+        caps = getattr(cls, "capabilities", None)
+        if not isinstance(cls, type) or not isinstance(caps, BackendCapabilities):
+            raise TypeError(f"implementation={self.implementation} (supported: a class with class attribute "
+                            "capabilities: BackendCapabilities)")
+        if caps != self.descriptor:
+            raise TypeError(f"implementation={self.implementation} has capabilities {caps.name!r} that differ "
+                            f"from the plugin's descriptor {self.descriptor.name!r} (supported: the same descriptor)")
+        return cls
+
+
 @dataclass
 class BackendEntry:
-    """One registered backend: its class (once loaded) or why it could not be loaded."""
+    """One registered backend: its descriptor, and its class (imported on first use of :attr:`backend`).
+
+    ``capabilities`` is None only when the entry point itself failed to load (``load_error``
+    says why); a class that fails to import later leaves the descriptor readable.
+    """
 
     name: str
     source: str
-    backend: BackendClass | None = None
+    capabilities: BackendCapabilities | None = None
     load_error: str | None = None
-    #: A descriptor with no implementation here (the engine catalogue, attnhal.catalog).
-    descriptor: BackendCapabilities | None = None
+    plugin: BackendPlugin | None = None
+    _class: BackendClass | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, backend: BackendClass, source: str | None = None) -> BackendEntry:
+        """An entry for a loaded backend class."""
+        caps = backend.capabilities
+        return cls(caps.name, source or f"{backend.__module__}.{backend.__qualname__}", caps, _class=backend)
 
     @property
-    def capabilities(self) -> BackendCapabilities | None:
-        return self.backend.capabilities if self.backend is not None else self.descriptor
+    def backend(self) -> BackendClass | None:
+        """The implementing class, imported on first access; None (and ``load_error`` set) if that fails."""
+        if self._class is None and self.load_error is None and self.plugin is not None:
+            try:
+                self._class = self.plugin.load()
+            except Exception as exc:  # noqa: BLE001 - a failing plugin becomes a reason, never a crash
+                self.load_error = f"{type(exc).__name__}: {exc}"
+        return self._class
 
     def unavailable_reasons(self) -> list[Reason]:
-        """Why the backend cannot be used here at all (load failure, missing modules)."""
+        """Why the backend cannot be used here at all (load failure, missing modules).
+
+        Asking loads the class when the required modules are there: a class that does
+        not import is unavailable too.
+        """
+        if self.capabilities is not None:
+            missing = [Reason(ReasonCode.MODULE_MISSING, f"module={mod} (supported: importable; pip install {mod})")
+                       for mod in self.capabilities.requires if importlib.util.find_spec(mod) is None]
+            if missing:
+                return missing
+            self.backend  # noqa: B018 - loads the class; a failure sets load_error
         if self.load_error is not None:
             return [Reason(ReasonCode.LOAD_ERROR, f"load={self.source} failed: {self.load_error}")]
-        if self.backend is None and self.descriptor is not None:
-            return [Reason(ReasonCode.NO_BACKEND, f"backend={self.name} (supported: installed backends; "
-                                                  f"{self.source} is a descriptor to plan with, not an implementation)")]
-        assert self.capabilities is not None
-        return [Reason(ReasonCode.MODULE_MISSING, f"module={mod} (supported: importable; pip install {mod})")
-                for mod in self.capabilities.requires if importlib.util.find_spec(mod) is None]
+        return []
 
     @property
     def available(self) -> bool:
@@ -103,23 +188,34 @@ class BackendEntry:
     def reasons(self, request: AttentionRequest, platform: Platform) -> list[Reason]:
         """Every reason this backend cannot serve ``request`` on ``platform``."""
         out = self.unavailable_reasons()
-        if self.backend is not None:
-            out += not_supported_reasons(self.backend.capabilities, request, platform)
-            if not out:
-                out += self.backend.runtime_reasons(platform)
+        if self.capabilities is not None:
+            out += not_supported_reasons(self.capabilities, request, platform)
+        if not out and self.backend is not None:
+            out += self.backend.runtime_reasons(platform)
         return out
+
+    def require(self, request: AttentionRequest, platform: Platform) -> BackendEntry:
+        """This entry, or :class:`BackendUnavailable` with every reason it cannot serve ``request``."""
+        reasons = self.reasons(request, platform)
+        if reasons:
+            raise BackendUnavailable(self.name, reasons)
+        return self
 
 
 def _load(ep: EntryPoint) -> BackendEntry:
     source = f"{ep.value} (entry point {ep.name!r})"
     try:
-        cls = ep.load()
-        caps = getattr(cls, "capabilities", None)
-        if not isinstance(caps, BackendCapabilities):
-            raise TypeError(f"{ep.value} has no class attribute capabilities: BackendCapabilities")
+        obj = ep.load()
+        if isinstance(obj, BackendPlugin):
+            return BackendEntry(obj.descriptor.name, f"{obj.implementation} via {source}", obj.descriptor,
+                                plugin=obj)
+        caps = getattr(obj, "capabilities", None)
+        if not isinstance(obj, type) or not isinstance(caps, BackendCapabilities):
+            raise TypeError(f"{ep.value} is not a BackendPlugin and has no class attribute capabilities: "
+                            "BackendCapabilities")
     except Exception as exc:  # noqa: BLE001 - any plugin failure becomes a reason, never a crash
         return BackendEntry(ep.name, source, load_error=f"{type(exc).__name__}: {exc}")
-    return BackendEntry(caps.name, source, backend=cls)
+    return BackendEntry.of(obj, source)
 
 
 def _clash(a: BackendEntry, b: BackendEntry) -> bool:
@@ -137,22 +233,25 @@ def _add(entries: list[BackendEntry], entry: BackendEntry) -> list[BackendEntry]
 
 
 class Registry:
-    """Backends by name (one per vendor at most), from entry points and :meth:`register`."""
+    """Backend implementations by name (one per vendor at most), from entry points and :meth:`register`."""
 
     def __init__(self, discover: Callable[[], Iterable[EntryPoint]] | None = None) -> None:
         self._discover = discover or (lambda: entry_points(group=GROUP))
         self._entries: list[BackendEntry] | None = None
         self._registered: list[BackendEntry] = []
 
-    def register(self, backend: BackendClass) -> None:
-        """Register a backend class programmatically (wins over an entry point of the same
-        name and an overlapping vendor set)."""
-        name = backend.capabilities.name
-        entry = BackendEntry(name, f"{backend.__module__}.{backend.__qualname__}", backend)
+    def register(self, backend: BackendClass | BackendPlugin) -> None:
+        """Register a backend class or plugin programmatically (wins over an entry point of the
+        same name and an overlapping vendor set)."""
+        if isinstance(backend, BackendPlugin):
+            entry = BackendEntry(backend.descriptor.name, backend.implementation, backend.descriptor, plugin=backend)
+        else:
+            entry = BackendEntry.of(backend)
         self._registered = _add(self._registered, entry)
 
     def entries(self) -> list[BackendEntry]:
-        """All backends, loaded on first use; failed loads are included with their error.
+        """All backends, their entry points loaded on first use; failed loads are included with
+        their error. A :class:`BackendPlugin`'s class is not imported here.
 
         Of two entry points with one name and overlapping vendors the first is kept.
         """
@@ -167,17 +266,17 @@ class Registry:
             out = _add(out, entry)
         return out
 
-    def get(self, name: str, platform: Platform | None = None) -> BackendEntry:
-        """The entry named ``name`` (for ``platform``'s vendor when given and the name has one
-        descriptor per vendor); raises :class:`BackendUnavailable` listing the known names.
-        ``ENGINE:NAME`` (``sglang:aiter``) is a descriptor of the engine catalogue."""
-        from attnhal import catalog  # lazily: the catalogue reads package data
+    def names(self) -> list[str]:
+        """Every registered name, sorted."""
+        return sorted({e.name for e in self.entries()})
 
-        if catalog.is_catalog_name(name):
-            return catalog.registry_entry(name)
+    def get(self, name: str, platform: Platform | None = None) -> BackendEntry:
+        """The entry registered as ``name`` (for ``platform``'s vendor when given and the name has
+        one descriptor per vendor); raises :class:`BackendUnavailable` listing the known names.
+        Other kinds of backend reference (files, ``ENGINE:NAME``, ``module:attr``): :mod:`attnhal.lookup`."""
         named = [e for e in self.entries() if e.name == name]
         if not named:
-            known = ", ".join(sorted({e.name for e in self.entries()})) or "none registered"
+            known = ", ".join(self.names()) or "none registered"
             raise BackendUnavailable(name, [Reason(ReasonCode.NO_BACKEND, f"backend={name} (supported: {known})")])
         if platform is not None:
             for entry in named:
@@ -189,7 +288,7 @@ class Registry:
         """One entry per name (the one for this platform's vendor), in its default priority order."""
         priority = DEFAULT_PRIORITY.get(platform.vendor, ())
         rank = {name: i for i, name in enumerate(priority)}
-        names = sorted({e.name for e in self.entries()}, key=lambda n: (rank.get(n, len(rank)), n))
+        names = sorted(self.names(), key=lambda n: (rank.get(n, len(rank)), n))
         return [self.get(name, platform) for name in names]
 
     def select(self, platform: Platform, request: AttentionRequest | None = None,
@@ -201,11 +300,7 @@ class Registry:
         """
         request = request or AttentionRequest()
         if name is not None:
-            entry = self.get(name, platform)
-            reasons = entry.reasons(request, platform)
-            if reasons:
-                raise BackendUnavailable(name, reasons)
-            return entry
+            return self.get(name, platform).require(request, platform)
         candidates: dict[str, list[Reason]] = {}
         for entry in self.ordered(platform):
             reasons = entry.reasons(request, platform)

@@ -7,9 +7,9 @@ from importlib import resources
 
 import pytest
 
-from attnhal import catalog
+from attnhal import catalog, lookup
 from attnhal.cli import main
-from attnhal.registry import default_registry
+from attnhal.registry import BackendUnavailable, default_registry
 
 CITATION = re.compile(r"[\w/]+\.py:\d+")
 
@@ -55,11 +55,13 @@ def test_unknown_names_list_the_known_ones() -> None:
         catalog.entries("trt")
 
 
-def test_catalogue_names_resolve_through_the_registry() -> None:
-    entry = default_registry().get("sglang:aiter")
-    assert entry.capabilities is catalog.load("sglang:aiter").descriptor
-    assert not entry.available  # a descriptor to plan with, not a backend to run
-    assert "catalogue" in entry.unavailable_reasons()[0].message
+def test_catalogue_names_resolve_through_lookup() -> None:
+    assert lookup.describe("sglang:aiter") is catalog.load("sglang:aiter").descriptor
+    with pytest.raises(lookup.NotAnImplementation) as exc:  # a descriptor to plan with, not a backend to run
+        lookup.backend_class("sglang:aiter")
+    assert "catalogue" in exc.value.reasons[0].message
+    with pytest.raises(BackendUnavailable, match="backend=sglang:aiter"):  # the registry holds implementations only
+        default_registry().get("sglang:aiter")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -18,6 +18,7 @@ from attnhal.capabilities import GRAPH_PHASES, DTYPES, Feature, Phase
 from attnhal.graphs import CaptureError, EmulatedGraph
 from attnhal.plan import SpecConfig
 from attnhal.platform import Vendor
+from attnhal.registry import BackendPlugin
 from attnhal.testing.batches import Case, CaseSpec, PoolSize, build_case, make_pool, pool_size
 from attnhal.testing.reference import query_tokens
 from attnhal.testing.strategies import case_specs, tree_parents
@@ -89,7 +90,8 @@ def test_descriptor_claims() -> None:
 
 def test_registered_through_entry_point() -> None:
     eps = importlib.metadata.entry_points(group="attnhal.backends")
-    assert next(ep for ep in eps if ep.name == "torch").load() is TorchBackend
+    plugin = next(ep for ep in eps if ep.name == "torch").load()
+    assert isinstance(plugin, BackendPlugin) and plugin.load() is TorchBackend
 
 
 # --- eager, every phase -----------------------------------------------------------------------------

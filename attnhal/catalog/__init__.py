@@ -8,8 +8,8 @@ descriptor says what the backend *can* do; where the engine's own code decides
 otherwise, ``docs/catalog.md`` lists the discrepancy.
 
 Backends are addressed as ``ENGINE:NAME`` (``sglang:aiter``, ``vllm:FLASH_ATTN``)
-wherever attnhal takes a backend name. They have no implementation here: they are
-descriptors to plan with, not backends to run.
+wherever attnhal takes a descriptor (:func:`attnhal.lookup.describe`). They have no
+implementation here: they are descriptors to plan with, not backends to run.
 """
 
 from __future__ import annotations
@@ -20,20 +20,17 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from attnhal.capabilities import BackendCapabilities, Reason, ReasonCode
+from attnhal.capabilities import BackendCapabilities
 from attnhal.descriptors import DescriptorError, parse_descriptor
-
-if TYPE_CHECKING:
-    from attnhal.registry import BackendEntry
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-__all__ = ["ENGINES", "CatalogEntry", "CatalogError", "entries", "is_catalog_name", "load", "registry_entry"]
+__all__ = ["ENGINES", "CatalogEntry", "CatalogError", "entries", "is_catalog_name", "load"]
 
 #: Engines with a catalogue directory, and the release each one describes.
 ENGINES = MappingProxyType({"sglang": "0.5.23", "vllm": "0.33.0"})
@@ -124,14 +121,3 @@ def load(name: str) -> CatalogEntry:
         raise CatalogError(f"backend={name} (supported: {known})")
     return found[short]
 
-
-def registry_entry(name: str) -> BackendEntry:
-    """``ENGINE:NAME`` as a registry entry with a descriptor and no implementation."""
-    from attnhal.registry import BackendEntry, BackendUnavailable
-
-    try:
-        entry = load(name)
-    except CatalogError as exc:
-        raise BackendUnavailable(name, [Reason(ReasonCode.NO_BACKEND, str(exc))]) from None
-    source = f"attnhal catalogue {entry.engine}/{entry.name}.toml ({entry.engine} {entry.version})"
-    return BackendEntry(entry.qualified_name, source, descriptor=entry.descriptor)

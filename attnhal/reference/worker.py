@@ -39,11 +39,12 @@ from attnhal.backend import (
 )
 from attnhal.capabilities import AttentionRequest, Phase
 from attnhal.graphs import GraphRunner, PhaseStep
+from attnhal.lookup import backend_class
 from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, SpecConfig, plan
 from attnhal.platform import Platform, current
 from attnhal.reference.model import TinyLlama
 from attnhal.reference.tree import DraftTree, VerifyTree, accept, first_level, grow, select
-from attnhal.registry import Registry, default_registry
+from attnhal.registry import BackendEntry, Registry, default_registry
 
 __all__ = ["Generation", "PlanInvalid", "SpecWorker"]
 
@@ -96,7 +97,11 @@ def _pick(registry: Registry, platform: Platform, model: TinyLlama, name: str | 
     request = AttentionRequest(dtype="float32", kv_dtype=kv_dtype, head_size=cfg.head_size, page_size=page_size,
                                num_q_heads=cfg.num_q_heads, num_kv_heads=cfg.num_kv_heads,
                                features=cfg.features)
-    backend = registry.select(platform, request, name=name).backend
+    if name is None:
+        entry = registry.select(platform, request)
+    else:  # a registered name or module:attr (attnhal.lookup), checked with every reason it does not fit
+        entry = BackendEntry.of(backend_class(name, platform, registry=registry)).require(request, platform)
+    backend = entry.backend
     assert backend is not None
     return backend
 
@@ -113,7 +118,8 @@ class SpecWorker:
     target, draft: the models (``draft`` unused without speculation).
     spec: the speculative config.
     platform: a Platform or spec string (``"hip:gfx942"``); detected when None.
-    backend: registered backend name for every role; the registry's choice when None.
+    backend: the backend of every role, a registered name or ``module:attr`` (:mod:`attnhal.lookup`);
+        the registry's choice when None.
     role_backends: per role (``"target"``, ``"draft_decode"``, ``"draft_extend"``), over ``backend``.
     policy: graph policy (capture sizes).
     max_context_len: the longest prompt + generation + draft tokens per request.

@@ -15,7 +15,6 @@ verified, or not checked and waived with ``allow_unchecked``. No pytest is invol
 
 from __future__ import annotations
 
-import importlib
 import textwrap
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attnhal.backend import AttentionBackend
-from attnhal.capabilities import BackendCapabilities, fmt_set
+from attnhal.capabilities import fmt_set
+from attnhal.lookup import backend_class
 from attnhal.platform import Platform, current
-from attnhal.registry import BackendUnavailable, default_registry
 from attnhal.testing.checks import (
     THOROUGH_EXAMPLES,
     Claim,
@@ -47,32 +46,14 @@ __all__ = ["ConformanceReport", "format_results", "resolve_backend", "run_confor
 
 
 def resolve_backend(backend: str | type[AttentionBackend]) -> type[AttentionBackend]:
-    """A backend class from a class, a registered name (``"torch"``) or ``"module:attr"``.
+    """A backend class from a class, a registered name (``"torch"``) or ``"module:attr"``
+    (:func:`attnhal.lookup.backend_class`).
 
     Raises :class:`~attnhal.registry.BackendUnavailable` (a ``LookupError``) with the
-    reasons when the name is unknown or its entry point fails to load.
+    reasons when the reference names nothing, fails to load, or names a descriptor with no
+    implementation (a file, a catalogue name such as ``sglang:aiter``).
     """
-    if isinstance(backend, type):
-        cls: object = backend
-    elif ":" in backend:
-        module, _, attr = backend.partition(":")
-        try:
-            cls = importlib.import_module(module)
-            for part in attr.split("."):
-                cls = getattr(cls, part)
-        except (ImportError, AttributeError) as exc:
-            raise LookupError(f"backend={backend} (supported: 'module:attr' naming an importable class): "
-                              f"{type(exc).__name__}: {exc}") from exc
-    else:
-        entry = default_registry().get(backend)
-        if entry.backend is None:
-            raise BackendUnavailable(backend, entry.unavailable_reasons())
-        cls = entry.backend
-    if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)
-            and isinstance(getattr(cls, "capabilities", None), BackendCapabilities)):
-        raise LookupError(f"backend={backend} (supported: an AttentionBackend subclass with class attribute "
-                          "capabilities: BackendCapabilities)")
-    return cls
+    return backend_class(backend)
 
 
 @dataclass

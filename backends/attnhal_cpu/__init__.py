@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from attnhal_cpu.descriptor import CAPABILITIES, NATIVE_PHASES
+from attnhal_cpu.descriptor import CAPABILITIES, NATIVE_PHASES, PLUGIN
 
 if TYPE_CHECKING:
     from attnhal_cpu.backend import CpuBackend
 
-__all__ = ["CAPABILITIES", "NATIVE_PHASES", "CpuBackend"]
+__all__ = ["CAPABILITIES", "NATIVE_PHASES", "PLUGIN", "CpuBackend"]
 
 
 def __getattr__(name: str) -> Any:
-    # The entry point "attnhal_cpu:CpuBackend" resolves through here.
+    # `from attnhal_cpu import CpuBackend` resolves through here.
     if name == "CpuBackend":
         from attnhal_cpu.backend import CpuBackend
 

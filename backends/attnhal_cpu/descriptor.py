@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Feature, Phase, SeqLenFill, SpecLimits, Tolerance
 from attnhal.platform import Vendor
+from attnhal.registry import BackendPlugin
 
-__all__ = ["CAPABILITIES", "NATIVE_PHASES", "PREFILL_BLOCK"]
+__all__ = ["CAPABILITIES", "NATIVE_PHASES", "PLUGIN", "PREFILL_BLOCK"]
 
 #: Phases the native kernel runs (all of them; the docs' phase table repeats this).
 NATIVE_PHASES = frozenset(Phase)
@@ -39,3 +40,7 @@ CAPABILITIES = BackendCapabilities(
     tolerances={dtype: Tolerance(atol=bound, rtol=bound)
                 for dtype, bound in (("float32", 1e-5), ("float16", 1e-3), ("bfloat16", 8e-3))},
 )
+
+#: What the ``attnhal.backends`` entry point ``cpu`` names: this descriptor, and the class
+#: (imported only when the backend is selected or run).
+PLUGIN = BackendPlugin(CAPABILITIES, "attnhal_cpu.backend:CpuBackend")

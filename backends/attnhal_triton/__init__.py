@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from attnhal_triton.descriptor import CAPABILITIES
+from attnhal_triton.descriptor import CAPABILITIES, PLUGIN
 from attnhal_triton.launch_table import FALLBACK, TABLE, LaunchRow, UnknownArchWarning, lookup
 
 if TYPE_CHECKING:
     from attnhal_triton.backend import TritonBackend
 
-__all__ = ["CAPABILITIES", "FALLBACK", "TABLE", "LaunchRow", "TritonBackend", "UnknownArchWarning",
+__all__ = ["CAPABILITIES", "FALLBACK", "PLUGIN", "TABLE", "LaunchRow", "TritonBackend", "UnknownArchWarning",
            "lookup"]
 
 
 def __getattr__(name: str) -> Any:
-    # The entry point "attnhal_triton:TritonBackend" resolves through here.
+    # `from attnhal_triton import TritonBackend` resolves through here.
     if name == "TritonBackend":
         from attnhal_triton.backend import TritonBackend
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Feature, Phase, SeqLenFill, SpecLimits
 from attnhal.platform import Vendor
+from attnhal.registry import BackendPlugin
 
-__all__ = ["CAPABILITIES"]
+__all__ = ["CAPABILITIES", "PLUGIN"]
 
 #: Every claim here is checked by ``tests/test_triton_*.py`` under the interpreter
 #: and the CPU graph emulator, and by the cross-target compile check.
@@ -35,3 +36,7 @@ CAPABILITIES = BackendCapabilities(
     needs_host_seq_lens=False,
     requires=("triton",),
 )
+
+#: What the ``attnhal.backends`` entry point ``triton`` names: this descriptor, and the class
+#: (imported only when the backend is selected or run).
+PLUGIN = BackendPlugin(CAPABILITIES, "attnhal_triton.backend:TritonBackend")
