@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from attnhal.cli import LIMITS, build_parser, main
+from attnhal.cli import build_parser, info, main
+from attnhal.cli.args import Bounded
 
 TRITON_LIKE = "docs/examples/triton-like.toml"
 #: Seconds a rejected input may take (parsing, loading descriptors; never the work itself).
@@ -128,7 +129,7 @@ def test_internal_errors_are_short_and_debug_shows_the_traceback(monkeypatch, ca
 
     def boom(args):
         raise ZeroDivisionError("a bug")
-    monkeypatch.setattr(cli, "cmd_info", boom)
+    monkeypatch.setattr(info, "run", boom)
     assert main(["info"]) == cli.INTERNAL_ERROR
     err = capsys.readouterr().err
     assert err.strip() == ("attnhal info: internal error: ZeroDivisionError: a bug "
@@ -146,7 +147,7 @@ def test_warnings_are_one_line_in_the_cli_voice(monkeypatch, capsys):
     def warn(args):
         warnings.warn("arch=gfx999 is not in the table: conservative facts", UserWarning)
         return 0
-    monkeypatch.setattr(cli, "cmd_info", warn)
+    monkeypatch.setattr(info, "run", warn)
     assert main(["info"]) == 0
     assert capsys.readouterr().err.strip() == \
         "attnhal info: warning: arch=gfx999 is not in the table: conservative facts"
@@ -162,12 +163,18 @@ def _options(parser):
 
 def test_every_flag_has_help_and_every_number_a_bound():
     parser = build_parser()
+    bounds = 0
     for name, action in _options(parser):
-        assert action.help, f"attnhal {name} {action.option_strings[0]} has no help text"
+        flag = f"attnhal {name} {action.option_strings[0]}"
+        assert action.help, f"{flag} has no help text"
         if action.type is int:
-            pytest.fail(f"attnhal {name} {action.option_strings[0]}: a plain int has no bound (use bounded())")
-    for flag, (low, high) in LIMITS.items():
-        assert low <= high
+            pytest.fail(f"{flag}: a plain int has no bound (use bounded())")
+        if isinstance(action.default, int) and not isinstance(action.default, bool):
+            assert isinstance(action.type, Bounded), f"{flag}: a number without a bound"
+        if isinstance(action.type, Bounded):  # the bound each flag declares
+            assert action.type.low <= action.type.high, flag
+            bounds += 1
+    assert bounds >= 20
 
 
 def test_help_shows_defaults(capsys):

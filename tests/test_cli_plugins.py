@@ -112,3 +112,39 @@ def test_compile_check_bad_input(argv, needle, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("attnhal compile-check: error: ") and needle in err[0], err
+
+
+def _counted_arguments(p):
+    from attnhal.cli.args import bounded
+
+    p.add_argument("--times", type=bounded(1, 3), default=1, help="how often, %(type)s")
+
+
+def test_a_plugin_flag_bounded_with_the_public_type(monkeypatch, capsys):
+    """A plugin's ``type=bounded(1, 3)`` gets the built-in commands' help and message."""
+    module = types.ModuleType("fake_counted_plugin")
+    module.COUNTED = Command("counted", "say hello, a bounded number of times", _counted_arguments, _hello)
+    monkeypatch.setitem(sys.modules, "fake_counted_plugin", module)
+    eps = [EntryPoint("counted", "fake_counted_plugin:COUNTED", GROUP)]
+    monkeypatch.setattr(cli, "load_commands", lambda taken: load_commands(taken, lambda: eps))
+    assert cli.main(["counted", "--times", "3"]) == 0
+    assert capsys.readouterr().out.strip() == "hello hello hello"
+    for text, shown in (("4", "4"), ("0", "0"), ("two", "'two'")):
+        assert cli.main(["counted", "--times", text]) == 2
+        assert capsys.readouterr().err == (f"attnhal counted: error: --times={shown} (supported: an integer 1..3) "
+                                           "(see 'attnhal counted --help')\n")
+    assert cli.main(["counted", "--help"]) == 0
+    assert "how often, 1..3 (default: 1)" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_compile_check_flags_use_the_public_bounded_type(capsys):
+    from attnhal.cli.args import Bounded
+
+    parser = cli.build_parser(*load_commands(cli.BUILTIN_NAMES))
+    sub = next(a for a in parser._actions if a.dest == "command")
+    types_ = {a.option_strings[0]: a.type for a in sub.choices["compile-check"]._actions if a.option_strings}
+    assert types_["--jobs"] == Bounded(1, 64) and types_["--head-sizes"] == Bounded(1, 512)
+    # the plugin's own converter said --jobs=x; the public type quotes text that is no integer
+    assert cli.main(["compile-check", "--jobs", "x"]) == 2
+    assert capsys.readouterr().err.startswith("attnhal compile-check: error: --jobs='x' (supported: an integer 1..64)")

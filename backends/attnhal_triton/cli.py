@@ -1,7 +1,7 @@
 """``attnhal compile-check``: the Triton compile check as a plugin command.
 
 Registered through the ``attnhal.commands`` entry-point group (see
-:mod:`attnhal.commands`); offered only where ``triton`` is importable. This module
+:mod:`attnhal.cli.plugins`); offered only where ``triton`` is importable. This module
 imports neither torch nor triton: the check loads them when it runs.
 """
 
@@ -9,27 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 
-from attnhal.commands import Command
+from attnhal.cli.args import bounded
+from attnhal.cli.plugins import Command
 
 __all__ = ["COMMAND"]
 
 #: Largest head size and number of parallel compiles accepted, so no input runs away.
 MAX_HEAD_SIZE = 512
 MAX_JOBS = 64
-
-
-def _bounded(flag: str, high: int) -> Callable[[str], int]:
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if not 1 <= value <= high:
-            raise argparse.ArgumentTypeError(f"{flag}={text[:20]} (supported: an integer 1..{high})")
-        return value
-    return convert
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,11 +29,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"targets like cuda:90 or hip:gfx942 (default: {' '.join(DEFAULT_TARGETS)})")
     p.add_argument("--dtypes", nargs="+", choices=DTYPES, metavar="DTYPE",
                    help=f"{', '.join(DTYPES)} (default: all)")
-    p.add_argument("--head-sizes", nargs="+", type=_bounded("--head-sizes", MAX_HEAD_SIZE), metavar="D",
-                   help=f"head sizes, 1..{MAX_HEAD_SIZE} each (default: {' '.join(map(str, HEAD_SIZES))})")
+    p.add_argument("--head-sizes", nargs="+", type=bounded(1, MAX_HEAD_SIZE), metavar="D",
+                   help=f"head sizes, %(type)s each (default: {' '.join(map(str, HEAD_SIZES))})")
     p.add_argument("--fallback", action="store_true", help="also compile the fallback launch rows")
-    p.add_argument("--jobs", type=_bounded("--jobs", MAX_JOBS),
-                   help=f"parallel compiles, 1..{MAX_JOBS} (default: the CPU count)")
+    p.add_argument("--jobs", type=bounded(1, MAX_JOBS), help="parallel compiles, %(type)s (default: the CPU count)")
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even with errors or spills")
     p.add_argument("--json", action="store_true", help="print one JSON object per compile")
 

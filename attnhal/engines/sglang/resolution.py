@@ -1,118 +1,39 @@
-"""SGLang adapter: server arguments in, an attnhal plan out — without SGLang installed.
+"""SGLang server arguments -> the planner's inputs, as SGLang's own argument resolution decides them.
 
-Takes SGLang's own argument names and values (release 0.5.23: ``attention_backend``,
-``speculative_num_steps``, ``page_size``, ...) as a dict, a namespace or a command
-line, and builds the planner's inputs: the spec config, the backend of every role
-(descriptors from the catalogue, ``sglang:NAME``), the graph policy and the request
-context. A flag attnhal does not model is an error naming it; a flag that cannot
-change an attention-graph decision (``--model-path``, ``--port``, ...) is listed
-as ignored, never dropped silently. See ``docs/engine.md``.
+The spec config, the backend of every role (descriptors from the catalogue,
+``sglang:NAME``), the graph policy with SGLang's capture sizes, and the request context.
+The comments cite the SGLang 0.5.23 source lines each rule follows.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnhal import catalog
 from attnhal.capabilities import BackendCapabilities, Phase
+from attnhal.catalog import load
 from attnhal.engines import flags as _flags
-from attnhal.engines.flags import EngineArgError, Flag, model_kind, one_of, positive, positive_list, truth
+from attnhal.engines.flags import EngineArgError, model_kind
+from attnhal.engines.sglang.flags import ALGORITHMS, DTYPES, FLAGS, HARMLESS, KV_CACHE_DTYPES
 from attnhal.plan import ALGORITHM_PHASES, AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform
 from attnhal.spec import ModelKind, RequestContext, SpecConfig
 
-__all__ = ["EngineArgError", "EngineConfig", "capture_sizes", "from_server_args", "parse_cli", "plan_server_args", "roles"]
+__all__ = ["DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "EngineConfig", "capture_sizes",
+           "from_server_args", "roles"]
 
-SGLANG_VERSION = catalog.ENGINES["sglang"]
-
-
-# --- the engine's vocabulary -------------------------------------------------------------
-
-#: Deprecated names SGLang still accepts (arg_groups/choices.py:75, 87; speculative/draft_utils.py:109, 140).
-_ALIASES = {"nsa": "dsa", "tokenspeed_mla": "cutedsl_mla"}
 #: Backends whose draft extend and default prefill SGLang builds on another backend: cute-dsl MLA
 #: is decode-only; both run trtllm-gen (draft_utils.py:137-138; arg_groups/overrides.py:1233-1260).
 _EXTEND_ON = {"cutedsl_mla": "trtllm_mla"}
-#: ``--speculative-algorithm`` -> attnhal's algorithm (speculative/spec_info.py:39-47).
-#: NEXTN is SGLang's name for DeepSeek MTP; STANDALONE reuses the EAGLE worker.
-_ALGORITHMS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp", "STANDALONE": "standalone", "NGRAM": "ngram"}
-#: ``--kv-cache-dtype`` -> attnhal kv dtype; ``auto`` = the model dtype (arg_groups/fields/model.py:197-210).
-_KV_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-              "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-#: ``--dtype`` -> attnhal compute dtype; ``auto`` = the checkpoint's dtype (not checked).
-_DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
 #: SGLang's default page size on CUDA/HIP when none is given (arg_groups/overrides.py:1361-1362).
 DEFAULT_PAGE_SIZE = 1
 #: attnhal's capture limit when SGLang's is not given (SGLang sizes it from GPU memory).
 DEFAULT_MAX_BS = 32
+#: The environment variable that turns the draft-extend graph off (environ.py; eagle_worker_v2.py:627).
+DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
 
-#: Flags that cannot change which attention phases run or are captured: accepted, listed as ignored.
-HARMLESS = frozenset("""
-model_path tokenizer_path tokenizer_mode host port served_model_name trust_remote_code revision
-load_format context_length mem_fraction_static max_running_requests max_total_tokens chunked_prefill_size
-tp_size dp_size ep_size random_seed log_level log_requests enable_metrics show_time_cost
-speculative_draft_model_path speculative_draft_model_revision speculative_draft_load_format
-speculative_token_map speculative_accept_threshold_single speculative_accept_threshold_acc
-schedule_policy schedule_conservativeness disable_radix_cache quantization watchdog_timeout
-api_key skip_server_warmup enable_torch_compile torch_compile_max_bs
-""".split())
-
-
-def _backend(flag: str, value: Any) -> str:
-    name = _ALIASES.get(str(value), str(value))
-    try:
-        catalog.load(f"sglang:{name}")
-    except catalog.CatalogError:
-        known = ", ".join(e.name for e in catalog.entries("sglang"))
-        raise EngineArgError(flag, f"{flag}={value!r} (supported: {known})") from None
-    return name
-
-
-def _algorithm(flag: str, value: Any) -> str:
-    name = str(value).upper()
-    if name not in _ALGORITHMS:
-        raise EngineArgError(flag, f"{flag}={value!r} (supported: {', '.join(_ALGORITHMS)}; "
-                                   "DFLASH, DSPARK, UNO and FROZEN_KV_MTP are not modelled)")
-    return name
-
-
-#: The modelled arguments (release 0.5.23 names, plus the pre-0.5.23 global cuda-graph flags).
-FLAGS: Mapping[str, Flag] = {
-    "attention_backend": Flag(_backend),
-    "prefill_attention_backend": Flag(_backend),
-    "decode_attention_backend": Flag(_backend),
-    "speculative_draft_attention_backend": Flag(_backend),
-    "speculative_algorithm": Flag(_algorithm),
-    "speculative_num_steps": Flag(positive),
-    "speculative_eagle_topk": Flag(positive),
-    "speculative_num_draft_tokens": Flag(positive),
-    "speculative_ngram_max_bfs_breadth": Flag(positive),
-    "speculative_attention_mode": Flag(one_of(("prefill", "decode"))),
-    "page_size": Flag(positive),
-    "kv_cache_dtype": Flag(one_of(("auto", *_KV_DTYPES))),
-    "dtype": Flag(one_of(("auto", *_DTYPES))),
-    "disable_cuda_graph": Flag(truth, boolean=True),
-    "disable_decode_cuda_graph": Flag(truth, boolean=True),
-    "cuda_graph_backend_decode": Flag(one_of(("full", "disabled"))),
-    "cuda_graph_max_bs": Flag(positive),
-    "cuda_graph_max_bs_decode": Flag(positive),
-    "cuda_graph_bs": Flag(positive_list),
-    "cuda_graph_bs_decode": Flag(positive_list),
-    "disable_cuda_graph_padding": Flag(truth, boolean=True),
-}
-
-
-# --- reading the arguments -----------------------------------------------------------------
-
-def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
-    """SGLang command-line flags -> ``{argument_name: text}`` (see :func:`attnhal.engines.flags.parse_cli`)."""
-    return _flags.parse_cli(argv, FLAGS)
-
-
-# --- building the planner's inputs -------------------------------------------------------------
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -150,7 +71,7 @@ def _spec(values: Mapping[str, Any], notes: list[str]) -> SpecConfig:
         # SGLang overrides it, with a warning (arg_groups/speculative_hook.py:1255-1266).
         notes.append(f"speculative_num_draft_tokens={tokens} -> {steps + 1}: SGLang sets num_steps + 1 for topk 1")
         tokens = steps + 1
-    return _spec_or_error(lambda: SpecConfig.eagle(steps, topk, tokens, algorithm=_ALGORITHMS[algorithm]))
+    return _spec_or_error(lambda: SpecConfig.eagle(steps, topk, tokens, algorithm=ALGORITHMS[algorithm]))
 
 
 def _spec_or_error(build: Callable[[], SpecConfig]) -> SpecConfig:
@@ -188,7 +109,7 @@ def roles(values: Mapping[str, Any], spec: SpecConfig) -> dict[str, str | None]:
 
 
 def _descriptor(name: str | None) -> BackendCapabilities | None:
-    return catalog.load(f"sglang:{name}").descriptor if name is not None else None
+    return load(f"sglang:{name}").descriptor if name is not None else None
 
 
 def _backends(names: Mapping[str, str | None], mode: str) -> PhaseBackends:
@@ -196,10 +117,6 @@ def _backends(names: Mapping[str, str | None], mode: str) -> PhaseBackends:
                          draft_decode=_descriptor(names["draft_decode"]),
                          draft_extend=_descriptor(names["draft_extend"]),
                          speculative_attention_mode=AttentionMode(mode))
-
-
-#: The environment variable that turns the draft-extend graph off (environ.py; eagle_worker_v2.py:627).
-DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
 
 
 def capture_sizes(max_bs: int, speculative: bool, padding: bool = True) -> tuple[int, ...]:
@@ -245,15 +162,9 @@ def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[
     if not {"cuda_graph_max_bs", "cuda_graph_max_bs_decode", "cuda_graph_bs", "cuda_graph_bs_decode"} & set(values):
         notes.append(f"capture batch sizes up to {DEFAULT_MAX_BS}: SGLang sizes them from GPU memory; "
                      "give --cuda-graph-max-bs-decode to match a server")
-    context = RequestContext(model=model_kind(model), dtype=_DTYPES.get(values.get("dtype", "auto")),
-                             kv_dtype=_KV_DTYPES.get(values.get("kv_cache_dtype", "auto")),
+    context = RequestContext(model=model_kind(model), dtype=DTYPES.get(values.get("dtype", "auto")),
+                             kv_dtype=KV_CACHE_DTYPES.get(values.get("kv_cache_dtype", "auto")),
                              page_size=values.get("page_size", DEFAULT_PAGE_SIZE))
     return EngineConfig(spec=spec, backends=_backends(names, values.get("speculative_attention_mode", "prefill")),
                         policy=_policy(values, env or {}, spec), context=context, roles=names, ignored=ignored,
                         notes=tuple(notes))
-
-
-def plan_server_args(args: Mapping[str, Any] | argparse.Namespace, platform: Platform | str,
-                     env: Mapping[str, str] | None = None, model: ModelKind | str | None = None) -> GraphPlan:
-    """``from_server_args(args, env, model).plan(platform)``."""
-    return from_server_args(args, env, model).plan(platform)

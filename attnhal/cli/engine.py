@@ -1,29 +1,45 @@
-"""The engine side of the command line: ``attnhal catalog`` and ``attnhal plan --engine sglang|vllm -- ...``.
+"""The engine side of the command line: ``attnhal catalog`` and ``plan``/``explain --engine sglang|vllm -- ...``.
 
-Kept apart from :mod:`attnhal.cli` so that the engine vocabulary lives with the
-adapters; ``attnhal.cli`` registers these commands and imports this module lazily.
+The adapters (:mod:`attnhal.engines.sglang`, :mod:`attnhal.engines.vllm`) turn an
+engine's own flags into the planner's inputs; this module is their command-line front:
+it splits attnhal's flags from the engine's and prints what the adapters decide.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from attnhal import catalog
 from attnhal.capabilities import AttentionRequest, Facts, not_supported_reasons
+from attnhal.catalog import CatalogError, entries, load
+from attnhal.cli.app import UsageError
+from attnhal.cli.args import choice
+from attnhal.cli.inputs import resolve_platform
+from attnhal.cli.output import format_plan, print_json, table
 from attnhal.engines import sglang, vllm
 from attnhal.engines.flags import EngineArgError
 from attnhal.plan import GraphPlan
 from attnhal.platform import Platform
 from attnhal.spec import RequestContext, SpecConfig
 
-__all__ = ["cmd_catalog", "cmd_engine_explain", "cmd_engine_plan", "split_own_flags"]
+__all__ = ["OWN_FLAGS", "add_engine_flags", "register_catalog", "run_catalog", "run_explain", "run_plan",
+           "split_own_flags"]
 
 #: attnhal's own flags accepted among the engine's flags (after ``--``), as in
 #: ``attnhal plan --engine sglang -- --attention-backend aiter ... --platform hip:gfx942``.
 OWN_FLAGS = ("platform", "model")
+
+#: What an engine command does with (args, attnhal's own flags, the engine's flags).
+EngineCommand = Callable[[argparse.Namespace, dict[str, str | None], list[str]], int]
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """``--engine E`` and the engine's flags after ``--`` (for ``plan`` and ``explain``)."""
+    p.add_argument("--engine", type=choice(("sglang", "vllm")),
+                   help="read the engine's own flags after `--` (SGLang server / vLLM engine arguments)")
+    p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
 
 
 def split_own_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
@@ -45,19 +61,22 @@ def split_own_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
     return own, rest
 
 
+#: Namespace entries that are not plan/explain flags, or that --engine accepts.
+_NOT_MIXED = frozenset({"engine", "engine_args", "func", "parser", "json", "command", "argv", "registry", "debug",
+                        *OWN_FLAGS})
+
+
 def _attnhal_flags_given(args: argparse.Namespace) -> list[str]:
     """attnhal's own plan/explain flags given beside --engine (they would be silently dropped)."""
-    from attnhal.cli import build_parser
-
-    defaults = vars(build_parser().parse_args([args.command]))
-    keep = {"engine", "engine_args", "func", "json", "command", "argv", "debug", *OWN_FLAGS}
-    return ["--" + k.replace("_", "-") for k, v in vars(args).items() if k not in keep and v != defaults.get(k)]
+    parser: argparse.ArgumentParser = args.parser
+    return ["--" + k.replace("_", "-") for k, v in vars(args).items()
+            if k not in _NOT_MIXED and v != parser.get_default(k)]
 
 
-def _run(args: argparse.Namespace, commands: dict[str, Callable[..., int]]) -> int:
+def _run(args: argparse.Namespace, commands: Mapping[str, EngineCommand]) -> int:
     """Split the engine's flags from attnhal's and run the engine's command; bad input exits 2."""
-    from attnhal.cli import UsageError
-
+    if not args.engine:
+        raise UsageError(f"{' '.join(args.engine_args)}: engine flags need --engine (supported: sglang, vllm)")
     mixed = _attnhal_flags_given(args)
     if mixed:
         raise UsageError(f"{mixed[0]} with --engine (supported: the engine's own flags after `--`, "
@@ -71,16 +90,18 @@ def _run(args: argparse.Namespace, commands: dict[str, Callable[..., int]]) -> i
         raise UsageError(str(exc)) from None
 
 
-def cmd_engine_plan(args: argparse.Namespace) -> int:
+def run_plan(args: argparse.Namespace) -> int:
     """``attnhal plan --engine sglang|vllm -- <engine flags>``: the plan the engine's flags lead to."""
-    return _run(args, {"sglang": _sglang_plan, "vllm": _vllm_plan})
+    return _run(args, _PLANS)
 
 
-def cmd_engine_explain(args: argparse.Namespace) -> int:
+def run_explain(args: argparse.Namespace) -> int:
     """``attnhal explain --engine sglang|vllm -- <engine flags>``: whether each backend the flags
     name fits the request (platform, model, KV cache), with every reason; then the plan."""
-    return _run(args, {"sglang": _sglang_explain, "vllm": _vllm_explain})
+    return _run(args, _EXPLAINS)
 
+
+# --- explain ------------------------------------------------------------------------------
 
 def _fits(names: dict[str, list[str]], platform: Platform, spec: SpecConfig, context: RequestContext,
           as_json: bool) -> tuple[bool, list[dict[str, object]]]:
@@ -90,7 +111,7 @@ def _fits(names: dict[str, list[str]], platform: Platform, spec: SpecConfig, con
                                model=context.model)
     out = []
     for name, roles in names.items():
-        caps = catalog.load(name).descriptor.resolve(facts)
+        caps = load(name).descriptor.resolve(facts)
         reasons = not_supported_reasons(caps, request, platform)
         out.append({"backend": name, "roles": roles, "fits": not reasons, "reasons": [r.to_dict() for r in reasons]})
         if not as_json:
@@ -104,16 +125,14 @@ def _explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[st
     """Each backend's fit with the plan's request, then the plan (the engine's plan command prints it)."""
     fits, report = _fits(names, platform, result.spec, result.context, args.json)
     if args.json:
-        print(json.dumps({"engine": args.engine, "backends": report, "plan": result.to_dict()}, indent=2))
+        print_json({"engine": args.engine, "backends": report, "plan": result.to_dict()})
     else:
         print()
-        {"sglang": _sglang_plan, "vllm": _vllm_plan}[args.engine](args, own, argv)
+        _PLANS[args.engine](args, own, argv)
     return 0 if fits else 1
 
 
 def _sglang_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    from attnhal.cli import resolve_platform
-
     config = _sglang_config(argv, own)
     names: dict[str, list[str]] = {}
     for role, name in config.roles.items():
@@ -124,28 +143,25 @@ def _sglang_explain(args: argparse.Namespace, own: dict[str, str | None], argv: 
 
 
 def _vllm_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    from attnhal.cli import resolve_platform
-
     config = vllm.from_engine_args(vllm.parse_cli(argv))
     platform = resolve_platform(own["platform"])
     return _explain(args, own, argv, {config.backend: ["every role"]}, platform, config.plan(platform, own["model"]))
 
 
-def _vllm_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    from attnhal.cli import format_plan, resolve_platform
+# --- plan ---------------------------------------------------------------------------------
 
+def _vllm_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
     config = vllm.from_engine_args(vllm.parse_cli(argv))
     result = config.plan(resolve_platform(own["platform"]), own["model"])
-    entry = catalog.load(config.backend)
+    entry = load(config.backend)
     level = vllm.catalog_support(config.backend)
     r = config.resolution
     if args.json:
-        print(json.dumps({"engine": "vllm", "version": vllm.VLLM_VERSION, "backend": config.backend,
-                          "cg_support": level.name, "cg_conditions": entry.meta.get("cg_conditions"),
-                          "cudagraph_mode": {"requested": r.requested.value,
-                                             "resolved": r.mode.value if r.mode else None,
-                                             "steps": list(r.steps), "error": r.error},
-                          "ignored": list(config.ignored), "plan": result.to_dict()}, indent=2))
+        print_json({"engine": "vllm", "version": vllm.VLLM_VERSION, "backend": config.backend,
+                    "cg_support": level.name, "cg_conditions": entry.meta.get("cg_conditions"),
+                    "cudagraph_mode": {"requested": r.requested.value, "resolved": r.mode.value if r.mode else None,
+                                       "steps": list(r.steps), "error": r.error},
+                    "ignored": list(config.ignored), "plan": result.to_dict()})
         return 0 if result.valid and r.error is None else 1
     conditions = entry.meta.get("cg_conditions")
     print(f"engine: vLLM {vllm.VLLM_VERSION} -> {config.backend}: AttentionCGSupport {level.name}"
@@ -169,14 +185,11 @@ def _sglang_config(argv: list[str], own: dict[str, str | None]) -> sglang.Engine
 
 
 def _sglang_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    from attnhal.cli import format_plan, resolve_platform
-
     config = _sglang_config(argv, own)
     result = config.plan(resolve_platform(own["platform"]))
     if args.json:
-        print(json.dumps({"engine": "sglang", "version": sglang.SGLANG_VERSION, "roles": dict(config.roles),
-                          "ignored": list(config.ignored), "notes": list(config.notes),
-                          "plan": result.to_dict()}, indent=2))
+        print_json({"engine": "sglang", "version": sglang.SGLANG_VERSION, "roles": dict(config.roles),
+                    "ignored": list(config.ignored), "notes": list(config.notes), "plan": result.to_dict()})
         return 0 if result.valid else 1
     roles = ", ".join(f"{role}={name}" for role, name in config.roles.items() if name is not None)
     print(f"engine: SGLang {sglang.SGLANG_VERSION} flags -> roles: {roles}")
@@ -188,24 +201,35 @@ def _sglang_plan(args: argparse.Namespace, own: dict[str, str | None], argv: lis
     for note in config.notes:
         print(f"note: {note}")
     for name in dict.fromkeys(n for n in config.roles.values() if n is not None):
-        for differs in catalog.load(f"sglang:{name}").meta.get("engine_differs", ()):
+        for differs in load(f"sglang:{name}").meta.get("engine_differs", ()):
             print(f"engine differs (sglang:{name}): {differs}")
     _print_ignored(config.ignored)
     return 0 if result.valid else 1
 
 
-def cmd_catalog(args: argparse.Namespace) -> int:
-    """``attnhal catalog [--engine E]``: every catalogued engine backend."""
-    from attnhal.cli import UsageError, table
+_PLANS: Mapping[str, EngineCommand] = {"sglang": _sglang_plan, "vllm": _vllm_plan}
+_EXPLAINS: Mapping[str, EngineCommand] = {"sglang": _sglang_explain, "vllm": _vllm_explain}
 
+
+# --- catalog ------------------------------------------------------------------------------
+
+def register_catalog(sub: Any) -> None:
+    p = sub.add_parser("catalog", help="the catalogued attention backends of real engines (sglang:NAME, vllm:NAME)")
+    p.add_argument("--engine", help="only this engine's backends (sglang, vllm)")
+    p.add_argument("--json", action="store_true", help="print the catalogue as JSON")
+    p.set_defaults(func=run_catalog)
+
+
+def run_catalog(args: argparse.Namespace) -> int:
+    """``attnhal catalog [--engine E]``: every catalogued engine backend."""
     try:
-        found = catalog.entries(args.engine)
-    except catalog.CatalogError as exc:
+        found = entries(args.engine)
+    except CatalogError as exc:
         raise UsageError(f"--engine: {exc}") from None
     if args.json:
-        print(json.dumps([{"name": e.qualified_name, "engine": e.engine, "version": e.version,
-                           "vendors": sorted(v.value for v in e.descriptor.vendors), "summary": e.summary}
-                          for e in found], indent=2))
+        print_json([{"name": e.qualified_name, "engine": e.engine, "version": e.version,
+                     "vendors": sorted(v.value for v in e.descriptor.vendors), "summary": e.summary}
+                    for e in found])
         return 0
     rows = [(e.qualified_name, ",".join(sorted(v.value for v in e.descriptor.vendors)),
              f"{e.engine} {e.version}", e.summary) for e in found]

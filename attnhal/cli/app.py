@@ -1,0 +1,154 @@
+"""The CLI's frame: exit statuses, the parser classes, and the one error boundary.
+
+Exit status: 0 yes; 1 a valid question with a negative answer; :data:`BAD_USAGE` (2) bad
+input, one line ``attnhal <command>: error: ...`` naming the flag, the value and what is
+allowed; :data:`INTERNAL_ERROR` (3) a bug (``--debug`` shows the traceback);
+:data:`INTERRUPTED` (130); :data:`BROKEN_PIPE` (141) when the reader of the output went away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import traceback
+import warnings
+from typing import Any
+
+from attnhal.cli.args import flag_message
+from attnhal.cli.output import one_line
+
+__all__ = ["BAD_INPUT", "BAD_USAGE", "BROKEN_PIPE", "INTERNAL_ERROR", "INTERRUPTED", "UsageError", "root_parser",
+           "run"]
+
+#: Bad input: an expected failure, told in one line.
+BAD_USAGE = 2
+#: Internal errors exit with this status; expected failures never do.
+INTERNAL_ERROR = 3
+#: 128 + SIGPIPE, the status a Unix tool gets when its reader goes away.
+BROKEN_PIPE = 141
+INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit status 2."""
+
+
+#: Exceptions that mean bad input (the API's validation errors); anything else is a bug.
+BAD_INPUT: tuple[type[BaseException], ...] = (UsageError, ValueError, TypeError, LookupError, OSError)
+
+
+# --- the parsers ----------------------------------------------------------------------------
+
+class _Help(argparse.HelpFormatter):
+    """Shows each option's default, unless it is unset or a flag's ``False``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" in text or "default:" in text or not action.option_strings or default is None
+                or default is False or default is argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """One-line errors in the CLI's voice; no abbreviated flags (they break as flags are added)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:
+        message = flag_message(message)  # "argument --topk: 99 (...)" -> "--topk=99 (...)"
+        self.exit(BAD_USAGE, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
+
+
+class _CommandParser(_Parser):
+    """A subcommand's parser: also takes ``--debug`` after the command name."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parents", [_debug_parent()])
+        super().__init__(*args, **kwargs)
+
+
+def _debug_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an error")
+    return parent
+
+
+def root_parser(epilog: str) -> tuple[argparse.ArgumentParser, Any]:
+    """The ``attnhal`` parser and its subcommand action (``sub.add_parser(name, help=...)``)."""
+    parser = _Parser(prog="attnhal", description="Plan, explain and check attention backends for speculative decoding on "
+                     "CUDA, HIP and CPU.", epilog=epilog,
+                     formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog))
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
+    return parser, sub
+
+
+# --- the error boundary -------------------------------------------------------------------
+
+def _say(command: str, message: str) -> None:
+    print(f"attnhal {command}: {message}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the command; every expected failure becomes one line and exit 2."""
+    command = args.command
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = lambda message, *_a, **_k: _say(command, f"warning: {one_line(str(message))}")
+            code: int = args.func(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        raise
+    except KeyboardInterrupt:
+        _say(command, "interrupted")
+        return INTERRUPTED
+    except BAD_INPUT as exc:
+        if args.debug:
+            traceback.print_exc()
+        _say(command, f"error: {_message(exc)}")
+        return BAD_USAGE
+    except Exception as exc:  # noqa: BLE001 - the boundary: a bug, reported without a traceback
+        if args.debug:
+            traceback.print_exc()
+        _say(command, f"internal error: {type(exc).__name__}: {one_line(str(exc))[:300]} "
+                      "(a bug: rerun with --debug for the traceback)")
+        return INTERNAL_ERROR
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror}"
+    return one_line(str(exc)) or type(exc).__name__
+
+
+def _silence_stdout() -> None:
+    """After the reader went away: point stdout at /dev/null so the exit flush cannot fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed command (``args.func``) behind the error boundary; returns the exit status.
+
+    Bad input (:data:`BAD_INPUT`) is one line and exit 2, a bug one line and exit 3,
+    Ctrl-C exit 130, a reader gone away silence and exit 141; warnings are one line
+    ``attnhal COMMAND: warning: ...``.
+    """
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        _silence_stdout()
+        return BROKEN_PIPE

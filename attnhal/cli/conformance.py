@@ -1,0 +1,72 @@
+"""``attnhal conformance``: check every claim of a backend's descriptor by running it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from attnhal.cli.app import UsageError
+from attnhal.cli.args import bounded, seconds
+from attnhal.cli.inputs import resolve_platform
+from attnhal.cli.output import one_line
+
+__all__ = ["Progress", "register", "run"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("conformance", help="check every claim of a backend's descriptor by running it")
+    p.add_argument("backend", nargs="?", help="registered name or module:attr (default: every registered backend)")
+    p.add_argument("--platform", help="simulate a platform (default: the detected device)")
+    p.add_argument("--examples", type=bounded(0, 10_000), default=None,
+                   help="random examples per check on top of the fixed ones, %(type)s "
+                        "(default: 3; 25 with --thorough; with --budget: the most per check)")
+    p.add_argument("--budget", type=seconds, default=None, metavar="SECONDS",
+                   help="seconds for random examples, spread over the claims (each runs rounds until its share "
+                        "is spent)")
+    p.add_argument("--thorough", action="store_true",
+                   help="release check: more random examples and the costlier fixed ones (more long contexts)")
+    p.add_argument("--allow-unchecked", action="store_true",
+                   help="exit 0 despite claims not checked here (e.g. device-only claims on a CPU machine); "
+                        "the report still lists them")
+    p.add_argument("--json", action="store_true", help="print the reports as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit 1 if a claim is falsified, hit a kit error, or was not checked here (unless waived)."""
+    from attnhal.testing.report import run_conformance
+
+    platform = resolve_platform(args.platform)
+    names = [args.backend] if args.backend else [e.name for e in args.registry.ordered(platform)]
+    progress = Progress(sys.stderr) if sys.stderr.isatty() and not args.json else None
+    reports = []
+    for name in names:
+        try:
+            reports.append(run_conformance(name, max_examples=args.examples, platform=platform, budget=args.budget,
+                                           thorough=args.thorough, allow_unchecked=args.allow_unchecked,
+                                           progress=progress))
+        except LookupError as exc:
+            raise UsageError(f"backend={name}: {one_line(str(exc))}") from None
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports], indent=2))
+    else:
+        print("\n\n".join(r.format() for r in reports))
+    # falsified, a kit error, or a claim not checked here (unless waived): the run fails
+    return 0 if all(r.ok for r in reports) else 1
+
+
+class Progress:
+    """One line per claim on a terminal: ``[3/40] graph[decode] ...`` then its result and time."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def __call__(self, index: int, total: int, claim: Any, result: Any) -> None:
+        head = f"[{index + 1}/{total}] {claim.name}"
+        if result is None:
+            self.stream.write(f"\r\033[K{head} ...")
+        else:
+            self.stream.write(f"\r\033[K{head}: {result.label} ({result.seconds:.1f} s)\n")
+        self.stream.flush()

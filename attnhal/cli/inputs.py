@@ -1,0 +1,164 @@
+"""The inputs ``plan``, ``explain`` and ``demo`` share: platform, backends, spec, policy, context.
+
+Each group is a pair: ``add_*_flags(parser)`` declares the flags, ``*_from(args)`` turns the
+parsed values into the planner's input, raising :class:`~attnhal.cli.app.UsageError` that
+names the flag for a value the API refuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from attnhal.capabilities import DTYPES, KV_DTYPES, BackendCapabilities, Phase
+from attnhal.cli.app import UsageError
+from attnhal.cli.args import bounded, choice, int_list
+from attnhal.cli.output import one_line
+from attnhal.lookup import DescriptorFileError, UnknownBackend, describe
+from attnhal.plan import AttentionMode, GraphPolicy, PhaseBackends, SpecConfig
+from attnhal.platform import ENV_VAR, Platform, PlatformSpecError, detect, parse
+from attnhal.registry import BackendUnavailable, Registry
+from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm
+
+__all__ = ["DRAFT_TOKENS", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
+           "phase_backends", "policy_from", "resolve_backend", "resolve_platform", "spec_from"]
+
+#: Bounds that messages outside the flag's declaration cite too.
+SPEC_STEPS = bounded(0, 16)
+DRAFT_TOKENS = bounded(2, 256)
+
+
+def resolve_platform(spec: str | None) -> Platform:
+    """``--platform``, else ``ATTNHAL_PLATFORM``, else the detected device; errors name the source."""
+    try:
+        return parse(spec) if spec is not None else detect()
+    except PlatformSpecError as exc:
+        source = "--platform" if spec is not None else f"{ENV_VAR}={os.environ.get(ENV_VAR, '')!r} (environment)"
+        raise UsageError(f"{source}: {exc}") from None
+
+
+def resolve_backend(value: str, flag: str, registry: Registry,
+                    platform: Platform | None = None) -> BackendCapabilities:
+    """The descriptor ``value`` names (:mod:`attnhal.lookup`: a descriptor file, ``ENGINE:NAME``,
+    ``module:attr`` or a registered name, the one for ``platform``'s vendor)."""
+    try:
+        return describe(value, platform, registry=registry)
+    except DescriptorFileError as exc:
+        raise UsageError(f"{flag}={value}: {exc.detail}") from None
+    except UnknownBackend as exc:
+        raise UsageError(f"{flag}: {exc.reasons[0].message}") from None
+    except BackendUnavailable as exc:  # known, but failed to load
+        raise UsageError(f"{flag}={value}: {exc.reasons[0].message}") from None
+
+
+def default_backend(platform: Platform, registry: Registry) -> BackendCapabilities:
+    """The registry's choice for ``platform`` (no ``--backend`` given)."""
+    try:
+        caps = registry.select(platform).capabilities
+    except LookupError as exc:
+        raise UsageError(f"--backend: {one_line(str(exc))}") from None
+    assert caps is not None
+    return caps
+
+
+def add_spec_flags(p: argparse.ArgumentParser, *, max_bs: bool = True) -> None:
+    """``--platform``, the EAGLE spec (``--spec-steps``, ``--topk``, ``--draft-tokens``), ``--no-graphs``, ``--max-bs``."""
+    p.add_argument("--platform", help="simulate a platform: cuda:sm90, hip:gfx942, cpu, ... (append ,nographs "
+                                      f"for a device without graphs); default: ${ENV_VAR}, else the detected device")
+    p.add_argument("--spec-steps", type=SPEC_STEPS, default=0,
+                   help="EAGLE draft steps, %(type)s (0 = no speculative decoding)")
+    p.add_argument("--topk", type=bounded(1, 16), default=1, help="draft branches per step, %(type)s (a tree when > 1)")
+    p.add_argument("--draft-tokens", type=DRAFT_TOKENS, default=None,
+                   help="tokens verified per request, %(type)s (default: spec steps + 1; required when --topk > 1)")
+    p.add_argument("--no-graphs", action="store_true", help="graph capture disabled by policy")
+    if max_bs:
+        p.add_argument("--max-bs", type=bounded(1, 4096), default=32, help="largest capture batch size, %(type)s")
+
+
+def spec_from(args: argparse.Namespace) -> SpecConfig:
+    """The spec config of :func:`add_spec_flags` (and ``--spec-algorithm`` where declared)."""
+    if args.spec_steps == 0:
+        if args.topk != 1 or args.draft_tokens:
+            raise UsageError("--topk/--draft-tokens need --spec-steps >= 1 (speculative decoding)")
+        return SpecConfig()
+    if args.topk > 1 and args.draft_tokens is None:
+        raise UsageError(f"--draft-tokens is required with --topk={args.topk} (supported: "
+                         f"{DRAFT_TOKENS}, the tree nodes verified per request)")
+    try:
+        return SpecConfig.eagle(args.spec_steps, args.topk, args.draft_tokens or 0,
+                                algorithm=getattr(args, "spec_algorithm", None) or "eagle")
+    except ValueError as exc:
+        flag = {"num_draft_tokens": "--draft-tokens", "topk": "--topk", "num_steps": "--spec-steps"}
+        name = str(exc).split("=")[0]
+        raise UsageError(f"{flag.get(name, '--spec-steps')}: {exc}") from None
+
+
+def policy_from(args: argparse.Namespace) -> GraphPolicy:
+    """The graph policy: ``--no-graphs``, ``--max-bs`` and, where declared, the flags of :func:`add_plan_input_flags`."""
+    try:
+        return GraphPolicy(enabled=not args.no_graphs, max_batch_size=args.max_bs,
+                           disabled_phases=frozenset(getattr(args, "no_graph_phase", None) or ()),
+                           step_counts=getattr(args, "adaptive_steps", None),
+                           max_tokens=getattr(args, "capture_max_tokens", None))
+    except ValueError as exc:
+        flag = {"max_batch_size": "--max-bs", "step_counts": "--adaptive-steps", "max_tokens": "--capture-max-tokens"}
+        name = str(exc).split("=")[0].split(" ")[0]
+        raise UsageError(f"{flag.get(name, '--max-bs')}: {exc}") from None
+
+
+def add_plan_input_flags(p: argparse.ArgumentParser, *, context: bool, roles: bool) -> None:
+    """Flags of plan/explain beyond add_spec_flags: algorithm, model/KV context, roles, graph policy."""
+    p.add_argument("--spec-algorithm", type=choice([a.value for a in SpecAlgorithm][1:]),
+                   help="speculative algorithm with --spec-steps (default eagle; ngram runs target_verify only)")
+    p.add_argument("--model", type=choice([m.value for m in ModelKind]),
+                   help="model attention layout: mha, gqa, mla (default: not checked)")
+    if context:
+        p.add_argument("--dtype", type=choice(DTYPES), help="compute dtype (default: not checked)")
+        p.add_argument("--kv-dtype", type=choice(KV_DTYPES), help="KV-cache dtype")
+        p.add_argument("--head-size", type=bounded(1, 4096), help="head dimension, %(type)s")
+        p.add_argument("--page-size", type=bounded(1, 4096), help="KV page size in tokens, %(type)s")
+    if roles:
+        p.add_argument("--prefill-backend", help="backend of prefill (over --target-backend)")
+        p.add_argument("--decode-backend", help="backend of decode and of the multi-step draft (over --target-backend)")
+        p.add_argument("--speculative-attention-mode", type=choice([m.value for m in AttentionMode]),
+                       default="prefill", help="target_verify and draft_extend follow the prefill or decode backend")
+    p.add_argument("--no-graph-phase", action="append", type=choice([ph.value for ph in Phase]),
+                   help="never capture this phase (repeatable)")
+    p.add_argument("--adaptive-steps", type=int_list,
+                   help="adaptive speculation: other step counts the plan must be valid for, e.g. 1,3,5")
+    p.add_argument("--capture-max-tokens", type=bounded(1, 4096 * 1024),
+                   help="capture sizes from the spec width: batch sizes with bs x tokens per request <= N, %(type)s")
+
+
+def context_from(args: argparse.Namespace) -> RequestContext:
+    """The request context every running phase checks its backend against (``--model``, ``--dtype``, ...)."""
+    try:
+        return RequestContext(model=args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                              head_size=args.head_size, page_size=args.page_size)
+    except ValueError as exc:
+        raise UsageError(f"--{str(exc).split('=')[0].replace('_', '-')}: {exc}") from None
+
+
+def phase_backends(args: argparse.Namespace, spec: SpecConfig, platform: Platform,
+                   registry: Registry) -> PhaseBackends:
+    """--backend for every role, overridden per role; the default is the registry's choice."""
+    def pick(value: str | None, flag: str, fallback: BackendCapabilities | None = None) -> BackendCapabilities:
+        if value:
+            return resolve_backend(value, flag, registry, platform)
+        if fallback is not None:
+            return fallback
+        if args.backend:
+            return resolve_backend(args.backend, "--backend", registry, platform)
+        return default_backend(platform, registry)
+
+    mode = AttentionMode(args.speculative_attention_mode)
+    target = pick(args.target_backend, "--target-backend")
+    prefill = pick(args.prefill_backend, "--prefill-backend", target)
+    decode = pick(args.decode_backend, "--decode-backend", target)
+    follow = prefill if mode is AttentionMode.PREFILL else decode
+    multi = spec.num_steps > 1 or bool(getattr(args, "adaptive_steps", None))
+    draft = pick(args.draft_backend, "--draft-backend", decode if args.decode_backend else None) if multi else None
+    extend = pick(args.draft_extend_backend, "--draft-extend-backend",
+                  follow if args.prefill_backend or args.decode_backend else None)
+    return PhaseBackends(target=target, prefill=prefill, decode=decode, draft_decode=draft, draft_extend=extend,
+                         speculative_attention_mode=mode)

@@ -1,0 +1,82 @@
+"""What the commands print: plain-text tables, the plan table, JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from attnhal.plan import GraphPlan
+
+__all__ = ["cell", "format_plan", "invalid_cause", "one_line", "print_json", "table", "yes_no"]
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain-text table, columns padded to their widest cell."""
+    cells = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def cell(value: object) -> str:
+    """A table cell: ``yes``/``no`` for a flag, a comma list (``-`` when empty) for a list."""
+    if isinstance(value, bool):
+        return yes_no(value)
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "-"
+    return str(value)
+
+
+def one_line(text: str) -> str:
+    """A multi-line message (a reason list) as one line."""
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def print_json(data: object) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def invalid_cause(p: GraphPlan) -> str:
+    """Why a plan is invalid, in a few words (the reasons are in the table)."""
+    if any(d.blocking for d in p.phases.values()):
+        return "a phase that runs has no capable backend"
+    return "a step count of the adaptive set does not fit"
+
+
+def format_plan(p: GraphPlan, verdict: bool = True) -> str:
+    """The plan as a table; ``verdict`` adds the closing ``plan: valid|INVALID`` line.
+
+    This is the table ``attnhal plan`` prints; an engine may print it when it refuses an
+    invalid plan (``raise SystemExit(format_plan(graph_plan))``).
+    """
+    spec = p.spec
+    head = f"platform: {p.platform}    speculative: {spec.algorithm.value}"
+    if spec.speculative:
+        head += f" (num_steps={spec.num_steps}, topk={spec.topk}, num_draft_tokens={spec.num_draft_tokens})"
+    graphs = ("capture sizes " + ",".join(map(str, p.capture_sizes))) if p.policy.enabled else "disabled"
+    context = " ".join(f"{k}={getattr(v, 'value', v)}" for k, v in vars(p.context).items() if v is not None)
+    if context:
+        head += f"\ncontext: {context}"
+    rows = []
+    for phase, d in p.phases.items():
+        why = "; ".join(str(r) for r in d.reasons) or "-"
+        backend = d.backend or "-"
+        if d.runs and d.role not in (None, phase.value):
+            backend += f" ({d.role} role)"
+        rows.append((phase.value, yes_no(d.runs), yes_no(d.capture), backend, why))
+    body = table(("phase", "runs", "captured", "backend", "reasons"), rows)
+    notes = sorted({n for d in p.phases.values() if d.runs for n in d.variants})
+    text = f"{head}\ngraphs: {graphs}\n{body}" + "".join(f"\nconditional claim applied: {n}" for n in notes)
+    for n, sub in sorted(p.adaptive.items()):
+        captured = ", ".join(ph.value for ph in sub.captured) or "none"
+        text += f"\nadaptive num_steps={n}: {'valid' if sub.valid else 'INVALID'}; captured: {captured}"
+    for n, unfit in sorted(p.unfit_steps.items()):
+        text += f"\nadaptive num_steps={n}: INVALID; {unfit}"
+    if verdict:
+        text += "\nplan: valid" if p.valid else f"\nplan: INVALID ({invalid_cause(p)})"
+    return text

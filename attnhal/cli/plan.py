@@ -1,0 +1,43 @@
+"""``attnhal plan``: which attention phases run and which are captured as graphs, per phase with reasons."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from attnhal.cli import engine
+from attnhal.cli.inputs import add_plan_input_flags, add_spec_flags, context_from, phase_backends, policy_from, \
+    resolve_platform, spec_from
+from attnhal.cli.output import format_plan, print_json
+from attnhal.plan import plan
+
+__all__ = ["register", "run"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("plan", help="which attention phases run and are captured as graphs")
+    add_spec_flags(p)
+    p.add_argument("--backend", help="registered name or descriptor file (.json/.toml) for every role "
+                                     "(default: the registry's choice for the platform)")
+    p.add_argument("--target-backend", help="backend of prefill, decode and target verify (over --backend)")
+    p.add_argument("--draft-backend", help="the multi-step draft (draft_decode) backend (over --backend)")
+    p.add_argument("--draft-extend-backend", help="the draft-extend backend (over --backend)")
+    add_plan_input_flags(p, context=True, roles=True)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    engine.add_engine_flags(p)
+    p.set_defaults(func=run, parser=p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit 0 for a valid plan, 1 for an invalid one."""
+    if args.engine or args.engine_args:
+        return engine.run_plan(args)
+    platform = resolve_platform(args.platform)
+    spec = spec_from(args)
+    result = plan(spec, platform, phase_backends(args, spec, platform, args.registry), policy_from(args),
+                  context_from(args))
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(format_plan(result))
+    return 0 if result.valid else 1

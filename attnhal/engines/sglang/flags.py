@@ -1,0 +1,89 @@
+"""SGLang's vocabulary (release 0.5.23): the modelled server flags, their aliases, the harmless ones.
+
+A modelled flag is converted here (a bad value is an error naming the flag); what the
+values *mean* for the plan is :mod:`attnhal.engines.sglang.resolution`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attnhal.catalog import ENGINES, CatalogError, entries, load
+from attnhal.engines import flags as _flags
+from attnhal.engines.flags import EngineArgError, Flag, one_of, positive, positive_list, truth
+
+__all__ = ["ALGORITHMS", "ALIASES", "DTYPES", "FLAGS", "HARMLESS", "KV_CACHE_DTYPES", "SGLANG_VERSION", "parse_cli"]
+
+SGLANG_VERSION = ENGINES["sglang"]
+
+#: Deprecated names SGLang still accepts (arg_groups/choices.py:75, 87; speculative/draft_utils.py:109, 140).
+ALIASES = {"nsa": "dsa", "tokenspeed_mla": "cutedsl_mla"}
+#: ``--speculative-algorithm`` -> attnhal's algorithm (speculative/spec_info.py:39-47).
+#: NEXTN is SGLang's name for DeepSeek MTP; STANDALONE reuses the EAGLE worker.
+ALGORITHMS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp", "STANDALONE": "standalone", "NGRAM": "ngram"}
+#: ``--kv-cache-dtype`` -> attnhal kv dtype; ``auto`` = the model dtype (arg_groups/fields/model.py:197-210).
+KV_CACHE_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+                   "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+#: ``--dtype`` -> attnhal compute dtype; ``auto`` = the checkpoint's dtype (not checked).
+DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
+
+#: Flags that cannot change which attention phases run or are captured: accepted, listed as ignored.
+HARMLESS = frozenset("""
+model_path tokenizer_path tokenizer_mode host port served_model_name trust_remote_code revision
+load_format context_length mem_fraction_static max_running_requests max_total_tokens chunked_prefill_size
+tp_size dp_size ep_size random_seed log_level log_requests enable_metrics show_time_cost
+speculative_draft_model_path speculative_draft_model_revision speculative_draft_load_format
+speculative_token_map speculative_accept_threshold_single speculative_accept_threshold_acc
+schedule_policy schedule_conservativeness disable_radix_cache quantization watchdog_timeout
+api_key skip_server_warmup enable_torch_compile torch_compile_max_bs
+""".split())
+
+
+def _backend(flag: str, value: Any) -> str:
+    name = ALIASES.get(str(value), str(value))
+    try:
+        load(f"sglang:{name}")
+    except CatalogError:
+        known = ", ".join(e.name for e in entries("sglang"))
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: {known})") from None
+    return name
+
+
+def _algorithm(flag: str, value: Any) -> str:
+    name = str(value).upper()
+    if name not in ALGORITHMS:
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: {', '.join(ALGORITHMS)}; "
+                                   "DFLASH, DSPARK, UNO and FROZEN_KV_MTP are not modelled)")
+    return name
+
+
+#: The modelled arguments (release 0.5.23 names, plus the pre-0.5.23 global cuda-graph flags).
+FLAGS: Mapping[str, Flag] = {
+    "attention_backend": Flag(_backend),
+    "prefill_attention_backend": Flag(_backend),
+    "decode_attention_backend": Flag(_backend),
+    "speculative_draft_attention_backend": Flag(_backend),
+    "speculative_algorithm": Flag(_algorithm),
+    "speculative_num_steps": Flag(positive),
+    "speculative_eagle_topk": Flag(positive),
+    "speculative_num_draft_tokens": Flag(positive),
+    "speculative_ngram_max_bfs_breadth": Flag(positive),
+    "speculative_attention_mode": Flag(one_of(("prefill", "decode"))),
+    "page_size": Flag(positive),
+    "kv_cache_dtype": Flag(one_of(("auto", *KV_CACHE_DTYPES))),
+    "dtype": Flag(one_of(("auto", *DTYPES))),
+    "disable_cuda_graph": Flag(truth, boolean=True),
+    "disable_decode_cuda_graph": Flag(truth, boolean=True),
+    "cuda_graph_backend_decode": Flag(one_of(("full", "disabled"))),
+    "cuda_graph_max_bs": Flag(positive),
+    "cuda_graph_max_bs_decode": Flag(positive),
+    "cuda_graph_bs": Flag(positive_list),
+    "cuda_graph_bs_decode": Flag(positive_list),
+    "disable_cuda_graph_padding": Flag(truth, boolean=True),
+}
+
+
+def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
+    """SGLang command-line flags -> ``{argument_name: text}`` (see :func:`attnhal.engines.flags.parse_cli`)."""
+    return _flags.parse_cli(argv, FLAGS)

@@ -1,0 +1,76 @@
+"""vLLM's vocabulary (release 0.33.0): the modelled engine arguments and the harmless ones."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from attnhal.catalog import ENGINES, CatalogError, entries, load
+from attnhal.engines.flags import EngineArgError, Flag, one_of, positive, truth
+from attnhal.engines.flags import parse_cli as parse_flags
+from attnhal.engines.vllm.resolution import GraphMode
+
+__all__ = ["FLAGS", "HARMLESS", "METHODS", "VLLM_VERSION", "parse_cli"]
+
+VLLM_VERSION = ENGINES["vllm"]
+
+#: ``--spec-method`` / ``speculative_config.method`` -> attnhal algorithm. ``draft_model`` is a
+#: separate small draft model (attnhal's ``standalone``); ``ngram`` drafts from the context.
+METHODS = {"eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp", "deepseek_mtp": "mtp", "draft_model": "standalone",
+           "ngram": "ngram"}
+
+#: Flags that cannot change the attention graph decision: accepted, listed as ignored.
+HARMLESS = frozenset("""
+model tokenizer revision host port served_model_name trust_remote_code seed tensor_parallel_size
+pipeline_parallel_size data_parallel_size gpu_memory_utilization max_model_len max_num_seqs
+max_num_batched_tokens dtype quantization spec_model load_format download_dir api_key
+""".split())
+
+
+def _backend(flag: str, value: Any) -> str:
+    name = f"vllm:{str(value).upper()}"
+    try:
+        load(name)
+    except CatalogError:
+        known = ", ".join(e.name for e in entries("vllm"))
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: {known})") from None
+    return name
+
+
+def _json_table(keys: Mapping[str, Flag]) -> Callable[[str, Any], dict[str, Any]]:
+    """A JSON object flag (``--speculative-config '{...}'``) whose keys are checked like flags."""
+    def convert(flag: str, value: Any) -> dict[str, Any]:
+        try:
+            table = json.loads(value) if isinstance(value, str) else dict(value)
+        except (TypeError, ValueError):
+            raise EngineArgError(flag, f"{flag}={value!r} (supported: a JSON object)") from None
+        if not isinstance(table, dict):
+            raise EngineArgError(flag, f"{flag}={value!r} (supported: a JSON object)")
+        out = {}
+        for key, item in table.items():
+            if key not in keys:
+                raise EngineArgError(f"{flag}.{key}", f"{flag}.{key} is not modelled by attnhal "
+                                     f"(modelled: {', '.join(keys)})")
+            out[key] = keys[key].convert(f"{flag}.{key}", item)
+        return out
+    return convert
+
+
+_METHOD = Flag(one_of(tuple(METHODS)))
+_MODE = Flag(one_of(tuple(m.value for m in GraphMode)))
+
+#: The modelled arguments (vLLM 0.33.0 names: vllm/engine/arg_utils.py:1114, 1866-1873, 1891).
+FLAGS: Mapping[str, Flag] = {
+    "attention_backend": Flag(_backend),
+    "spec_method": _METHOD,
+    "spec_tokens": Flag(positive),
+    "speculative_config": Flag(_json_table({"method": _METHOD, "num_speculative_tokens": Flag(positive)})),
+    "compilation_config": Flag(_json_table({"cudagraph_mode": _MODE})),
+    "enforce_eager": Flag(truth, boolean=True),
+}
+
+
+def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
+    """vLLM command-line flags -> ``{argument_name: text}``."""
+    return parse_flags(argv, FLAGS)

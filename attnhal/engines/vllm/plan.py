@@ -1,0 +1,66 @@
+"""vLLM engine arguments -> the backend, the spec, the graph mode vLLM resolves, and attnhal's plan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from attnhal.catalog import load
+from attnhal.engines.flags import EngineArgError, check, model_kind
+from attnhal.engines.vllm.flags import FLAGS, HARMLESS, METHODS
+from attnhal.engines.vllm.resolution import GraphMode, ModeResolution, catalog_support, resolve_mode
+from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, plan
+from attnhal.platform import Platform
+from attnhal.spec import ModelKind, RequestContext, SpecConfig
+
+__all__ = ["VllmConfig", "from_engine_args"]
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """vLLM arguments translated: the backend, the spec, the graph mode vLLM resolves, the plan inputs."""
+
+    backend: str  # vllm:NAME
+    spec: SpecConfig
+    requested: GraphMode
+    resolution: ModeResolution
+    ignored: tuple[str, ...] = ()
+
+    def plan(self, platform: Platform | str, model: ModelKind | str | None = None) -> GraphPlan:
+        """attnhal's plan with the backend's descriptor in every role; graphs off when vLLM's mode has
+        no full graphs (piecewise graphs leave attention eager)."""
+        caps = load(self.backend).descriptor
+        full = self.resolution.mode is not None and "FULL" in (self.resolution.mode.decode, self.resolution.mode.mixed)
+        return plan(self.spec, platform, PhaseBackends.same(caps, self.spec), GraphPolicy(enabled=full),
+                    RequestContext(model=model_kind(model)))
+
+
+def from_engine_args(args: Mapping[str, Any]) -> VllmConfig:
+    """Translate vLLM engine arguments (``--attention-backend``, ``--spec-method``, ``--spec-tokens``,
+    ``--speculative-config``, ``--compilation-config`` ``cudagraph_mode``, ``--enforce-eager``).
+
+    The requested mode defaults to vLLM's ``FULL_AND_PIECEWISE`` (``config/vllm.py:311, 332``);
+    ``--enforce-eager`` makes it ``NONE``. Raises :class:`EngineArgError` naming the flag.
+    """
+    values, ignored = check(args, FLAGS, HARMLESS, "attnhal.engines.vllm.HARMLESS")
+    if "attention_backend" not in values:
+        raise EngineArgError("--attention-backend", "--attention-backend is required (vLLM picks one per "
+                             "platform and model when omitted; attnhal does not model that choice)")
+    speculative = values.get("speculative_config", {})
+    method = values.get("spec_method", speculative.get("method"))
+    tokens = values.get("spec_tokens", speculative.get("num_speculative_tokens"))
+    if (method is None) != (tokens is None):
+        raise EngineArgError("--spec-tokens", "speculative decoding needs both a method and --spec-tokens")
+    if method is None:
+        spec = SpecConfig()
+    elif METHODS[method] == "ngram":
+        spec = SpecConfig.ngram(tokens + 1)
+    else:
+        spec = SpecConfig.eagle(tokens, algorithm=METHODS[method])
+    requested = GraphMode(values.get("compilation_config", {}).get("cudagraph_mode", "FULL_AND_PIECEWISE"))
+    if values.get("enforce_eager"):
+        requested = GraphMode.NONE
+    query_len = 1 + tokens if tokens else 1
+    resolution = resolve_mode(requested, catalog_support(values["attention_backend"]), query_len)
+    return VllmConfig(values["attention_backend"], spec, requested, resolution, ignored)
