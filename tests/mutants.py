@@ -50,12 +50,6 @@ class _OneDefect(TorchBackend):
         kwargs.setdefault("host_workers", 1)
         super().__init__(config, pool, **kwargs)
 
-    def _dispatch(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        return self._attend(q, layer, batch)  # TorchBackend binds forward_* to its own _attend
-
-    forward_prefill = forward_decode = forward_draft_decode = forward_draft_extend = _dispatch
-    forward_target_verify = _dispatch
-
     def _layout(self) -> KVLayout:
         """The eager layout of a uniform batch (one piece with one worker), masked everywhere."""
         assert self._plan is not None and len(self._plan.pieces) == 1
@@ -138,7 +132,7 @@ def _forward_heads(backend: TorchBackend, q: torch.Tensor, layer: int, batch: Fo
     """Run the attention with query head ``h`` computed as kernel head ``kernel_head[h]``."""
     moved = torch.empty_like(q)
     moved[:, kernel_head] = q
-    out = TorchBackend._attend(backend, moved, layer, batch)
+    out = TorchBackend.attend(backend, moved, layer, batch)
     return out[:, kernel_head]
 
 
@@ -146,11 +140,11 @@ class GQATilesRoundRobin(_OneDefect):
     """Wide GQA groups (8+ query heads per KV head) are split into tiles of 4 query heads,
     and tile ``t`` is given KV head ``t % num_kv_heads`` instead of ``t // (group / 4)``."""
 
-    def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         H, KV = self.config.num_q_heads, self.config.num_kv_heads
         G = H // KV
         if G < 8 or G % 4 or KV == 1:
-            return super()._attend(q, layer, batch)
+            return super().attend(q, layer, batch)
         h = torch.arange(H)
         tile, lane = h // 4, h % 4
         kernel_head = (tile % KV) * G + (tile // KV) * 4 + lane  # a permutation: kernel head // G = tile % KV
@@ -161,8 +155,8 @@ class MQAFirstTileOnly(_OneDefect):
     """MQA (one KV head) with more than 8 query heads: the grid covers one tile of 8 heads
     and the others get a copy of its output (head ``h`` gets head ``h % 8``)."""
 
-    def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        out = super()._attend(q, layer, batch)
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        out = super().attend(q, layer, batch)
         H = self.config.num_q_heads
         if self.config.num_kv_heads == 1 and H > 8:
             out[:, 8:] = out[:, torch.arange(8, H) % 8]
@@ -173,14 +167,14 @@ class PowerOfTwoHeadDim(_OneDefect):
     """The dot product loops over the largest power of two not above the head size:
     head sizes 80 and 96 drop their last 16 or 32 dimensions from q.k."""
 
-    def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         D = self.config.head_size
         used = 1 << (D.bit_length() - 1)
         if used == D:
-            return super()._attend(q, layer, batch)
+            return super().attend(q, layer, batch)
         short = q.clone()
         short[..., used:] = 0
-        return super()._attend(short, layer, batch)
+        return super().attend(short, layer, batch)
 
 
 class EmptyRowShift(_OneDefect):
@@ -241,9 +235,9 @@ def _softmax_without_max(scores: torch.Tensor, b: Any, *, first: bool) -> None:
 class NoMaxSubtraction(_OneDefect):
     """The softmax skips subtracting the running max."""
 
-    def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         with _patched("_softmax_segment", _softmax_without_max):
-            return super()._attend(q, layer, batch)
+            return super().attend(q, layer, batch)
 
 
 class HalfAccumulator(_OneDefect):
@@ -287,17 +281,17 @@ class ContiguousQ(_OneDefect):
     """Reads q through its data pointer assuming a contiguous ``[n, H, D]`` layout: a q that
     is a view of a fused qkv tensor (or of strided heads) is read from the wrong places."""
 
-    def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        return super()._attend(_as_contiguous(q), layer, batch)
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        return super().attend(_as_contiguous(q), layer, batch)
 
 
 class HeadStrideD(_OneDefect):
     """Honours q's token stride but assumes its head stride is ``D``: views of a fused qkv
     tensor work, heads strided by ``2 D`` are read from the wrong places."""
 
-    def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         d = q.shape[2]
-        return super()._attend(q.as_strided(q.shape, (q.stride(0), d, 1), q.storage_offset()), layer, batch)
+        return super().attend(q.as_strided(q.shape, (q.stride(0), d, 1), q.storage_offset()), layer, batch)
 
 
 class ContiguousCacheWrite(_OneDefect):
@@ -332,10 +326,10 @@ class ScalesQInPlace(_OneDefect):
     """Saves a buffer by scaling q in place (and running the kernel with scale 1): the
     output is right, the engine's q tensor is not."""
 
-    def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         q.mul_(self.config.sm_scale)
         with _scale_one(self):
-            return super()._attend(q, layer, batch)
+            return super().attend(q, layer, batch)
 
 
 @contextlib.contextmanager
@@ -375,8 +369,8 @@ class FlakyEveryFifthCall(_OneDefect):
 
     counter: ClassVar[itertools.count[int]] = itertools.count(1)
 
-    def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        out = super()._attend(q, layer, batch)
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        out = super().attend(q, layer, batch)
         if next(FlakyEveryFifthCall.counter) % 5 == 0:
             out.add_(1.0)
         return out

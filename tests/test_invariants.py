@@ -1,4 +1,5 @@
-"""DESIGN.md invariants checked as code: no vendor branches outside the platform layer; light import."""
+"""DESIGN.md invariants checked as code: no vendor branches outside the platform layer (in the core and
+every backend package); light import."""
 
 import ast
 import re
@@ -9,47 +10,95 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = sorted(p for d in ("attnhal", "backends") for p in (ROOT / d).rglob("*.py")
-                 if not p.relative_to(ROOT).as_posix().startswith("attnhal/platform"))
-VENDOR_NAMES = re.compile(r"torch\.version\.(hip|cuda)|\b_?is_(hip|cuda|rocm|xpu|npu|musa)\b|gcnArchName"
-                          r"|torch\.(xpu|npu|musa)\.is_available|\bimport torch_(npu|musa)\b")
+# One rule for the core and every backend package: the same sources, the same patterns.
+SOURCES = sorted(p for d in ("attnhal", "backends") for p in (ROOT / d).rglob("*.py"))
+#: The one module that may probe the device's vendor (it asks torch what it sees).
+PROBE_HOME = "attnhal/platform/detection.py"
+#: The one package that may compare vendors (its rows and records are keyed by them).
+PLATFORM = "attnhal/platform/"
+VENDOR_PROBES = re.compile(r"torch\.version\.(hip|cuda)|\b_?is_(hip|cuda|rocm|xpu|npu|musa)\b|gcnArchName"
+                           r"|get_device_capability|torch\.(xpu|npu|musa)\.is_available|\bimport torch_(npu|musa)\b")
 # "cpu" is left out: host-vs-device checks (`tensor.device.type == "cpu"`) are not vendor branches.
 VENDOR_WORDS = {"cuda", "hip", "rocm", "nvidia", "amd", "xpu", "intel", "npu", "ascend", "musa", "mthreads"}
 
 
-def vendor_compares(tree: ast.AST) -> list[int]:
-    """Lines with ==/!=/is/in comparisons against a vendor literal or a Vendor member."""
-    def is_vendor(node: ast.AST) -> bool:
-        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            return any(is_vendor(e) for e in node.elts)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            return node.value.lower() in VENDOR_WORDS
-        return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Vendor"
+def _is_vendor(node: ast.AST) -> bool:
+    """A vendor literal, a ``Vendor`` member or ``Vendor(...)``, or a collection holding one."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_is_vendor(e) for e in node.elts)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.lower() in VENDOR_WORDS
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Name) and node.func.id == "Vendor"
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Vendor"
 
+
+def _is_vendor_field(node: ast.AST) -> bool:
+    """``x.vendor`` or ``x.vendor.value``."""
+    if isinstance(node, ast.Attribute) and node.attr == "value":
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr == "vendor"
+
+
+def vendor_compares(tree: ast.AST) -> list[int]:
+    """Lines that branch on a vendor: ==/!=/is/in against a vendor literal or a Vendor member,
+    a ``.vendor`` field tested against a list of choices, and any ``match`` statement."""
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and any(is_vendor(n) for n in [node.left, *node.comparators]):
-            lines.append(node.lineno)
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            choices = any(isinstance(n, (ast.Tuple, ast.List, ast.Set, ast.Dict)) for n in sides)
+            if any(_is_vendor(n) for n in sides) or (choices and any(_is_vendor_field(n) for n in sides)):
+                lines.append(node.lineno)
         if isinstance(node, ast.Match):
             lines.append(node.lineno)
     return lines
 
 
+def vendor_branches(rel: str, text: str) -> list[str]:
+    """What ``rel`` (a path relative to the repository) may not contain: vendor probes outside
+    :data:`PROBE_HOME`, vendor comparisons outside :data:`PLATFORM`."""
+    found = []
+    if rel != PROBE_HOME:
+        found += [f"{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1)
+                  if VENDOR_PROBES.search(line)]
+    if not rel.startswith(PLATFORM):
+        found += [f"{n}: vendor comparison" for n in vendor_compares(ast.parse(text))]
+    return found
+
+
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_no_vendor_branch_outside_platform(path):
-    text = path.read_text()
-    found = [f"{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1) if VENDOR_NAMES.search(line)]
-    found += [f"{n}: vendor comparison" for n in vendor_compares(ast.parse(text))]
-    assert not found, f"vendor branch in {path.relative_to(ROOT)} (keep vendor facts in attnhal/platform):\n" + \
-        "\n".join(found)
+    rel = path.relative_to(ROOT).as_posix()
+    found = vendor_branches(rel, path.read_text())
+    assert not found, (f"vendor branch in {rel} (vendor probes live in {PROBE_HOME}, vendor facts in "
+                       f"{PLATFORM}):\n" + "\n".join(found))
 
 
 def test_the_scan_catches_a_vendor_branch():
     assert vendor_compares(ast.parse("if platform.vendor == 'hip':\n    pass")) == [1]
     assert vendor_compares(ast.parse("x = p.vendor is Vendor.CUDA")) == [1]
-    assert VENDOR_NAMES.search("if torch.version.hip:")
-    assert VENDOR_NAMES.search("if torch.xpu.is_available():") and VENDOR_NAMES.search("import torch_npu")
+    assert VENDOR_PROBES.search("if torch.version.hip:")
+    assert VENDOR_PROBES.search("if torch.xpu.is_available():") and VENDOR_PROBES.search("import torch_npu")
     assert vendor_compares(ast.parse("if p.vendor.value in ('npu', 'musa'):\n    pass")) == [1]
+    # What the Triton package's own scan used to catch, before this one covered backends/ too.
+    for probe in ("if torch.version.cuda:", "if is_hip():", "ok = is_cuda", "if _is_rocm:",
+                  "arch = props.gcnArchName", "major, minor = torch.cuda.get_device_capability()"):
+        assert VENDOR_PROBES.search(probe), probe
+    for compare in ("x = kind == 'amd'", "x = 'nvidia' != kind", "x = p.vendor is not Vendor.HIP",
+                    "x = Vendor.CUDA in vendors", "x = row.vendor in (first, second)",
+                    "x = p.vendor == Vendor(name)", "x = p.vendor.value in {a, b}"):
+        assert vendor_compares(ast.parse(compare)) == [1], compare
+    assert vendor_compares(ast.parse("x = row.vendor == platform.vendor.value")) == []  # a lookup key
+
+
+def test_vendor_probes_are_allowed_in_one_module_only():
+    probe = "if torch.version.hip:\n    pass\n"
+    assert vendor_branches(PROBE_HOME, probe) == []
+    assert vendor_branches("attnhal/platform/vendors.py", probe) != []  # the platform package: facts, no probes
+    assert vendor_branches("backends/attnhal_triton/backend.py", probe) != []
+    assert vendor_branches("attnhal/platform/facts.py", "x = p.vendor is Vendor.CPU\n") == []
+    assert VENDOR_PROBES.search((ROOT / PROBE_HOME).read_text()), "the allowance names a module that probes nothing"
 
 
 def test_every_vendor_is_a_platform_row():
@@ -79,3 +128,62 @@ def test_core_imports_no_backend():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(n.startswith(("attnhal_torch", "attnhal_triton")) for n in names), path
+
+
+# The packages split into one concept per module; none of their modules may sit on an import circle.
+ACYCLIC = ("attnhal.platform", "attnhal.graphs", "attnhal.backend")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """attnhal module -> the attnhal modules it imports: top level, inside functions or under
+    TYPE_CHECKING alike (a circle through any of them is still a circle)."""
+    modules = {}
+    for path in (ROOT / "attnhal").rglob("*.py"):
+        name = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+        modules[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
+                source = ".".join(p for p in (base, node.module or "") if p)
+                targets |= {source} | {f"{source}.{a.name}" for a in node.names}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module."""
+    found, seen = [], set()
+    reach = {m: _reachable(graph, m) for m in graph}
+    for m in graph:
+        if m not in seen:
+            component = {n for n in reach[m] if m in reach[n]}
+            seen |= component | {m}
+            if len(component) > 1:
+                found.append(component)
+    return found
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    out, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()]:
+            if nxt not in out:
+                out.add(nxt)
+                todo.append(nxt)
+    return out
+
+
+def test_no_import_circle_through_the_split_packages():
+    bad = [sorted(c) for c in circles(import_graph()) if any(m.startswith(ACYCLIC) for m in c)]
+    assert not bad, f"import circles: {bad}"
+
+
+def test_the_circle_finder_finds_one():
+    assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [{"a", "b"}]
+    assert circles({"a": {"b"}, "b": set()}) == []

@@ -417,12 +417,12 @@ def test_tree_mask_packs_into_int32_words() -> None:
     """40 draft tokens: two mask words per query (bit 31 included, two's complement),
     then the token's depth; packing again into the same buffers (graph replay) gives
     the fresh result."""
-    from attnhal_triton.backend import _bit_weights, _new_tree, _pack_tree
+    from attnhal_triton.tree_mask import bit_weights, new_tree, pack_tree
 
     gen = torch.Generator().manual_seed(0)
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, 40)]
     mask = torch.stack([tree_mask(parents), torch.ones(40, 40, dtype=torch.bool).tril()])
-    tree = _new_tree(mask)
+    tree = new_tree(mask)
     assert tree is not None and tree.shape == (2, 40, 3) and tree.dtype == torch.int32
     unpacked = (tree[..., :2].long().unsqueeze(-1) >> torch.arange(32)) & 1
     assert torch.equal(unpacked.flatten(-2)[..., :40].bool(), mask)
@@ -431,7 +431,7 @@ def test_tree_mask_packs_into_int32_words() -> None:
     out = torch.zeros(2, 40, 3, dtype=torch.int32)
     bits = torch.zeros(2, 40, 64, dtype=torch.int32)
     for m in (mask.flip(0), mask):
-        _pack_tree(m, out, bits, _bit_weights(m.device))
+        pack_tree(m, out, bits, bit_weights(m.device))
     assert torch.equal(out, tree)
 
 

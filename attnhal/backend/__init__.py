@@ -1,14 +1,8 @@
-"""The backend contract: AttentionBackend, ForwardBatch, the paged KV pool, MultiStepDraft."""
+"""The backend contract: AttentionBackend, AttentionConfig, ForwardBatch, the paged KV pool, MultiStepDraft."""
 
 from attnhal.backend.batch import ForwardBatch, SpecInfo
-from attnhal.backend.contract import (
-    AttentionBackend,
-    AttentionConfig,
-    UnsupportedFeature,
-    UnsupportedPhase,
-    config_reasons,
-    dtype_name,
-)
+from attnhal.backend.config import COMPUTE_DTYPES, AttentionConfig, compute_dtype, dtype_name
+from attnhal.backend.contract import AttentionBackend, UnsupportedFeature, UnsupportedPhase, config_reasons
 from attnhal.backend.kv_pool import (
     FP8_DTYPES,
     PADDING_PAGE,
@@ -23,12 +17,14 @@ from attnhal.backend.multi_step import MultiStepDraft, MultiStepUnsupported
 from attnhal.backend.validate import (
     BatchValidationError,
     debug_enabled,
+    maybe_validate_batch,
     set_debug,
     validate_batch,
     validate_forward,
 )
 
 __all__ = [
+    "COMPUTE_DTYPES",
     "FP8_DTYPES",
     "PADDING_PAGE",
     "PADDING_REQ",
@@ -43,11 +39,13 @@ __all__ = [
     "SpecInfo",
     "UnsupportedFeature",
     "UnsupportedPhase",
+    "compute_dtype",
     "config_reasons",
     "debug_enabled",
     "dtype_name",
     "kv_dtype_name",
     "kv_storage_dtype",
+    "maybe_validate_batch",
     "set_debug",
     "slot_of",
     "validate_batch",

@@ -4,35 +4,40 @@ Lifecycle (FlashInfer-style plan/run split):
 
 * eager: ``init_forward_metadata(batch)`` once per batch, then ``forward(...)`` per layer;
 * graphs: ``init_graph_state(max_bs, max_num_tokens)`` once, sizing every static
-  buffer; ``init_capture_metadata(batch)`` before capturing a batch size;
-  ``init_replay_metadata(batch)`` before each replay — it only writes into the
-  static buffers, never allocates, never syncs with the host.
+  buffer; ``init_capture_metadata(batch)`` before capturing a batch size (never
+  for prefill); ``init_replay_metadata(batch)`` before each replay — it only
+  writes into the static buffers, never allocates, never syncs with the host.
+
+The base class owns the rules every backend shares, in two template methods:
+:meth:`AttentionBackend.forward` (the phase is listed, debug validation, the K/V
+write, then the phase's method) and :meth:`AttentionBackend.init_capture_metadata`
+(prefill is never captured, debug validation, then the backend's hook).
 
 Names are vendor-neutral: nothing here says "cuda".
 """
 
 from __future__ import annotations
 
-from abc import ABC
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from attnhal.backend.batch import ForwardBatch
+from attnhal.backend.config import AttentionConfig, dtype_name
 from attnhal.backend.kv_pool import KVPool
-from attnhal.backend.validate import maybe_validate_forward
-from attnhal.capabilities import BackendCapabilities, Feature, Phase, Reason, ReasonCode, fmt_set, reason
+from attnhal.backend.validate import maybe_validate_batch, maybe_validate_forward
+from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Phase, Reason, ReasonCode, fmt_set, reason
 from attnhal.platform import Platform
 
 if TYPE_CHECKING:
-    from attnhal.plan import SpecConfig
+    from attnhal.spec import SpecConfig
 
-__all__ = ["AttentionBackend", "AttentionConfig", "UnsupportedFeature", "UnsupportedPhase", "config_reasons"]
-
+# AttentionConfig and dtype_name live in attnhal.backend.config; importable from here as before.
+__all__ = ["AttentionBackend", "AttentionConfig", "UnsupportedFeature", "UnsupportedPhase", "config_reasons",
+           "dtype_name"]
 
 class UnsupportedPhase(NotImplementedError):
-    """A backend was asked to run a phase its descriptor does not list."""
+    """A backend was asked to run a phase its descriptor does not list (or to capture prefill)."""
 
 
 class UnsupportedFeature(UnsupportedPhase):
@@ -43,125 +48,30 @@ class UnsupportedFeature(UnsupportedPhase):
     """
 
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float16`` -> ``"float16"`` (the names descriptors use)."""
-    try:
-        return _DTYPE_NAMES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype={dtype} (supported: {sorted(_DTYPE_NAMES.values())})") from None
-
-
-@dataclass(frozen=True)
-class AttentionConfig:
-    """Shapes, dtypes and optional features of one model's attention layers.
-
-    Attributes
-    ----------
-    num_q_heads, num_kv_heads, head_size: ``head_size`` is the q/k head size.
-    dtype: compute dtype of q/k/v and the output.
-    scale: softmax scale; defaults to ``head_size ** -0.5``.
-    v_head_size: head size of V and of the output; ``None`` = ``head_size``. MLA (absorbed):
-        ``head_size = kv_lora_rank + rope_dim`` (576) and ``v_head_size = kv_lora_rank`` (512).
-    sliding_window: left window, FlashAttention's ``window_size[0]`` (HF's ``sliding_window - 1``):
-        a query at KV position ``p`` attends keys at positions ``max(0, p - w) .. p``. An int for
-        every layer, or a per-layer tuple where ``None`` marks a full-attention layer.
-    logit_softcap: ``cap``: logits ``s = scale * q.k`` become ``cap * tanh(s / cap)`` before softmax.
-    sinks: ``[num_layers, num_q_heads]`` float32 learned sink logits (gpt-oss): each head's
-        softmax denominator gains ``exp(sink)``; the sink contributes no value. A query
-        that attends no key (a padding row) outputs zeros.
-
-    A query's KV position ``p`` is its place in the row's layout (see
-    :mod:`attnhal.backend.batch`): ``prefix + i`` for prefill, ``min(prefix + i, seq_lens - 1)``
-    for draft extend (padding tokens sit on the row's last token), ``seq_lens - 1`` for
-    decode, ``seq_lens + draft_step`` for draft decode, and in target verify ``prefix + depth``
-    where ``depth`` counts the draft tokens the query attends (itself included) minus one —
-    ``i`` for a chain. Keys are placed by the same rule: a committed token at its index in
-    the row, a draft token of target verify at ``prefix + `` its own depth, path token ``j``
-    of draft decode at ``seq_lens + j``. The window keeps keys at positions ``>= p - w``.
-
-    :attr:`features` lists what a backend must claim to serve this config; MLA is a
-    ``v_head_size`` different from ``head_size``.
-    """
-
-    num_q_heads: int
-    num_kv_heads: int
-    head_size: int
-    dtype: torch.dtype = torch.float32
-    scale: float | None = None
-    v_head_size: int | None = None
-    sliding_window: int | tuple[int | None, ...] | None = None
-    logit_softcap: float | None = None
-    sinks: torch.Tensor | None = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.num_kv_heads < 1 or self.num_q_heads % self.num_kv_heads:
-            raise ValueError(f"num_q_heads/num_kv_heads={self.num_q_heads}/{self.num_kv_heads} "
-                             "(supported: num_kv_heads >= 1 dividing num_q_heads)")
-        dtype_name(self.dtype)
-        windows = self.sliding_window if isinstance(self.sliding_window, tuple) else (self.sliding_window,)
-        bad = [w for w in windows if w is not None and (not isinstance(w, int) or w < 0)]
-        if bad:
-            raise ValueError(f"sliding_window={self.sliding_window!r} (supported: an int >= 0, "
-                             "a per-layer tuple of such ints or None, or None)")
-        if self.logit_softcap is not None and not self.logit_softcap > 0:
-            raise ValueError(f"logit_softcap={self.logit_softcap!r} (supported: a float > 0, or None)")
-        if self.sinks is not None and (self.sinks.dim() != 2 or self.sinks.shape[1] != self.num_q_heads):
-            raise ValueError(f"sinks shape={tuple(self.sinks.shape)} "
-                             f"(supported: [num_layers, num_q_heads={self.num_q_heads}])")
-
-    @property
-    def sm_scale(self) -> float:
-        return self.scale if self.scale is not None else self.head_size ** -0.5
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per KV head (GQA)."""
-        return self.num_q_heads // self.num_kv_heads
-
-    @property
-    def out_head_size(self) -> int:
-        """Head size of V and of the output."""
-        return self.v_head_size if self.v_head_size is not None else self.head_size
-
-    @property
-    def windows(self) -> tuple[int, ...]:
-        """The distinct left windows of the layers (empty: all layers full)."""
-        per_layer = self.sliding_window if isinstance(self.sliding_window, tuple) else (self.sliding_window,)
-        return tuple(sorted({w for w in per_layer if w is not None}))
-
-    @property
-    def features(self) -> frozenset[Feature]:
-        """The descriptor features this config needs (``custom_mask`` is per batch, not here)."""
-        wanted = {Feature.SLIDING_WINDOW: bool(self.windows),
-                  Feature.LOGIT_SOFTCAP: self.logit_softcap is not None,
-                  Feature.SINKS: self.sinks is not None,
-                  Feature.MLA: self.out_head_size != self.head_size}
-        return frozenset(f for f, on in wanted.items() if on)
-
-    def window(self, layer: int) -> int | None:
-        """The left window of ``layer``; ``None`` = full attention."""
-        if isinstance(self.sliding_window, tuple):
-            return self.sliding_window[layer]
-        return self.sliding_window
-
-
-class AttentionBackend(ABC):
+class AttentionBackend:
     """Base class of every attention backend.
 
-    Subclasses set the class attribute ``capabilities`` and implement the
-    ``forward_<phase>`` methods of the phases it lists. Tensor shapes:
+    Subclasses set the class attribute ``capabilities`` and implement every phase it
+    lists, in one of two ways (or both):
+
+    * ``attend(q, layer, batch)``: one method for every phase (a single kernel that reads
+      the phase from ``batch``);
+    * ``forward_<phase>(q, layer, batch)`` for a phase that needs its own; a phase without
+      one runs ``attend``.
+
+    Tensor shapes:
 
     * ``q``: ``[num_tokens, num_q_heads, head_size]``
     * ``k``: ``[num_tokens, num_kv_heads, head_size]``, ``v``: ``[num_tokens, num_kv_heads,
-      v_head_size]`` — the new tokens' K/V, written to ``batch.out_cache_loc`` of layer
-      ``layer`` before attending (quantized by the pool when it stores fp8)
+      v_head_size]`` — the new tokens' K/V, which the base :meth:`forward` writes to
+      ``batch.out_cache_loc`` of layer ``layer`` before attending (quantized by the pool
+      when it stores fp8); the per-phase methods and ``attend`` get ``q`` only
     * returns ``[num_tokens, num_q_heads, v_head_size]`` in ``q``'s dtype
 
     The base ``__init__`` refuses (:class:`UnsupportedFeature`) a config feature, page
-    size or KV dtype the descriptor does not claim; subclasses call it first.
+    size or KV dtype the descriptor does not claim; subclasses call it first. For graphs,
+    a backend overrides :meth:`build_capture_metadata`, not :meth:`init_capture_metadata`,
+    which refuses prefill for every backend before calling it.
     """
 
     capabilities: ClassVar[BackendCapabilities]
@@ -191,7 +101,11 @@ class AttentionBackend(ABC):
 
     # --- metadata -------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        """Eager: prepare whatever ``forward`` needs for ``batch`` (called once per batch)."""
+        """Eager: prepare whatever ``forward`` needs for ``batch`` (called once per batch).
+
+        A backend that reads the batch here calls :func:`~attnhal.backend.maybe_validate_batch`
+        first, so debug mode names a malformed field before the metadata trips over it.
+        """
 
     def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """Allocate every static buffer graph capture and replay will use, once."""
@@ -204,7 +118,22 @@ class AttentionBackend(ABC):
         """
 
     def init_capture_metadata(self, batch: ForwardBatch) -> None:
-        """Before capturing ``batch`` (whose tensors are the graph runner's static buffers)."""
+        """Before capturing ``batch`` (whose tensors are the graph runner's static buffers).
+
+        Refuses prefill (:class:`UnsupportedPhase`): its token count varies per batch, so no
+        graph of it could be replayed. Then validates ``batch`` in debug mode and calls
+        :meth:`build_capture_metadata`, the backend's hook.
+        """
+        if batch.phase is Phase.PREFILL:
+            raise UnsupportedPhase(f"backend {self.capabilities.name!r}: phase=prefill for graphs "
+                                   f"(supported: {', '.join(p.value for p in GRAPH_PHASES)}; "
+                                   "prefill has a variable token count)")
+        maybe_validate_batch(batch, self.pool, self.config)  # outside the capture: runs in debug mode
+        self.build_capture_metadata(batch)
+
+    def build_capture_metadata(self, batch: ForwardBatch) -> None:
+        """The backend's capture hook: fill the static metadata of ``batch``, a batch of a
+        capturable phase. Default: the eager metadata (:meth:`init_forward_metadata`)."""
         self.init_forward_metadata(batch)
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
@@ -224,7 +153,11 @@ class AttentionBackend(ABC):
     # --- compute ----------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 layer: int, batch: ForwardBatch) -> torch.Tensor:
-        """Attention of ``batch.phase``; ``k``/``v`` None means "already in the pool"."""
+        """Attention of ``batch.phase``; ``k``/``v`` None means "already in the pool".
+
+        Refuses a phase the descriptor does not list (:class:`UnsupportedPhase`), validates
+        in debug mode, writes ``k``/``v`` to the pool, then runs ``forward_<phase>``.
+        """
         phase = batch.phase
         if phase not in self.capabilities.phases:
             supported = ", ".join(sorted(p.value for p in self.capabilities.phases))
@@ -237,24 +170,36 @@ class AttentionBackend(ABC):
         out: torch.Tensor = method(q, layer, batch)
         return out
 
-    def _missing(self, phase: Phase) -> UnsupportedPhase:
-        return UnsupportedPhase(f"backend {self.capabilities.name!r} lists phase={phase.value} "
-                                "but does not implement it")
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        """Attention of ``q`` over the pool for any phase without a ``forward_<phase>`` of its own.
 
+        A single-kernel backend defines this instead of five per-phase methods. Default:
+        :class:`UnsupportedPhase` (the backend lists a phase it implements neither way).
+        """
+        raise UnsupportedPhase(f"backend {self.capabilities.name!r} lists phase={batch.phase.value} "
+                               f"but implements neither forward_{batch.phase.value} nor attend")
+
+    # The per-phase methods: override one where a phase needs its own code.
     def forward_prefill(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        raise self._missing(Phase.PREFILL)
+        """Prefill attention (packed rows of ``extend_lens`` new tokens); default :meth:`attend`."""
+        return self.attend(q, layer, batch)
 
     def forward_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        raise self._missing(Phase.DECODE)
+        """Decode attention (one query per row); default :meth:`attend`."""
+        return self.attend(q, layer, batch)
 
     def forward_draft_decode(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        raise self._missing(Phase.DRAFT_DECODE)
+        """Draft decode attention (one query per branch, plus its draft path); default :meth:`attend`."""
+        return self.attend(q, layer, batch)
 
     def forward_draft_extend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        raise self._missing(Phase.DRAFT_EXTEND)
+        """Draft extend attention (``draft_extend_len`` padded queries per row); default :meth:`attend`."""
+        return self.attend(q, layer, batch)
 
     def forward_target_verify(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        raise self._missing(Phase.TARGET_VERIFY)
+        """Target verify attention (``num_draft_tokens`` queries per row, tree or chain); default
+        :meth:`attend`."""
+        return self.attend(q, layer, batch)
 
 
 def config_reasons(caps: BackendCapabilities, config: AttentionConfig, pool: KVPool) -> list[Reason]:

@@ -26,10 +26,11 @@ from dataclasses import replace
 from typing import Any
 
 from attnhal.backend.batch import ForwardBatch
-from attnhal.backend.contract import AttentionBackend, AttentionConfig
+from attnhal.backend.config import AttentionConfig
+from attnhal.backend.contract import AttentionBackend
 from attnhal.backend.kv_pool import KVPool
 from attnhal.capabilities import BackendCapabilities, Phase, Reason, ReasonCode, reason
-from attnhal.plan import SpecConfig
+from attnhal.spec import SpecConfig
 
 __all__ = ["MultiStepDraft", "MultiStepUnsupported", "multi_step_reasons"]
 

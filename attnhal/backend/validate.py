@@ -2,9 +2,11 @@
 
 Off by default: the checks read tensors on the host (a device sync), which a
 hot loop cannot afford and a captured graph cannot contain. Turn them on with
-``attnhal.backend.set_debug(True)`` or ``ATTNHAL_DEBUG=1``; backends then call
-:func:`maybe_validate_batch` / :func:`maybe_validate_forward`, which also stay
-silent while a graph is being captured.
+``attnhal.backend.set_debug(True)`` or ``ATTNHAL_DEBUG=1``. The base
+``AttentionBackend`` then calls :func:`maybe_validate_forward` in ``forward`` and
+:func:`maybe_validate_batch` in ``init_capture_metadata``; a backend calls
+:func:`maybe_validate_batch` in its ``init_forward_metadata``. Both stay silent
+while a graph is being captured.
 
 Every error is a :class:`BatchValidationError` written ``field=value (supported: ...)``,
 naming the offending element, e.g. ``seq_lens[3]=-1 (supported: >= 0)``.
@@ -17,16 +19,13 @@ write to the padding slot, whatever the phase would ask of a real row.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import torch
 
 from attnhal.backend.batch import ForwardBatch
+from attnhal.backend.config import AttentionConfig
 from attnhal.backend.kv_pool import PADDING_REQ, KVPool
 from attnhal.capabilities import Phase
-
-if TYPE_CHECKING:
-    from attnhal.backend.contract import AttentionConfig
 
 __all__ = [
     "ENV_VAR",

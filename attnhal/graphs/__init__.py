@@ -1,25 +1,25 @@
 """Graph capture primitives: real CUDA/HIP graphs and a CPU capture emulator.
 
-``new_graph(kind)`` takes the value of ``Platform.graph_kind``: "device"
-(``torch.cuda.CUDAGraph``, which torch maps to hipGraph on ROCm) or
-"emulated" (the CPU emulator). :class:`GraphRunner` captures the phases a
-plan captures, pads batches to capture sizes and replays (docs/graphs.md).
+``new_graph(kind)`` (:mod:`attnhal.graphs.session`) takes the value of
+``Platform.graph_kind``: "device" (``torch.cuda.CUDAGraph``, which torch maps to
+hipGraph on ROCm) or "emulated" (the CPU emulator). :class:`GraphRunner`
+(:mod:`attnhal.graphs.runner`) captures the phases a plan captures, each
+described by a :class:`PhaseStep` (:mod:`attnhal.graphs.step`), pads batches to
+capture sizes and replays (docs/graphs.md).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
-import torch
-
 from .base import CaptureAbort, CaptureError, Graph
-from .device import CAPTURE_ERROR_MODES, DeviceGraph
-from .device import capture_session as _device_session
+from .device import DeviceGraph
 from .emulator import EmulatedGraph
+from .runner import GraphCaptureWarning, GraphRunner, PhaseStats
+from .session import CAPTURE_ERROR_MODES, GRAPH_KINDS, capture_session, new_graph
+from .step import InputSpec, MetadataOwner, PhaseStep, StepInput, StepOutputs
 
 __all__ = [
     "CAPTURE_ERROR_MODES",
+    "GRAPH_KINDS",
     "CaptureAbort",
     "CaptureError",
     "DeviceGraph",
@@ -31,57 +31,8 @@ __all__ = [
     "MetadataOwner",
     "PhaseStats",
     "PhaseStep",
+    "StepInput",
     "StepOutputs",
     "capture_session",
     "new_graph",
 ]
-
-GRAPH_KINDS = ("device", "emulated")
-
-
-def _check_kind(kind: str) -> None:
-    if kind not in GRAPH_KINDS:
-        raise ValueError(f"graph_kind={kind!r} (supported: {', '.join(GRAPH_KINDS)})")
-
-
-def new_graph(kind: str, pool: object | None = None, *, device: str | torch.device | None = None,
-              warmup_iters: int = 1, capture_error_mode: str = "global") -> Graph:
-    """Make an uncaptured graph of ``kind`` ("device" or "emulated").
-
-    ``pool`` is a memory pool handle shared between device graphs; ``device``,
-    ``warmup_iters`` and ``capture_error_mode`` are :class:`DeviceGraph`'s. The
-    emulator has no pool, stream or device to guard and ignores them. Any other
-    kind (including "none": the platform has no graph API) is a ValueError.
-    """
-    _check_kind(kind)
-    if kind == "device":
-        return DeviceGraph(device=device, pool=pool, warmup_iters=warmup_iters,
-                           capture_error_mode=capture_error_mode)
-    return EmulatedGraph()
-
-
-@contextlib.contextmanager
-def capture_session(kind: str, device: str | torch.device) -> Iterator[object | None]:
-    """Prepare ``device`` once for a series of captures of ``kind``; yields their shared pool.
-
-    Device graphs: synchronize, garbage-collect and free cached memory once, then
-    yield one ``graph_pool_handle``. The emulator needs nothing and yields None.
-    """
-    _check_kind(kind)
-    if kind == "emulated":
-        yield None
-        return
-    with _device_session(device) as pool:
-        yield pool
-
-
-# Last: the runner builds graphs through new_graph above.
-from .runner import (  # noqa: E402
-    GraphCaptureWarning,
-    GraphRunner,
-    InputSpec,
-    MetadataOwner,
-    PhaseStats,
-    PhaseStep,
-    StepOutputs,
-)

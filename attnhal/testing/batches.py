@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from attnhal.backend import PADDING_PAGE, PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo, kv_storage_dtype
+from attnhal.backend import COMPUTE_DTYPES, PADDING_PAGE, PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo, kv_storage_dtype
 from attnhal.capabilities import Phase
 from attnhal.plan import SpecConfig
 from attnhal.platform import Fp8Flavor
@@ -41,8 +41,8 @@ __all__ = [
     "tree_mask",
 ]
 
-#: Descriptor dtype names -> torch dtypes.
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: Descriptor dtype names -> torch dtypes (the one table, in attnhal.backend.config).
+TORCH_DTYPES = COMPUTE_DTYPES
 #: How q, k, v may lie in memory (see ``CaseSpec.qkv_layout``).
 QKV_LAYOUTS = ("contiguous", "fused", "strided")
 #: Largest integer q/k magnitude whose products and sums (head size <= 256) every dtype

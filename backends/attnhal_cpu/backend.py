@@ -20,8 +20,14 @@ from typing import ClassVar
 
 import torch
 
-from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, dtype_name
-from attnhal.backend.validate import maybe_validate_batch
+from attnhal.backend import (
+    AttentionBackend,
+    AttentionConfig,
+    ForwardBatch,
+    KVPool,
+    dtype_name,
+    maybe_validate_batch,
+)
 from attnhal.capabilities import AttentionRequest, BackendCapabilities, Phase, Reason, ReasonCode
 from attnhal.capabilities import not_supported_reasons, reason
 from attnhal.platform import Platform, parse
@@ -224,11 +230,8 @@ class CpuBackend(AttentionBackend):
     def _graph_length(self) -> int:
         return self.pool.max_context_len
 
-    def init_capture_metadata(self, batch: ForwardBatch) -> None:
-        if batch.phase is Phase.PREFILL:
-            self.init_forward_metadata(batch)  # never captured: a variable token count
-            return
-        maybe_validate_batch(batch, self.pool, self.config)
+    def build_capture_metadata(self, batch: ForwardBatch) -> None:
+        """Bind the static row buffers to ``batch`` before its capture."""
         state = self._static()
         req, seq, ext, mask = state.bind(batch, allocate=True)
         # Fixed for this captured size: replays of any length use the same split count.
@@ -251,7 +254,7 @@ class CpuBackend(AttentionBackend):
         return self._meta
 
     # --- compute ---------------------------------------------------------------------------
-    def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
         """``q`` ``[tokens, Hq, D]`` -> ``[tokens, Hq, D]`` in ``q``'s dtype: one kernel launch."""
         meta = self._meta_for(batch)
         extra, num_extra = None, 0
@@ -277,12 +280,6 @@ class CpuBackend(AttentionBackend):
         self._op(out, meta.mid_o, meta.mid_lse, q, self.pool.k[layer], self.pool.v[layer], self.pool.req_to_page,
                  meta.req, meta.seq, meta.ext, meta.mask, extra, num_extra, meta.tokens_per_row,
                  self.pool.page_size, self.config.sm_scale, meta.splits)
-
-    forward_prefill = _attend
-    forward_decode = _attend
-    forward_draft_decode = _attend
-    forward_draft_extend = _attend
-    forward_target_verify = _attend
 
 
 # --- helpers ----------------------------------------------------------------------------------

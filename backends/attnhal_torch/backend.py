@@ -26,8 +26,8 @@ from attnhal.backend import (
     KVPool,
     UnsupportedFeature,
     UnsupportedPhase,
+    maybe_validate_batch,
 )
-from attnhal.backend.validate import maybe_validate_batch
 from attnhal.capabilities import BackendCapabilities, Phase
 from attnhal.platform import Platform
 
@@ -218,9 +218,8 @@ class TorchBackend(AttentionBackend):
             ws.frozen = True
         self._graph_ws, self._graph_max = ws, (max_bs, max_num_tokens)
 
-    def init_capture_metadata(self, batch: ForwardBatch) -> None:
+    def build_capture_metadata(self, batch: ForwardBatch) -> None:
         """Fill the static layout of ``batch``'s shape (allocated on first use) before capture."""
-        maybe_validate_batch(batch, self.pool, self.config)
         if self._graph_ws is None or self._graph_max is None:
             raise RuntimeError("init_capture_metadata before init_graph_state(max_bs, max_num_tokens)")
         buf = self._graph_layouts.get(self._graph_key(batch))
@@ -282,7 +281,8 @@ class TorchBackend(AttentionBackend):
                              windows=self.config.windows, index_budget_bytes=self.index_budget_bytes)
 
     # --- compute ------------------------------------------------------------------------------------
-    def _attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        """Every phase: the pieces of the batch's plan, each one chunked paged attention."""
         plan = self._plan
         if plan is None or plan.batch is not batch:
             raise RuntimeError("forward: metadata of this batch not built; call init_forward_metadata(batch) "
@@ -309,9 +309,3 @@ class TorchBackend(AttentionBackend):
                 ws = self._worker_ws.ws = Workspace(self.pool.device)
         paged_attention(q[piece.tokens], k, v, piece.layout, params, ws, self.score_budget_bytes,
                         out[piece.tokens])
-
-    forward_prefill = _attend
-    forward_decode = _attend
-    forward_draft_decode = _attend
-    forward_draft_extend = _attend
-    forward_target_verify = _attend

@@ -12,7 +12,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, dtype_name
+from attnhal.backend import (
+    AttentionBackend,
+    AttentionConfig,
+    ForwardBatch,
+    KVPool,
+    dtype_name,
+    maybe_validate_batch,
+)
 from attnhal.capabilities import (
     AttentionRequest,
     BackendCapabilities,
@@ -26,6 +33,7 @@ from attnhal.platform import Platform, detect
 from attnhal_triton import ops
 from attnhal_triton.descriptor import CAPABILITIES
 from attnhal_triton.launch_table import KERNELS, LaunchRow, lookup
+from attnhal_triton.tree_mask import bit_weights, new_tree, pack_tree, word_count
 
 __all__ = ["TritonBackend"]
 
@@ -127,10 +135,12 @@ class TritonBackend(AttentionBackend):
 
     # --- metadata ------------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Eager: the batch's kernel variant, split counts, packed tree mask and partial buffers."""
+        maybe_validate_batch(batch, self.pool, self.config)
         kernel = _kernel_of(batch)
         splits = _split_counts(batch.seq_lens, self.rows[kernel]) if _splits(kernel) else None
         mid = self._eager_mid_for(_partial_rows(batch)) if splits is not None else None
-        tree = _new_tree(_mask(batch))
+        tree = new_tree(_mask(batch))
         self._meta = _make_meta(batch, kernel, batch.req_pool_indices, batch.seq_lens,
                                 batch.extend_lens, splits, tree, mid)
 
@@ -156,13 +166,11 @@ class TritonBackend(AttentionBackend):
             seq_lens=torch.ones(max_bs, dtype=torch.int32, device=dev),
             ext_lens=torch.ones(max_bs, dtype=torch.int32, device=dev),
             num_splits=torch.ones(max_bs, dtype=torch.int32, device=dev),
-            mid_o=mid_o, mid_lse=mid_lse, bit_weights=_bit_weights(dev),
+            mid_o=mid_o, mid_lse=mid_lse, bit_weights=bit_weights(dev),
         )
 
-    def init_capture_metadata(self, batch: ForwardBatch) -> None:
-        if batch.phase is Phase.PREFILL:
-            self.init_forward_metadata(batch)  # never captured: a variable token count
-            return
+    def build_capture_metadata(self, batch: ForwardBatch) -> None:
+        """Copy ``batch`` into the static buffers and point the kernels' metadata at them."""
         state = self._graph_state(batch)
         req, seq, ext, splits, tree = self._copy_in(state, batch, allocate=True)
         rows = _partial_rows(batch)
@@ -206,9 +214,9 @@ class TritonBackend(AttentionBackend):
         mask, tree = _mask(batch), None
         if mask is not None:
             t = mask.shape[-1]
-            tree = state.buffer("tree", (t, _words(t) + 1), torch.int32, allocate)[:bs]
-            bits = state.buffer("tree_bits", (t, _words(t) * 32), torch.int32, allocate)[:bs]
-            _pack_tree(mask, tree, bits, state.bit_weights)
+            tree = state.buffer("tree", (t, word_count(t) + 1), torch.int32, allocate)[:bs]
+            bits = state.buffer("tree_bits", (t, word_count(t) * 32), torch.int32, allocate)[:bs]
+            pack_tree(mask, tree, bits, state.bit_weights)
         return req, seq, ext, splits, tree
 
     def _eager_mid_for(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,13 +248,8 @@ class TritonBackend(AttentionBackend):
             raise ValueError("spec.draft_path=None (supported: [rows, num_steps] slots for draft_decode)")
         return self._decode(q, layer, self._meta_for(batch), spec.draft_path, spec.draft_step + 1)
 
-    def forward_prefill(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        return self._extend(q, layer, self._meta_for(batch))
-
-    def forward_target_verify(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        return self._extend(q, layer, self._meta_for(batch))
-
-    def forward_draft_extend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        """Prefill, target verify and draft extend: the extend kernel variant of the batch."""
         return self._extend(q, layer, self._meta_for(batch))
 
     def _layer_args(self, layer: int) -> dict[str, Any]:
@@ -350,48 +353,6 @@ def _split_counts(seq_lens: torch.Tensor, row: LaunchRow, out: torch.Tensor | No
     out.copy_(seq_lens)
     out.add_(row.split_len - 1).div_(row.split_len, rounding_mode="floor")
     return out.clamp_(1, row.kv_splits)
-
-
-def _words(t: int) -> int:
-    return -(-t // 32)
-
-
-def _bit_weights(device: torch.device) -> torch.Tensor:
-    """``[32]`` int32 ``1 << k``; bit 31 is int32's sign bit (two's complement words)."""
-    return torch.ones(32, dtype=torch.int32, device=device).bitwise_left_shift_(
-        torch.arange(32, dtype=torch.int32, device=device))
-
-
-def _new_tree(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """Eager batches: the packed tree mask in fresh tensors (see :func:`_pack_tree`)."""
-    if mask is None:
-        return None
-    bs, t, _ = mask.shape
-    out = torch.empty((bs, t, _words(t) + 1), dtype=torch.int32, device=mask.device)
-    bits = torch.zeros((bs, t, _words(t) * 32), dtype=torch.int32, device=mask.device)
-    return _pack_tree(mask, out, bits, _bit_weights(mask.device))
-
-
-def _pack_tree(mask: torch.Tensor, out: torch.Tensor, bits: torch.Tensor,
-               weights: torch.Tensor) -> torch.Tensor:
-    """Tree mask ``[bs, T, T]`` bool -> ``out`` ``[bs, T, W + 1]`` int32, ``W = ceil(T / 32)``.
-
-    Bit ``j % 32`` of word ``j // 32`` of query ``i`` is ``mask[:, i, j]``; word ``W`` is
-    draft ``i``'s depth, the number of draft tokens it attends minus one (its KV position
-    is ``prefix + depth``). The kernel reads one word per 32 draft tokens instead of a
-    byte per token, and one pointer for mask and depths.
-
-    Only in-place and ``out=`` ops, so graph replay allocates nothing: ``bits``
-    ``[bs, T, 32 W]`` int32 is scratch whose columns past ``T`` must be zero (they stay
-    zero: only the first ``T`` are rewritten), ``weights`` is :func:`_bit_weights`.
-    """
-    bs, t, _ = mask.shape
-    words = _words(t)
-    bits[..., :t].copy_(mask)
-    weighted = bits.view(bs, t, words, 32).mul_(weights)
-    torch.sum(weighted, -1, dtype=torch.int32, out=out[..., :words])  # disjoint bits: sum == OR
-    torch.sum(mask, -1, dtype=torch.int32, out=out[..., words]).sub_(1)
-    return out
 
 
 def _make_meta(batch: ForwardBatch, kernel: str, req: torch.Tensor, seq: torch.Tensor,
