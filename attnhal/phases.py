@@ -45,6 +45,8 @@ GRAPH_PHASES = (Phase.DECODE, Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND, Phase.TARG
 
 
 class Feature(str, Enum):
+    """Optional attention features: a backend claims them, a request or a phase may need them."""
+
     CUSTOM_MASK = "custom_mask"  # tree mask for target_verify with topk > 1
     SLIDING_WINDOW = "sliding_window"
     LOGIT_SOFTCAP = "logit_softcap"
@@ -107,10 +109,14 @@ class SpecWidths(Protocol):
     or a batch's :class:`~attnhal.backend.SpecInfo` (which carries its own padded widths)."""
 
     @property
-    def num_draft_tokens(self) -> int: ...
+    def num_draft_tokens(self) -> int:
+        """Query tokens per row of target_verify."""
+        ...
 
     @property
-    def draft_extend_len(self) -> int: ...
+    def draft_extend_len(self) -> int:
+        """Query tokens per row of draft_extend (the accepted tokens, padded)."""
+        ...
 
 
 def tokens_per_row(phase: Phase, spec: SpecWidths | None) -> int | None:

@@ -55,6 +55,7 @@ class Reason:
         return f"[{self.code.value}] {self.message}"
 
     def to_dict(self) -> dict[str, str]:
+        """``{"code": ..., "message": ...}``, as plans and the CLI's JSON output write it."""
         return {"code": self.code.value, "message": self.message}
 
 

@@ -42,6 +42,7 @@ class SpecLimits:
         return out
 
     def to_dict(self) -> dict[str, int]:
+        """The limits that are set, by field name (a descriptor file's table)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
@@ -59,6 +60,7 @@ class FillTerm(str, Enum):
     WIDTH = "width"  # query tokens per request of the phase (tokens_per_request)
 
     def value_for(self, spec: SpecConfig | None, phase: Phase | None) -> int:
+        """This term's value under ``spec`` for ``phase``; 0 without a spec (or a phase, for ``width``)."""
         if spec is None or self is FillTerm.NONE:
             return 0
         if self is FillTerm.WIDTH:
@@ -85,6 +87,7 @@ class SeqLenFill:
         object.__setattr__(self, "at_least_plus", FillTerm(self.at_least_plus))
 
     def value(self, spec: SpecConfig | None, phase: Phase | None = None) -> int:
+        """The seq len to write into padded rows of ``phase`` under ``spec``."""
         main = self.base + self.plus.value_for(spec, phase)
         floor = self.at_least + self.at_least_plus.value_for(spec, phase)
         return max(main, floor)

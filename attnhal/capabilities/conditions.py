@@ -47,6 +47,7 @@ class Facts:
     @classmethod
     def of(cls, platform: Platform | None = None, context: RequestContext | None = None,
            spec: SpecConfig | None = None) -> Facts:
+        """The facts of one plan: what ``platform``, ``context`` and ``spec`` say (``None``: not known)."""
         c = context or RequestContext()
         kwargs: dict[str, Any] = dict(model=c.model, dtype=c.dtype, kv_dtype=c.kv_dtype, head_size=c.head_size,
                                       page_size=c.page_size)

@@ -125,6 +125,7 @@ class BackendCapabilities:
         return cached
 
     def tolerance(self, dtype: str) -> Tolerance:
+        """The tolerance declared for ``dtype`` (or the default one)."""
         return self.tolerances[dtype]
 
     def tolerance_for(self, dtype: str, kv_dtype: str | None = None) -> Tolerance:

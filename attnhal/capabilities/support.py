@@ -60,6 +60,7 @@ class AttentionRequest:
 
     @property
     def context(self) -> RequestContext:
+        """The model and KV-cache facts of this request, which variants resolve against."""
         return RequestContext(model=self.model, dtype=self.dtype, kv_dtype=self.kv_dtype,
                               head_size=self.head_size, page_size=self.page_size)
 

@@ -36,6 +36,7 @@ class PhasePlan:
     variants: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        """This decision as JSON-ready values (reasons as ``{code, message}``)."""
         return {"runs": self.runs, "capture": self.capture, "backend": self.backend,
                 "reasons": [r.to_dict() for r in self.reasons], "role": self.role,
                 "capture_sizes": list(self.capture_sizes), "seq_len_fill": self.seq_len_fill,
@@ -81,6 +82,7 @@ class GraphPlan:
 
     @property
     def captured(self) -> tuple[Phase, ...]:
+        """The phases captured as graphs, in phase order."""
         return tuple(p for p, d in self.phases.items() if d.capture)
 
     @property
@@ -102,6 +104,7 @@ class GraphPlan:
         return replace(self, phases={**self.phases, phase: new})
 
     def to_dict(self) -> dict[str, Any]:
+        """This plan as JSON-ready values: validity, each phase, the context given and the adaptive steps."""
         out: dict[str, Any] = {"platform": self.platform, "valid": self.valid,
                                "phases": {p.value: d.to_dict() for p, d in self.phases.items()}}
         given = {k: getattr(v, "value", v) for k, v in vars(self.context).items() if v is not None}

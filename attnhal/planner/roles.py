@@ -43,6 +43,12 @@ def _mode(value: object) -> AttentionMode:
         raise ValueError(f"speculative_attention_mode={value!r} (supported: prefill, decode)") from None
 
 
+def _check_role(name: str, value: object) -> None:
+    if value is not None and not isinstance(value, BackendCapabilities):
+        raise TypeError(f"{name}={value!r} (supported: a BackendCapabilities or None; "
+                        "a registered name resolves through default_registry().get(name).capabilities)")
+
+
 def needs_draft_backend(spec: SpecConfig | None, step_counts: Iterable[int] = ()) -> bool:
     """Whether engines give the multi-step draft a backend: ``num_steps > 1`` under ``spec``
     (unknown ``spec``: assume so) or at one of the adaptive ``step_counts``.
@@ -100,10 +106,7 @@ class PhaseBackends:
 
     def __post_init__(self) -> None:
         for name in _ROLES:
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, BackendCapabilities):
-                raise TypeError(f"{name}={value!r} (supported: a BackendCapabilities or None; "
-                                "a registered name resolves through default_registry().get(name).capabilities)")
+            _check_role(name, getattr(self, name))
         object.__setattr__(self, "speculative_attention_mode", _mode(self.speculative_attention_mode))
 
     @classmethod
@@ -125,6 +128,9 @@ class PhaseBackends:
         step_counts: adaptive speculation's other ``num_steps`` values
             (:attr:`~attnhal.planner.GraphPolicy.step_counts`).
         """
+        for name, value in (("prefill", prefill), ("decode", decode), ("draft", draft),
+                            ("draft_extend", draft_extend), ("target", target)):
+            _check_role(name, value)  # by the argument's name: each may end up in several roles
         if spec is not None:
             check_type("spec", spec, SpecConfig)
         mode = _mode(mode)
