@@ -28,9 +28,9 @@ from typing import Any, Literal, NamedTuple, Protocol, Union
 
 import torch
 
+from attnhal import phases
 from attnhal.backend.batch import ForwardBatch, SpecInfo
 from attnhal.backend.kv_pool import PADDING_REQ, PADDING_SLOT
-from attnhal import phases
 from attnhal.capabilities import Phase
 from attnhal.plan import GraphPlan, SpecConfig
 from attnhal.platform import GraphKind, Platform

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from attnhal.backend import PADDING_PAGE, PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo, kv_storage_dtype
 from attnhal import phases
+from attnhal.backend import PADDING_PAGE, PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo, kv_storage_dtype
 from attnhal.capabilities import Phase
 from attnhal.plan import SpecConfig
 from attnhal.platform import Fp8Flavor
