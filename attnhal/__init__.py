@@ -14,7 +14,7 @@ from attnhal.capabilities import (
     not_supported_reasons,
 )
 from attnhal.descriptors import load_descriptor
-from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, plan
+from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform, Vendor, detect, parse
 from attnhal.registry import default_registry
 from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm, SpecConfig

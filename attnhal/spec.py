@@ -2,7 +2,7 @@
 
 These two records are the planner's inputs besides the platform and the
 descriptors. They sit below :mod:`attnhal.capabilities` so that the import graph
-runs one way: platform -> spec -> capabilities -> plan.
+runs one way: platform -> spec -> reasons -> phases -> capabilities -> planner.
 
 Public entry points validate their arguments: a wrong type is a ``TypeError``
 and a value out of range a ``ValueError``, each naming the argument, the value
@@ -27,6 +27,7 @@ __all__ = [
     "SpecAlgorithm",
     "SpecConfig",
     "check_int",
+    "check_type",
 ]
 
 #: Compute dtypes by their torch names (``torch.float16`` -> ``"float16"``).
@@ -51,6 +52,12 @@ def check_int(name: str, value: object, minimum: int, maximum: int | None = None
     return value
 
 
+def check_type(name: str, value: object, kind: type) -> None:
+    """Raise ``TypeError`` naming ``name`` unless ``value`` is a ``kind``."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name}={value!r} (supported: a {kind.__name__})")
+
+
 def _enum(enum: type[Enum], name: str, value: object) -> Any:
     try:
         return enum(value)
@@ -61,7 +68,7 @@ def _enum(enum: type[Enum], name: str, value: object) -> Any:
 class SpecAlgorithm(str, Enum):
     """Speculative-decoding algorithms engines run.
 
-    Which phases each runs is data in :data:`attnhal.plan.ALGORITHM_PHASES`:
+    Which phases each runs is data in :data:`attnhal.phases.ALGORITHM_PHASES`:
 
     - ``none``: plain decoding (prefill, decode).
     - ``eagle``, ``eagle3``, ``mtp``: a draft head on the target's hidden states;

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnhal import phases
 from attnhal.capabilities import Phase
 
 __all__ = ["ForwardBatch", "SpecInfo"]
@@ -107,13 +108,7 @@ class ForwardBatch:
     @property
     def tokens_per_row(self) -> int | None:
         """Query tokens per row for the uniform phases; ``None`` for packed ``prefill``."""
-        if self.phase is Phase.PREFILL:
-            return None
-        if self.phase is Phase.TARGET_VERIFY:
-            return self._spec().num_draft_tokens
-        if self.phase is Phase.DRAFT_EXTEND:
-            return self._spec().draft_extend_len
-        return 1
+        return phases.tokens_per_row(self.phase, self.spec)
 
     @property
     def num_tokens(self) -> int:

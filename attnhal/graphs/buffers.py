@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
+from attnhal import phases
 from attnhal.backend.batch import ForwardBatch, SpecInfo
 from attnhal.backend.kv_pool import PADDING_REQ, PADDING_SLOT
 from attnhal.capabilities import Phase
@@ -23,11 +24,12 @@ __all__ = ["StaticBuffers", "tokens_per_row", "unpad"]
 
 
 def tokens_per_row(phase: Phase, spec: SpecConfig) -> int:
-    """Query tokens per ForwardBatch row of a capturable phase (see ``attnhal.backend.batch``)."""
-    if phase is Phase.PREFILL:
+    """Query tokens per ForwardBatch row of a capturable phase (:func:`attnhal.phases.tokens_per_row`)."""
+    per_row = phases.tokens_per_row(phase, spec)
+    if per_row is None:
         raise ValueError("phase=prefill (supported: decode, draft_decode, draft_extend, target_verify; "
                          "prefill has a variable token count)")
-    return {Phase.TARGET_VERIFY: spec.num_draft_tokens, Phase.DRAFT_EXTEND: spec.draft_extend_len}.get(phase, 1)
+    return per_row
 
 
 def _put(name: str, dst: torch.Tensor, src: torch.Tensor, n: int, padded: int, fill: float) -> None:

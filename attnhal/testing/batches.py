@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from attnhal import phases
 from attnhal.backend import COMPUTE_DTYPES, PADDING_PAGE, PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo, kv_storage_dtype
 from attnhal.capabilities import Phase
 from attnhal.plan import SpecConfig
@@ -169,13 +170,7 @@ class CaseSpec:
     @property
     def tokens_per_row(self) -> int | None:
         """Query tokens per row of the uniform phases; None for packed ``prefill``."""
-        if self.phase is Phase.PREFILL:
-            return None
-        if self.phase is Phase.TARGET_VERIFY:
-            return self._spec.num_draft_tokens
-        if self.phase is Phase.DRAFT_EXTEND:
-            return self._spec.draft_extend_len
-        return 1
+        return phases.tokens_per_row(self.phase, self.spec)
 
     def seq_lens(self) -> list[int]:
         """Per request: the KV length after this forward writes its tokens."""

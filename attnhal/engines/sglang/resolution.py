@@ -17,7 +17,9 @@ from attnhal.catalog import load
 from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, model_kind
 from attnhal.engines.sglang.flags import ALGORITHMS, DTYPES, FLAGS, HARMLESS, KV_CACHE_DTYPES
-from attnhal.plan import ALGORITHM_PHASES, AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, plan
+from attnhal.phases import phases_run
+from attnhal.plan import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, plan
+from attnhal.planner import phase_roles
 from attnhal.platform import Platform
 from attnhal.spec import ModelKind, RequestContext, SpecConfig
 
@@ -97,15 +99,15 @@ def roles(values: Mapping[str, Any], spec: SpecConfig) -> dict[str, str | None]:
     if prefill is None or decode is None:
         raise EngineArgError("--attention-backend", "--attention-backend is required (SGLang picks one per model "
                              "and GPU when omitted; attnhal does not model that choice)")
-    follow = decode if values.get("speculative_attention_mode") == "decode" else prefill
-    draft = values.get("speculative_draft_attention_backend")
-    extend = draft or follow
-    names = {"prefill": prefill, "decode": decode, "target_verify": follow, "draft_decode": draft or decode,
-             "draft_extend": _EXTEND_ON.get(extend, extend)}
+    mode = AttentionMode.DECODE if values.get("speculative_attention_mode") == "decode" else AttentionMode.PREFILL
+    draft = values.get("speculative_draft_attention_backend") or None  # the draft model's decode and extend
+    names = phase_roles(prefill, decode, spec, mode, draft=draft, draft_extend=draft)
+    extend = names[Phase.DRAFT_EXTEND]
+    if extend is not None:
+        names[Phase.DRAFT_EXTEND] = _EXTEND_ON.get(extend, extend)
     # The speculative roles exist only where their phase runs (no draft backend for n-gram or one step).
-    runs = ALGORITHM_PHASES[spec.algorithm] - ({Phase.DRAFT_DECODE} if spec.num_steps == 1 else set())
-    runs |= {Phase.PREFILL, Phase.DECODE}
-    return {role: name if Phase(role) in runs else None for role, name in names.items()}
+    runs = phases_run(spec) | {Phase.PREFILL, Phase.DECODE}
+    return {phase.value: name if phase in runs else None for phase, name in names.items()}
 
 
 def _descriptor(name: str | None) -> BackendCapabilities | None:

@@ -1,0 +1,332 @@
+"""The descriptor file schema: each key of a JSON/TOML descriptor and how it is read.
+
+Every key has a converter that checks the value and turns it into the field's
+value; unknown keys and bad values raise :class:`DescriptorError` naming the key.
+:func:`converted` reads a whole top-level table into the keyword arguments of
+:class:`~attnhal.capabilities.BackendCapabilities`. The reference is ``docs/descriptors.md``.
+
+Schema versions: a file without ``schema_version`` is version 1 (the keys of
+attnhal 0.1) and keeps loading; the keys added by version 2 (``archs``,
+``models``, ``run_limits``, ``phase_fill``, ``variants``) need
+``schema_version = 2``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any
+
+from attnhal.capabilities.claims import FillTerm, SeqLenFill, SpecLimits, Tolerance
+from attnhal.capabilities.conditions import VARIANT_FIELDS, IntSet, Variant, When
+from attnhal.phases import Feature, Phase
+from attnhal.platform import ArchSet, Fp8Flavor, PlatformSpecError, Vendor
+from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, SpecAlgorithm
+
+__all__ = ["SCHEMA_VERSION", "DescriptorError", "converted"]
+
+#: The newest descriptor schema this attnhal reads (and writes).
+SCHEMA_VERSION = 2
+
+
+class DescriptorError(ValueError):
+    """A descriptor file with a missing, unknown or malformed key."""
+
+
+def _fail(key: str, value: object, allowed: str) -> DescriptorError:
+    return DescriptorError(f"{key}={value!r} (supported: {allowed})")
+
+
+def _enum_list(enum: type[Enum], key: str) -> Callable[[Any], frozenset[Any]]:
+    allowed = ", ".join(m.value for m in enum)
+
+    def convert(value: Any) -> frozenset[Any]:
+        if not isinstance(value, list):
+            raise _fail(key, value, f"a list of {{{allowed}}}")
+        try:
+            return frozenset(enum(str(v).lower()) for v in value)
+        except ValueError:
+            bad = next(v for v in value if str(v).lower() not in {m.value for m in enum})
+            raise _fail(key, bad, allowed) from None
+    return convert
+
+
+def _int_list(key: str) -> Callable[[Any], frozenset[int]]:
+    def convert(value: Any) -> frozenset[int]:
+        if not isinstance(value, list) or not all(_is_int(v) and v > 0 for v in value):
+            raise _fail(key, value, "a list of positive integers")
+        return frozenset(value)
+    return convert
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _str_list(key: str) -> Callable[[Any], frozenset[str]]:
+    def convert(value: Any) -> frozenset[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise _fail(key, value, "a list of strings")
+        return frozenset(value)
+    return convert
+
+
+_LIMIT_KEYS = ("max_topk", "max_num_steps", "max_draft_tokens")
+
+
+def _limits(key: str, value: Any) -> SpecLimits:
+    if not isinstance(value, Mapping):
+        raise _fail(key, value, f"a table with keys from {{{', '.join(_LIMIT_KEYS)}}}; {{}} = no limit")
+    for k, v in value.items():
+        if k not in _LIMIT_KEYS:
+            raise _fail(f"{key}.{k}", v, f"keys {{{', '.join(_LIMIT_KEYS)}}}")
+        if not _is_int(v) or v < 1:
+            raise _fail(f"{key}.{k}", v, "an integer >= 1")
+    return SpecLimits(**value)
+
+
+def _by_phase(key: str, convert: Callable[[str, Any], Any], removable: bool) -> Callable[[Any], dict[Phase, Any]]:
+    """A table phase -> value; in a variant, ``false`` removes the phase's entry (None)."""
+    def parse(value: Any) -> dict[Phase, Any]:
+        if not isinstance(value, Mapping):
+            raise _fail(key, value, "a table: phase -> value" + ("; false removes" if removable else ""))
+        phases = _enum_list(Phase, key)(list(value))
+        return {p: None if removable and value[p.value] is False else convert(f"{key}.{p.value}", value[p.value])
+                for p in phases}
+    return parse
+
+
+def _multi_step(value: Any) -> SpecLimits | None:
+    if isinstance(value, bool):
+        return SpecLimits() if value else None
+    return _limits("multi_step", value)
+
+
+def _by_vendor(key: str, convert: Callable[[Vendor, Any], Any], example: str,
+               removable: bool) -> Callable[[Any], dict[Vendor, Any]]:
+    def parse(value: Any) -> dict[Vendor, Any]:
+        if not isinstance(value, Mapping):
+            raise _fail(key, value, f"a table: vendor -> {example}")
+        out = {}
+        for v in _enum_list(Vendor, key)(list(value)):
+            item = value[v.value]
+            try:
+                out[v] = None if removable and item is False else convert(v, item)
+            except PlatformSpecError as exc:
+                raise DescriptorError(f"{key}.{v.value}: {exc}") from None
+        return out
+    return parse
+
+
+def _arch_set(vendor: Vendor, value: Any) -> ArchSet:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+        raise PlatformSpecError(f"archs={value!r} (supported: a list of archs or ranges like 'sm80..sm90')")
+    return ArchSet(vendor, tuple(items))
+
+
+def _min_arch(vendor: Vendor, value: Any) -> str:
+    arch = str(value)
+    ArchSet(vendor, (arch,))  # validates the notation
+    return arch
+
+
+_FILL_KEYS = ("base", "plus", "at_least", "at_least_plus")
+
+
+def _seq_len_fill(key: str, value: Any) -> SeqLenFill:
+    if _is_int(value):
+        return SeqLenFill(base=value)
+    terms = ", ".join(t.value for t in FillTerm)
+    if not isinstance(value, Mapping) or set(value) - set(_FILL_KEYS):
+        raise _fail(key, value, f"an integer, or a table {{base = int, plus = term, at_least = int, "
+                                f"at_least_plus = term}}, term one of {{{terms}}}")
+    for k in ("base", "at_least"):
+        if not _is_int(value.get(k, 0)) or value.get(k, 0) < 0:
+            raise _fail(f"{key}.{k}", value.get(k), "an integer >= 0")
+    for k in ("plus", "at_least_plus"):
+        if value.get(k, "none") not in {t.value for t in FillTerm}:
+            raise _fail(f"{key}.{k}", value.get(k), terms)
+    return SeqLenFill(base=value.get("base", 1), plus=FillTerm(value.get("plus", "none")),
+                      at_least=value.get("at_least", 0), at_least_plus=FillTerm(value.get("at_least_plus", "none")))
+
+
+def _tolerances(value: Any) -> dict[str, Tolerance]:
+    if not isinstance(value, Mapping):
+        raise _fail("tolerances", value, "a table: dtype -> {atol = float, rtol = float}")
+    out = {}
+    for dtype, tol in value.items():
+        if not isinstance(tol, Mapping) or set(tol) != {"atol", "rtol"}:
+            raise _fail(f"tolerances.{dtype}", tol, "{atol = float, rtol = float}")
+        out[dtype] = Tolerance(float(tol["atol"]), float(tol["rtol"]))
+    return out
+
+
+def _bool(key: str) -> Callable[[Any], bool]:
+    def convert(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise _fail(key, value, "true or false")
+        return value
+    return convert
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _fail("name", value, "a non-empty string")
+    return value
+
+
+def _claim_keys(prefix: str, removable: bool) -> dict[str, Callable[[Any], Any]]:
+    """Converters of the claim keys (shared by the base table and each variant)."""
+    p = prefix
+    return {
+        "vendors": _enum_list(Vendor, f"{p}vendors"),
+        "phases": _enum_list(Phase, f"{p}phases"),
+        "graph": _by_phase(f"{p}graph", _limits, removable),
+        "multi_step": _multi_step,
+        "min_arch": _by_vendor(f"{p}min_arch", _min_arch, "arch, e.g. {cuda = 'sm80', hip = 'gfx90a'}",
+                               removable),
+        "dtypes": _str_list(f"{p}dtypes"),
+        "kv_dtypes": _str_list(f"{p}kv_dtypes"),
+        "head_sizes": _int_list(f"{p}head_sizes"),
+        "page_sizes": _int_list(f"{p}page_sizes"),
+        "features": _enum_list(Feature, f"{p}features"),
+        "seq_len_fill": lambda v: _seq_len_fill(f"{p}seq_len_fill", v),
+        "needs_host_seq_lens": _bool(f"{p}needs_host_seq_lens"),
+        "archs": _by_vendor(f"{p}archs", _arch_set, "a list of archs or ranges, e.g. {cuda = ['sm80..sm90']}",
+                            removable),
+        "models": _enum_list(ModelKind, f"{p}models"),
+        "run_limits": _by_phase(f"{p}run_limits", _limits, removable),
+        "phase_fill": _by_phase(f"{p}phase_fill", _seq_len_fill, removable),
+    }
+
+
+# --- variants -------------------------------------------------------------------
+
+def _int_set(key: str, value: Any) -> IntSet:
+    if _is_int(value):
+        return IntSet(frozenset((value,)))
+    if isinstance(value, list) and value and all(_is_int(v) for v in value):
+        return IntSet(frozenset(value))
+    if isinstance(value, Mapping) and value and not set(value) - {"min", "max"} and all(
+            _is_int(v) for v in value.values()):
+        return IntSet(min=value.get("min"), max=value.get("max"))
+    raise _fail(key, value, "an integer, a list of integers, or a range {min = int, max = int}")
+
+
+def _choices(key: str, allowed: tuple[str, ...]) -> Callable[[Any], frozenset[str]]:
+    def convert(value: Any) -> frozenset[str]:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not items:
+            raise _fail(key, value, f"a value or a list from {{{', '.join(allowed)}}}")
+        bad = [i for i in items if i not in allowed]
+        if bad:
+            raise _fail(key, bad[0], ", ".join(allowed))
+        return frozenset(items)
+    return convert
+
+
+def _values(enum: type[Enum]) -> tuple[str, ...]:
+    return tuple(m.value for m in enum)
+
+
+_WHEN: dict[str, Callable[[Any], Any]] = {
+    "vendor": _choices("when.vendor", _values(Vendor)),
+    "arch": _by_vendor("when.arch", _arch_set, "a list of archs or ranges, e.g. {cuda = ['sm100..']}", False),
+    "fp8": _choices("when.fp8", _values(Fp8Flavor)),
+    "model": _choices("when.model", _values(ModelKind)),
+    "dtype": _choices("when.dtype", DTYPES),
+    "kv_dtype": _choices("when.kv_dtype", KV_DTYPES),
+    "algorithm": _choices("when.algorithm", _values(SpecAlgorithm)),
+    **{k: (lambda k: lambda v: _int_set(f"when.{k}", v))(k)
+       for k in ("head_size", "page_size", "num_steps", "topk", "num_draft_tokens")},
+}
+_VARIANT_META = ("when", "note", "add", "remove")
+
+
+def _when(value: Any) -> When:
+    if not isinstance(value, Mapping) or not value:
+        raise _fail("when", value, f"a non-empty table with keys from {{{', '.join(_WHEN)}}}")
+    unknown = sorted(set(value) - set(_WHEN))
+    if unknown:
+        raise _fail(f"when.{unknown[0]}", value[unknown[0]], f"keys {{{', '.join(_WHEN)}}}")
+    return When(**{k: _WHEN[k](v) for k, v in value.items()})
+
+
+def _edits(key: str, value: Any, converters: Mapping[str, Callable[[Any], Any]]) -> dict[str, frozenset[Any]]:
+    sets = ("vendors", "phases", "models", "features", "dtypes", "kv_dtypes", "head_sizes", "page_sizes")
+    if not isinstance(value, Mapping):
+        raise _fail(key, value, f"a table: set key -> list, keys from {{{', '.join(sets)}}}")
+    bad = sorted(set(value) - set(sets))
+    if bad:
+        raise _fail(f"{key}.{bad[0]}", value[bad[0]], f"keys {{{', '.join(sets)}}}")
+    return {k: converters[k](v) for k, v in value.items()}
+
+
+def _variant(i: int, value: Any) -> Variant:
+    key = f"variants[{i}]"
+    if not isinstance(value, Mapping) or "when" not in value:
+        raise _fail(key, value, "a table with `when` and the claims it changes")
+    converters = _claim_keys(f"{key}.", removable=True)
+    unknown = sorted(set(value) - set(_VARIANT_META) - set(VARIANT_FIELDS))
+    if unknown:
+        raise _fail(f"{key}.{unknown[0]}", value[unknown[0]],
+                    f"keys {{{', '.join((*_VARIANT_META, *VARIANT_FIELDS))}}}")
+    note = value.get("note", "")
+    if not isinstance(note, str):
+        raise _fail(f"{key}.note", note, "a string")
+    try:
+        return Variant(
+            when=_when(value["when"]),
+            changes={k: converters[k](v) for k, v in value.items() if k in VARIANT_FIELDS},
+            add=_edits(f"{key}.add", value.get("add", {}), converters),
+            remove=_edits(f"{key}.remove", value.get("remove", {}), converters),
+            note=note)
+    except DescriptorError as exc:
+        raise DescriptorError(f"{key}: {exc}") from None
+    except ValueError as exc:
+        raise DescriptorError(f"{key}: {exc}") from None
+
+
+def _variants(value: Any) -> tuple[Variant, ...]:
+    if not isinstance(value, list):
+        raise _fail("variants", value, "a list of tables ([[variants]] in TOML)")
+    return tuple(_variant(i, v) for i, v in enumerate(value))
+
+
+#: key -> converter. Keys missing from a file take the field's default.
+_KEYS: dict[str, Callable[[Any], Any]] = {
+    "name": _name,
+    **_claim_keys("", removable=False),
+    "tolerances": _tolerances,
+    "requires": lambda v: tuple(sorted(_str_list("requires")(v))),
+    "variants": _variants,
+}
+_V2_KEYS = ("archs", "models", "run_limits", "phase_fill", "variants")
+_REQUIRED = ("name", "vendors", "phases")
+
+
+def _schema(data: Mapping[str, Any]) -> int:
+    version = data.get("schema_version", 1)
+    if not _is_int(version) or not 1 <= version <= SCHEMA_VERSION:
+        raise _fail("schema_version", version, f"1..{SCHEMA_VERSION}; a newer file needs a newer attnhal")
+    if version < 2:
+        newer = [k for k in _V2_KEYS if k in data]
+        if newer:
+            raise DescriptorError(f"{newer[0]} needs schema_version = 2 (this file is version 1: add "
+                                  f"`schema_version = 2` at the top to use {', '.join(_V2_KEYS)})")
+    return int(version)
+
+
+def converted(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`~attnhal.capabilities.BackendCapabilities` keyword arguments of a file's
+    top-level table: every key known, the schema version fitting the keys, the required
+    keys given, each value converted."""
+    unknown = sorted(set(data) - set(_KEYS) - {"schema_version"})
+    if unknown:
+        raise _fail(unknown[0], data[unknown[0]], f"keys {{schema_version, {', '.join(_KEYS)}}}")
+    _schema(data)
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise DescriptorError(f"{missing[0]} is missing (required keys: {', '.join(_REQUIRED)})")
+    return {k: _KEYS[k](v) for k, v in data.items() if k != "schema_version"}

@@ -1,0 +1,105 @@
+"""Request matching: can this backend serve this request on this platform, and if not, why.
+
+:func:`not_supported_reasons` lists every reason a descriptor cannot serve an
+:class:`AttentionRequest` on a platform; an empty list means supported, which is
+all :func:`supports` says. Each "no" is a :class:`~attnhal.reasons.Reason` with a
+stable code.
+
+The reason producers of attnhal, each answering one question:
+
+=============================================  ==============================================
+producer                                       why a backend cannot be used ...
+=============================================  ==============================================
+``BackendCapabilities.platform_reasons``       on this vendor / arch (the descriptor's claims)
+(:mod:`attnhal.capabilities.descriptor`)
+:func:`request_reasons`,                       for this phase, model, dtypes, head and page
+:func:`not_supported_reasons` (here)           size, features, head ratio (+ the platform)
+``attnhal.backend.contract.config_reasons``    with this attention config over this KV pool
+``AttentionBackend.runtime_reasons``           by this process, although the descriptor fits
+(``attnhal.backend.contract``)                 (e.g. Triton on a simulated platform)
+``KVPool.platform_reasons``                    on a pool whose fp8 flavour is not the
+(``attnhal.backend.kv_pool``)                  platform's
+``BackendEntry.unavailable_reasons``           here at all: load failure, missing module,
+(``attnhal.registry``)                         a descriptor without an implementation
+``attnhal.backend.multi_step``                 as the multi-step draft of this spec config
+``.multi_step_reasons``
+=============================================  ==============================================
+
+The planner (:mod:`attnhal.planner`) combines the first two with the spec config's
+run limits and graph limits for each phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from attnhal.capabilities.conditions import Facts
+from attnhal.capabilities.descriptor import BackendCapabilities
+from attnhal.phases import Feature, Phase
+from attnhal.platform import Platform
+from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
+from attnhal.spec import ModelKind, RequestContext
+
+__all__ = ["AttentionRequest", "not_supported_reasons", "request_reasons", "supports"]
+
+
+@dataclass(frozen=True)
+class AttentionRequest:
+    """What an engine asks of a backend; ``None`` fields are not checked."""
+
+    phase: Phase | None = None
+    dtype: str | None = None
+    kv_dtype: str | None = None
+    head_size: int | None = None
+    page_size: int | None = None
+    num_q_heads: int | None = None
+    num_kv_heads: int | None = None
+    features: frozenset[Feature] = frozenset()
+    model: ModelKind | None = None
+
+    @property
+    def context(self) -> RequestContext:
+        """The model and KV-cache facts of this request, which variants resolve against."""
+        return RequestContext(model=self.model, dtype=self.dtype, kv_dtype=self.kv_dtype,
+                              head_size=self.head_size, page_size=self.page_size)
+
+
+def not_supported_reasons(
+    caps: BackendCapabilities, request: AttentionRequest, platform: Platform
+) -> list[Reason]:
+    """Every reason ``caps`` cannot serve ``request`` on ``platform``; empty means supported.
+
+    Variants are resolved against the platform and the request first.
+    """
+    if caps.variants:
+        caps = caps.resolve(Facts.of(platform, request.context))
+    return caps.platform_reasons(platform) + request_reasons(caps, request)
+
+
+def supports(caps: BackendCapabilities, request: AttentionRequest, platform: Platform) -> bool:
+    """True if ``caps`` can serve ``request`` on ``platform``: :func:`not_supported_reasons` is empty."""
+    return not not_supported_reasons(caps, request, platform)
+
+
+def request_reasons(caps: BackendCapabilities, request: AttentionRequest) -> list[Reason]:
+    """The request checks of :func:`not_supported_reasons` (no platform, no variants resolved)."""
+    out: list[Reason] = []
+    checks: list[tuple[ReasonCode, str, object, Iterable[object]]] = [
+        (ReasonCode.PHASE, "phase", request.phase, caps.phases),
+        (ReasonCode.MODEL, "model", request.model, caps.models or ()),
+        (ReasonCode.DTYPE, "dtype", request.dtype, caps.dtypes),
+        (ReasonCode.KV_DTYPE, "kv_dtype", request.kv_dtype, caps.kv_dtypes or ()),
+        (ReasonCode.HEAD_SIZE, "head_size", request.head_size, caps.head_sizes),
+        (ReasonCode.PAGE_SIZE, "page_size", request.page_size, caps.page_sizes),
+    ]
+    for code, name, value, allowed in checks:
+        if value is not None and value not in allowed:
+            out.append(reason(code, name, value, fmt_set(allowed)))
+    for feature in sorted(request.features - caps.features, key=lambda f: f.value):
+        out.append(reason(ReasonCode.FEATURE, "feature", feature, fmt_set(caps.features)))
+    q, kv = request.num_q_heads, request.num_kv_heads
+    if q is not None and kv is not None and (kv < 1 or q % kv):
+        out.append(reason(ReasonCode.HEAD_RATIO, "num_q_heads/num_kv_heads", f"{q}/{kv}",
+                          "num_kv_heads >= 1 dividing num_q_heads"))
+    return out

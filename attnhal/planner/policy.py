@@ -1,0 +1,98 @@
+"""The graph policy: whether, for which phases, at which batch sizes and step counts to capture.
+
+An engine's graph settings as one validated record, with the bounds that keep a
+typo from sizing static buffers (:data:`MAX_BATCH_SIZE`, :data:`MAX_CAPTURE_SIZES`,
+:data:`MAX_STEP_COUNTS`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from attnhal.phases import Phase, tokens_per_request
+from attnhal.spec import MAX_NUM_STEPS, SpecConfig, check_int
+
+__all__ = ["MAX_BATCH_SIZE", "MAX_CAPTURE_SIZES", "MAX_STEP_COUNTS", "GraphPolicy"]
+
+#: Bounds of the graph policy: capture sizes size static buffers.
+MAX_BATCH_SIZE = 4096
+MAX_CAPTURE_SIZES = 256
+MAX_STEP_COUNTS = 16
+
+
+@dataclass(frozen=True)
+class GraphPolicy:
+    """Whether, for which phases, at which batch sizes and step counts to capture graphs.
+
+    Attributes
+    ----------
+    enabled: graphs at all.
+    max_batch_size: largest capture batch size (1..4096).
+    batch_sizes: explicit capture batch sizes (at most 256, each 1..4096), else derived from max.
+    disabled_phases: phases never captured (an engine's per-phase switch), each with a reason.
+    step_counts: adaptive speculation: the other ``num_steps`` values the engine may switch
+        to; the plan is valid only if it is valid at each (at most 16, each 1..64).
+    max_tokens: capture sizes from the spec width: a phase captures only batch sizes ``b``
+        with ``b * tokens_per_request(phase) <= max_tokens`` (None: every size).
+    """
+
+    enabled: bool = True
+    max_batch_size: int = 32
+    batch_sizes: tuple[int, ...] | None = None
+    disabled_phases: frozenset[Phase] = frozenset()
+    step_counts: tuple[int, ...] | None = None
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise TypeError(f"enabled={self.enabled!r} (supported: True or False)")
+        check_int("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE)
+        if self.batch_sizes is not None:
+            object.__setattr__(self, "batch_sizes", _int_tuple("batch_sizes", self.batch_sizes, MAX_BATCH_SIZE,
+                                                               MAX_CAPTURE_SIZES))
+        object.__setattr__(self, "disabled_phases", frozenset(_phase(p) for p in self.disabled_phases))
+        if self.step_counts is not None:
+            object.__setattr__(self, "step_counts", _int_tuple("step_counts", self.step_counts, MAX_NUM_STEPS,
+                                                               MAX_STEP_COUNTS))
+        if self.max_tokens is not None:
+            check_int("max_tokens", self.max_tokens, 1, MAX_BATCH_SIZE * 1024)
+
+    def capture_sizes(self) -> tuple[int, ...]:
+        """Sorted capture batch sizes: the given list, else 1, 2, 4, 8 then steps of 8 up to max."""
+        return self._sizes
+
+    @functools.cached_property
+    def _sizes(self) -> tuple[int, ...]:
+        if self.batch_sizes is not None:
+            return tuple(sorted(set(self.batch_sizes)))
+        sizes = {b for b in (1, 2, 4) if b <= self.max_batch_size}
+        sizes |= set(range(8, self.max_batch_size + 1, 8)) | {self.max_batch_size}
+        return tuple(sorted(sizes))
+
+    def capture_sizes_for(self, phase: Phase, spec: SpecConfig) -> tuple[int, ...]:
+        """The capture sizes of ``phase``: :meth:`capture_sizes`, cut by ``max_tokens`` if given."""
+        sizes = self.capture_sizes()
+        if self.max_tokens is None:
+            return sizes
+        width = max(tokens_per_request(phase, spec), 1)
+        return tuple(b for b in sizes if b * width <= self.max_tokens)
+
+
+def _int_tuple(name: str, values: Iterable[int], maximum: int, max_len: int) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name}={values!r} (supported: a list of ints)")
+    out = tuple(values)
+    if not out or len(out) > max_len:
+        raise ValueError(f"{name} has {len(out)} values (supported: 1..{max_len})")
+    for v in out:
+        check_int(name, v, 1, maximum)
+    return out
+
+
+def _phase(value: object) -> Phase:
+    try:
+        return Phase(value)
+    except ValueError:
+        raise ValueError(f"phase={value!r} (supported: {', '.join(p.value for p in Phase)})") from None

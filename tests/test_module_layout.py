@@ -1,0 +1,137 @@
+"""The data model's layout: one-way imports, the old module paths, and the callable attnhal.plan."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Lowest first: each module may import only the modules before it (and the platform layer).
+LAYERS = (
+    "attnhal.spec",
+    "attnhal.reasons",
+    "attnhal.phases",
+    "attnhal.capabilities.claims",
+    "attnhal.capabilities.conditions",
+    "attnhal.capabilities.descriptor",
+    "attnhal.capabilities.support",
+    "attnhal.capabilities.schema",
+    "attnhal.capabilities.files",
+    "attnhal.planner.policy",
+    "attnhal.planner.roles",
+    "attnhal.planner.result",
+    "attnhal.planner.decide",
+)
+
+
+def attnhal_imports(module: str) -> set[str]:
+    path = ROOT / (module.replace(".", "/") + ".py")
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnhal"):
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("attnhal")}
+    return out
+
+
+@pytest.mark.parametrize("index", range(len(LAYERS)), ids=LAYERS)
+def test_imports_run_one_way(index):
+    module, below = LAYERS[index], set(LAYERS[:index])
+    for imported in attnhal_imports(module):
+        if imported == "attnhal.platform" or imported.startswith("attnhal.platform."):
+            continue
+        assert imported in below, f"{module} imports {imported} (supported: {sorted(below) or 'none'})"
+
+
+def test_the_vocabulary_layers_import_nothing_above_the_platform():
+    assert attnhal_imports("attnhal.reasons") == set()
+    assert attnhal_imports("attnhal.phases") == {"attnhal.reasons", "attnhal.spec"}
+
+
+#: ``attnhal.capabilities`` when it was one module: its ``__all__`` and the other names code imported from it.
+OLD_CAPABILITIES = (
+    "DTYPES", "GRAPH_PHASES", "KV_DTYPES", "AttentionRequest", "BackendCapabilities", "Facts", "Feature",
+    "FillTerm", "IntSet", "Phase", "Reason", "ReasonCode", "SeqLenFill", "SpecLimits", "Tolerance", "Variant",
+    "When", "not_supported_reasons", "request_reasons", "tokens_per_request",
+    "VARIANT_FIELDS", "Vendor", "fmt_set", "reason", "ArchSet", "Fp8Flavor", "Platform", "PlatformSpecError",
+    "ModelKind", "RequestContext", "SpecAlgorithm", "SpecConfig", "arch_at_least", "arch_sets",
+)
+OLD_PLAN = (
+    "ALGORITHM_PHASES", "MAX_BATCH_SIZE", "AttentionMode", "GraphPlan", "GraphPolicy", "ModelKind", "PhaseBackends",
+    "PhasePlan", "RequestContext", "SpecAlgorithm", "SpecConfig", "plan", "plan_phase", "MAX_CAPTURE_SIZES",
+    "MAX_STEP_COUNTS",
+)
+OLD_DESCRIPTORS = ("SCHEMA_VERSION", "DescriptorError", "dump_descriptor", "load_descriptor", "parse_descriptor")
+
+
+@pytest.mark.parametrize("module,names", [("attnhal.capabilities", OLD_CAPABILITIES), ("attnhal.plan", OLD_PLAN),
+                                          ("attnhal.descriptors", OLD_DESCRIPTORS)])
+def test_old_module_paths_keep_their_names(module, names):
+    old = importlib.import_module(module)
+    missing = [n for n in names if not hasattr(old, n)]
+    assert not missing, f"{module} lost {missing}"
+
+
+def test_the_old_paths_give_the_same_objects():
+    import attnhal.capabilities as caps
+    import attnhal.descriptors as descriptors
+    import attnhal.plan as shim
+    from attnhal import phases, planner, reasons, spec
+    from attnhal.capabilities import files
+
+    assert caps.Phase is phases.Phase and caps.ReasonCode is reasons.ReasonCode and caps.reason is reasons.reason
+    assert shim.ALGORITHM_PHASES is phases.ALGORITHM_PHASES and shim.PhaseBackends is planner.PhaseBackends
+    assert shim.plan is planner.plan and shim.SpecConfig is spec.SpecConfig
+    assert descriptors.load_descriptor is files.load_descriptor
+
+
+def test_the_planner_does_not_re_export_the_spec_records():
+    from attnhal import planner
+
+    assert not {"SpecConfig", "RequestContext", "ModelKind", "SpecAlgorithm"} & set(planner.__all__)
+    assert {"plan", "plan_phase", "GraphPlan", "PhasePlan", "GraphPolicy", "PhaseBackends", "AttentionMode",
+            "ALGORITHM_PHASES", "MAX_BATCH_SIZE"} <= set(planner.__all__)
+
+
+# Run in a fresh interpreter: which object ``attnhal.plan`` is depends on what was imported first.
+CALLABLE_SHIM = """
+import attnhal
+from attnhal import BackendCapabilities, PhaseBackends, Phase, SpecConfig, SpecLimits
+from attnhal.planner import plan as the_plan
+assert attnhal.plan is the_plan, type(attnhal.plan)  # before the shim is imported: the function
+
+caps = BackendCapabilities(name="x", vendors={"cuda"}, phases=tuple(Phase), multi_step=SpecLimits(),
+                           graph={Phase.DECODE: SpecLimits()})
+spec = SpecConfig.eagle(2)
+want = the_plan(spec, "cuda:sm90", PhaseBackends.same(caps, spec))
+
+import attnhal.plan
+assert attnhal.plan is sys.modules["attnhal.plan"], type(attnhal.plan)  # the import system set the module
+assert attnhal.plan(spec, "cuda:sm90", PhaseBackends.same(caps, spec)) == want
+import attnhal.plan as m
+assert callable(m) and m is attnhal.plan and m(spec, platform="cuda:sm90", backends=PhaseBackends.same(caps)) == want
+from attnhal import plan
+assert plan(spec, "cuda:sm90", PhaseBackends.same(caps, spec)) == want
+print("ok")
+"""
+
+SHIM_FIRST = """
+import attnhal.plan as m
+import attnhal
+assert callable(m) and isinstance(m, type(sys)) and m.GraphPlan is attnhal.GraphPlan
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("script", [CALLABLE_SHIM, SHIM_FIRST], ids=["function-then-shim", "shim-first"])
+def test_attnhal_plan_stays_callable_after_importing_the_shim(script):
+    done = subprocess.run([sys.executable, "-c", "import sys\n" + script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
