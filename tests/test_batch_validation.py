@@ -22,7 +22,7 @@ from attnhal.backend.validate import ENV_VAR
 from attnhal.capabilities import Phase
 from attnhal.graphs import EmulatedGraph
 from attnhal.plan import SpecConfig
-from attnhal.testing.batches import Case, build_case
+from attnhal.testing.cases import Case, build_case
 from attnhal_torch import TorchBackend
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)

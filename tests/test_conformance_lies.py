@@ -32,7 +32,7 @@ from lying_backends import (
 from attnhal.capabilities import Phase
 from attnhal_torch import TorchBackend
 from attnhal.platform import parse
-from attnhal.testing.batches import CaseSpec
+from attnhal.testing.cases import CaseRecipe
 from attnhal.testing.checks import Claim, ClaimFalsified, ClaimKind, Status, Target, check
 from attnhal.testing.checks.phases import eager_body
 from attnhal.testing.report import ConformanceReport, run_conformance
@@ -59,7 +59,7 @@ def test_each_lie_is_flagged_for_its_claim(lie: str) -> None:
     assert [r.claim.name for r in report.falsified] == [claim], report.format()
     text = report.format()
     assert f"claim {claim} falsified: " in text
-    assert "CaseSpec(Phase." in text.split(f"claim {claim} falsified: ")[1]  # the counterexample follows
+    assert "CaseRecipe(Phase." in text.split(f"claim {claim} falsified: ")[1]  # the counterexample follows
 
 
 def test_host_sync_fails_capture_naming_the_op() -> None:
@@ -93,9 +93,9 @@ def test_wrong_gqa_mapping_breaks_the_phases_on_gqa_only() -> None:
     # MHA and MQA are right: only grouped heads expose the mapping
     body = eager_body(Target(WrongGQA, parse("cpu"), max_examples=0), Claim(ClaimKind.PHASE, "decode", "float32"))
     for q_heads, kv_heads in ((2, 2), (4, 1)):
-        body(CaseSpec(Phase.DECODE, num_q_heads=q_heads, num_kv_heads=kv_heads, prefix_lens=(5, 9)))
+        body(CaseRecipe(Phase.DECODE, num_q_heads=q_heads, num_kv_heads=kv_heads, prefix_lens=(5, 9)))
     with pytest.raises(ClaimFalsified, match=r"4 q / 2 kv heads \(GQA\)"):
-        body(CaseSpec(Phase.DECODE, num_q_heads=4, num_kv_heads=2, prefix_lens=(5, 9)))
+        body(CaseRecipe(Phase.DECODE, num_q_heads=4, num_kv_heads=2, prefix_lens=(5, 9)))
 
 
 def test_bad_bf16_is_flagged_for_bf16_only() -> None:
@@ -146,7 +146,7 @@ def test_drawn_counterexample_is_shrunk() -> None:
     notes = "\n".join(err.value.__notes__)
     assert "phase_decode_float32(" in notes and "explicit" not in notes  # a drawn example, not a fixed one
     assert f"prefix_lens=({ShortWindowDecode.WINDOW},)" in notes
-    assert "CaseSpec(Phase.DECODE, num_q_heads=1, num_kv_heads=1, prefix_lens=(30,))" in notes
+    assert "CaseRecipe(Phase.DECODE, num_q_heads=1, num_kv_heads=1, prefix_lens=(30,))" in notes
 
 
 # A feature liar is flagged for its own claim while a neighbouring claim stays verified.
