@@ -6,6 +6,8 @@ so the kit must verify it: a kit that flags everything would pass a weaker test.
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import pytest
 from lying_backends import (
     LIES,
@@ -166,6 +168,18 @@ def test_feature_lie_is_flagged_for_its_claim_only(cls: type, claims: set[str], 
     report = _run(cls, examples=0, only=[*sorted(claims), other])
     assert set(_falsified(report)) == claims, report.format()
     assert other in _verified(report)
+
+
+class UnscaledV(UnscaledFP8):
+    """Applies ``k_scale`` but reads V without ``v_scale``: right only when the V scale is 1."""
+
+    dropped: ClassVar[dict[str, Any]] = {"v_scale": None}
+
+
+def test_a_backend_ignoring_only_the_v_scale_is_flagged() -> None:
+    report = _run(UnscaledV, examples=0, only=["kv_dtype[fp8_e5m2]", "page_size[16]"])
+    assert set(_falsified(report)) == {"kv_dtype[fp8_e5m2]"}, report.format()
+    assert "page_size[16]" in _verified(report)
 
 
 @pytest.mark.parametrize("platform, flavours", [("cpu", "e4m3fn and e4m3fnuz"), ("hip:gfx942", "e4m3fnuz"),
