@@ -142,9 +142,18 @@ def test_a_batch_without_query_tokens_under_large_inputs_is_checked() -> None:
     from attnhal.testing.checks.phases import eager_body
     from attnhal_torch import TorchBackend
 
-    body = eager_body(Target(TorchBackend, parse("cpu")), Claim(ClaimKind.PHASE, "prefill", "float16"))
+    class Counted(TorchBackend):
+        forwards: ClassVar[int] = 0
+
+        def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int,
+                    batch: ForwardBatch) -> torch.Tensor:
+            Counted.forwards += 1
+            return super().forward(q, k, v, layer, batch)
+
+    body = eager_body(Target(Counted, parse("cpu")), Claim(ClaimKind.PHASE, "prefill", "float16"))
     body(CaseRecipe(Phase.PREFILL, dtype="float16", prefix_lens=(0, 3), new_lens=(0, 0), qk_magnitude=32,
                     v_magnitude=2.0**15))
+    assert Counted.forwards == 1  # the check reached the backend's forward, and compared nothing
 
 
 # --- the kit's layout -------------------------------------------------------------------------
