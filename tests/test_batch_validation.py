@@ -22,7 +22,7 @@ from attnhal.backend.validate import ENV_VAR
 from attnhal.capabilities import Phase
 from attnhal.graphs import EmulatedGraph
 from attnhal.plan import SpecConfig
-from attnhal.testing.batches import Case, build_case
+from attnhal.testing.cases import Case, build_case
 from attnhal_torch import TorchBackend
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
@@ -55,6 +55,8 @@ def test_valid_batches_pass(phase: Phase) -> None:
     case = case_of(phase)
     validate_batch(case.batch, case.pool, case.config)
     validate_forward(case.q, case.k, case.v, 0, case.batch, case.pool, case.config)
+    with pytest.raises(ValueError, match="seq_lens"):  # the checks ran on this batch: past the pool, it fails
+        validate_batch(replace(case.batch, seq_lens=case.batch.seq_lens + 10_000), case.pool, case.config)
 
 
 def _set(name: str, index: int | tuple[int, ...], value: int) -> Callable[[Case], None]:
@@ -153,10 +155,14 @@ def test_bad_forward_argument_is_named(args: Callable[[Case], tuple[Any, ...]], 
 
 def test_padded_rows_only_get_range_checks() -> None:
     case = case_of(Phase.TARGET_VERIFY)
+    req = int(case.batch.req_pool_indices[2])
     case.batch.req_pool_indices[2] = 0
     case.batch.seq_lens[2] = 1  # the graph fill value: below num_draft_tokens
     case.batch.out_cache_loc[-4:] = 0
     validate_batch(case.batch, case.pool, case.config)
+    case.batch.req_pool_indices[2] = req  # the same row, real: its seq len is refused
+    with pytest.raises(ValueError, match=r"seq_lens\[2\]"):
+        validate_batch(case.batch, case.pool, case.config)
 
 
 # --- the debug switch ---------------------------------------------------------------------------------
@@ -196,9 +202,14 @@ def test_validation_never_runs_inside_a_capture(debug: None) -> None:
     case = case_of(Phase.DECODE)
     backend = TorchBackend(case.config, case.pool)
     backend.init_graph_state(3, 3)
-    backend.init_capture_metadata(case.batch)
-    # Validation reads tensors on the host; inside a capture that would be a CaptureError.
-    EmulatedGraph().capture(lambda: backend.forward(case.q, case.k, case.v, 0, case.batch))
+    backend.init_capture_metadata(case.batch)  # outside the capture: validated (and valid)
+    case.batch.out_cache_loc[0] = 1  # a slot of the pool, but not the one of row 0's new position
+    with pytest.raises(BatchValidationError, match=r"out_cache_loc\[0\]"):  # eager, debug on: refused
+        backend.forward(case.q, case.k, case.v, 0, case.batch)
+    # Inside a capture validation is skipped: run, it would refuse the batch (or, reading the
+    # host, be a CaptureError). The capture succeeding is what proves it did not run.
+    out = EmulatedGraph().capture(lambda: backend.forward(case.q, case.k, case.v, 0, case.batch))
+    assert out.shape == case.q.shape
 
 
 def test_forward_batch_type_is_checked() -> None:

@@ -45,7 +45,7 @@ def test_a_failure_that_does_not_repeat_is_reported_falsified_flaky() -> None:
     result = report.results[0]
     assert result.status is Status.FALSIFIED and result.flaky, report.format()
     assert result.label == "falsified (flaky)" and "then passed when run again" in result.detail
-    assert "max |out - ref|" in result.detail and result.counterexample and "CaseSpec(Phase.DECODE" in result.counterexample
+    assert "max |out - ref|" in result.detail and result.counterexample and "CaseRecipe(Phase.DECODE" in result.counterexample
     assert report.results[1].status is Status.VERIFIED  # the run went on
     assert "falsified (flaky)" in report.format() and not report.ok
 
@@ -138,10 +138,80 @@ def test_rounds_run_until_the_time_is_spent_or_the_cap_is_reached() -> None:
 
 def test_a_batch_without_query_tokens_under_large_inputs_is_checked() -> None:
     """Every prefill row empty, large q/k: nothing to compare, and no kit error (found by --thorough)."""
-    from attnhal.testing.batches import CaseSpec
+    from attnhal.testing.cases import CaseRecipe
     from attnhal.testing.checks.phases import eager_body
     from attnhal_torch import TorchBackend
 
-    body = eager_body(Target(TorchBackend, parse("cpu")), Claim(ClaimKind.PHASE, "prefill", "float16"))
-    body(CaseSpec(Phase.PREFILL, dtype="float16", prefix_lens=(0, 3), new_lens=(0, 0), qk_magnitude=32,
-                  v_magnitude=2.0**15))
+    class Counted(TorchBackend):
+        forwards: ClassVar[int] = 0
+
+        def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int,
+                    batch: ForwardBatch) -> torch.Tensor:
+            Counted.forwards += 1
+            return super().forward(q, k, v, layer, batch)
+
+    body = eager_body(Target(Counted, parse("cpu")), Claim(ClaimKind.PHASE, "prefill", "float16"))
+    body(CaseRecipe(Phase.PREFILL, dtype="float16", prefix_lens=(0, 3), new_lens=(0, 0), qk_magnitude=32,
+                    v_magnitude=2.0**15))
+    assert Counted.forwards == 1  # the check reached the backend's forward, and compared nothing
+
+
+# --- the kit's layout -------------------------------------------------------------------------
+
+KIT = Path(__file__).parents[1] / "attnhal" / "testing"
+
+
+def _own_package_imports(path: Path) -> list[str]:
+    """Imports in ``path`` of names from its own package's ``__init__`` (``from attnhal.testing
+    import x`` in attnhal/testing/, ``from . import x``), and ``as ast`` aliases."""
+    import ast
+
+    package = ".".join(path.relative_to(KIT.parents[1]).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module == package or (node.level and not node.module)):
+            found.append(f"{path.name}:{node.lineno}: from {node.module or '.'} import ...")
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found += [f"{path.name}:{node.lineno}: as ast" for a in node.names if a.asname == "ast"]
+    return found
+
+
+def test_kit_modules_import_siblings_by_module_never_through_their_package() -> None:
+    """No import circle through a package's ``__init__`` (``checks/phases.py`` once imported
+    ``fixed`` through ``checks/__init__``, which imports ``phases``), no stdlib-shadowing alias."""
+    modules = [p for p in KIT.rglob("*.py") if p.name != "__init__.py"]
+    assert len(modules) > 20
+    assert [f for p in modules for f in _own_package_imports(p)] == []
+
+
+def test_former_names_and_modules_still_work() -> None:
+    import attnhal.testing as kit
+    import attnhal.testing.batches as batches
+    import attnhal.testing.cases as cases
+    import attnhal.testing.oracle as oracle
+    import attnhal.testing.reference as reference
+    from attnhal.reference import stress
+
+    assert kit.CaseSpec is kit.CaseRecipe is cases.CaseSpec is batches.CaseSpec is cases.CaseRecipe
+    assert batches.build_case is cases.build_case and batches.new_qkv is cases.new_qkv
+    assert set(batches.__all__) <= set(cases.__all__)
+    for names in (cases.__all__, batches.__all__):  # isort-style: constants, classes, functions
+        assert names == sorted(names, key=lambda n: (not n.isupper(), not n[0].isupper(), n))
+    assert reference.reference_forward is oracle.reference_forward and reference.real_tokens is oracle.real_tokens
+    assert stress.Case is stress.DrawnCase
+    case = cases.build_case(cases.CaseRecipe(Phase.DECODE))
+    assert case.spec is case.recipe  # the built case's former attribute name
+
+
+def test_backend_conformance_is_the_sum_of_the_claim_families() -> None:
+    from attnhal.testing import conformance as kit
+
+    families = [kit.PhaseConformance, kit.FeatureConformance, kit.GraphConformance, kit.MultiStepConformance,
+                kit.PropertyConformance]
+    tests = {cls: {n for n in vars(cls) if n.startswith("test_")} for cls in families}
+    assert all(issubclass(kit.BackendConformance, cls) for cls in families)
+    everything = {n for n in dir(kit.BackendConformance) if n.startswith("test_")}
+    assert everything == set().union(*tests.values()) | {"test_vendor"}
+    kinds = [cls.claim_kinds for cls in families]
+    assert set().union(*kinds) | {ClaimKind.VENDOR} == set(ClaimKind)  # every claim kind has one family
+    assert sum(map(len, kinds)) == len(set().union(*kinds))  # and only one

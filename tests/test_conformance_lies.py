@@ -6,6 +6,8 @@ so the kit must verify it: a kit that flags everything would pass a weaker test.
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import pytest
 from lying_backends import (
     LIES,
@@ -32,7 +34,7 @@ from lying_backends import (
 from attnhal.capabilities import Phase
 from attnhal_torch import TorchBackend
 from attnhal.platform import parse
-from attnhal.testing.batches import CaseSpec
+from attnhal.testing.cases import CaseRecipe
 from attnhal.testing.checks import Claim, ClaimFalsified, ClaimKind, Status, Target, check
 from attnhal.testing.checks.phases import eager_body
 from attnhal.testing.report import ConformanceReport, run_conformance
@@ -59,7 +61,7 @@ def test_each_lie_is_flagged_for_its_claim(lie: str) -> None:
     assert [r.claim.name for r in report.falsified] == [claim], report.format()
     text = report.format()
     assert f"claim {claim} falsified: " in text
-    assert "CaseSpec(Phase." in text.split(f"claim {claim} falsified: ")[1]  # the counterexample follows
+    assert "CaseRecipe(Phase." in text.split(f"claim {claim} falsified: ")[1]  # the counterexample follows
 
 
 def test_host_sync_fails_capture_naming_the_op() -> None:
@@ -93,9 +95,9 @@ def test_wrong_gqa_mapping_breaks_the_phases_on_gqa_only() -> None:
     # MHA and MQA are right: only grouped heads expose the mapping
     body = eager_body(Target(WrongGQA, parse("cpu"), max_examples=0), Claim(ClaimKind.PHASE, "decode", "float32"))
     for q_heads, kv_heads in ((2, 2), (4, 1)):
-        body(CaseSpec(Phase.DECODE, num_q_heads=q_heads, num_kv_heads=kv_heads, prefix_lens=(5, 9)))
+        body(CaseRecipe(Phase.DECODE, num_q_heads=q_heads, num_kv_heads=kv_heads, prefix_lens=(5, 9)))
     with pytest.raises(ClaimFalsified, match=r"4 q / 2 kv heads \(GQA\)"):
-        body(CaseSpec(Phase.DECODE, num_q_heads=4, num_kv_heads=2, prefix_lens=(5, 9)))
+        body(CaseRecipe(Phase.DECODE, num_q_heads=4, num_kv_heads=2, prefix_lens=(5, 9)))
 
 
 def test_bad_bf16_is_flagged_for_bf16_only() -> None:
@@ -146,7 +148,7 @@ def test_drawn_counterexample_is_shrunk() -> None:
     notes = "\n".join(err.value.__notes__)
     assert "phase_decode_float32(" in notes and "explicit" not in notes  # a drawn example, not a fixed one
     assert f"prefix_lens=({ShortWindowDecode.WINDOW},)" in notes
-    assert "CaseSpec(Phase.DECODE, num_q_heads=1, num_kv_heads=1, prefix_lens=(30,))" in notes
+    assert "CaseRecipe(Phase.DECODE, num_q_heads=1, num_kv_heads=1, prefix_lens=(30,))" in notes
 
 
 # A feature liar is flagged for its own claim while a neighbouring claim stays verified.
@@ -166,6 +168,18 @@ def test_feature_lie_is_flagged_for_its_claim_only(cls: type, claims: set[str], 
     report = _run(cls, examples=0, only=[*sorted(claims), other])
     assert set(_falsified(report)) == claims, report.format()
     assert other in _verified(report)
+
+
+class UnscaledV(UnscaledFP8):
+    """Applies ``k_scale`` but reads V without ``v_scale``: right only when the V scale is 1."""
+
+    dropped: ClassVar[dict[str, Any]] = {"v_scale": None}
+
+
+def test_a_backend_ignoring_only_the_v_scale_is_flagged() -> None:
+    report = _run(UnscaledV, examples=0, only=["kv_dtype[fp8_e5m2]", "page_size[16]"])
+    assert set(_falsified(report)) == {"kv_dtype[fp8_e5m2]"}, report.format()
+    assert "page_size[16]" in _verified(report)
 
 
 @pytest.mark.parametrize("platform, flavours", [("cpu", "e4m3fn and e4m3fnuz"), ("hip:gfx942", "e4m3fnuz"),

@@ -14,8 +14,8 @@ import pytest
 import torch
 from mutants import MUTANTS, Mutant
 
-from attnhal.testing.batches import build_case
-from attnhal.testing.reference import real_tokens, reference_forward
+from attnhal.testing.cases import build_case
+from attnhal.testing.oracle import real_tokens, reference_forward
 from attnhal.testing.report import run_conformance
 from attnhal_torch import TorchBackend
 

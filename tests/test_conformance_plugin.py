@@ -95,6 +95,30 @@ def test_mixin_in_a_third_party_test_file(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*attnhal conformance: torch on cpu*", "*phase?decode, float32*verified*"])
 
 
+def test_one_claim_family_alone_and_families_combined(pytester: pytest.Pytester) -> None:
+    # A backend whose graph support is wrong: its phase claims alone pass; with the graph
+    # family added, the lie is found.
+    pytester.makepyfile(test_mine="""
+        from attnhal.testing.conformance import GraphConformance, PhaseConformance
+        from lying_backends import StaleReplayDecode
+
+        class TestPhases(PhaseConformance):
+            backend_cls = StaleReplayDecode
+            max_examples = 0
+
+        class TestPhasesAndGraphs(PhaseConformance, GraphConformance):
+            backend_cls = StaleReplayDecode
+            max_examples = 0
+    """)
+    pytester.syspathinsert(TESTS)
+    phases = pytester.runpytest_inprocess("-k", "TestPhases and not Graphs", "-p", "no:cacheprovider")
+    phases.assert_outcomes(passed=5, skipped=15)  # phase[decode, float32] and 4 unclaimed phases
+    assert "test_graph" not in phases.stdout.str() and "vendor" not in phases.stdout.str()
+    both = pytester.runpytest_inprocess("-k", "TestPhasesAndGraphs", "-p", "no:cacheprovider")
+    both.assert_outcomes(failed=1, passed=6, skipped=21)  # the same 5, seq_len_fill[decode]; graph[decode] fails
+    both.stdout.fnmatch_lines(["*claim graph?decode? falsified: replay != eager*"])
+
+
 def test_mixin_with_fixtures_instead_of_attributes(pytester: pytest.Pytester) -> None:
     pytester.makeconftest("""
         import pytest

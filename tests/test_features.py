@@ -17,8 +17,8 @@ from attnhal.backend import AttentionConfig, KVPool, UnsupportedFeature, Unsuppo
 from attnhal.capabilities import Feature, Phase
 from attnhal.plan import SpecConfig
 from attnhal.platform import parse
-from attnhal.testing.batches import Case, CaseSpec, build_case
-from attnhal.testing.reference import real_tokens, reference_forward
+from attnhal.testing.cases import Case, CaseRecipe, build_case
+from attnhal.testing.oracle import real_tokens, reference_forward
 from attnhal_torch import TorchBackend
 
 TREE = SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
@@ -82,23 +82,23 @@ def _sdpa_rows(case: Case) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("spec", [
-    CaseSpec(Phase.PREFILL, prefix_lens=(9, 0, 20), new_lens=(7, 5, 3), sliding_window=4, sinks=True,
+    CaseRecipe(Phase.PREFILL, prefix_lens=(9, 0, 20), new_lens=(7, 5, 3), sliding_window=4, sinks=True,
              page_size=16, slot_seed=3),
-    CaseSpec(Phase.PREFILL, prefix_lens=(3, 12), new_lens=(6, 2), num_q_heads=4, num_kv_heads=1, sinks=True,
+    CaseRecipe(Phase.PREFILL, prefix_lens=(3, 12), new_lens=(6, 2), num_q_heads=4, num_kv_heads=1, sinks=True,
              kv_dtype="fp8_e4m3", fp8_flavor="e4m3fnuz", kv_scale=0.5),
-    CaseSpec(Phase.TARGET_VERIFY, prefix_lens=(11, 30), spec=TREE, tree_parents=TREES, sliding_window=2,
+    CaseRecipe(Phase.TARGET_VERIFY, prefix_lens=(11, 30), spec=TREE, tree_parents=TREES, sliding_window=2,
              sinks=True, page_size=16, slot_seed=5),
-    CaseSpec(Phase.TARGET_VERIFY, prefix_lens=(4, 6), spec=TREE, tree_parents=TREES, head_size=576,
+    CaseRecipe(Phase.TARGET_VERIFY, prefix_lens=(4, 6), spec=TREE, tree_parents=TREES, head_size=576,
              v_head_size=512, num_kv_heads=1),
 ], ids=["prefill-window-sinks-page16", "prefill-mqa-sinks-fp8", "verify-tree-window-sinks", "verify-mla"])
-def test_reference_equals_sdpa_with_explicit_mask_and_sink_column(spec: CaseSpec) -> None:
+def test_reference_equals_sdpa_with_explicit_mask_and_sink_column(spec: CaseRecipe) -> None:
     case = build_case(spec)
     want, got = _sdpa_rows(case), _reference(case)
     assert torch.allclose(got, want, atol=1e-10, rtol=1e-10)
 
 
 def test_reference_softcap_equals_a_vectorized_formula() -> None:
-    case = build_case(CaseSpec(Phase.DECODE, prefix_lens=(17, 40), logit_softcap=0.7, num_q_heads=4))
+    case = build_case(CaseRecipe(Phase.DECODE, prefix_lens=(17, 40), logit_softcap=0.7, num_q_heads=4))
     cfg, batch = case.config, case.batch
     k_all, v_all = _written(case)
     table = case.pool.token_table()
@@ -122,7 +122,7 @@ def test_torch_backend_all_features_at_once(phase: Phase) -> None:
         Phase.DRAFT_EXTEND: dict(prefix_lens=(33, 9), new_lens=(2, 3), spec=SpecConfig.eagle(2)),
         Phase.DRAFT_DECODE: dict(prefix_lens=(33, 9), spec=TREE, draft_step=1),
     }[phase]
-    spec = CaseSpec(phase, num_layers=2, layer=1, sliding_window=(None, 3), logit_softcap=5.0, sinks=True,
+    spec = CaseRecipe(phase, num_layers=2, layer=1, sliding_window=(None, 3), logit_softcap=5.0, sinks=True,
                     page_size=16, slot_seed=2, kv_dtype="fp8_e4m3", kv_scale=0.25, **fields)  # type: ignore[arg-type]
     case = build_case(spec)
     backend = TorchBackend(case.config, case.pool, chunk=16)
@@ -135,7 +135,7 @@ def test_torch_backend_all_features_at_once(phase: Phase) -> None:
 def test_window_keeps_early_chunks_off_a_long_decode() -> None:
     """A window far shorter than the context: chunks every query would attend without a window
     (eager skips their mask) must still be masked on the window layer, not on the full one."""
-    spec = CaseSpec(Phase.DECODE, prefix_lens=(300, 200), num_layers=2, sliding_window=(None, 10))
+    spec = CaseRecipe(Phase.DECODE, prefix_lens=(300, 200), num_layers=2, sliding_window=(None, 10))
     for layer in (0, 1):
         case = build_case(replace(spec, layer=layer))
         backend = TorchBackend(case.config, case.pool, chunk=32, host_workers=1)

@@ -168,7 +168,7 @@ def test_descriptor() -> None:
     assert caps is CAPABILITIES and caps.name == "triton" and caps.requires == ("triton",)
     assert set(caps.graph) == {Phase.DECODE, Phase.TARGET_VERIFY, Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND}
     assert caps.multi_step == SpecLimits() and caps.phases == frozenset(Phase)
-    # Each claim is run by tests/test_triton_kernels.py under the interpreter.
+    # Each claim is run by tests/test_triton_{kernels,features,graphs}.py under the interpreter.
     assert caps.features == {Feature.CUSTOM_MASK, Feature.SLIDING_WINDOW, Feature.LOGIT_SOFTCAP,
                              Feature.SINKS}
     assert caps.page_sizes == {1, 16, 64}

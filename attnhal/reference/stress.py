@@ -36,7 +36,7 @@ from attnhal.reference.model import ModelConfig, TinyLlama
 from attnhal.reference.worker import SpecWorker
 from attnhal.registry import default_registry
 
-__all__ = ["AXES", "Axis", "Case", "StressConfig", "StressSummary", "run_cases"]
+__all__ = ["AXES", "Axis", "Case", "DrawnCase", "StressConfig", "StressSummary", "run_cases"]
 
 #: Cases that share one built worker (one draw of the worker axes).
 CASES_PER_WORKER = 16
@@ -110,7 +110,7 @@ AXES: dict[str, Axis] = {
 
 
 @dataclass(frozen=True)
-class Case:
+class DrawnCase:
     """One drawn case: its axis values and the command that reproduces it."""
 
     index: int
@@ -129,6 +129,10 @@ class Case:
         return tuple(self.values[name] for name, axis in AXES.items() if axis.worker)
 
 
+#: The former name (the conformance kit's ``attnhal.testing.Case`` is the other ``Case``).
+Case = DrawnCase
+
+
 @dataclass(frozen=True)
 class StressConfig:
     cases: int
@@ -139,7 +143,7 @@ class StressConfig:
 
 @dataclass
 class Failure:
-    case: Case
+    case: DrawnCase
     reason: str
 
 
@@ -182,14 +186,15 @@ class StressSummary:
         return "\n".join(lines)
 
 
-def _draw(rng: random.Random, index: int, choices: Mapping[str, Any], worker: Mapping[str, Any] | None) -> Case:
+def _draw(rng: random.Random, index: int, choices: Mapping[str, Any],
+          worker: Mapping[str, Any] | None) -> DrawnCase:
     values: dict[str, Any] = dict(choices)
     for name, axis in AXES.items():
         values[name] = worker[name] if worker is not None and axis.worker else axis.draw(rng, values)
-    return Case(index, {name: values[name] for name in AXES})
+    return DrawnCase(index, {name: values[name] for name in AXES})
 
 
-def draw_cases(cfg: StressConfig, choices: Mapping[str, Any]) -> Iterator[Case]:
+def draw_cases(cfg: StressConfig, choices: Mapping[str, Any]) -> Iterator[DrawnCase]:
     """The run's cases, worker by worker (reproducible from ``cfg.seed``)."""
     rng = random.Random(cfg.seed)
     worker: Mapping[str, Any] | None = None
@@ -241,7 +246,7 @@ class _Workers:
             self._models[cfg.model_seed] = cfg.models()
         return self._models[cfg.model_seed]
 
-    def spec_worker(self, case: Case, cfg: DemoConfig, context: int) -> SpecWorker:
+    def spec_worker(self, case: DrawnCase, cfg: DemoConfig, context: int) -> SpecWorker:
         if case.worker_key() != self.key:
             self.worker = None  # free the previous worker's pools and graphs first
             target, draft = self.models(cfg)
@@ -287,7 +292,8 @@ def _greedy_top2(workers: _Workers, cfg: DemoConfig, tokens: list[int]) -> tuple
     return top.indices.tolist(), float(top.values[0] - top.values[1])
 
 
-def _run_case(case: Case, workers: _Workers, demo_config: Callable[[list[str]], DemoConfig]) -> tuple[str, str] | None:
+def _run_case(case: DrawnCase, workers: _Workers,
+              demo_config: Callable[[list[str]], DemoConfig]) -> tuple[str, str] | None:
     """None when the case is lossless, else ``("tie" | "failed", why)``.
 
     Where a request's tokens differ from greedy, the first differing token is a tie when
@@ -316,7 +322,8 @@ def _run_case(case: Case, workers: _Workers, demo_config: Callable[[list[str]], 
     return ("tie", "; ".join(ties)) if ties else None
 
 
-def _record(summary: StressSummary, case: Case, outcome: tuple[str, str] | None, progress: TextIO | None) -> None:
+def _record(summary: StressSummary, case: DrawnCase, outcome: tuple[str, str] | None,
+            progress: TextIO | None) -> None:
     if outcome is not None:
         kind, reason = outcome
         (summary.ties if kind == "tie" else summary.failures).append(Failure(case, reason))

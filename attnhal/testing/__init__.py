@@ -2,10 +2,13 @@
 
 * :mod:`attnhal.testing.strategies` — hypothesis strategies, most bound to a backend's
   descriptor (batches of each phase drawing only what it claims);
-* :mod:`attnhal.testing.batches` — :class:`CaseSpec` / :func:`build_case`, the valid forwards
-  those strategies draw;
-* :mod:`attnhal.testing.reference` — the fp64 reference attention;
-* :mod:`attnhal.testing.conformance` — :class:`BackendConformance`, the pytest mixin;
+* :mod:`attnhal.testing.cases` — :class:`CaseRecipe` / :func:`build_case`, the valid forwards
+  those strategies draw (``CaseSpec``: the record's former name; :mod:`attnhal.testing.batches`:
+  the package's former module, re-exporting it);
+* :mod:`attnhal.testing.oracle` — the fp64 reference attention (formerly
+  :mod:`attnhal.testing.reference`, which re-exports it);
+* :mod:`attnhal.testing.conformance` — :class:`BackendConformance`, the pytest mixin, and
+  its per-family parts (:class:`~attnhal.testing.conformance.PhaseConformance`, ...);
 * :mod:`attnhal.testing.report` — :func:`run_conformance` and :class:`ConformanceReport`;
 * :mod:`attnhal.testing.plugin` — the pytest plugin (``pytest --attnhal-backend NAME``).
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from attnhal.testing.batches import Case, CaseSpec, build_case
+    from attnhal.testing.cases import Case, CaseRecipe, CaseSpec, build_case
     from attnhal.testing.checks import Claim, ClaimFalsified, ClaimResult, Status
     from attnhal.testing.conformance import BackendConformance
     from attnhal.testing.report import ConformanceReport, run_conformance
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BackendConformance",
     "Case",
+    "CaseRecipe",
     "CaseSpec",
     "Claim",
     "ClaimFalsified",
@@ -38,7 +42,7 @@ __all__ = [
 
 _WHERE = {
     "BackendConformance": "conformance",
-    "Case": "batches", "CaseSpec": "batches", "build_case": "batches",
+    "Case": "cases", "CaseRecipe": "cases", "CaseSpec": "cases", "build_case": "cases",
     "Claim": "checks", "ClaimFalsified": "checks", "ClaimResult": "checks", "Status": "checks",
     "ConformanceReport": "report", "run_conformance": "report",
 }

@@ -1,4 +1,4 @@
-"""The conformance suite as a pytest mixin: certify a backend in one line.
+"""The conformance suite as pytest mixins: certify a backend in one line.
 
 .. code-block:: python
 
@@ -14,6 +14,23 @@ subclass. Each test method checks one claim of the backend's descriptor (see
 :mod:`attnhal.testing.checks`); a claim the descriptor does not make is skipped as "not
 claimed", one this process cannot check is skipped as "not checked here: <why>", and a
 falsified claim fails with the claim's name and the shrunk counterexample.
+
+:class:`BackendConformance` is the sum of one mixin per claim family (the modules of
+:mod:`attnhal.testing.checks`); subclass one alone, or several, to run only those claims
+(the phase claims while graph support is still being written, say):
+
+=============================  =========================================================
+mixin                          claims
+=============================  =========================================================
+:class:`PhaseConformance`      ``phase[P, dtype]``, ``unclaimed[P]``
+:class:`FeatureConformance`    ``feature[F]``, ``unclaimed_feature[F]``, ``page_size[N]``,
+                               ``kv_dtype[D]``
+:class:`GraphConformance`      ``graph[P]``, ``seq_len_fill[P]``
+:class:`MultiStepConformance`  ``multi_step``
+:class:`PropertyConformance`   ``deterministic``, ``inputs_unchanged``
+=============================  =========================================================
+
+:class:`BackendConformance` adds ``vendor[V]``: where the other claims ran.
 
 Settings, each a class attribute or a fixture of the same name (the attribute wins):
 
@@ -70,7 +87,14 @@ from attnhal.testing.checks import (
 from attnhal.testing.checks.run import flaky_result
 from attnhal.testing.report import resolve_backend
 
-__all__ = ["BackendConformance"]
+__all__ = [
+    "BackendConformance",
+    "FeatureConformance",
+    "GraphConformance",
+    "MultiStepConformance",
+    "PhaseConformance",
+    "PropertyConformance",
+]
 
 _PHASES = [p.value for p in Phase]
 _GRAPH_PHASES = [p.value for p in GRAPH_PHASES]
@@ -138,11 +162,8 @@ def _platform(request: pytest.FixtureRequest) -> Platform:
     return current(option or _setting(request, "platform"))
 
 
-class BackendConformance:
-    """Every claim of ``backend_cls``'s descriptor, checked by running it (see the module docs).
-
-    Subclass it with a ``Test`` name and set ``backend_cls``; nothing else is required.
-    """
+class _Conformance:
+    """The settings and the target shared by every claim family (see the module docs)."""
 
     backend_cls: ClassVar[type[AttentionBackend] | str | None] = None
     platform: ClassVar[Platform | str | None] = None
@@ -155,6 +176,8 @@ class BackendConformance:
     max_cost: ClassVar[int | None] = None
     #: The plugin's generated suite reads the backend from ``--attnhal-backend`` first.
     from_option: ClassVar[bool] = False
+    #: The claim kinds a family's tests check (a combined class runs the union).
+    claim_kinds: ClassVar[frozenset[ClaimKind]] = frozenset()
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -165,12 +188,26 @@ class BackendConformance:
                         thorough=_flag(request, "thorough"))
         seq, cost = _setting(request, "max_seq_len"), _setting(request, "max_cost")
         target = replace(target, max_seq_len=int(seq or target.max_seq_len), max_cost=int(cost or target.max_cost))
-        seconds = _budget(request, len(claims(target.caps)))
+        seconds = _budget(request, len(_claims_of(cls, target)))
         if seconds is not None:
             unset = _setting(request, "max_examples") is None and request.config.getoption(
                 "attnhal_examples", default=None) is None
             target = replace(target, seconds=seconds, max_examples=10**9 if unset else target.max_examples)
         return target
+
+
+def _claims_of(cls: type, target: Target) -> list[Claim]:
+    """The claims of ``target``'s descriptor that the families ``cls`` combines check."""
+    kinds: set[ClaimKind] = set()
+    for family in cls.__mro__:
+        kinds |= getattr(family, "claim_kinds", frozenset())
+    return [c for c in claims(target.caps) if c.kind in kinds]
+
+
+class PhaseConformance(_Conformance):
+    """``phase[P, dtype]`` and ``unclaimed[P]``: every claimed phase against the fp64 reference."""
+
+    claim_kinds = frozenset({ClaimKind.PHASE, ClaimKind.UNCLAIMED})
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("phase", _PHASES)
@@ -183,37 +220,18 @@ class BackendConformance:
         """A phase the descriptor leaves out raises ``UnsupportedPhase``."""
         _claim(attnhal_target, request, Claim(ClaimKind.UNCLAIMED, phase))
 
+
+class FeatureConformance(_Conformance):
+    """``feature[F]``, ``unclaimed_feature[F]``, ``page_size[N]``, ``kv_dtype[D]``: the variants
+    of the phase cases, eager and (for claimed graph phases) captured."""
+
+    claim_kinds = frozenset({ClaimKind.FEATURE, ClaimKind.UNCLAIMED_FEATURE, ClaimKind.PAGE_SIZE,
+                             ClaimKind.KV_DTYPE})
+
     @pytest.mark.parametrize("feature", [f.value for f in Feature])
     def test_feature(self, attnhal_target: Target, request: pytest.FixtureRequest, feature: str) -> None:
         """A claimed feature works (``custom_mask``: draft-tree masks in ``target_verify``)."""
         _claim(attnhal_target, request, Claim(ClaimKind.FEATURE, feature))
-
-    @pytest.mark.parametrize("phase", _GRAPH_PHASES)
-    def test_graph(self, attnhal_target: Target, request: pytest.FixtureRequest, phase: str) -> None:
-        """A claimed graph phase captures, replays equal to eager, without host sync or allocation."""
-        _claim(attnhal_target, request, Claim(ClaimKind.GRAPH, phase))
-
-    @pytest.mark.parametrize("phase", _GRAPH_PHASES)
-    def test_seq_len_fill(self, attnhal_target: Target, request: pytest.FixtureRequest, phase: str) -> None:
-        """Padded rows (seq len = the declared fill value) are finite and leave real rows alone."""
-        _claim(attnhal_target, request, Claim(ClaimKind.SEQ_LEN_FILL, phase))
-
-    def test_multi_step(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
-        """``MultiStepDraft``: every forward matches the reference as the draft tree re-parents."""
-        _claim(attnhal_target, request, Claim(ClaimKind.MULTI_STEP))
-
-    def test_deterministic(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
-        """Two eager forwards of one batch, and two replays of one graph, are bitwise equal."""
-        _claim(attnhal_target, request, Claim(ClaimKind.DETERMINISTIC))
-
-    def test_inputs_unchanged(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
-        """q/k/v, the batch, the pool's table and other layers are untouched by a forward."""
-        _claim(attnhal_target, request, Claim(ClaimKind.INPUTS_UNCHANGED))
-
-    @pytest.mark.parametrize("vendor", [v.value for v in Vendor])
-    def test_vendor(self, attnhal_target: Target, request: pytest.FixtureRequest, vendor: str) -> None:
-        """Where the claims ran: the claimed vendors without a device here are reported skipped."""
-        _claim(attnhal_target, request, Claim(ClaimKind.VENDOR, vendor))
 
     @pytest.mark.parametrize("feature", [f.value for f in Feature if f is not Feature.CUSTOM_MASK])
     def test_unclaimed_feature(self, attnhal_target: Target, request: pytest.FixtureRequest, feature: str) -> None:
@@ -229,6 +247,61 @@ class BackendConformance:
     def test_kv_dtype(self, attnhal_target: Target, request: pytest.FixtureRequest, kv_dtype: str) -> None:
         """A claimed KV dtype beyond the compute dtypes (fp8 per flavour, with per-layer scales)."""
         _claim(attnhal_target, request, Claim(ClaimKind.KV_DTYPE, kv_dtype))
+
+
+class GraphConformance(_Conformance):
+    """``graph[P]`` and ``seq_len_fill[P]``: captured phases replay padded batches as eager runs them."""
+
+    claim_kinds = frozenset({ClaimKind.GRAPH, ClaimKind.SEQ_LEN_FILL})
+
+    @pytest.mark.parametrize("phase", _GRAPH_PHASES)
+    def test_graph(self, attnhal_target: Target, request: pytest.FixtureRequest, phase: str) -> None:
+        """A claimed graph phase captures, replays equal to eager, without host sync or allocation."""
+        _claim(attnhal_target, request, Claim(ClaimKind.GRAPH, phase))
+
+    @pytest.mark.parametrize("phase", _GRAPH_PHASES)
+    def test_seq_len_fill(self, attnhal_target: Target, request: pytest.FixtureRequest, phase: str) -> None:
+        """Padded rows (seq len = the declared fill value) are finite and leave real rows alone."""
+        _claim(attnhal_target, request, Claim(ClaimKind.SEQ_LEN_FILL, phase))
+
+
+class MultiStepConformance(_Conformance):
+    """``multi_step``: the backend as every step of a :class:`~attnhal.backend.MultiStepDraft`."""
+
+    claim_kinds = frozenset({ClaimKind.MULTI_STEP})
+
+    def test_multi_step(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
+        """``MultiStepDraft``: every forward matches the reference as the draft tree re-parents."""
+        _claim(attnhal_target, request, Claim(ClaimKind.MULTI_STEP))
+
+
+class PropertyConformance(_Conformance):
+    """``deterministic`` and ``inputs_unchanged``: what every backend owes, claimed or not."""
+
+    claim_kinds = frozenset({ClaimKind.DETERMINISTIC, ClaimKind.INPUTS_UNCHANGED})
+
+    def test_deterministic(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
+        """Two eager forwards of one batch, and two replays of one graph, are bitwise equal."""
+        _claim(attnhal_target, request, Claim(ClaimKind.DETERMINISTIC))
+
+    def test_inputs_unchanged(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
+        """q/k/v, the batch, the pool's table and other layers are untouched by a forward."""
+        _claim(attnhal_target, request, Claim(ClaimKind.INPUTS_UNCHANGED))
+
+
+class BackendConformance(PhaseConformance, FeatureConformance, GraphConformance, MultiStepConformance,
+                         PropertyConformance):
+    """Every claim of ``backend_cls``'s descriptor, checked by running it (see the module docs).
+
+    Subclass it with a ``Test`` name and set ``backend_cls``; nothing else is required.
+    """
+
+    claim_kinds = frozenset({ClaimKind.VENDOR})
+
+    @pytest.mark.parametrize("vendor", [v.value for v in Vendor])
+    def test_vendor(self, attnhal_target: Target, request: pytest.FixtureRequest, vendor: str) -> None:
+        """Where the claims ran: the claimed vendors without a device here are reported skipped."""
+        _claim(attnhal_target, request, Claim(ClaimKind.VENDOR, vendor))
 
 
 def _claim(target: Target, request: pytest.FixtureRequest, claim: Claim) -> None:
@@ -281,6 +354,6 @@ def _cause(exc: BaseException) -> str:
 
 
 def _record(request: pytest.FixtureRequest, target: Target, result: ClaimResult) -> None:
-    from attnhal.testing import plugin
+    from attnhal.testing.plugin import record
 
-    plugin.record(request.config, f"{target.caps.name} on {target.platform.spec}", result)
+    record(request.config, f"{target.caps.name} on {target.platform.spec}", result)

@@ -13,7 +13,9 @@ One module per claim family, so each claim's check is found in one short module:
 :mod:`.phases` (``phase``, ``unclaimed``), :mod:`.features`, :mod:`.graphs` (``graph``,
 ``seq_len_fill``; capture in :mod:`.capture`), :mod:`.multi_step`, :mod:`.properties`
 (``deterministic``, ``inputs_unchanged``); :mod:`.claims` and :mod:`.target` hold the
-records, :mod:`.fixed` the fixed examples, :mod:`.run` dispatches.
+records, :mod:`.fixed` the fixed examples, :mod:`.limits` the speculative limits of graph
+and multi-step claims, :mod:`.run` dispatches. Modules import their siblings by module
+path (``attnhal.testing.checks.fixed``), never through this package.
 
 =========================  ================================================================
 claim                      what is run

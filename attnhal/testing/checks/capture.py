@@ -16,10 +16,10 @@ from attnhal.capabilities import Phase
 from attnhal.graphs import CaptureError, EmulatedGraph, GraphCaptureWarning, GraphRunner, PhaseStep
 from attnhal.graphs.emulator import OpKind
 from attnhal.plan import GraphPlan, GraphPolicy, PhasePlan, SpecConfig
-from attnhal.testing.batches import CaseSpec, PoolSize, attention_config, make_pool, pool_size
+from attnhal.testing.cases import CaseRecipe, PoolSize, attention_config, make_pool, pool_size
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.common import blame
-from attnhal.testing.checks.specs import multi_step_graph
+from attnhal.testing.checks.limits import multi_step_graph
 from attnhal.testing.checks.target import Target
 
 
@@ -71,9 +71,9 @@ class CapturedGraph:
     outputs: dict[str, Any] = field(default_factory=dict)
 
 
-def _pool_for(specs: Sequence[CaseSpec], device: str) -> KVPool:
-    size = functools.reduce(PoolSize.union, (pool_size(s) for s in specs))
-    return make_pool(specs[0], size, device)
+def _pool_for(recipes: Sequence[CaseRecipe], device: str) -> KVPool:
+    size = functools.reduce(PoolSize.union, (pool_size(r) for r in recipes))
+    return make_pool(recipes[0], size, device)
 
 
 def _inputs(config: AttentionConfig, steps: int, multi: bool) -> dict[str, tuple[str, tuple[int, ...], torch.dtype]]:
@@ -117,10 +117,10 @@ def _step_forward(owner: Any, steps: list[AttentionBackend], layer: int, multi: 
     return forward
 
 
-def capture(target: Target, claim: Claim, specs: Sequence[CaseSpec], sizes: tuple[int, ...]) -> CapturedGraph:
-    """Capture ``claim``'s phase at ``sizes`` over a pool that holds every case of ``specs``."""
-    first, phase = specs[0], specs[0].phase
-    pool = _pool_for(specs, target.device)
+def capture(target: Target, claim: Claim, recipes: Sequence[CaseRecipe], sizes: tuple[int, ...]) -> CapturedGraph:
+    """Capture ``claim``'s phase at ``sizes`` over a pool that holds every case of ``recipes``."""
+    first, phase = recipes[0], recipes[0].phase
+    pool = _pool_for(recipes, target.device)
     config, spec = attention_config(first), first.spec or SpecConfig()
     multi = multi_step_graph(target, claim)
     owner, steps = _owner(target, claim, config, pool, spec, multi)

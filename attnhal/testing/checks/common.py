@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from attnhal.backend import ForwardBatch, KVPool
 from attnhal.capabilities import Tolerance
-from attnhal.testing.batches import Case, CaseSpec
+from attnhal.testing.cases import Case, CaseRecipe
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.target import Target
-from attnhal.testing.reference import real_tokens
+from attnhal.testing.oracle import real_tokens
 
 #: Random examples per round when a check runs for a time (``Target.seconds``).
 ROUND = 4
@@ -67,21 +67,21 @@ def input_tolerance(tol: Tolerance, case: Case) -> Tolerance:
     ill-conditioned: a correct fp32 exponent of a logit ``s`` is off by ``~eps * |s|``, so
     the largest logit ``L`` adds ``4 eps L`` (times V's magnitude).
     """
-    spec = case.spec
-    if spec.qk_magnitude == 1 and spec.v_magnitude == 1 and spec.scale is None:
+    recipe = case.recipe
+    if recipe.qk_magnitude == 1 and recipe.v_magnitude == 1 and recipe.scale is None:
         return tol
     atol = tol.atol
-    if spec.qk_magnitude > 1 or spec.scale is not None:
+    if recipe.qk_magnitude > 1 or recipe.scale is not None:
         atol += 4 * torch.finfo(torch.float32).eps * _largest_logit(case)
-    return replace(tol, atol=atol * spec.v_magnitude)
+    return replace(tol, atol=atol * recipe.v_magnitude)
 
 
 def _largest_logit(case: Case) -> float:
     """``max |scale * q . k|`` over the queries and every key of the layer (a bound on the attended)."""
     slots = {s for row in case.row_slots for s in row} | set(case.batch.out_cache_loc.tolist())
-    spec = case.batch.spec
-    if spec is not None and spec.draft_path is not None:
-        slots |= set(spec.draft_path.flatten().tolist())
+    info = case.batch.spec
+    if info is not None and info.draft_path is not None:
+        slots |= set(info.draft_path.flatten().tolist())
     index = torch.tensor(sorted(slots), dtype=torch.int64)
     keys = case.pool.k[case.layer].detach().cpu()[index].float()  # [S, KV, D], the new K written or not:
     keys = torch.cat([keys, case.k.detach().cpu().float()])       # both bound the attended logits
@@ -110,9 +110,9 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def heads(spec: CaseSpec) -> str:
-    kind = "MHA" if spec.num_q_heads == spec.num_kv_heads else "MQA" if spec.num_kv_heads == 1 else "GQA"
-    return f"{spec.num_q_heads} q / {spec.num_kv_heads} kv heads ({kind})"
+def heads(recipe: CaseRecipe) -> str:
+    kind = "MHA" if recipe.num_q_heads == recipe.num_kv_heads else "MQA" if recipe.num_kv_heads == 1 else "GQA"
+    return f"{recipe.num_q_heads} q / {recipe.num_kv_heads} kv heads ({kind})"
 
 
 def mismatch(got: torch.Tensor, want: torch.Tensor, tokens: Sequence[int], tol: Tolerance,
@@ -175,8 +175,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype.itemsize == 1 else t
 
 
-def with_example(exc: ClaimFalsified, spec: CaseSpec) -> ClaimFalsified:
+def with_example(exc: ClaimFalsified, recipe: CaseRecipe) -> ClaimFalsified:
     """Attach the (fixed) example as hypothesis attaches a drawn one."""
-    exc.__notes__ = [*getattr(exc, "__notes__", []), f"Failing example: {spec!r}"]
+    exc.__notes__ = [*getattr(exc, "__notes__", []), f"Failing example: {recipe!r}"]
     return exc
 

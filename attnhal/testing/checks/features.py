@@ -1,7 +1,7 @@
 """``feature[F]``, ``page_size[P]``, ``kv_dtype[D]`` and ``unclaimed_feature[F]``.
 
 A feature, page size or KV dtype is a *variant* of the phase cases: the canonical case
-of every claimed phase (and drawn ones) with the variant's :class:`CaseSpec` fields set,
+of every claimed phase (and drawn ones) with the variant's :class:`CaseRecipe` fields set,
 run eagerly against the reference — which applies the same window, soft-cap, sinks,
 V head size, page table and KV quantization — and, for every claimed graph phase, one
 capture replayed against eager and the reference (the page table, the fp8 scales and
@@ -18,10 +18,10 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+import attnhal.testing.strategies as hst
 from attnhal.capabilities import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Fp8Flavor, GraphKind
-from attnhal.testing import strategies as ast
-from attnhal.testing.batches import CaseSpec
+from attnhal.testing.cases import CaseRecipe
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
 from attnhal.testing.checks.common import plural, run_examples
 from attnhal.testing.checks.expected import resize
@@ -29,13 +29,16 @@ from attnhal.testing.checks.graphs import in_limits, replay_fixed
 from attnhal.testing.checks.phases import canonical_cases, eager_body, expect_refusal
 from attnhal.testing.checks.target import Target, checkable_dtypes
 
-__all__ = ["MLA_HEAD_SIZE", "MLA_V_HEAD_SIZE", "check_feature", "check_kv_dtype", "check_page_size",
+__all__ = ["FP8_K_SCALE", "MLA_HEAD_SIZE", "MLA_V_HEAD_SIZE", "check_feature", "check_kv_dtype", "check_page_size",
            "check_unclaimed_feature", "feature_not_checked"]
 
 #: MLA (absorbed, DeepSeek): q/k head = latent 512 + rope 64, V = the latent part, one KV head.
 MLA_HEAD_SIZE, MLA_V_HEAD_SIZE = 576, 512
+#: ``k_scale`` of the KV-dtype cases (``v_scale`` is twice it): neither is 1, so a backend
+#: that ignores either scale is off by that factor.
+FP8_K_SCALE = 0.25
 
-Variant = Callable[[CaseSpec], CaseSpec]
+Variant = Callable[[CaseRecipe], CaseRecipe]
 
 #: Per feature: the fixed variants (several, e.g. a window layer and a full layer next to
 #: it) and the drawn one.
@@ -90,7 +93,7 @@ def check_kv_dtype(target: Target, claim: Claim) -> tuple[str, int]:
         Fp8Flavor.OCP, Fp8Flavor.FNUZ]
     if kv != "fp8_e4m3":
         flavours = flavours[:1]
-    fixed = [_fields({"kv_dtype": kv, "fp8_flavor": f.value, "kv_scale": 0.5}) for f in flavours]
+    fixed = [_fields({"kv_dtype": kv, "fp8_flavor": f.value, "kv_scale": FP8_K_SCALE}) for f in flavours]
     detail, count = _check_variant(target, claim, fixed, st.sampled_from(fixed))
     if kv == "fp8_e4m3":
         detail = f"stored as {' and '.join(f.value for f in flavours)}; {detail}"
@@ -100,16 +103,16 @@ def check_kv_dtype(target: Target, claim: Claim) -> tuple[str, int]:
 def check_unclaimed_feature(target: Target, claim: Claim) -> tuple[str, int]:
     """A config with a feature the backend does not claim is refused, at construction or forward."""
     caps = target.caps
-    spec = _fields(_FIXED[Feature(claim.subject)][0])(
+    recipe = _fields(_FIXED[Feature(claim.subject)][0])(
         canonical_cases(caps, Phase.DECODE, checkable_dtypes(target)[0], min(caps.head_sizes))[0])
-    return expect_refusal(target, claim, spec, claim.subject,
+    return expect_refusal(target, claim, recipe, claim.subject,
                           " (a backend must not compute attention without a feature it was given)")
 
 
 # --- running a variant ------------------------------------------------------------------------------
 
 def _fields(values: dict[str, Any]) -> Variant:
-    return lambda spec: replace(spec, **values)
+    return lambda recipe: replace(recipe, **values)
 
 
 def _check_variant(target: Target, claim: Claim, fixed: list[Variant],
@@ -122,7 +125,7 @@ def _check_variant(target: Target, claim: Claim, fixed: list[Variant],
     head = min(caps.head_sizes)
     cases = [v(c) for p in phases for v in fixed for c in canonical_cases(caps, p, dtypes[0], head)]
     strategy = st.tuples(st.sampled_from(phases), st.sampled_from(dtypes), drawn).flatmap(
-        lambda pdv: ast.case_specs(caps, pdv[0], dtype=pdv[1], max_requests=target.max_requests,
+        lambda pdv: hst.case_specs(caps, pdv[0], dtype=pdv[1], max_requests=target.max_requests,
                                    max_seq_len=target.max_seq_len).map(pdv[2]))
     name = f"{claim.kind.value}_{claim.subject}"
     count = run_examples(target, name, strategy, cases, eager_body(target, claim))
@@ -152,7 +155,7 @@ def _check_custom_mask(target: Target, claim: Claim) -> tuple[str, int]:
     caps = target.caps
     dtypes = checkable_dtypes(target)
     fixed = [c for h in sorted(caps.head_sizes)[:1] for c in canonical_cases(caps, Phase.TARGET_VERIFY, dtypes[0], h)]
-    strategy = st.sampled_from(dtypes).flatmap(lambda d: ast.case_specs(
+    strategy = st.sampled_from(dtypes).flatmap(lambda d: hst.case_specs(
         caps, Phase.TARGET_VERIFY, dtype=d, tree=True, max_requests=target.max_requests,
         max_seq_len=target.max_seq_len))
     count = run_examples(target, "feature_custom_mask", strategy, fixed, eager_body(target, claim))

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from attnhal.capabilities import Phase
-from attnhal.testing.batches import MAX_EXACT_QK, CaseSpec
+from attnhal.testing.cases import MAX_EXACT_QK, CaseRecipe
 from attnhal.testing.strategies import batch_cost
 
 __all__ = ["at_lengths", "boundary_cases", "edge_cases", "fits", "input_cases", "layout_cases"]
@@ -36,12 +36,12 @@ _LONG = ((4097,),)
 _THOROUGH_LONG = ((4095,), (4096,), (8193,), (2049, 2047))
 
 
-def fits(spec: CaseSpec, max_seq_len: int, max_cost: int) -> bool:
-    """Whether ``spec`` stays within a target's bounds."""
-    return max(spec.seq_lens()) <= max_seq_len and batch_cost(spec) <= max_cost
+def fits(recipe: CaseRecipe, max_seq_len: int, max_cost: int) -> bool:
+    """Whether ``recipe`` stays within a target's bounds."""
+    return max(recipe.seq_lens()) <= max_seq_len and batch_cost(recipe) <= max_cost
 
 
-def at_lengths(base: CaseSpec, kv_lens: tuple[int, ...], new_lens: tuple[int, ...] = ()) -> CaseSpec:
+def at_lengths(base: CaseRecipe, kv_lens: tuple[int, ...], new_lens: tuple[int, ...] = ()) -> CaseRecipe:
     """``base`` with one request per entry of ``kv_lens``, each attending that many KV
     positions (prefill and draft extend: ``new_lens`` of them new); per-request fields
     (trees, draft picks) are cycled."""
@@ -65,7 +65,7 @@ def at_lengths(base: CaseSpec, kv_lens: tuple[int, ...], new_lens: tuple[int, ..
     return replace(base, prefix_lens=prefix, tree_parents=cyc(base.tree_parents), draft_picks=cyc(base.draft_picks))
 
 
-def boundary_cases(base: CaseSpec, thorough: bool = False) -> list[CaseSpec]:
+def boundary_cases(base: CaseRecipe, thorough: bool = False) -> list[CaseRecipe]:
     """KV lengths at and around 64, 128, 256, and long contexts (see the module docs)."""
     out = [at_lengths(base, lens, news) for lens, news in zip(_BOUNDARY_BATCHES, _BOUNDARY_EXTENDS)]
     for lens in _LONG + (_THOROUGH_LONG if thorough else ()):
@@ -73,7 +73,7 @@ def boundary_cases(base: CaseSpec, thorough: bool = False) -> list[CaseSpec]:
     return [replace(c, seed=base.seed + i) for i, c in enumerate(out)]
 
 
-def edge_cases(base: CaseSpec) -> list[CaseSpec]:
+def edge_cases(base: CaseRecipe) -> list[CaseRecipe]:
     """An empty request (prefill), then a length-1 one, at each position of 3 requests.
 
     Prefill: 0 new tokens and no prefix (seq len 0), then 1 new token; decode: seq len 1;
@@ -90,14 +90,14 @@ def edge_cases(base: CaseSpec) -> list[CaseSpec]:
     return out
 
 
-def layout_cases(base: CaseSpec) -> list[CaseSpec]:
+def layout_cases(base: CaseRecipe) -> list[CaseRecipe]:
     """MHA, GQA with groups 8 and 16, MQA with 16 query heads: the head mappings real
     models use beyond the canonical 4/2."""
     return [replace(base, num_q_heads=h, num_kv_heads=kv, seed=base.seed + i)
             for i, (h, kv) in enumerate(((8, 8), (16, 2), (32, 2), (16, 1)))]
 
 
-def input_cases(base: CaseSpec, dtype: str) -> list[CaseSpec]:
+def input_cases(base: CaseRecipe, dtype: str) -> list[CaseRecipe]:
     """An explicit scale (0.3) with integer q/k of magnitude 32 (logits of hundreds) in a
     fused qkv tensor; V near the dtype's range (2^15 in fp16, 2^20 otherwise) in strided heads."""
     big_v = 2.0**15 if dtype == "float16" else 2.0**20

@@ -8,30 +8,30 @@ from dataclasses import replace
 import torch
 from hypothesis import strategies as st
 
-from attnhal.capabilities import Phase, ReasonCode, SpecLimits
-from attnhal.testing import strategies as ast
-from attnhal.testing.batches import CaseSpec, build_case
+import attnhal.testing.strategies as hst
+from attnhal.capabilities import Phase, ReasonCode
+from attnhal.testing.cases import CaseRecipe, build_case
 from attnhal.testing.checks.capture import CapturedGraph, capture
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
 from attnhal.testing.checks.common import blame, check_cache, mismatch, plural, run_examples
 from attnhal.testing.checks.expected import expected, resize
 from attnhal.testing.checks.fixed import at_lengths, fits
+from attnhal.testing.checks.limits import claim_limits, multi_step_graph
 from attnhal.testing.checks.phases import canonical_cases
-from attnhal.testing.checks.specs import limits_of, multi_step_graph
 from attnhal.testing.checks.target import Target, checkable_dtypes
-from attnhal.testing.reference import real_tokens
+from attnhal.testing.oracle import real_tokens
 
 
-def _replay(target: Target, claim: Claim, graph: CapturedGraph, spec: CaseSpec, multi: bool,
+def _replay(target: Target, claim: Claim, graph: CapturedGraph, recipe: CaseRecipe, multi: bool,
             fill_claim: Claim | None = None) -> None:
     """Replay one case through ``graph`` and compare it with eager and the reference."""
-    case = build_case(spec, pool=graph.pool)
+    case = build_case(recipe, pool=graph.pool)
     exp = expected(target, claim, case, multi)
-    phase, runner, layer = spec.phase, graph.runner, graph.layer
+    phase, runner, layer = recipe.phase, graph.runner, graph.layer
     stats = runner.summary()[phase]
-    sizes = [s for s in runner.captured_sizes(phase) if s >= spec.requests]
-    where = plural(spec.requests, "request") + (
-        f" padded to {sizes[0]}" if sizes and sizes[0] > spec.requests else "")
+    sizes = [s for s in runner.captured_sizes(phase) if s >= recipe.requests]
+    where = plural(recipe.requests, "request") + (
+        f" padded to {sizes[0]}" if sizes and sizes[0] > recipe.requests else "")
     before = graph.pool.k[layer].clone(), graph.pool.v[layer].clone()
     with blame(claim, f"replay ({where})"):
         got = runner.run(phase, case.batch, exp.inputs)
@@ -42,7 +42,7 @@ def _replay(target: Target, claim: Claim, graph: CapturedGraph, spec: CaseSpec, 
         raise ClaimFalsified(claim, f"replay allocated {after.replay_allocations - stats.replay_allocations} "
                                     "tensors (a replay may only write into buffers the graph owns)")
     outs = list(got) if isinstance(got, tuple) else [got]
-    tol = target.caps.tolerance_for(spec.dtype, spec.kv_dtype)
+    tol = target.caps.tolerance_for(recipe.dtype, recipe.kv_dtype)
     for s, (out, eager, ref, batch) in enumerate(zip(outs, exp.eager, exp.reference, exp.batches)):
         step = f"forward {s} of {len(outs)}, " if multi else ""
         for name, want in (("eager", eager), ("reference", ref)):
@@ -53,12 +53,12 @@ def _replay(target: Target, claim: Claim, graph: CapturedGraph, spec: CaseSpec, 
     if not multi:
         check_cache(claim, graph.pool, layer, before, case.batch, case.k, case.v, f"replay ({where})")
     if fill_claim is not None and sizes:
-        _check_padded_rows(fill_claim, graph, spec, sizes[0], where)
+        _check_padded_rows(fill_claim, graph, recipe, sizes[0], where)
 
 
-def _check_padded_rows(claim: Claim, graph: CapturedGraph, spec: CaseSpec, size: int, where: str) -> None:
+def _check_padded_rows(claim: Claim, graph: CapturedGraph, recipe: CaseRecipe, size: int, where: str) -> None:
     """Every output of the captured batch, padded rows included, is finite."""
-    rows = size * (spec.topk if spec.phase is Phase.DRAFT_DECODE else 1)
+    rows = size * (recipe.topk if recipe.phase is Phase.DRAFT_DECODE else 1)
     for s, static in enumerate(graph.outputs.get(str(rows), [])):
         if not torch.isfinite(static).all():
             bad = int((~torch.isfinite(static)).flatten(1).any(1).nonzero()[0])
@@ -67,41 +67,32 @@ def _check_padded_rows(claim: Claim, graph: CapturedGraph, spec: CaseSpec, size:
 
 
 def _graph_cases(target: Target, claim: Claim, sizes: tuple[int, ...],
-                 replays: tuple[int, int]) -> st.SearchStrategy[tuple[CaseSpec, ...]]:
+                 replays: tuple[int, int]) -> st.SearchStrategy[tuple[CaseRecipe, ...]]:
     caps, phase = target.caps, claim.phase
     multi = multi_step_graph(target, claim)
     dtypes = checkable_dtypes(target)
-    return st.sampled_from(dtypes).flatmap(lambda d: ast.graph_case_specs(
+    return st.sampled_from(dtypes).flatmap(lambda d: hst.graph_case_specs(
         caps, phase, capture_sizes=sizes, replays=replays, multi_step=multi, dtype=d,
         max_seq_len=target.max_seq_len))
 
 
-def fixed_graph_cases(target: Target, claim: Claim, requests: Sequence[int]) -> list[tuple[CaseSpec, ...]]:
+def fixed_graph_cases(target: Target, claim: Claim, requests: Sequence[int]) -> list[tuple[CaseRecipe, ...]]:
     """One fixed example: the canonical case of the phase at ``requests`` requests per replay."""
     caps, phase = target.caps, claim.phase
     dtype, head = checkable_dtypes(target)[0], min(caps.head_sizes)
     base = canonical_cases(caps, phase, dtype, head)[0]
-    spec = base.spec
-    limits = limits_of(target, claim)
-    if multi_step_graph(target, claim):
-        limits = ast._tighter(limits, caps.multi_step or SpecLimits())
-    if phase is not Phase.DECODE and spec is not None and limits.violations(spec, ReasonCode.GRAPH_LIMIT, ""):
-        return []  # the canonical spec is outside this claim's limits: drawn examples only
-    out = []
-    for i, n in enumerate(requests):
-        out.append(resize(base, n, seed=base.seed + i))
-    return [tuple(out)]
-
-
+    if phase is not Phase.DECODE and not in_limits(target, claim, base):
+        return []  # the canonical spec config is outside this claim's limits: drawn examples only
+    return [tuple(resize(base, n, seed=base.seed + i) for i, n in enumerate(requests))]
 
 def check_graph(target: Target, claim: Claim) -> tuple[str, int]:
     sizes = target.capture_sizes
     multi = multi_step_graph(target, claim)
 
-    def body(specs: tuple[CaseSpec, ...]) -> None:
-        graph = capture(target, claim, specs, sizes)
-        for spec in specs:
-            _replay(target, claim, graph, spec, multi)
+    def body(recipes: tuple[CaseRecipe, ...]) -> None:
+        graph = capture(target, claim, recipes, sizes)
+        for recipe in recipes:
+            _replay(target, claim, graph, recipe, multi)
 
     fixed = fixed_graph_cases(target, claim, (3, 1))  # 3 requests replay the size-4 graph, padded
     # the same past KV block boundaries: replay metadata must cover long rows too
@@ -113,21 +104,19 @@ def check_graph(target: Target, claim: Claim) -> tuple[str, int]:
             f"{plural(count, 'example')}"), count
 
 
-def replay_fixed(target: Target, claim: Claim, specs: Sequence[CaseSpec]) -> None:
-    """Capture ``claim``'s phase over ``specs`` and replay each against eager and the
+def replay_fixed(target: Target, claim: Claim, recipes: Sequence[CaseRecipe]) -> None:
+    """Capture ``claim``'s phase over ``recipes`` and replay each against eager and the
     reference (the fixed cases of a feature, page size or KV dtype)."""
     multi = multi_step_graph(target, claim)
-    graph = capture(target, claim, specs, target.capture_sizes)
-    for spec in specs:
-        _replay(target, claim, graph, spec, multi)
+    graph = capture(target, claim, recipes, target.capture_sizes)
+    for recipe in recipes:
+        _replay(target, claim, graph, recipe, multi)
 
 
-def in_limits(target: Target, claim: Claim, spec: CaseSpec) -> bool:
-    """Whether ``spec``'s speculative shape is within the graph limits of ``claim``."""
-    limits = limits_of(target, claim)
-    if multi_step_graph(target, claim):
-        limits = ast._tighter(limits, target.caps.multi_step or SpecLimits())
-    return spec.spec is None or not limits.violations(spec.spec, ReasonCode.GRAPH_LIMIT, "")
+def in_limits(target: Target, claim: Claim, recipe: CaseRecipe) -> bool:
+    """Whether ``recipe``'s spec config is within the graph limits of ``claim``."""
+    spec = recipe.spec
+    return spec is None or not claim_limits(target, claim).violations(spec, ReasonCode.GRAPH_LIMIT, "")
 
 
 def check_fill(target: Target, claim: Claim) -> tuple[str, int]:
@@ -135,11 +124,11 @@ def check_fill(target: Target, claim: Claim) -> tuple[str, int]:
     multi = multi_step_graph(target, claim)
     graph_claim = replace(claim, kind=ClaimKind.GRAPH)
 
-    def body(specs: tuple[CaseSpec, ...]) -> None:
-        small = tuple(resize(s, min(s.requests, size - 1), s.seed) if s.requests >= size else s for s in specs)
+    def body(recipes: tuple[CaseRecipe, ...]) -> None:
+        small = tuple(resize(r, min(r.requests, size - 1), r.seed) if r.requests >= size else r for r in recipes)
         graph = capture(target, graph_claim, small, (size,))
-        for spec in small:
-            _replay(target, graph_claim, graph, spec, multi, fill_claim=claim)
+        for recipe in small:
+            _replay(target, graph_claim, graph, recipe, multi, fill_claim=claim)
 
     fixed = fixed_graph_cases(target, claim, (1,))
     count = run_examples(target, f"seq_len_fill_{claim.subject}", _graph_cases(target, claim, (size,), (1, 2)), fixed, body)

@@ -5,36 +5,36 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+import attnhal.testing.strategies as hst
 from attnhal.capabilities import Phase, ReasonCode, SpecLimits
-from attnhal.testing import strategies as ast
-from attnhal.testing.batches import CaseSpec, build_case
+from attnhal.testing.cases import CaseRecipe, build_case
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.common import heads, mismatch, plural, run_examples
 from attnhal.testing.checks.expected import expected, resize
 from attnhal.testing.checks.phases import canonical_cases
 from attnhal.testing.checks.target import Target, checkable_dtypes
-from attnhal.testing.reference import real_tokens
+from attnhal.testing.oracle import real_tokens
 
 
 def check_multi_step(target: Target, claim: Claim) -> tuple[str, int]:
     caps = target.caps
     dtypes = checkable_dtypes(target)
 
-    def body(spec: CaseSpec) -> None:
-        case = build_case(spec, device=target.device)
+    def body(recipe: CaseRecipe) -> None:
+        case = build_case(recipe, device=target.device)
         exp = expected(target, claim, case, multi=True)
-        tol = caps.tolerance_for(spec.dtype, spec.kv_dtype)
+        tol = caps.tolerance_for(recipe.dtype, recipe.kv_dtype)
         for s, (eager, ref, batch) in enumerate(zip(exp.eager, exp.reference, exp.batches)):
             problem = mismatch(eager, ref, real_tokens(batch), tol)
             if problem is not None:
-                raise ClaimFalsified(claim, f"forward {s} of {len(exp.eager)} (draft_step={s}, {heads(spec)}, "
+                raise ClaimFalsified(claim, f"forward {s} of {len(exp.eager)} (draft_step={s}, {heads(recipe)}, "
                                             f"re-parented before each forward): {problem}")
 
     fixed = [resize(c, c.requests, c.seed) for c in canonical_cases(caps, Phase.DRAFT_DECODE, dtypes[0],
                                                                      min(caps.head_sizes))]
     fixed = [c for c in fixed if c.spec is not None and not (caps.multi_step or SpecLimits()).violations(
         c.spec, ReasonCode.MULTI_STEP, "")]
-    strategy = st.sampled_from(dtypes).flatmap(lambda d: ast.multi_step_specs(
+    strategy = st.sampled_from(dtypes).flatmap(lambda d: hst.multi_step_specs(
         caps, dtype=d, max_requests=target.max_requests, max_seq_len=target.max_seq_len))
     count = run_examples(target, "multi_step", strategy, fixed, body)
     return (f"every forward against the reference, draft tree re-parented in between; "

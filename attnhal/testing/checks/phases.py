@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
+import attnhal.testing.checks.fixed as fixed
+import attnhal.testing.strategies as hst
 from attnhal.backend import UnsupportedPhase
 from attnhal.capabilities import DTYPES, BackendCapabilities, Feature, Phase
 from attnhal.plan import SpecConfig
-from attnhal.testing import strategies as ast
-from attnhal.testing.batches import CaseSpec, build_case
-from attnhal.testing.checks import fixed
+from attnhal.testing.cases import CaseRecipe, build_case
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.common import (
     blame,
@@ -25,9 +25,9 @@ from attnhal.testing.checks.common import (
     with_example,
 )
 from attnhal.testing.checks.target import Target
-from attnhal.testing.reference import reference_forward
+from attnhal.testing.oracle import reference_forward
 
-def canonical_cases(caps: BackendCapabilities, phase: Phase, dtype: str, head_size: int) -> list[CaseSpec]:
+def canonical_cases(caps: BackendCapabilities, phase: Phase, dtype: str, head_size: int) -> list[CaseRecipe]:
     """The fixed examples of ``phase``: GQA, two layers, scattered slots, uneven rows, and the
     length edges (``prefill`` rows with 0 new tokens and prefix 0, ``decode`` seq len 1)."""
     tree = Feature.CUSTOM_MASK in caps.features
@@ -41,38 +41,38 @@ def canonical_cases(caps: BackendCapabilities, phase: Phase, dtype: str, head_si
         Phase.DRAFT_DECODE: {"prefix_lens": (5, 12), "spec": SpecConfig.eagle(3, 2, 5), "draft_step": 1,
                              "draft_picks": (((1,), (1,)), ((0,), (1,)))},
     }
-    return [CaseSpec(phase, dtype=dtype, num_q_heads=4, num_kv_heads=2, head_size=head_size, num_layers=2,
-                     layer=1, slot_seed=7, seed=1, host_seq_lens=caps.needs_host_seq_lens, **fields[phase])]
+    return [CaseRecipe(phase, dtype=dtype, num_q_heads=4, num_kv_heads=2, head_size=head_size, num_layers=2,
+                       layer=1, slot_seed=7, seed=1, host_seq_lens=caps.needs_host_seq_lens, **fields[phase])]
 
 
-def eager_body(target: Target, claim: Claim) -> Callable[[CaseSpec], None]:
-    def body(spec: CaseSpec) -> None:
-        case = build_case(spec, device=target.device)
+def eager_body(target: Target, claim: Claim) -> Callable[[CaseRecipe], None]:
+    def body(recipe: CaseRecipe) -> None:
+        case = build_case(recipe, device=target.device)
         want = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale,
                                  case.config)
         before = case.pool.k[case.layer].clone(), case.pool.v[case.layer].clone()
-        what = f"head_size={spec.head_size}, {heads(spec)}"
+        what = f"head_size={recipe.head_size}, {heads(recipe)}"
         with blame(claim, f"{what}: the backend"):
             backend = target.new_backend(case.config, case.pool)
             backend.init_forward_metadata(case.batch)
             out = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
-        tol = input_tolerance(target.caps.tolerance_for(spec.dtype, spec.kv_dtype), case)
-        check_output(claim, out, case.q, want, case.batch, tol, what + _inputs(spec))
+        tol = input_tolerance(target.caps.tolerance_for(recipe.dtype, recipe.kv_dtype), case)
+        check_output(claim, out, case.q, want, case.batch, tol, what + _inputs(recipe))
         check_cache(claim, case.pool, case.layer, before, case.batch, case.k, case.v, what)
 
     return body
 
 
-def _inputs(spec: CaseSpec) -> str:
-    """The input variations of ``spec``, for a failure's description."""
-    out = [f"scale={spec.scale:g}"] if spec.scale is not None else []
-    out += [f"qk_magnitude={spec.qk_magnitude}"] if spec.qk_magnitude != 1 else []
-    out += [f"v_magnitude={spec.v_magnitude:g}"] if spec.v_magnitude != 1 else []
-    out += [f"{spec.qkv_layout} q/k/v"] if spec.qkv_layout != "contiguous" else []
+def _inputs(recipe: CaseRecipe) -> str:
+    """The input variations of ``recipe``, for a failure's description."""
+    out = [f"scale={recipe.scale:g}"] if recipe.scale is not None else []
+    out += [f"qk_magnitude={recipe.qk_magnitude}"] if recipe.qk_magnitude != 1 else []
+    out += [f"v_magnitude={recipe.v_magnitude:g}"] if recipe.v_magnitude != 1 else []
+    out += [f"{recipe.qkv_layout} q/k/v"] if recipe.qkv_layout != "contiguous" else []
     return "".join(f", {x}" for x in out)
 
 
-def phase_examples(target: Target, phase: Phase, dtype: str) -> list[CaseSpec]:
+def phase_examples(target: Target, phase: Phase, dtype: str) -> list[CaseRecipe]:
     """The fixed examples of ``phase`` in ``dtype``: the canonical case at every claimed head
     size, then (at the smallest) block boundaries, edge rows, head layouts and input
     variations (:mod:`attnhal.testing.checks.fixed`), within the target's bounds."""
@@ -90,7 +90,7 @@ def check_phase(target: Target, claim: Claim) -> tuple[str, int]:
     assert dtype is not None
     sizes = sorted(caps.head_sizes)
     examples = phase_examples(target, phase, dtype)
-    strategy = ast.case_specs(caps, phase, dtype=dtype, max_requests=target.max_requests,
+    strategy = hst.case_specs(caps, phase, dtype=dtype, max_requests=target.max_requests,
                               max_seq_len=target.max_seq_len, max_cost=target.max_cost, inputs=True)
     count = run_examples(target, f"{claim.kind.value}_{phase.value}_{dtype}", strategy, examples,
                          eager_body(target, claim))
@@ -104,10 +104,10 @@ def check_unclaimed(target: Target, claim: Claim) -> tuple[str, int]:
     return expect_refusal(target, claim, canonical_cases(caps, phase, dtype, min(caps.head_sizes))[0], phase.value)
 
 
-def expect_refusal(target: Target, claim: Claim, spec: CaseSpec, what: str, why: str = "") -> tuple[str, int]:
-    """Run ``spec`` through a new backend, which must raise ``UnsupportedPhase`` (or a subclass)
+def expect_refusal(target: Target, claim: Claim, recipe: CaseRecipe, what: str, why: str = "") -> tuple[str, int]:
+    """Run ``recipe`` through a new backend, which must raise ``UnsupportedPhase`` (or a subclass)
     because ``what`` is not claimed; ``why`` adds to the falsification when it computes instead."""
-    case = build_case(spec, device=target.device)
+    case = build_case(recipe, device=target.device)
     try:
         backend = target.new_backend(case.config, case.pool)
         backend.init_forward_metadata(case.batch)
@@ -117,9 +117,9 @@ def expect_refusal(target: Target, claim: Claim, spec: CaseSpec, what: str, why:
     except Exception as exc:  # noqa: BLE001 - anything else is the wrong refusal
         raise with_example(ClaimFalsified(claim, f"{what} is not claimed, yet the backend raised "
                                                  f"{type(exc).__name__}: {exc} (supported: UnsupportedPhase)"),
-                           spec) from exc
+                           recipe) from exc
     shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
     raise with_example(ClaimFalsified(claim, f"{what} is not claimed, yet forward returned {shape} "
-                                             f"instead of raising UnsupportedPhase{why}"), spec)
+                                             f"instead of raising UnsupportedPhase{why}"), recipe)
 
 

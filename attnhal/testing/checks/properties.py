@@ -16,21 +16,21 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
+import attnhal.testing.checks.fixed as fixed
+import attnhal.testing.strategies as hst
 from attnhal.backend import ForwardBatch
 from attnhal.capabilities import GRAPH_PHASES, Phase
 from attnhal.platform import GraphKind
-from attnhal.testing import strategies as ast
-from attnhal.testing.batches import CaseSpec, build_case
-from attnhal.testing.checks import fixed
+from attnhal.testing.cases import CaseRecipe, build_case
 from attnhal.testing.checks.capture import capture
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
 from attnhal.testing.checks.common import blame, check_cache, heads, plural, run_examples
 from attnhal.testing.checks.expected import expected
 from attnhal.testing.checks.graphs import fixed_graph_cases
+from attnhal.testing.checks.limits import claim_spec_configs, multi_step_graph
 from attnhal.testing.checks.phases import canonical_cases
-from attnhal.testing.checks.specs import graph_specs, multi_step_graph
 from attnhal.testing.checks.target import Target, checkable_dtypes
-from attnhal.testing.reference import real_tokens
+from attnhal.testing.oracle import real_tokens
 
 __all__ = ["check_deterministic", "check_inputs_unchanged"]
 
@@ -39,35 +39,35 @@ def _phases(target: Target) -> list[Phase]:
     return [p for p in Phase if p in target.caps.phases]
 
 
-def _drawn(target: Target) -> st.SearchStrategy[CaseSpec]:
+def _drawn(target: Target) -> st.SearchStrategy[CaseRecipe]:
     """Any claimed phase and dtype, with input variations."""
     caps = target.caps
     return st.sampled_from(_phases(target)).flatmap(lambda p: st.sampled_from(checkable_dtypes(target)).flatmap(
-        lambda d: ast.case_specs(caps, p, dtype=d, max_requests=target.max_requests, max_seq_len=target.max_seq_len,
+        lambda d: hst.case_specs(caps, p, dtype=d, max_requests=target.max_requests, max_seq_len=target.max_seq_len,
                                  max_cost=target.max_cost, inputs=True)))
 
 
-def _fixed(target: Target, pick: Callable[[CaseSpec], list[CaseSpec]]) -> list[CaseSpec]:
+def _fixed(target: Target, pick: Callable[[CaseRecipe], list[CaseRecipe]]) -> list[CaseRecipe]:
     dtype, head = checkable_dtypes(target)[0], min(target.caps.head_sizes)
     out = [c for p in _phases(target) for c in pick(canonical_cases(target.caps, p, dtype, head)[0])]
     return [c for c in out if fixed.fits(c, target.max_seq_len, target.max_cost)]
 
 
-def _where(spec: CaseSpec) -> str:
-    return f"{spec.phase.value}, {spec.dtype}, {heads(spec)}, seq lens {spec.seq_lens()}"
+def _where(recipe: CaseRecipe) -> str:
+    return f"{recipe.phase.value}, {recipe.dtype}, {heads(recipe)}, seq lens {recipe.seq_lens()}"
 
 
 # --- deterministic -----------------------------------------------------------------------------
 
 def check_deterministic(target: Target, claim: Claim) -> tuple[str, int]:
-    def body(spec: CaseSpec) -> None:
-        case = build_case(spec, device=target.device)
-        with blame(claim, f"{_where(spec)}: the backend"):
+    def body(recipe: CaseRecipe) -> None:
+        case = build_case(recipe, device=target.device)
+        with blame(claim, f"{_where(recipe)}: the backend"):
             backend = target.new_backend(case.config, case.pool)
             backend.init_forward_metadata(case.batch)
             first = backend.forward(case.q, case.k, case.v, case.layer, case.batch).clone()
             second = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
-        _same(claim, first, second, case.batch, f"{_where(spec)}: two eager forwards of one batch")
+        _same(claim, first, second, case.batch, f"{_where(recipe)}: two eager forwards of one batch")
 
     # Several KV chunks and splits: where a reduction order can vary.
     examples = _fixed(target, lambda base: fixed.boundary_cases(base)[:1])
@@ -94,11 +94,11 @@ def _check_replays(target: Target, claim: Claim) -> int:
     for phase in (p for p in GRAPH_PHASES if p in target.caps.graph):
         graph_claim = Claim(ClaimKind.GRAPH, phase.value)
         cases = fixed_graph_cases(target, graph_claim, (2,))
-        if not cases or graph_specs(target, graph_claim).is_empty:
+        if not cases or claim_spec_configs(target, graph_claim).is_empty:
             continue
-        spec = fixed.at_lengths(cases[0][0], (129, 65))
+        recipe = fixed.at_lengths(cases[0][0], (129, 65))
         try:
-            _replay_twice(target, claim, graph_claim, spec)
+            _replay_twice(target, claim, graph_claim, recipe)
         except ClaimFalsified as exc:
             if exc.claim != graph_claim.name:
                 raise
@@ -107,9 +107,9 @@ def _check_replays(target: Target, claim: Claim) -> int:
     return ran
 
 
-def _replay_twice(target: Target, claim: Claim, graph_claim: Claim, spec: CaseSpec) -> None:
-    graph = capture(target, graph_claim, (spec,), (spec.requests,))
-    case = build_case(spec, pool=graph.pool)
+def _replay_twice(target: Target, claim: Claim, graph_claim: Claim, recipe: CaseRecipe) -> None:
+    graph = capture(target, graph_claim, (recipe,), (recipe.requests,))
+    case = build_case(recipe, pool=graph.pool)
     multi = multi_step_graph(target, graph_claim)
     exp = expected(target, claim, case, multi)
     saved = graph.pool.k[graph.layer].clone(), graph.pool.v[graph.layer].clone()
@@ -121,25 +121,25 @@ def _replay_twice(target: Target, claim: Claim, graph_claim: Claim, spec: CaseSp
         graph.pool.v[graph.layer].copy_(saved[1])
         if path is not None and saved_path is not None:
             path.copy_(saved_path)
-        with blame(claim, f"replay of {spec.phase.value}"):
-            got = graph.runner.run(spec.phase, case.batch, exp.inputs)
+        with blame(claim, f"replay of {recipe.phase.value}"):
+            got = graph.runner.run(recipe.phase, case.batch, exp.inputs)
         outs.append([o.clone() for o in (got if isinstance(got, tuple) else (got,))])
     for s, (a, b) in enumerate(zip(*outs)):
-        _same(claim, a, b, exp.batches[s], f"{_where(spec)}: two replays of one graph (forward {s})")
+        _same(claim, a, b, exp.batches[s], f"{_where(recipe)}: two replays of one graph (forward {s})")
 
 
 # --- inputs unchanged ------------------------------------------------------------------------------
 
 def check_inputs_unchanged(target: Target, claim: Claim) -> tuple[str, int]:
-    def body(spec: CaseSpec) -> None:
-        case = build_case(spec, device=target.device)
+    def body(recipe: CaseRecipe) -> None:
+        case = build_case(recipe, device=target.device)
         tensors = {"q": case.q, "k": case.k, "v": case.v, "req_to_page": case.pool.req_to_page,
                    **_batch_tensors(case.batch)}
         tensors |= {f"K cache of layer {i}": c for i, c in enumerate(case.pool.k) if i != case.layer}
         tensors |= {f"V cache of layer {i}": c for i, c in enumerate(case.pool.v) if i != case.layer}
         before = {name: t.clone() for name, t in tensors.items()}
         layer = case.pool.k[case.layer].clone(), case.pool.v[case.layer].clone()
-        what = f"{_where(spec)}, {spec.qkv_layout} q/k/v"
+        what = f"{_where(recipe)}, {recipe.qkv_layout} q/k/v"
         with blame(claim, f"{what}: the backend"):
             backend = target.new_backend(case.config, case.pool)
             backend.init_forward_metadata(case.batch)

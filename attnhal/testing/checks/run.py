@@ -17,10 +17,10 @@ from attnhal.testing.checks.features import (
     feature_not_checked,
 )
 from attnhal.testing.checks.graphs import check_fill, check_graph
+from attnhal.testing.checks.limits import claim_limits, claim_spec_configs
 from attnhal.testing.checks.multi_step import check_multi_step
 from attnhal.testing.checks.phases import check_phase, check_unclaimed
 from attnhal.testing.checks.properties import check_deterministic, check_inputs_unchanged
-from attnhal.testing.checks.specs import graph_specs, limits_of
 from attnhal.testing.checks.target import Target, process_reasons
 
 def not_checked_reason(target: Target, claim: Claim) -> str | None:
@@ -40,8 +40,8 @@ def not_checked_reason(target: Target, claim: Claim) -> str | None:
     if claim.kind in (ClaimKind.GRAPH, ClaimKind.SEQ_LEN_FILL) and platform.graph_kind is GraphKind.NONE:
         return f"platform {platform.spec} has no graph API"
     if claim.kind in (ClaimKind.GRAPH, ClaimKind.SEQ_LEN_FILL, ClaimKind.MULTI_STEP):
-        if graph_specs(target, claim).is_empty:
-            return f"no spec config satisfies the claim's limits {limits_of(target, claim).to_dict()}"
+        if claim_spec_configs(target, claim).is_empty:
+            return f"no spec config satisfies the claim's limits {claim_limits(target, claim).to_dict()}"
     return None
 
 
