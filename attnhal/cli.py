@@ -488,11 +488,13 @@ def backend_status(entry: BackendEntry, platform: Platform) -> dict[str, Any]:
 def cmd_info(args: argparse.Namespace) -> int:
     p = resolve_platform(args.platform)
     backends = {e.name: backend_status(e, p) for e in default_registry().ordered(p)}
+    builds = native_builds(p) if args.build else None
     if args.json:
         print_json({"platform": p.spec, "device": p.device_name, "simulated": p.simulated,
                     "vendor": p.vendor.value, "arch": p.arch, "warp_size": p.warp_size,
                     "fp8": p.fp8_flavor.value, "graph_api": p.has_graph_api, "graph_kind": p.graph_kind.value,
-                    "torch_device": p.torch_device, "triton": triton_status(), "backends": backends})
+                    "torch_device": p.torch_device, "triton": triton_status(), "backends": backends,
+                    **({"builds": builds} if builds is not None else {})})
         return 0
     print(f"platform: {p.spec} ({p.device_name}{', simulated' if p.simulated else ''})")
     print(f"  vendor={p.vendor.value} arch={p.arch} warp_size={p.warp_size} fp8={p.fp8_flavor.value} "
@@ -506,12 +508,16 @@ def cmd_info(args: argparse.Namespace) -> int:
             for name, b in backends.items() if b["capabilities"] is not None]
     print("\ncapabilities:\n" + table(("name", "vendors", "phases", "graph", "multi_step", "dtypes",
                                        "head_sizes", "features"), caps))
-    if args.build:
-        entries = default_registry().ordered(p)
-        builds = [(e.name, e.backend.build_info()) for e in entries if e.backend is not None]
+    if builds is not None:
         print("\nnative builds (first use builds, later runs load the cache):\n"
-              + table(("name", "build"), [(n, b) for n, b in builds if b is not None] or [("-", "none")]))
+              + table(("name", "build"), list(builds.items()) or [("-", "none")]))
     return 0
+
+
+def native_builds(platform: Platform) -> dict[str, str]:
+    """Each backend's native build (``build_info()``: the cpu kernel's cache entry and state), where it has one."""
+    infos = {e.name: e.backend.build_info() for e in default_registry().ordered(platform) if e.backend is not None}
+    return {name: info for name, info in infos.items() if info is not None}
 
 
 def _cell(value: object) -> str:

@@ -280,3 +280,20 @@ def test_attnhal_info_finishes_after_a_killed_first_build(tmp_path) -> None:
     assert not running_in(tmp_path / "cache")  # the first run's compiler was stopped, not waited for
     print(f"second run: {took:.1f} s")
 
+
+def test_info_build_shows_the_cache_entry_and_its_state_in_text_and_json(capsys) -> None:
+    pytest.importorskip("torch")
+    from attnhal.cli import main
+    from attnhal_cpu.build import native_build
+
+    build = native_build()
+    if not build.ok or build.entry is None:
+        pytest.skip(f"cpu kernel unavailable: {build.error}")
+    main(["info", "--json", "--build"])
+    data = json.loads(capsys.readouterr().out)
+    assert f"cache {build.entry.directory}: built" in data["builds"]["cpu"], data["builds"]
+    main(["info", "--json"])
+    assert "builds" not in json.loads(capsys.readouterr().out)
+    main(["info", "--build"])
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("cpu ") and "attnhal_cpu_" in ln)
+    assert f"cache {build.entry.directory}: built" in line, line
