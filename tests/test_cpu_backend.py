@@ -197,7 +197,7 @@ def test_selected_by_default_on_cpu_and_build_info() -> None:
 
 
 def test_failed_build_leaves_the_backend_unavailable_and_torch_serves(tmp_path: Path) -> None:
-    """No compiler (CXX points nowhere, empty extension cache): unavailable with the build
+    """No compiler (CXX points nowhere, empty build cache): unavailable with the build
     error, `attnhal info` says so, the registry picks torch, construction refuses."""
     code = """
 import json, torch
@@ -219,7 +219,7 @@ except NativeUnavailable as exc:
     refused = str(exc)
 print(json.dumps({"reasons": reasons, "chosen": chosen, "refused": refused}))
 """
-    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "ATTNHAL_CPU_BUILD_DIR": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
                          timeout=300)
     assert out.returncode == 0, out.stderr

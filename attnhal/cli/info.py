@@ -10,7 +10,7 @@ from attnhal.capabilities import AttentionRequest, BackendCapabilities
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import cell, print_json, table, yes_no
 from attnhal.platform import ENV_VAR, Platform
-from attnhal.registry import BackendEntry
+from attnhal.registry import BackendEntry, Registry
 
 __all__ = ["backend_status", "capability_summary", "register", "run", "triton_info", "triton_status"]
 
@@ -74,11 +74,13 @@ def run(args: argparse.Namespace) -> int:
     """Always exit 0: ``info`` reports, it does not judge."""
     p = resolve_platform(args.platform)
     backends = {e.name: backend_status(e, p) for e in args.registry.ordered(p)}
+    builds = native_builds(args.registry, p) if args.build else None
     if args.json:
         print_json({"platform": p.spec, "device": p.device_name, "simulated": p.simulated,
                     "vendor": p.vendor.value, "arch": p.arch, "warp_size": p.warp_size,
                     "fp8": p.fp8_flavor.value, "graph_api": p.has_graph_api, "graph_kind": p.graph_kind.value,
-                    "torch_device": p.torch_device, "triton": triton_status(), "backends": backends})
+                    "torch_device": p.torch_device, "triton": triton_status(), "backends": backends,
+                    **({"builds": builds} if builds is not None else {})})
         return 0
     print(f"platform: {p.spec} ({p.device_name}{', simulated' if p.simulated else ''})")
     print(f"  vendor={p.vendor.value} arch={p.arch} warp_size={p.warp_size} fp8={p.fp8_flavor.value} "
@@ -92,9 +94,13 @@ def run(args: argparse.Namespace) -> int:
             for name, b in backends.items() if b["capabilities"] is not None]
     print("\ncapabilities:\n" + table(("name", "vendors", "phases", "graph", "multi_step", "dtypes",
                                        "head_sizes", "features"), caps))
-    if args.build:
-        entries = args.registry.ordered(p)
-        builds = [(e.name, e.backend.build_info()) for e in entries if e.backend is not None]
+    if builds is not None:
         print("\nnative builds (first use builds, later runs load the cache):\n"
-              + table(("name", "build"), [(n, b) for n, b in builds if b is not None] or [("-", "none")]))
+              + table(("name", "build"), list(builds.items()) or [("-", "none")]))
     return 0
+
+
+def native_builds(registry: Registry, platform: Platform) -> dict[str, str]:
+    """Backend name -> its native build's state (built, building, failed, ...), for those that build."""
+    infos = {e.name: e.backend.build_info() for e in registry.ordered(platform) if e.backend is not None}
+    return {name: info for name, info in infos.items() if info is not None}

@@ -1,30 +1,37 @@
-"""Build (or load from cache) the C++ kernel, once per process.
+"""Build (or load from the cache) the C++ kernel, once per process.
 
-The sources ship as package data and are compiled on first use with
-``torch.utils.cpp_extension.load``; the result is cached on disk by torch (under
-``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), so later processes
-load it in about a second. The instruction set is chosen at build time from what
-torch reports for this CPU (``torch.backends.cpu.get_cpu_capability()``): the
-extension name carries it, so a cache shared by machines of different kinds keeps
-one build per instruction set, and the kernel's tile width follows it.
+The sources (``csrc/``: ``attention.cpp`` and the headers it includes) ship as package
+data and are compiled on first use into attnhal's own build cache
+(:mod:`attnhal_cpu.buildcache`: ``$ATTNHAL_CPU_BUILD_DIR``, default
+``~/.cache/attnhal/cpu-kernel``), one entry per torch version, instruction set, source
+content (headers included) and compiler; later processes load the installed library in
+about 0.1 s. The instruction set is chosen from what torch reports for the CPU the process
+runs on (``torch.backends.cpu.get_cpu_capability()``) and the kernel's tile width follows
+it. The compiler is invoked directly (``$CXX``, default ``c++``) with torch's include
+paths; the flags are those ``torch.utils.cpp_extension`` would use.
 
-A build that fails (no compiler, no ninja, a compiler error) is remembered with its
-error: the backend is then unavailable with that error as its reason — it never
-runs another implementation in its place.
+A build that fails (no compiler, a compiler error, a wait for another build's lock past
+its bound) is remembered with its error for this process: the backend is then unavailable
+with that error as its reason — it never runs another implementation in its place — and
+the next process builds again.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
+import platform
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NativeBuild", "native_build"]
+from attnhal_cpu.buildcache import BuildError, Entry, LibrarySpec, cache_root, cache_state, discard, ensure_built
+from attnhal_cpu.buildcache import locate
 
-SOURCES = [Path(__file__).with_name("csrc") / "attention.cpp"]
+__all__ = ["NativeBuild", "kernel_spec", "native_build"]
+
+SOURCE_DIR = Path(__file__).with_name("csrc")
+LIBRARY = "attnhal_cpu"
 
 #: Compiler flags per instruction set torch reports. Keys are torch's capability names.
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
@@ -40,7 +47,8 @@ BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", "-ffp-contract
 class NativeBuild:
     """The outcome of building/loading the extension in this process.
 
-    ``error`` is None on success; ``seconds`` covers compile (or cache load) and load.
+    ``error`` is None on success; ``seconds`` covers compile (or cache load) and load;
+    ``entry`` is the cache entry (None when no compiler was found to key it by).
     """
 
     name: str
@@ -49,16 +57,26 @@ class NativeBuild:
     error: str | None = None
     path: str | None = None
     compiled: bool = False
+    entry: Entry | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
+    def cache(self) -> str:
+        """The cache entry and what it holds now: ``built``, ``building by pid N ...``,
+        ``failed: why``, ``interrupted: ...`` or ``not built``."""
+        if self.entry is None:
+            return f"{cache_root()}: not built"
+        state = cache_state(self.entry)
+        shown = state.state if self.error is not None and state.detail and state.detail in self.error else str(state)
+        return f"{self.entry.directory}: {shown}"
+
     def describe(self) -> str:
         if self.error is not None:
-            return f"{self.name}: build failed after {self.seconds:.1f} s: {self.error}"
+            return f"{self.name}: build failed after {self.seconds:.1f} s: {self.error}; cache {self.cache()}"
         how = "compiled and loaded" if self.compiled else "loaded from the build cache"
-        return f"{self.name}: {how} in {self.seconds:.2f} s ({self.isa}; {self.path})"
+        return f"{self.name}: {how} in {self.seconds:.2f} s ({self.isa}; {self.path}); cache {self.cache()}"
 
 
 _LOCK = threading.Lock()
@@ -72,17 +90,20 @@ def _isa() -> str:
     return capability if capability in ISA_FLAGS else "DEFAULT"
 
 
-def _ensure_ninja_on_path() -> None:
-    """A pip-installed ninja lives in the venv's bin, which may not be on PATH."""
-    if shutil.which("ninja") is not None:
-        return
-    try:
-        import ninja
-    except ImportError:
-        return
-    bin_dir = getattr(ninja, "BIN_DIR", None)
-    if bin_dir:
-        os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+def kernel_spec(isa: str, source_dir: Path = SOURCE_DIR) -> LibrarySpec:
+    """The kernel's build for instruction set ``isa`` (a key of :data:`ISA_FLAGS`): every
+    ``.cpp`` of ``source_dir`` compiled, every ``.h`` hashed into the cache key."""
+    import torch
+    from torch.utils import cpp_extension
+
+    includes = [flag for path in cpp_extension.include_paths() for flag in ("-isystem", path)]
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    return LibrarySpec(
+        name=LIBRARY, tag=f"{isa.lower()}-torch{torch.__version__}",
+        sources=tuple(sorted(source_dir.glob("*.cpp"))), headers=tuple(sorted(source_dir.glob("*.h"))),
+        cflags=(*includes, abi, *BASE_FLAGS, *ISA_FLAGS[isa]),
+        ldflags=("-fopenmp", *(f"-L{p}" for p in cpp_extension.library_paths()), "-lc10", "-ltorch_cpu", "-ltorch"),
+        identity=(torch.__version__, sys.platform, platform.machine()))
 
 
 def _short(exc: BaseException) -> str:
@@ -102,21 +123,31 @@ def native_build() -> NativeBuild:
         return _RESULT
 
 
+def _load(entry: Entry) -> None:
+    """Load the installed library; one that will not load is removed so that the next run rebuilds it."""
+    import torch
+
+    try:
+        torch.ops.load_library(str(entry.library))
+    except OSError as exc:
+        reason = f"{entry.library} did not load: {exc}"
+        discard(entry, reason)
+        raise BuildError(reason) from exc
+
+
 def _build() -> NativeBuild:
     import torch
-    from torch.utils import cpp_extension
 
     isa = _isa()
     name = f"attnhal_cpu_{isa.lower()}"
-    start, started_at = time.perf_counter(), time.time()
+    start = time.perf_counter()
+    entry: Entry | None = None
     try:
-        _ensure_ninja_on_path()
-        path = cpp_extension.load(
-            name=name, sources=[str(s) for s in SOURCES],
-            extra_cflags=[*BASE_FLAGS, *ISA_FLAGS[isa]], extra_ldflags=["-fopenmp"],
-            is_python_module=False, verbose=False)
+        entry = locate(kernel_spec(isa))
+        compiled = ensure_built(entry)
+        _load(entry)
         described = str(torch.ops.attnhal_cpu.isa())
     except Exception as exc:  # noqa: BLE001 - any build or load failure is the backend's reason
-        return NativeBuild(name, isa, time.perf_counter() - start, error=_short(exc))
-    compiled = path is not None and os.path.getmtime(str(path)) >= started_at - 1
-    return NativeBuild(name, f"{isa}: {described}", time.perf_counter() - start, path=str(path), compiled=compiled)
+        return NativeBuild(name, isa, time.perf_counter() - start, error=_short(exc), entry=entry)
+    return NativeBuild(name, f"{isa}: {described}", time.perf_counter() - start, path=str(entry.library),
+                       compiled=compiled, entry=entry)

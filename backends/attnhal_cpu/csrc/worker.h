@@ -1,0 +1,249 @@
+// One task of the cpu attention kernel: a row's query vectors of a group of KV heads
+// against one KV split, with an online softmax (Worker<T>), the launch description it reads
+// (Problem, RowView) and the per-thread buffers it works in. See simd.h for why this header
+// keeps an anonymous namespace.
+#pragma once
+
+#include "simd.h"
+#include "tiles.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+// K/V rows of the tile after next are prefetched (into L2) while this tile computes.
+constexpr int kPrefetchTiles = 2;
+
+// --- dtype-generic scalar access for q and out (not on the hot path) --------------------
+float read_float(const void* base, at::ScalarType t, int64_t i) {
+  switch (t) {
+    case at::kFloat: return static_cast<const float*>(base)[i];
+    case at::kBFloat16: return static_cast<float>(static_cast<const c10::BFloat16*>(base)[i]);
+    case at::kHalf: return static_cast<float>(static_cast<const c10::Half*>(base)[i]);
+    default: TORCH_CHECK(false, "unreachable dtype");
+  }
+}
+void write_float(void* base, at::ScalarType t, int64_t i, float x) {
+  switch (t) {
+    case at::kFloat: static_cast<float*>(base)[i] = x; break;
+    case at::kBFloat16: static_cast<c10::BFloat16*>(base)[i] = c10::BFloat16(x); break;
+    case at::kHalf: static_cast<c10::Half*>(base)[i] = c10::Half(x); break;
+    default: TORCH_CHECK(false, "unreachable dtype");
+  }
+}
+
+// Everything one launch reads; pointers into the op's tensors.
+struct Problem {
+  const void* q; at::ScalarType q_type; int64_t q_s0, q_s1;
+  const void* k; const void* v; int64_t k_s0, k_s1, v_s0, v_s1;
+  const int32_t* table; int64_t table_s0; int64_t page;
+  const int64_t* req; const int32_t* seq;
+  const int32_t* ext;        // [rows] real query tokens per row, or null (= T)
+  const bool* mask;          // [rows, T, T] tree mask, or null (causal)
+  const int64_t* extra; int64_t extra_s0; int64_t num_extra;  // [rows, >= num_extra] slots after the prefix
+  int64_t rows, T, G, KV, D, S;
+  int64_t HG;                // KV heads per task (a divisor of KV)
+  float scale;
+  float* mid_o;    // [rows, KV, S, M, D]: each split's normalised output
+  float* mid_lse;  // [rows, KV, S, M]: each split's log-sum-exp (-inf: attended nothing)
+};
+
+// Which KV positions row r's tokens see. Positions 0..len-1 come from the page table,
+// len..len+num_extra-1 are the extra slots (draft decode's path), seen by every token.
+// Token t sees table positions p < open_t always; p in [open_t, len) only through the tree
+// mask (mask mode, where open_t = prefix) — causal mode has open_t = min(prefix + t + 1, len).
+struct RowView {
+  int64_t len, prefix, total, min_open;
+};
+
+// One thread's buffers, kept across launches: sized by the first launch of a shape and
+// reused after, so a warm launch (a graph replay included) allocates nothing.
+struct Buffers {
+  std::vector<vf> q;  // floats, as vectors: rows start vector-aligned (a straddling load costs two)
+  std::vector<float> p, run_max, run_sum, alpha, out_row, sum;
+  std::vector<vf> sc;
+  std::vector<float*> acc;
+  std::vector<int64_t> open;
+};
+inline Buffers& thread_buffers() {
+  static thread_local Buffers buffers;
+  return buffers;
+}
+template <typename V>
+inline V& sized(V& v, int64_t n) {
+  v.resize(n);  // keeps the capacity: no allocation once a thread has seen this size
+  return v;
+}
+
+template <typename T>
+struct Worker {
+  const Problem& P;
+  int64_t M, J;                           // query vectors per KV head (T * G), per task (HG * M)
+  int64_t Dp;                             // q row stride: D rounded up to W (rows stay aligned)
+  float* q;                               // scaled queries [J, Dp], kernel order
+  std::vector<float>& p;                  // weights of one tile [M, W]
+  std::vector<float> &run_max, &run_sum;  // [J]
+  std::vector<float>& alpha;              // [M] rescale of each accumulator for the current tile
+  std::vector<vf>& sc;                    // [M] scores of the current tile
+  std::vector<float*>& acc;               // [J] each vector's accumulator (its slice of mid_o)
+  std::vector<int64_t>& open;             // [T]
+  std::vector<float>& out_row;            // [D] one output row in natural order
+
+  explicit Worker(const Problem& prob, Buffers& b = thread_buffers())
+      : P(prob), M(prob.T * prob.G), J(prob.HG * M), Dp((prob.D + W - 1) / W * W),
+        q(reinterpret_cast<float*>(sized(b.q, J * Dp / W).data())), p(sized(b.p, M * W)),
+        run_max(sized(b.run_max, J)), run_sum(sized(b.run_sum, J)), alpha(sized(b.alpha, M)), sc(sized(b.sc, M)),
+        acc(sized(b.acc, J)), open(sized(b.open, prob.T)), out_row(sized(b.out_row, prob.D)) {}
+
+  int64_t slot(int64_t r, const RowView& row, int64_t pos) const {
+    if (pos >= row.len) return P.extra[r * P.extra_s0 + (pos - row.len)];
+    const int32_t* line = P.table + P.req[r] * P.table_s0;
+    if (P.page == 1) return line[pos];
+    return static_cast<int64_t>(line[pos / P.page]) * P.page + pos % P.page;
+  }
+
+  // The slots of positions [p0, p0 + n): one table read when the tile lies inside one page.
+  void tile_slots(int64_t r, const RowView& row, int64_t p0, int n, int64_t* out) const {
+    if (P.page % W == 0 && p0 + n <= row.len) {  // tiles start W-aligned: one page holds them all
+      const int64_t first = slot(r, row, p0);
+      for (int i = 0; i < n; ++i) out[i] = first + i;
+    } else {
+      for (int i = 0; i < n; ++i) out[i] = slot(r, row, p0 + i);
+    }
+  }
+
+  const T* k_row(int64_t slot, int64_t h) const { return static_cast<const T*>(P.k) + slot * P.k_s0 + h * P.k_s1; }
+  const T* v_row(int64_t slot, int64_t h) const { return static_cast<const T*>(P.v) + slot * P.v_s0 + h * P.v_s1; }
+
+  // always_inline: GCC sees __builtin_prefetch as free of side effects, marks an
+  // out-of-line prefetch function "const" and deletes its calls.
+  __attribute__((always_inline)) void prefetch_tile(int64_t r, const RowView& row, int64_t h0, int64_t start,
+                                                    int64_t end) const {
+    if (start >= end) return;
+    int64_t slots[W];
+    const int n = static_cast<int>(std::min<int64_t>(W, end - start));
+    tile_slots(r, row, start, n, slots);
+    const int64_t bytes = P.D * static_cast<int64_t>(sizeof(T));
+    for (int i = 0; i < n; ++i) {
+      for (int64_t h = h0; h < h0 + P.HG; ++h) {
+        const char* kp = reinterpret_cast<const char*>(k_row(slots[i], h));
+        const char* vp = reinterpret_cast<const char*>(v_row(slots[i], h));
+        for (int64_t b = 0; b < bytes; b += 64) {
+          __builtin_prefetch(kp + b, 0, 2);  // into L2: the rows are read a few tiles later
+          __builtin_prefetch(vp + b, 0, 2);
+        }
+      }
+    }
+  }
+
+  RowView view(int64_t r) {
+    RowView row;
+    row.len = P.seq[r];
+    const int64_t real = P.ext ? P.ext[r] : P.T;
+    row.prefix = row.len - real > 0 ? row.len - real : 0;
+    row.total = row.len + P.num_extra;
+    row.min_open = row.len;
+    for (int64_t t = 0; t < P.T; ++t) {
+      open[t] = P.mask ? row.prefix : std::min(row.prefix + t + 1, row.len);
+      row.min_open = std::min(row.min_open, open[t]);
+    }
+    return row;
+  }
+
+  // One task: row r, KV heads [h0, h0 + HG), split s. All heads of a group read each
+  // slot together: a slot's K (or V) row of every head is one contiguous block, so a
+  // group touches each page once instead of once per head (TLB misses dominated otherwise).
+  void run(int64_t r, int64_t h0, int64_t s) {
+    const int64_t G = P.G, D = P.D;
+    const RowView row = view(r);
+    // Split s covers [begin, end), W-aligned, from this row's own length (read here, so
+    // a captured graph follows new lengths at replay).
+    int64_t per = (row.total + P.S - 1) / P.S;
+    per = (per + W - 1) / W * W;
+    const int64_t begin = std::min(row.total, s * per), end = std::min(row.total, begin + per);
+
+    for (int64_t j = 0; j < J; ++j) {
+      const int64_t h = h0 + j / M, m = j % M, t = m / G, g = m % G;
+      acc[j] = P.mid_o + (((r * P.KV + h) * P.S + s) * M + m) * D;
+      std::fill(acc[j], acc[j] + D, 0.0f);
+      run_max[j] = kNegInf;
+      run_sum[j] = 0.0f;
+      const int64_t base = (r * P.T + t) * P.q_s0 + (h * G + g) * P.q_s1;
+      for (int64_t c = 0; c < D; ++c)
+        q[j * Dp + kernel_index<T>(c, D)] = read_float(P.q, P.q_type, base + c) * P.scale;
+    }
+
+    for (int64_t i = 0; i < kPrefetchTiles; ++i) prefetch_tile(r, row, h0, begin + i * W, end);
+    int64_t tile[W];
+    const T* rows[W];
+    for (int64_t p0 = begin; p0 < end; p0 += W) {
+      prefetch_tile(r, row, h0, p0 + kPrefetchTiles * W, end);
+      const int n_valid = static_cast<int>(std::min<int64_t>(W, end - p0));
+      tile_slots(r, row, p0, n_valid, tile);
+      const bool full = p0 + n_valid <= row.min_open || p0 >= row.len;
+      // Rows past the split's end repeat row 0: their scores are masked, their weights 0.
+      for (int n = n_valid; n < W; ++n) tile[n] = tile[0];
+      for (int64_t hh = 0; hh < P.HG; ++hh) {
+        const float* qh = q + hh * M * Dp;
+        for (int n = 0; n < W; ++n) rows[n] = k_row(tile[n], h0 + hh);
+        for_blocks(M, [&](auto mb, int64_t m0) {
+          tile_scores<decltype(mb)::value>(qh + m0 * Dp, Dp, rows, D, &sc[m0]);
+        });
+        for (int64_t m = 0; m < M; ++m) {
+          for (int n = n_valid; n < W; ++n) sc[m][n] = kNegInf;
+          if (!full) mask_tile(sc[m], r, row, m / G, p0, n_valid);
+          softmax_tile(sc[m], hh * M + m, m);
+        }
+        for (int n = 0; n < W; ++n) rows[n] = v_row(tile[n], h0 + hh);
+        float* const* acc_h = acc.data() + hh * M;
+        for_blocks(M, [&](auto mb, int64_t m0) {
+          tile_accumulate<decltype(mb)::value>(acc_h + m0, alpha.data() + m0, p.data() + m0 * W, rows, D);
+        });
+      }
+    }
+
+    for (int64_t j = 0; j < J; ++j) {
+      const int64_t h = h0 + j / M, m = j % M;
+      const float l = run_sum[j];
+      P.mid_lse[((r * P.KV + h) * P.S + s) * M + m] = l > 0 ? run_max[j] + std::log(l) : kNegInf;
+      const float inv = l > 0 ? 1.0f / l : 0.0f;
+      for (int64_t c = 0; c < D; ++c) out_row[c] = acc[j][kernel_index<T>(c, D)];  // back to natural order
+      for (int64_t c = 0; c < D; ++c) acc[j][c] = out_row[c] * inv;
+    }
+  }
+
+  void mask_tile(vf& sc, int64_t r, const RowView& row, int64_t t, int64_t p0, int n_valid) const {
+    for (int n = 0; n < n_valid; ++n) {
+      const int64_t pos = p0 + n;
+      if (pos < open[t] || pos >= row.len) continue;
+      const bool seen = P.mask && P.mask[(r * P.T + t) * P.T + (pos - row.prefix)];
+      if (!seen) sc[n] = kNegInf;
+    }
+  }
+
+  // Online softmax: fold one tile's scores of query vector j (m-th of its head) into its
+  // running max and sum; p[m] gets the tile's weights and alpha[m] the factor that rescales
+  // what was accumulated before (1 unless the max grew).
+  void softmax_tile(vf sc, int64_t j, int64_t m) {
+    const float new_max = std::max(run_max[j], lane_max(sc));
+    alpha[m] = 1.0f;
+    vf e = splat(0);
+    if (new_max != kNegInf) {
+      if (new_max > run_max[j]) {
+        alpha[m] = std::exp(run_max[j] - new_max);  // 0 when nothing was seen before
+        run_sum[j] *= alpha[m];
+        run_max[j] = new_max;
+      }
+      e = exp_nonpositive(sc - splat(new_max));
+      run_sum[j] += lane_sum(e);
+    }
+    store(p.data() + m * W, e);
+  }
+};
+
+}  // namespace
