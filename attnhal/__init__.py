@@ -3,19 +3,12 @@
 ``import attnhal`` is light: it imports no triton, no backend, and touches no GPU.
 """
 
-from attnhal.capabilities import (
-    AttentionRequest,
-    BackendCapabilities,
-    Feature,
-    Phase,
-    Reason,
-    ReasonCode,
-    SpecLimits,
-    not_supported_reasons,
-)
-from attnhal.descriptors import load_descriptor
+from attnhal.capabilities import AttentionRequest, BackendCapabilities, SpecLimits, not_supported_reasons
+from attnhal.capabilities.files import load_descriptor
+from attnhal.phases import Feature, Phase
 from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform, Vendor, detect, parse
+from attnhal.reasons import Reason, ReasonCode
 from attnhal.registry import default_registry
 from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 

@@ -24,14 +24,9 @@ from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
-from attnhal.capabilities import (
-    AttentionRequest,
-    BackendCapabilities,
-    Reason,
-    ReasonCode,
-    not_supported_reasons,
-)
+from attnhal.capabilities import AttentionRequest, BackendCapabilities, not_supported_reasons
 from attnhal.platform import Platform, Vendor
+from attnhal.reasons import Reason, ReasonCode
 
 if TYPE_CHECKING:
     from attnhal.backend import AttentionBackend

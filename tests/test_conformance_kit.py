@@ -16,7 +16,7 @@ import torch
 from broken_backends import ToyDecode
 
 from attnhal.backend import ForwardBatch
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 from attnhal.platform import Vendor, parse
 from attnhal.testing.checks import Claim, ClaimKind, ClaimResult, Status, Target
 from attnhal.testing.checks.phases import phase_examples

@@ -59,11 +59,19 @@ from test_graph_runner import (
 )
 
 from attnhal.backend import KVPool
-from attnhal.capabilities import Phase, ReasonCode
-from attnhal.graphs import CaptureAbort, CaptureError, DeviceGraph, GraphCaptureWarning, GraphRunner
-from attnhal.graphs import runner as runner_module
-from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
+from attnhal.graphs import (
+    CaptureAbort,
+    CaptureError,
+    DeviceGraph,
+    GraphCaptureWarning,
+    GraphRunner,
+    runner as runner_module,
+)
+from attnhal.phases import Phase
+from attnhal.planner import GraphPolicy, PhaseBackends, plan
 from attnhal.platform import GraphKind, detect
+from attnhal.reasons import ReasonCode
+from attnhal.spec import SpecConfig
 
 PLATFORM = detect()
 DEV = PLATFORM.torch_device

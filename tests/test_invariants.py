@@ -1,4 +1,4 @@
-"""DESIGN.md invariants checked as code: no vendor branches outside the platform layer (in the core and
+"""The design invariants of docs/architecture.md checked as code: no vendor branches outside the platform layer (in the core and
 every backend package); light import."""
 
 import ast

@@ -12,11 +12,12 @@ import pytest
 
 from attnhal import catalog, lookup
 from attnhal.backend import AttentionBackend
-from attnhal.capabilities import BackendCapabilities, ReasonCode
+from attnhal.capabilities import BackendCapabilities
+from attnhal.capabilities.files import DescriptorError, load_descriptor
 from attnhal.cli import main
-from attnhal.descriptors import DescriptorError, load_descriptor
 from attnhal.lookup import DescriptorFileError, NotAnImplementation, RefShape, UnknownBackend
 from attnhal.platform import parse
+from attnhal.reasons import ReasonCode
 from attnhal.registry import GROUP, BackendPlugin, BackendUnavailable, Registry
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Phase, SpecLimits
+from attnhal.capabilities import BackendCapabilities, SpecLimits
 from attnhal.engines import sglang
+from attnhal.phases import GRAPH_PHASES, Phase
 from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend, phase_roles, plan
 from attnhal.spec import SpecConfig
 

@@ -16,13 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnhal.backend import PADDING_REQ
-from attnhal.capabilities import FillTerm, Phase, SeqLenFill, Variant, When
-from attnhal.plan import GraphPolicy, SpecConfig
+from attnhal.capabilities import FillTerm, SeqLenFill, Variant, When
+from attnhal.phases import Phase
+from attnhal.planner import GraphPolicy
 from attnhal.platform import parse
 from attnhal.reference.model import ModelConfig, TinyLlama, draft_of
 from attnhal.reference.tree import first_level, grow, select
 from attnhal.reference.worker import PlanInvalid, SpecWorker
 from attnhal.registry import BackendUnavailable, Registry
+from attnhal.spec import SpecConfig
 from attnhal.testing.strategies import spec_configs
 from attnhal_torch import TorchBackend
 

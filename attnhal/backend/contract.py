@@ -26,8 +26,10 @@ from attnhal.backend.batch import ForwardBatch
 from attnhal.backend.config import AttentionConfig, dtype_name
 from attnhal.backend.kv_pool import KVPool
 from attnhal.backend.validate import maybe_validate_batch, maybe_validate_forward
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Phase, Reason, ReasonCode, fmt_set, reason
+from attnhal.capabilities import BackendCapabilities
+from attnhal.phases import GRAPH_PHASES, Phase
 from attnhal.platform import Platform
+from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
 
 if TYPE_CHECKING:
     from attnhal.spec import SpecConfig

@@ -30,8 +30,8 @@ from types import MappingProxyType
 
 import torch
 
-from attnhal.capabilities import Reason, ReasonCode, fmt_set, reason
 from attnhal.platform import Fp8Flavor, Platform
+from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
 
 __all__ = ["FP8_DTYPES", "KVPool", "PADDING_PAGE", "PADDING_REQ", "PADDING_SLOT", "kv_dtype_name",
            "kv_storage_dtype", "slot_of"]

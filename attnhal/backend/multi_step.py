@@ -29,7 +29,9 @@ from attnhal.backend.batch import ForwardBatch
 from attnhal.backend.config import AttentionConfig
 from attnhal.backend.contract import AttentionBackend
 from attnhal.backend.kv_pool import KVPool
-from attnhal.capabilities import BackendCapabilities, Phase, Reason, ReasonCode, reason
+from attnhal.capabilities import BackendCapabilities
+from attnhal.phases import Phase
+from attnhal.reasons import Reason, ReasonCode, reason
 from attnhal.spec import SpecConfig
 
 __all__ = ["MultiStepDraft", "MultiStepUnsupported", "multi_step_reasons"]

@@ -25,7 +25,7 @@ import torch
 from attnhal.backend.batch import ForwardBatch
 from attnhal.backend.config import AttentionConfig
 from attnhal.backend.kv_pool import PADDING_REQ, KVPool
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 
 __all__ = [
     "ENV_VAR",

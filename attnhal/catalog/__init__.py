@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from attnhal.capabilities import BackendCapabilities
-from attnhal.descriptors import DescriptorError, parse_descriptor
+from attnhal.capabilities.files import DescriptorError, parse_descriptor
 
 if sys.version_info >= (3, 11):
     import tomllib

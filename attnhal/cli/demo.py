@@ -7,11 +7,11 @@ import functools
 import sys
 from typing import Any
 
-from attnhal.capabilities import KV_DTYPES
 from attnhal.cli.app import INTERRUPTED, UsageError, root_parser
 from attnhal.cli.args import bounded, choice
 from attnhal.cli.inputs import SPEC_STEPS, add_spec_flags, resolve_platform, spec_from
 from attnhal.cli.output import format_plan, one_line, print_json, table, yes_no
+from attnhal.spec import KV_DTYPES
 
 __all__ = ["DRAWN_FLAGS", "demo_cases", "demo_config", "format_demo", "parsed_demo_config", "register", "run"]
 

@@ -6,15 +6,23 @@ import argparse
 from dataclasses import fields
 from typing import Any
 
-from attnhal.capabilities import DTYPES, KV_DTYPES, AttentionRequest, Feature, Phase, not_supported_reasons
+from attnhal.capabilities import AttentionRequest, not_supported_reasons
 from attnhal.cli import engine
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import bounded, choice
-from attnhal.cli.inputs import add_plan_input_flags, add_spec_flags, context_from, policy_from, resolve_backend, \
-    resolve_platform, spec_from
+from attnhal.cli.inputs import (
+    add_plan_input_flags,
+    add_spec_flags,
+    context_from,
+    policy_from,
+    resolve_backend,
+    resolve_platform,
+    spec_from,
+)
 from attnhal.cli.output import format_plan, print_json
-from attnhal.plan import PhaseBackends, plan
-from attnhal.spec import ModelKind
+from attnhal.phases import Feature, Phase
+from attnhal.planner import PhaseBackends, plan
+from attnhal.spec import DTYPES, KV_DTYPES, ModelKind
 
 __all__ = ["explain_verdict", "register", "request_fields", "request_from", "run"]
 

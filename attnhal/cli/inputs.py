@@ -10,15 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 
-from attnhal.capabilities import DTYPES, KV_DTYPES, BackendCapabilities, Phase
+from attnhal.capabilities import BackendCapabilities
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import bounded, choice, int_list
 from attnhal.cli.output import one_line
 from attnhal.lookup import DescriptorFileError, UnknownBackend, describe
-from attnhal.plan import AttentionMode, GraphPolicy, PhaseBackends, SpecConfig
+from attnhal.phases import Phase
+from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends
 from attnhal.platform import ENV_VAR, Platform, PlatformSpecError, detect, parse
 from attnhal.registry import BackendUnavailable, Registry
-from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm
+from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
 __all__ = ["DRAFT_TOKENS", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
            "phase_backends", "policy_from", "resolve_backend", "resolve_platform", "spec_from"]

@@ -29,12 +29,13 @@ from typing import Any, TextIO
 import torch
 
 from attnhal.capabilities import AttentionRequest
-from attnhal.plan import GraphPolicy, SpecConfig
+from attnhal.planner import GraphPolicy
 from attnhal.platform import Fp8Flavor, parse
 from attnhal.reference.demo import DemoConfig
 from attnhal.reference.model import ModelConfig, TinyLlama
 from attnhal.reference.worker import SpecWorker
 from attnhal.registry import default_registry
+from attnhal.spec import SpecConfig
 
 __all__ = ["AXES", "Axis", "Case", "DrawnCase", "StressConfig", "StressSummary", "run_cases"]
 

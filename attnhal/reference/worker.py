@@ -37,14 +37,16 @@ from attnhal.backend import (
     SpecInfo,
     kv_storage_dtype,
 )
-from attnhal.capabilities import AttentionRequest, Phase
+from attnhal.capabilities import AttentionRequest
 from attnhal.graphs import GraphRunner, PhaseStep
 from attnhal.lookup import backend_class
-from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, SpecConfig, plan
+from attnhal.phases import Phase
+from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform, current
 from attnhal.reference.model import TinyLlama
 from attnhal.reference.tree import DraftTree, VerifyTree, accept, first_level, grow, select
 from attnhal.registry import BackendEntry, Registry, default_registry
+from attnhal.spec import SpecConfig
 
 __all__ = ["Generation", "PlanInvalid", "SpecWorker"]
 

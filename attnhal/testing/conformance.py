@@ -67,8 +67,9 @@ import pytest
 from hypothesis.errors import Flaky
 
 from attnhal.backend import AttentionBackend
-from attnhal.capabilities import DTYPES, GRAPH_PHASES, KV_DTYPES, Feature, Phase, Vendor
-from attnhal.platform import Platform, current
+from attnhal.phases import GRAPH_PHASES, Feature, Phase
+from attnhal.platform import Platform, Vendor, current
+from attnhal.spec import DTYPES, KV_DTYPES
 from attnhal.testing.checks import (
     DEFAULT_EXAMPLES,
     EXAMPLES_ENV,

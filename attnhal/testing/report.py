@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attnhal.backend import AttentionBackend
-from attnhal.capabilities import fmt_set
 from attnhal.lookup import backend_class
 from attnhal.platform import Platform, current
+from attnhal.reasons import fmt_set
 from attnhal.testing.checks import (
     THOROUGH_EXAMPLES,
     Claim,

@@ -12,10 +12,11 @@ from typing import Any
 import torch
 
 from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, MultiStepDraft
-from attnhal.capabilities import Phase
 from attnhal.graphs import CaptureError, EmulatedGraph, GraphCaptureWarning, GraphRunner, PhaseStep
 from attnhal.graphs.emulator import OpKind
-from attnhal.plan import GraphPlan, GraphPolicy, PhasePlan, SpecConfig
+from attnhal.phases import Phase
+from attnhal.planner import GraphPlan, GraphPolicy, PhasePlan
+from attnhal.spec import SpecConfig
 from attnhal.testing.cases import CaseRecipe, PoolSize, attention_config, make_pool, pool_size
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.common import blame
