@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import importlib
 import subprocess
 import sys
@@ -135,3 +136,37 @@ def test_attnhal_plan_stays_callable_after_importing_the_shim(script):
     done = subprocess.run([sys.executable, "-c", "import sys\n" + script], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+#: Former module -> where its names live now.
+FORMER_MODULES = {"attnhal.plan": "attnhal.planner", "attnhal.descriptors": "attnhal.capabilities.files",
+                  "attnhal.commands": "attnhal.cli.plugins", "attnhal.testing.batches": "attnhal.testing.cases",
+                  "attnhal.testing.reference": "attnhal.testing.oracle",
+                  "attnhal_torch.capabilities": "attnhal_torch.descriptor"}
+
+WARNS = """
+import importlib, warnings
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    importlib.import_module({old!r})
+print([str(w.message) for w in seen if w.category is DeprecationWarning])
+"""
+
+
+@pytest.mark.parametrize("old", sorted(FORMER_MODULES))
+def test_a_former_module_warns_and_names_the_new_one(old):
+    done = subprocess.run([sys.executable, "-c", WARNS.format(old=old)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    messages = ast.literal_eval(done.stdout.strip() or "[]")
+    assert len(messages) == 1 and FORMER_MODULES[old] in messages[0], (messages, done.stderr)
+
+
+def test_the_repository_imports_no_former_module():
+    """Code in the repository imports names from their own modules at the top (tests of the former
+    modules import them inside the test)."""
+    pattern = re.compile(r"^(from|import)\s+(" + "|".join(re.escape(m) for m in FORMER_MODULES) + r")\b", re.M)
+    former = {ROOT / "attnhal" / "plan.py", ROOT / "attnhal" / "descriptors.py", ROOT / "attnhal" / "commands.py",
+              Path(__file__).resolve()}  # this file runs the former modules in scripts
+    hits = [f"{p.relative_to(ROOT)}" for tree in ("attnhal", "backends", "tests", "benchmarks")
+            for p in (ROOT / tree).rglob("*.py") if p not in former and pattern.search(p.read_text())]
+    assert hits == []
