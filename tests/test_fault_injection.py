@@ -18,8 +18,8 @@ from attnhal.graphs.runner import GraphCaptureWarning
 from attnhal.phases import Phase
 from attnhal.planner import GraphPolicy
 from attnhal.platform import parse
-from attnhal.reference.model import ModelConfig, TinyLlama, draft_of
-from attnhal.reference.worker import SpecWorker
+from attnhal.example_engine.model import ModelConfig, TinyLlama, draft_of
+from attnhal.example_engine.worker import SpecWorker
 from attnhal.registry import GROUP, Registry
 from attnhal.spec import SpecConfig
 from attnhal_torch import TorchBackend

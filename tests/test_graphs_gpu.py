@@ -273,7 +273,7 @@ def check_demo(report: dict[str, Any]) -> None:
 
 
 def test_reference_worker_with_torch_backend_on_device() -> None:
-    from attnhal.reference.demo import DemoConfig, run_demo
+    from attnhal.example_engine.demo import DemoConfig, run_demo
 
     report = run_demo(DemoConfig(spec=SpecConfig.eagle(num_steps=3, topk=2, num_draft_tokens=4),
                                  platform=PLATFORM, backend="torch", batch_size=4, max_new_tokens=16))

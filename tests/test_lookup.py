@@ -216,8 +216,8 @@ def test_plan_accepts_module_attr(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_worker_takes_module_attr_and_refuses_a_catalogue_name() -> None:
-    from attnhal.reference.model import ModelConfig, TinyLlama
-    from attnhal.reference.worker import SpecWorker
+    from attnhal.example_engine.model import ModelConfig, TinyLlama
+    from attnhal.example_engine.worker import SpecWorker
     from attnhal.spec import SpecConfig
     from attnhal_torch import TorchBackend
 

@@ -142,7 +142,7 @@ def test_attnhal_plan_stays_callable_after_importing_the_shim(script):
 FORMER_MODULES = {"attnhal.plan": "attnhal.planner", "attnhal.descriptors": "attnhal.capabilities.files",
                   "attnhal.commands": "attnhal.cli.plugins", "attnhal.testing.batches": "attnhal.testing.cases",
                   "attnhal.testing.reference": "attnhal.testing.oracle",
-                  "attnhal_torch.capabilities": "attnhal_torch.descriptor"}
+                  "attnhal_torch.capabilities": "attnhal_torch.descriptor", "attnhal.reference": "attnhal.example_engine"}
 
 WARNS = """
 import importlib, warnings
@@ -166,7 +166,17 @@ def test_the_repository_imports_no_former_module():
     modules import them inside the test)."""
     pattern = re.compile(r"^(from|import)\s+(" + "|".join(re.escape(m) for m in FORMER_MODULES) + r")\b", re.M)
     former = {ROOT / "attnhal" / "plan.py", ROOT / "attnhal" / "descriptors.py", ROOT / "attnhal" / "commands.py",
+              ROOT / "attnhal" / "reference" / "__init__.py",
               Path(__file__).resolve()}  # this file runs the former modules in scripts
     hits = [f"{p.relative_to(ROOT)}" for tree in ("attnhal", "backends", "tests", "benchmarks")
             for p in (ROOT / tree).rglob("*.py") if p not in former and pattern.search(p.read_text())]
     assert hits == []
+
+
+def test_the_former_example_engine_paths_are_the_same_modules():
+    done = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c",
+                           "import attnhal.reference.worker as old, attnhal.example_engine.worker as new\n"
+                           "from attnhal.reference.stress import DrawnCase\n"
+                           "print(old is new and old.SpecWorker is new.SpecWorker)"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True", done.stderr

@@ -43,8 +43,8 @@ from attnhal.lookup import backend_class
 from attnhal.phases import Phase
 from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform, current
-from attnhal.reference.model import TinyLlama
-from attnhal.reference.tree import DraftTree, VerifyTree, accept, first_level, grow, select
+from attnhal.example_engine.model import TinyLlama
+from attnhal.example_engine.tree import DraftTree, VerifyTree, accept, first_level, grow, select
 from attnhal.registry import BackendEntry, Registry, default_registry
 from attnhal.spec import SpecConfig
 
