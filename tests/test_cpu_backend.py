@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnhal.backend import ForwardBatch, KVPool, set_debug
+from attnhal.backend import ForwardBatch, KVPool
 from attnhal.phases import Phase
 from attnhal.platform import parse
 from attnhal.registry import default_registry

@@ -29,11 +29,11 @@ from typing import Any, TextIO
 import torch
 
 from attnhal.capabilities import AttentionRequest
-from attnhal.planner import GraphPolicy
-from attnhal.platform import Fp8Flavor, parse
 from attnhal.example_engine.demo import DemoConfig
 from attnhal.example_engine.model import ModelConfig, TinyLlama
 from attnhal.example_engine.worker import SpecWorker
+from attnhal.planner import GraphPolicy
+from attnhal.platform import Fp8Flavor, parse
 from attnhal.registry import default_registry
 from attnhal.spec import SpecConfig
 
