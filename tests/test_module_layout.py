@@ -1,4 +1,5 @@
-"""The data model's layout: one-way imports, the old module paths, and the callable attnhal.plan."""
+"""The old module paths, the callable attnhal.plan, and the vocabulary layers (the layer order itself:
+tests/test_layers.py)."""
 
 from __future__ import annotations
 
@@ -13,42 +14,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Lowest first: each module may import only the modules before it (and the platform layer).
-LAYERS = (
-    "attnhal.spec",
-    "attnhal.reasons",
-    "attnhal.phases",
-    "attnhal.capabilities.claims",
-    "attnhal.capabilities.conditions",
-    "attnhal.capabilities.descriptor",
-    "attnhal.capabilities.support",
-    "attnhal.capabilities.schema",
-    "attnhal.capabilities.files",
-    "attnhal.planner.policy",
-    "attnhal.planner.roles",
-    "attnhal.planner.result",
-    "attnhal.planner.decide",
-)
-
-
 def attnhal_imports(module: str) -> set[str]:
-    path = ROOT / (module.replace(".", "/") + ".py")
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnhal"):
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("attnhal")}
-    return out
+    from test_layers import import_graph
 
-
-@pytest.mark.parametrize("index", range(len(LAYERS)), ids=LAYERS)
-def test_imports_run_one_way(index):
-    module, below = LAYERS[index], set(LAYERS[:index])
-    for imported in attnhal_imports(module):
-        if imported == "attnhal.platform" or imported.startswith("attnhal.platform."):
-            continue
-        assert imported in below, f"{module} imports {imported} (supported: {sorted(below) or 'none'})"
+    return import_graph()[module]
 
 
 def test_the_vocabulary_layers_import_nothing_above_the_platform():
