@@ -378,7 +378,7 @@ def test_hand_built_plan_without_sizes_or_fill_uses_the_policy_and_the_owner() -
     """A PhasePlan built by hand (no capture_sizes, no seq_len_fill) gets what the planner would
     give for sizes, and the metadata owner's fill."""
     meta = Meta(fill=7)
-    hand = GraphPlan(platform=CPU.spec, spec=SPEC, policy=GraphPolicy(batch_sizes=(2, 4), max_tokens=10),
+    hand = GraphPlan(platform=CPU.name, spec=SPEC, policy=GraphPolicy(batch_sizes=(2, 4), max_tokens=10),
                      phases={Phase.TARGET_VERIFY: PhasePlan(runs=True, capture=True, backend="hand")})
     runner = GraphRunner(hand, CPU, {Phase.TARGET_VERIFY: spec_steps(meta)[Phase.TARGET_VERIFY]})
     assert runner.captured_sizes(Phase.TARGET_VERIFY) == (2,)  # 4 x 5 tokens > max_tokens

@@ -77,7 +77,7 @@ PLATFORM = detect()
 DEV = PLATFORM.torch_device
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(PLATFORM.graph_kind is not GraphKind.DEVICE,
-                                reason=f"no device graph API here (platform {PLATFORM.spec}, "
+                                reason=f"no device graph API here (platform {PLATFORM.name}, "
                                        f"graph_kind {PLATFORM.graph_kind.value})")
 _CHILD = "ATTNHAL_GPU_TEST_CHILD"
 

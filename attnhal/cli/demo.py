@@ -141,7 +141,7 @@ def demo_cases(args: argparse.Namespace) -> int:
         raise UsageError(f"{given[0]} with --cases (supported: --cases draws {', '.join(DRAWN_FLAGS)}; "
                          "pin only --platform and --backend)")
     platform = resolve_platform(args.platform) if args.platform is not None else None
-    cfg = StressConfig(cases=args.cases, seed=args.seed, platform=platform.spec if platform else None,
+    cfg = StressConfig(cases=args.cases, seed=args.seed, platform=platform.name if platform else None,
                        backend=args.backend)
     summary = run_cases(cfg, parsed_demo_config, progress=sys.stderr)
     if args.json:

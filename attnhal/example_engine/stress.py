@@ -260,7 +260,7 @@ class _Workers:
         return self.worker
 
     def greedy_worker(self, cfg: DemoConfig, context: int) -> SpecWorker:
-        key = (cfg.platform.spec, cfg.backend, cfg.page_size, cfg.kv_dtype)  # greedy under the same cache
+        key = (cfg.platform.name, cfg.backend, cfg.page_size, cfg.kv_dtype)  # greedy under the same cache
         if key not in self.greedy:
             target, _ = self.models(cfg)
             self.greedy[key] = SpecWorker(target, None, SpecConfig(), platform=cfg.platform, backend=cfg.backend,

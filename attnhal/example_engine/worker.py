@@ -46,7 +46,7 @@ from attnhal.graphs import GraphRunner
 from attnhal.lookup import backend_class
 from attnhal.phases import Phase
 from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
-from attnhal.platform import Platform, current
+from attnhal.platform import Platform, as_platform
 from attnhal.registry import BackendEntry, Registry, default_registry
 from attnhal.spec import SpecConfig
 
@@ -128,7 +128,7 @@ class SpecWorker:
                  max_requests: int | None = None, registry: Registry | None = None, page_size: int = 1,
                  kv_dtype: str = "float32") -> None:
         self.target, self.draft, self.spec = target, draft, spec
-        self.platform = current(platform)
+        self.platform = as_platform(platform)
         self.page_size, self.kv_dtype = page_size, kv_dtype
         self.cache_dtype = kv_storage_dtype(kv_dtype, self.platform.fp8_flavor)
         self.policy = policy or GraphPolicy(max_batch_size=8)

@@ -131,7 +131,7 @@ def capture(target: Target, claim: Claim, recipes: Sequence[CaseRecipe], sizes: 
                      forward=_step_forward(owner, steps, first.layer, multi, scratch, outputs),
                      inputs=_inputs(config, len(steps), multi),
                      rows_per_request=spec.topk if phase is Phase.DRAFT_DECODE else 1)
-    plan = GraphPlan(platform=target.platform.spec, spec=spec, policy=GraphPolicy(batch_sizes=sizes),
+    plan = GraphPlan(platform=target.platform.name, spec=spec, policy=GraphPolicy(batch_sizes=sizes),
                      phases={phase: PhasePlan(runs=True, capture=True, backend=target.caps.name)})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GraphCaptureWarning)  # the failure is read from the runner
