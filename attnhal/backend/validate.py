@@ -25,6 +25,7 @@ import torch
 from attnhal.backend.batch import ForwardBatch
 from attnhal.backend.config import AttentionConfig
 from attnhal.backend.kv_pool import PADDING_REQ, KVPool
+from attnhal.errors import AttnhalError
 from attnhal.phases import Phase
 
 __all__ = [
@@ -68,7 +69,7 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-class BatchValidationError(ValueError):
+class BatchValidationError(AttnhalError, ValueError):
     """A batch field with a value the backend does not accept.
 
     Attributes: ``field`` (e.g. ``"seq_lens[3]"``), ``value``, ``supported``.

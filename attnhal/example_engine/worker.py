@@ -38,6 +38,7 @@ from attnhal.backend import (
     kv_storage_dtype,
 )
 from attnhal.capabilities import AttentionRequest
+from attnhal.errors import AttnhalError
 from attnhal.example_engine.model import TinyLlama
 from attnhal.example_engine.requests import Request, admit, append_slots, free_row
 from attnhal.example_engine.steps import decode_step, draft_decode_step, extend_step
@@ -55,7 +56,7 @@ __all__ = ["Generation", "PlanInvalid", "SpecWorker"]
 BackendClass = type[AttentionBackend]
 
 
-class PlanInvalid(RuntimeError):
+class PlanInvalid(AttnhalError, RuntimeError):
     """The plan has a running phase without a capable backend."""
 
     def __init__(self, graph_plan: GraphPlan) -> None:
