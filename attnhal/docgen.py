@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from attnhal.capabilities import BackendCapabilities, Phase, SpecLimits, Variant, fmt_set
-from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
+from attnhal.capabilities import BackendCapabilities, SpecLimits, Variant
+from attnhal.phases import Phase
+from attnhal.planner import GraphPolicy, PhaseBackends, plan
 from attnhal.platform import parse
+from attnhal.reasons import fmt_set
 from attnhal.registry import Registry, default_registry
+from attnhal.spec import SpecConfig
 
 __all__ = ["capability_matrix"]
 

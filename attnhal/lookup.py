@@ -44,17 +44,11 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from attnhal import catalog
-from attnhal.capabilities import BackendCapabilities, Reason, ReasonCode
-from attnhal.descriptors import DescriptorError, load_descriptor
+from attnhal.capabilities import BackendCapabilities
+from attnhal.capabilities.files import DescriptorError, load_descriptor
 from attnhal.platform import Platform
-from attnhal.registry import (
-    BackendEntry,
-    BackendPlugin,
-    BackendUnavailable,
-    Registry,
-    default_registry,
-    import_object,
-)
+from attnhal.reasons import Reason, ReasonCode
+from attnhal.registry import BackendEntry, BackendPlugin, BackendUnavailable, Registry, default_registry, import_object
 
 if TYPE_CHECKING:
     from attnhal.backend import AttentionBackend

@@ -10,6 +10,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from attnhal._compat import moved
 from attnhal.phases import ALGORITHM_PHASES
 from attnhal.planner import (
     MAX_BATCH_SIZE,
@@ -23,8 +24,9 @@ from attnhal.planner import (
     plan,
     plan_phase,
 )
-from attnhal.planner.decide import _resolved  # noqa: F401 - a cache test and benchmarks/plan_speed.py clear it
 from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm, SpecConfig
+
+moved("attnhal.plan (the module)", "attnhal.planner")
 
 __all__ = [
     "ALGORITHM_PHASES",

@@ -24,14 +24,10 @@ from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
-from attnhal.capabilities import (
-    AttentionRequest,
-    BackendCapabilities,
-    Reason,
-    ReasonCode,
-    not_supported_reasons,
-)
+from attnhal.capabilities import AttentionRequest, BackendCapabilities, not_supported_reasons
+from attnhal.errors import AttnhalError
 from attnhal.platform import Platform, Vendor
+from attnhal.reasons import Reason, ReasonCode
 
 if TYPE_CHECKING:
     from attnhal.backend import AttentionBackend
@@ -57,7 +53,7 @@ DEFAULT_PRIORITY: dict[Vendor, tuple[str, ...]] = {
 }
 
 
-class BackendUnavailable(LookupError):
+class BackendUnavailable(AttnhalError, LookupError):
     """An explicitly chosen backend that is missing or does not fit; ``reasons`` say why."""
 
     def __init__(self, name: str, reasons: list[Reason]) -> None:
@@ -66,7 +62,7 @@ class BackendUnavailable(LookupError):
         super().__init__(f"backend {name!r} cannot be used:\n{lines}")
 
 
-class NoBackendFits(LookupError):
+class NoBackendFits(AttnhalError, LookupError):
     """No registered backend fits; ``candidates`` maps each name to its reasons."""
 
     def __init__(self, candidates: dict[str, list[Reason]]) -> None:

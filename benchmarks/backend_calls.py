@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, SpecInfo
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 from attnhal.registry import default_registry
 
 __all__ = ["PagedCase", "paged_case"]

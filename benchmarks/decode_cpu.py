@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, dtype_name
-from attnhal.capabilities import AttentionRequest, Phase, not_supported_reasons
+from attnhal.capabilities import AttentionRequest, not_supported_reasons
+from attnhal.phases import Phase
 from attnhal.platform import parse
 from attnhal_cpu import CpuBackend
 from attnhal_torch import TorchBackend

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backend_calls import PagedCase, paged_case  # noqa: E402
 
-from attnhal.capabilities import Phase  # noqa: E402
-from attnhal.platform import detect  # noqa: E402
+from attnhal.phases import Phase
+from attnhal.platform import detect
 
 SHAPES = ((1, 32768), (8, 8192), (64, 2048), (256, 1024))
 HEADS, KV_HEADS, HEAD, DRAFT = 32, 8, 128, 4

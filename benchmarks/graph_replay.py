@@ -17,11 +17,12 @@ import time
 
 import torch
 
-from attnhal.capabilities import Phase
-from attnhal.plan import GraphPolicy, SpecConfig
+from attnhal.phases import Phase
+from attnhal.planner import GraphPolicy
 from attnhal.platform import detect
-from attnhal.reference.model import ModelConfig, TinyLlama
-from attnhal.reference.worker import Generation, SpecWorker
+from attnhal.example_engine.model import ModelConfig, TinyLlama
+from attnhal.example_engine.worker import Generation, SpecWorker
+from attnhal.spec import SpecConfig
 
 BATCHES = (1, 8, 32)
 

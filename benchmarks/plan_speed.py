@@ -6,7 +6,7 @@ Contenders, planned for the same spec config (EAGLE, 3 steps, topk 2, 4 draft to
 platform (``hip:gfx942``) and request context (MLA, page size 64, bf16):
 
 * ``10 variants``: one descriptor with 10 conditional claims, every role; the context
-  makes 5 of them apply, so ``plan`` resolves and checks them (the target of issue 10:
+  makes 5 of them apply, so ``plan`` resolves and checks them (the target:
   < 100 us per plan).
 * ``10 variants, split roles``: the same plus a second descriptor for decode (two resolutions).
 * ``no variants``: the same base claims without variants (what resolution adds).
@@ -25,15 +25,15 @@ step counts); ``cold`` measures the first plan.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Phase, SpecLimits, Variant, When
-from attnhal.plan import GraphPolicy, PhaseBackends, plan
+from attnhal.capabilities import BackendCapabilities, SpecLimits, Variant, When
+from attnhal.phases import GRAPH_PHASES, Phase
+from attnhal.planner import GraphPolicy, PhaseBackends, decide, plan
 from attnhal.platform import parse
 from attnhal.spec import RequestContext, SpecConfig
 
@@ -63,11 +63,10 @@ CONTEXT = RequestContext(model="mla", page_size=64, dtype="bfloat16")
 POLICY = GraphPolicy()
 
 
-plan_module = importlib.import_module("attnhal.plan")  # the module; ``attnhal.plan`` the name is the function
 
 
 def cold(backends: PhaseBackends) -> object:
-    plan_module._resolved.cache_clear()  # private: the benchmark measures the uncached path
+    decide._resolved.cache_clear()  # private: the benchmark measures the uncached path
     return plan(SPEC, PLATFORM, backends, POLICY, CONTEXT)
 
 

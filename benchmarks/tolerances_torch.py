@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from reference import expected, random_spec  # noqa: E402
 
-from attnhal.capabilities import Phase  # noqa: E402
-from attnhal.plan import SpecConfig  # noqa: E402
-from attnhal.testing.batches import build_case  # noqa: E402
-from attnhal_torch import TorchBackend  # noqa: E402
+from attnhal.phases import Phase
+from attnhal.spec import SpecConfig
+from attnhal.testing.cases import build_case
+from attnhal_torch import TorchBackend
 
 DTYPES = ("float32", "float16", "bfloat16")
 HEADS = [(1, 1), (4, 2), (4, 1), (8, 2)]

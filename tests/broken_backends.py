@@ -33,10 +33,11 @@ from dataclasses import replace
 import torch
 
 from attnhal.backend import PADDING_SLOT, AttentionBackend, AttentionConfig, ForwardBatch, KVPool, SpecInfo
-from attnhal.capabilities import BackendCapabilities, Phase, SpecLimits
+from attnhal.capabilities import BackendCapabilities, SpecLimits
 from attnhal.graphs.runner import tokens_per_row
-from attnhal.plan import SpecConfig
+from attnhal.phases import Phase
 from attnhal.platform import Vendor
+from attnhal.spec import SpecConfig
 
 __all__ = [
     "BROKEN",

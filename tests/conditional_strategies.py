@@ -4,8 +4,9 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from attnhal.capabilities import GRAPH_PHASES, FillTerm, IntSet, SeqLenFill, Variant, When
-from attnhal.plan import GraphPolicy
+from attnhal.capabilities import FillTerm, IntSet, SeqLenFill, Variant, When
+from attnhal.phases import GRAPH_PHASES
+from attnhal.planner import GraphPolicy
 from attnhal.platform import Vendor
 from attnhal.spec import KV_DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 from attnhal.testing.strategies import descriptors, spec_configs, spec_limits

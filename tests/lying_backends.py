@@ -48,7 +48,8 @@ import torch
 from broken_backends import AllocatingDecode, HostSyncDecode, StaleLenDecode
 
 from attnhal.backend import AttentionConfig, ForwardBatch, KVPool
-from attnhal.capabilities import BackendCapabilities, Feature, Phase, SeqLenFill
+from attnhal.capabilities import BackendCapabilities, SeqLenFill
+from attnhal.phases import Feature, Phase
 from attnhal_torch import TorchBackend
 from attnhal_torch.kernel import LayerParams
 

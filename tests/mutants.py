@@ -6,7 +6,7 @@ ship it. ``tests/test_conformance_mutants.py`` shows each defect by hand (a trig
 case where the mutant is wrong and the torch backend right) and checks that the kit, at
 its default budget, falsifies the claim the defect breaks.
 
-The categories are those of issue 13: sizes (block boundaries, long contexts, long
+The categories are the defects real kernels have had: sizes (block boundaries, long contexts, long
 prefill extends, GQA groups of 8-16, MQA with many heads, head sizes, empty and length-1
 rows), inputs (explicit scale, large logits, narrow accumulators, bf16/fp16 mix-up,
 non-contiguous q/k/v), properties (determinism, inputs left unchanged, flaky failures),
@@ -28,8 +28,9 @@ import torch
 
 import attnhal_torch.kernel as kernel
 from attnhal.backend import AttentionConfig, ForwardBatch, KVPool
-from attnhal.capabilities import BackendCapabilities, Phase
-from attnhal.testing.batches import CaseSpec
+from attnhal.capabilities import BackendCapabilities
+from attnhal.phases import Phase
+from attnhal.testing.cases import CaseSpec
 from attnhal_torch import TorchBackend
 from attnhal_torch.backend import _Piece
 from attnhal_torch.kernel import KVLayout, LayerParams, Workspace

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-from attnhal.capabilities import Phase
-from attnhal.plan import SpecConfig
-from attnhal.testing.batches import Case, CaseSpec
-from attnhal.testing.reference import _one_thread, reference_forward
+from attnhal.phases import Phase
+from attnhal.spec import SpecConfig
+from attnhal.testing.cases import Case, CaseSpec
+from attnhal.testing.oracle import _one_thread, reference_forward
 
 __all__ = ["DEFAULT_SPECS", "expected", "one_thread", "random_spec"]
 

@@ -22,10 +22,11 @@ from attnhal.backend import (
     dtype_name,
     set_debug,
 )
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Phase
+from attnhal.capabilities import BackendCapabilities
+from attnhal.phases import GRAPH_PHASES, Phase
 from attnhal.platform import parse
 from attnhal.spec import DTYPES
-from attnhal.testing.batches import Case, build_case
+from attnhal.testing.cases import Case, build_case
 from attnhal_cpu import CpuBackend
 from attnhal_torch import TorchBackend
 
@@ -219,7 +220,7 @@ def test_one_dtype_table_read_both_ways() -> None:
 
 
 def test_the_test_kit_reads_the_same_table() -> None:
-    from attnhal.testing.batches import TORCH_DTYPES
+    from attnhal.testing.cases import TORCH_DTYPES
 
     assert TORCH_DTYPES is COMPUTE_DTYPES
 

@@ -19,9 +19,9 @@ from attnhal.backend import (
     validate_forward,
 )
 from attnhal.backend.validate import ENV_VAR
-from attnhal.capabilities import Phase
 from attnhal.graphs import EmulatedGraph
-from attnhal.plan import SpecConfig
+from attnhal.phases import Phase
+from attnhal.spec import SpecConfig
 from attnhal.testing.cases import Case, build_case
 from attnhal_torch import TorchBackend
 

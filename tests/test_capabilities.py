@@ -3,17 +3,16 @@ import pytest
 from attnhal.capabilities import (
     AttentionRequest,
     BackendCapabilities,
-    Feature,
     FillTerm,
-    Phase,
-    ReasonCode,
     SeqLenFill,
     SpecLimits,
     Tolerance,
     not_supported_reasons,
 )
-from attnhal.plan import SpecConfig
+from attnhal.phases import Feature, Phase
 from attnhal.platform import Vendor, parse
+from attnhal.reasons import ReasonCode
+from attnhal.spec import SpecConfig
 
 CAPS = BackendCapabilities(
     name="demo", vendors={"cuda", "hip"}, phases={"prefill", "decode"}, graph={"decode": SpecLimits()},

@@ -142,8 +142,6 @@ def test_internal_errors_are_short_and_debug_shows_the_traceback(monkeypatch, ca
 def test_warnings_are_one_line_in_the_cli_voice(monkeypatch, capsys):
     import warnings
 
-    import attnhal.cli as cli
-
     def warn(args):
         warnings.warn("arch=gfx999 is not in the table: conservative facts", UserWarning)
         return 0

@@ -9,7 +9,7 @@ from importlib.metadata import EntryPoint
 import pytest
 
 import attnhal.cli as cli
-from attnhal.commands import GROUP, Command, load_commands
+from attnhal.cli.plugins import GROUP, Command, load_commands
 
 
 def _hello_arguments(p):

@@ -16,7 +16,7 @@ import torch
 from broken_backends import ToyDecode
 
 from attnhal.backend import ForwardBatch
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 from attnhal.platform import Vendor, parse
 from attnhal.testing.checks import Claim, ClaimKind, ClaimResult, Status, Target
 from attnhal.testing.checks.phases import phase_examples
@@ -190,7 +190,7 @@ def test_former_names_and_modules_still_work() -> None:
     import attnhal.testing.cases as cases
     import attnhal.testing.oracle as oracle
     import attnhal.testing.reference as reference
-    from attnhal.reference import stress
+    from attnhal.example_engine import stress
 
     assert kit.CaseSpec is kit.CaseRecipe is cases.CaseSpec is batches.CaseSpec is cases.CaseRecipe
     assert batches.build_case is cases.build_case and batches.new_qkv is cases.new_qkv

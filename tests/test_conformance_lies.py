@@ -31,13 +31,13 @@ from lying_backends import (
     WrongGQA,
 )
 
-from attnhal.capabilities import Phase
-from attnhal_torch import TorchBackend
+from attnhal.phases import Phase
 from attnhal.platform import parse
 from attnhal.testing.cases import CaseRecipe
 from attnhal.testing.checks import Claim, ClaimFalsified, ClaimKind, Status, Target, check
 from attnhal.testing.checks.phases import eager_body
 from attnhal.testing.report import ConformanceReport, run_conformance
+from attnhal_torch import TorchBackend
 
 
 def _run(cls: type, examples: int = 1, **kwargs: object) -> ConformanceReport:

@@ -19,7 +19,7 @@ from attnhal.testing.oracle import real_tokens, reference_forward
 from attnhal.testing.report import run_conformance
 from attnhal_torch import TorchBackend
 
-#: The categories of issue 13's "Why" (and graphs): each must have a mutant.
+#: The defect categories of tests/mutants.py: each must have a mutant.
 CATEGORIES = {"sizes", "inputs", "properties", "graphs"}
 
 

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 import attnhal.testing.strategies as hst
 from attnhal.backend import validate_forward
-from attnhal.capabilities import Phase, SpecLimits
-from attnhal.plan import SpecConfig
+from attnhal.capabilities import SpecLimits
+from attnhal.phases import Phase
+from attnhal.spec import SpecConfig
 from attnhal.testing.cases import CaseRecipe, build_case, tree_mask
 from attnhal.testing.oracle import real_tokens, reference_forward
 from attnhal_torch import TorchBackend
@@ -121,7 +122,7 @@ def test_reference_matches_sdpa_on_causal_prefill(lens, heads, slot_seed) -> Non
         start += n
 
 
-# --- what the strategies reach (issue 13) ---------------------------------------------------------
+# --- what the strategies reach ---------------------------------------------------------
 
 def test_context_lengths_reach_block_boundaries_and_long_contexts() -> None:
     for k in (4, 7, 12):

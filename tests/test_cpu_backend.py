@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnhal.backend import ForwardBatch, KVPool, set_debug
-from attnhal.capabilities import Phase
+from attnhal.backend import ForwardBatch, KVPool
+from attnhal.phases import Phase
 from attnhal.platform import parse
 from attnhal.registry import default_registry
-from attnhal.testing.batches import Case, CaseSpec, build_case
+from attnhal.testing.cases import Case, CaseSpec, build_case
 from attnhal.testing.checks import canonical_cases
-from attnhal.testing.reference import real_tokens, reference_forward
+from attnhal.testing.oracle import real_tokens, reference_forward
 from attnhal_cpu import CAPABILITIES, CpuBackend
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,8 +4,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 
-from attnhal.capabilities import Phase, SpecLimits
-from attnhal.descriptors import DescriptorError, dump_descriptor, load_descriptor, parse_descriptor
+from attnhal.capabilities import SpecLimits
+from attnhal.capabilities.files import DescriptorError, dump_descriptor, load_descriptor, parse_descriptor
+from attnhal.phases import Phase
 from attnhal.testing.strategies import descriptors
 from conditional_strategies import conditional_descriptors
 

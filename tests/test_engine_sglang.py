@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from attnhal.capabilities import Phase
 from attnhal.cli import main
 from attnhal.engines import sglang
+from attnhal.phases import Phase
 
 EAGLE = {"attention_backend": "triton", "speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
          "speculative_eagle_topk": 1}

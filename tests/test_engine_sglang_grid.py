@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from attnhal import catalog
-from attnhal.capabilities import Phase
 from attnhal.engines import sglang
+from attnhal.phases import Phase
 from engine_transcripts.sglang_decisions import Case, decide
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "catalog.md"

@@ -14,13 +14,14 @@ from importlib.metadata import EntryPoint
 import pytest
 
 import attnhal.cli as cli
-from attnhal.capabilities import Phase
 from attnhal.graphs.runner import GraphCaptureWarning
-from attnhal.plan import GraphPolicy, SpecConfig
+from attnhal.phases import Phase
+from attnhal.planner import GraphPolicy
 from attnhal.platform import parse
-from attnhal.reference.model import ModelConfig, TinyLlama, draft_of
-from attnhal.reference.worker import SpecWorker
+from attnhal.example_engine.model import ModelConfig, TinyLlama, draft_of
+from attnhal.example_engine.worker import SpecWorker
 from attnhal.registry import GROUP, Registry
+from attnhal.spec import SpecConfig
 from attnhal_torch import TorchBackend
 
 TARGET = TinyLlama(ModelConfig(num_layers=2, hidden_size=64, ffn_size=128, vocab_size=128, head_dim=16))

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from attnhal.backend import AttentionConfig, KVPool, UnsupportedFeature, UnsupportedPhase, config_reasons
-from attnhal.capabilities import Feature, Phase
-from attnhal.plan import SpecConfig
+from attnhal.phases import Feature, Phase
 from attnhal.platform import parse
+from attnhal.spec import SpecConfig
 from attnhal.testing.cases import Case, CaseRecipe, build_case
 from attnhal.testing.oracle import real_tokens, reference_forward
 from attnhal_torch import TorchBackend
@@ -191,7 +191,7 @@ def test_triton_backend_refuses_what_its_descriptor_does_not_claim() -> None:
     for feature, fields in ((Feature.SLIDING_WINDOW, {"sliding_window": 16}), (Feature.LOGIT_SOFTCAP, {"logit_softcap": 30.0}),
                             (Feature.SINKS, {"sinks": torch.zeros(1, 4)})):
         if feature in caps.features:
-            continue  # claimed (engineer "tri"'s kernels): its conformance claim checks it
+            continue  # claimed by the Triton kernels: its conformance claim checks it
         cfg = AttentionConfig(num_q_heads=4, num_kv_heads=2, head_size=64, dtype=torch.float16, **fields)  # type: ignore[arg-type]
         with pytest.raises(UnsupportedFeature, match=f"feature={feature.value}"):
             TritonBackend(cfg, _pool(torch.float16, head=64), platform=parse("cuda:sm90"))

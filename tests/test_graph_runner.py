@@ -27,22 +27,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnhal.backend import PADDING_REQ, PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo
-from attnhal.capabilities import (
-    GRAPH_PHASES,
-    BackendCapabilities,
-    Feature,
-    FillTerm,
-    Phase,
-    ReasonCode,
-    SeqLenFill,
-    SpecLimits,
-    Variant,
-    When,
+from attnhal.capabilities import BackendCapabilities, FillTerm, SeqLenFill, SpecLimits, Variant, When
+from attnhal.graphs import (
+    CaptureError,
+    EmulatedGraph,
+    GraphCaptureWarning,
+    GraphRunner,
+    PhaseStep,
+    runner as runner_module,
 )
-from attnhal.graphs import CaptureError, EmulatedGraph, GraphCaptureWarning, GraphRunner, PhaseStep
-from attnhal.graphs import runner as runner_module
-from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, PhasePlan, SpecConfig, plan
+from attnhal.phases import GRAPH_PHASES, Feature, Phase
+from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, PhasePlan, plan
 from attnhal.platform import GraphKind, Platform, Vendor, parse
+from attnhal.reasons import ReasonCode
+from attnhal.spec import SpecConfig
 
 SIZES = (1, 2, 4, 8)
 CFG = AttentionConfig(num_q_heads=4, num_kv_heads=2, head_size=16)
@@ -380,7 +378,7 @@ def test_hand_built_plan_without_sizes_or_fill_uses_the_policy_and_the_owner() -
     """A PhasePlan built by hand (no capture_sizes, no seq_len_fill) gets what the planner would
     give for sizes, and the metadata owner's fill."""
     meta = Meta(fill=7)
-    hand = GraphPlan(platform=CPU.spec, spec=SPEC, policy=GraphPolicy(batch_sizes=(2, 4), max_tokens=10),
+    hand = GraphPlan(platform=CPU.name, spec=SPEC, policy=GraphPolicy(batch_sizes=(2, 4), max_tokens=10),
                      phases={Phase.TARGET_VERIFY: PhasePlan(runs=True, capture=True, backend="hand")})
     runner = GraphRunner(hand, CPU, {Phase.TARGET_VERIFY: spec_steps(meta)[Phase.TARGET_VERIFY]})
     assert runner.captured_sizes(Phase.TARGET_VERIFY) == (2,)  # 4 x 5 tokens > max_tokens

@@ -20,11 +20,18 @@ import pytest
 import torch
 from test_graph_runner import ALL_GRAPHS, SIZES, SPEC, Meta, mixing_forward, spec_batch
 
-from attnhal.capabilities import Phase
-from attnhal.graphs import CaptureAbort, CaptureError, DeviceGraph, GraphCaptureWarning, GraphRunner, PhaseStep
-from attnhal.graphs import device as device_module
+from attnhal.graphs import (
+    CaptureAbort,
+    CaptureError,
+    DeviceGraph,
+    GraphCaptureWarning,
+    GraphRunner,
+    PhaseStep,
+    device as device_module,
+)
 from attnhal.graphs.runner import torch_version
-from attnhal.plan import GraphPolicy, PhaseBackends, plan
+from attnhal.phases import Phase
+from attnhal.planner import GraphPolicy, PhaseBackends, plan
 from attnhal.platform import GraphKind, Platform, parse
 
 _MODES = {"default": 0, "warn": 1, "error": 2}

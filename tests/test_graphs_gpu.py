@@ -59,17 +59,25 @@ from test_graph_runner import (
 )
 
 from attnhal.backend import KVPool
-from attnhal.capabilities import Phase, ReasonCode
-from attnhal.graphs import CaptureAbort, CaptureError, DeviceGraph, GraphCaptureWarning, GraphRunner
-from attnhal.graphs import runner as runner_module
-from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
+from attnhal.graphs import (
+    CaptureAbort,
+    CaptureError,
+    DeviceGraph,
+    GraphCaptureWarning,
+    GraphRunner,
+    runner as runner_module,
+)
+from attnhal.phases import Phase
+from attnhal.planner import GraphPolicy, PhaseBackends, plan
 from attnhal.platform import GraphKind, detect
+from attnhal.reasons import ReasonCode
+from attnhal.spec import SpecConfig
 
 PLATFORM = detect()
 DEV = PLATFORM.torch_device
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(PLATFORM.graph_kind is not GraphKind.DEVICE,
-                                reason=f"no device graph API here (platform {PLATFORM.spec}, "
+                                reason=f"no device graph API here (platform {PLATFORM.name}, "
                                        f"graph_kind {PLATFORM.graph_kind.value})")
 _CHILD = "ATTNHAL_GPU_TEST_CHILD"
 
@@ -265,7 +273,7 @@ def check_demo(report: dict[str, Any]) -> None:
 
 
 def test_reference_worker_with_torch_backend_on_device() -> None:
-    from attnhal.reference.demo import DemoConfig, run_demo
+    from attnhal.example_engine.demo import DemoConfig, run_demo
 
     report = run_demo(DemoConfig(spec=SpecConfig.eagle(num_steps=3, topk=2, num_draft_tokens=4),
                                  platform=PLATFORM, backend="torch", batch_size=4, max_new_tokens=16))

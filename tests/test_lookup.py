@@ -12,11 +12,12 @@ import pytest
 
 from attnhal import catalog, lookup
 from attnhal.backend import AttentionBackend
-from attnhal.capabilities import BackendCapabilities, ReasonCode
+from attnhal.capabilities import BackendCapabilities
+from attnhal.capabilities.files import DescriptorError, load_descriptor
 from attnhal.cli import main
-from attnhal.descriptors import DescriptorError, load_descriptor
 from attnhal.lookup import DescriptorFileError, NotAnImplementation, RefShape, UnknownBackend
 from attnhal.platform import parse
+from attnhal.reasons import ReasonCode
 from attnhal.registry import GROUP, BackendPlugin, BackendUnavailable, Registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,8 +216,8 @@ def test_plan_accepts_module_attr(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_worker_takes_module_attr_and_refuses_a_catalogue_name() -> None:
-    from attnhal.reference.model import ModelConfig, TinyLlama
-    from attnhal.reference.worker import SpecWorker
+    from attnhal.example_engine.model import ModelConfig, TinyLlama
+    from attnhal.example_engine.worker import SpecWorker
     from attnhal.spec import SpecConfig
     from attnhal_torch import TorchBackend
 

@@ -1,8 +1,10 @@
-"""The data model's layout: one-way imports, the old module paths, and the callable attnhal.plan."""
+"""The old module paths, the callable attnhal.plan, and the vocabulary layers (the layer order itself:
+tests/test_layers.py)."""
 
 from __future__ import annotations
 
 import ast
+import re
 import importlib
 import subprocess
 import sys
@@ -12,42 +14,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Lowest first: each module may import only the modules before it (and the platform layer).
-LAYERS = (
-    "attnhal.spec",
-    "attnhal.reasons",
-    "attnhal.phases",
-    "attnhal.capabilities.claims",
-    "attnhal.capabilities.conditions",
-    "attnhal.capabilities.descriptor",
-    "attnhal.capabilities.support",
-    "attnhal.capabilities.schema",
-    "attnhal.capabilities.files",
-    "attnhal.planner.policy",
-    "attnhal.planner.roles",
-    "attnhal.planner.result",
-    "attnhal.planner.decide",
-)
-
-
 def attnhal_imports(module: str) -> set[str]:
-    path = ROOT / (module.replace(".", "/") + ".py")
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnhal"):
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("attnhal")}
-    return out
+    from test_layers import import_graph
 
-
-@pytest.mark.parametrize("index", range(len(LAYERS)), ids=LAYERS)
-def test_imports_run_one_way(index):
-    module, below = LAYERS[index], set(LAYERS[:index])
-    for imported in attnhal_imports(module):
-        if imported == "attnhal.platform" or imported.startswith("attnhal.platform."):
-            continue
-        assert imported in below, f"{module} imports {imported} (supported: {sorted(below) or 'none'})"
+    return import_graph()[module]
 
 
 def test_the_vocabulary_layers_import_nothing_above_the_platform():
@@ -135,3 +105,47 @@ def test_attnhal_plan_stays_callable_after_importing_the_shim(script):
     done = subprocess.run([sys.executable, "-c", "import sys\n" + script], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+#: Former module -> where its names live now.
+FORMER_MODULES = {"attnhal.plan": "attnhal.planner", "attnhal.descriptors": "attnhal.capabilities.files",
+                  "attnhal.commands": "attnhal.cli.plugins", "attnhal.testing.batches": "attnhal.testing.cases",
+                  "attnhal.testing.reference": "attnhal.testing.oracle",
+                  "attnhal_torch.capabilities": "attnhal_torch.descriptor", "attnhal.reference": "attnhal.example_engine"}
+
+WARNS = """
+import importlib, warnings
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    importlib.import_module({old!r})
+print([str(w.message) for w in seen if w.category is DeprecationWarning])
+"""
+
+
+@pytest.mark.parametrize("old", sorted(FORMER_MODULES))
+def test_a_former_module_warns_and_names_the_new_one(old):
+    done = subprocess.run([sys.executable, "-c", WARNS.format(old=old)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    messages = ast.literal_eval(done.stdout.strip() or "[]")
+    assert len(messages) == 1 and FORMER_MODULES[old] in messages[0], (messages, done.stderr)
+
+
+def test_the_repository_imports_no_former_module():
+    """Code in the repository imports names from their own modules at the top (tests of the former
+    modules import them inside the test)."""
+    pattern = re.compile(r"^(from|import)\s+(" + "|".join(re.escape(m) for m in FORMER_MODULES) + r")\b", re.M)
+    former = {ROOT / "attnhal" / "plan.py", ROOT / "attnhal" / "descriptors.py", ROOT / "attnhal" / "commands.py",
+              ROOT / "attnhal" / "reference" / "__init__.py",
+              Path(__file__).resolve()}  # this file runs the former modules in scripts
+    hits = [f"{p.relative_to(ROOT)}" for tree in ("attnhal", "backends", "tests", "benchmarks")
+            for p in (ROOT / tree).rglob("*.py") if p not in former and pattern.search(p.read_text())]
+    assert hits == []
+
+
+def test_the_former_example_engine_paths_are_the_same_modules():
+    done = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c",
+                           "import attnhal.reference.worker as old, attnhal.example_engine.worker as new\n"
+                           "from attnhal.reference.stress import DrawnCase\n"
+                           "print(old is new and old.SpecWorker is new.SpecWorker)"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True", done.stderr

@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 from reference import one_thread, random_spec
 
 from attnhal.backend import AttentionBackend, ForwardBatch, KVPool, MultiStepDraft, MultiStepUnsupported
-from attnhal.capabilities import BackendCapabilities, Phase, ReasonCode, SpecLimits
+from attnhal.capabilities import BackendCapabilities, SpecLimits
 from attnhal.graphs import EmulatedGraph
-from attnhal.plan import SpecConfig
-from attnhal.testing.batches import Case, build_case
-from attnhal.testing.reference import reference_forward
+from attnhal.phases import Phase
+from attnhal.reasons import ReasonCode
+from attnhal.spec import SpecConfig
+from attnhal.testing.cases import Case, build_case
+from attnhal.testing.oracle import reference_forward
 from attnhal_torch import TorchBackend
 
 pytestmark = pytest.mark.usefixtures(one_thread.__name__)
@@ -174,7 +176,7 @@ def test_all_steps_in_one_graph(num_steps: int, topk: int, seed: int) -> None:
 
 def test_graph_runner_captures_all_steps_in_one_graph() -> None:
     from attnhal.graphs import GraphRunner, PhaseStep
-    from attnhal.plan import GraphPolicy, PhaseBackends, plan
+    from attnhal.planner import GraphPolicy, PhaseBackends, plan
     from attnhal.platform import parse
 
     spec = SpecConfig.eagle(3, topk=2, num_draft_tokens=5)

@@ -7,10 +7,10 @@ from hypothesis import given
 from attnhal.backend import ForwardBatch, SpecInfo
 from attnhal.graphs.runner import tokens_per_row as runner_tokens_per_row
 from attnhal.phases import ALGORITHM_PHASES, Phase, not_run_reason, phases_run, tokens_per_request, tokens_per_row
-from attnhal.plan import GraphPolicy, PhaseBackends, plan
+from attnhal.planner import GraphPolicy, PhaseBackends, plan
 from attnhal.reasons import ReasonCode
 from attnhal.spec import SpecAlgorithm, SpecConfig
-from attnhal.testing.batches import build_case
+from attnhal.testing.cases import build_case
 from attnhal.testing.strategies import descriptors, platforms, spec_configs
 from reference import random_spec
 

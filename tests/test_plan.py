@@ -6,11 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Facts, Phase, ReasonCode, SpecLimits
-from attnhal.descriptors import load_descriptor
-from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
+from attnhal.capabilities import BackendCapabilities, Facts, SpecLimits
+from attnhal.capabilities.files import load_descriptor
+from attnhal.phases import GRAPH_PHASES, Phase
+from attnhal.planner import GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Vendor, parse
-from attnhal.spec import RequestContext, SpecAlgorithm
+from attnhal.reasons import ReasonCode
+from attnhal.spec import RequestContext, SpecAlgorithm, SpecConfig
 from attnhal.testing.strategies import descriptors, graph_policies, platforms, spec_configs
 from conditional_strategies import algorithm_specs, conditional_descriptors, contexts, policies_for
 
@@ -226,7 +228,7 @@ def test_resolve_is_the_base_plus_matching_variants_in_order(caps, platform, con
         assert resolved is caps
 
 
-# --- issue 15: Python API validation at the public entry points --------------------------------
+# --- Python API validation at the public entry points --------------------------------
 
 @pytest.mark.parametrize("kwargs, error, needle", [
     (dict(num_steps="3"), TypeError, "num_steps='3' (supported: an int, got str)"),
@@ -294,8 +296,7 @@ def test_request_context_validation():
 
 def test_old_import_paths_still_work():
     import attnhal
-    from attnhal.plan import SpecAlgorithm as A
-    from attnhal.plan import SpecConfig as C
+    from attnhal.spec import SpecAlgorithm as A, SpecConfig as C
 
     assert C is attnhal.SpecConfig and A is attnhal.SpecAlgorithm
     assert SpecConfig.ngram(5).num_draft_tokens == 5 and SpecConfig.ngram(5).algorithm is SpecAlgorithm.NGRAM

@@ -10,10 +10,11 @@ import tomllib
 
 import pytest
 
-from attnhal.capabilities import Phase, ReasonCode
-from attnhal.descriptors import parse_descriptor
-from attnhal.plan import GraphPolicy, PhaseBackends, plan
+from attnhal.capabilities.files import parse_descriptor
+from attnhal.phases import Phase
+from attnhal.planner import GraphPolicy, PhaseBackends, plan
 from attnhal.platform import parse
+from attnhal.reasons import ReasonCode
 from attnhal.registry import Registry
 from attnhal.spec import RequestContext, SpecAlgorithm, SpecConfig
 
@@ -252,7 +253,7 @@ def test_capture_sizes_from_the_spec_width():
     assert not tiny[Phase.TARGET_VERIFY].capture and codes(tiny[Phase.TARGET_VERIFY]) == [ReasonCode.GRAPH_LIMIT]
 
 
-# issue 11 item 4: the spec algorithms engines run ----------------------------------------------
+# the spec algorithms engines run ----------------------------------------------
 @pytest.mark.parametrize("algorithm", ["eagle", "eagle3", "mtp", "standalone"])
 def test_draft_model_algorithms_run_the_eagle_phases(algorithm):
     caps = toml(ALL_GRAPHS)
@@ -286,13 +287,12 @@ def test_fp8_condition_reads_the_platform_fp8_flavour():
 def test_cached_plans_equal_cold_ones_and_follow_every_input():
     """The planner caches per (descriptor, platform, context, spec): a re-plan equals a cold
     plan, and a change of any input (policy included) is planned afresh."""
-    import importlib
+    from attnhal.planner import decide
 
-    plan_module = importlib.import_module("attnhal.plan")
     caps = toml(ALL_GRAPHS.replace("draft_decode = {}", "draft_decode = {max_num_steps = 2}"))
     spec = SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
     warm = plan_with(caps, spec)
-    plan_module._resolved.cache_clear()
+    decide._resolved.cache_clear()
     assert plan_with(caps, spec).to_dict() == warm.to_dict()
     assert plan_with(caps, spec)[Phase.TARGET_VERIFY] is plan_with(caps, spec)[Phase.TARGET_VERIFY]
     assert not plan_with(caps, spec, policy=GraphPolicy(enabled=False))[Phase.TARGET_VERIFY].capture

@@ -18,13 +18,14 @@ def test_parse_facts(spec, vendor, arch, warp, fp8, family):
     assert (p.vendor, p.arch, p.warp_size, p.fp8_flavor, p.arch_family) == (vendor, arch, warp, fp8, family)
     assert p.has_graph_api and p.graph_kind is GraphKind.EMULATED
     assert p.torch_device == "cpu"
-    assert parse(p.spec) == p
+    assert parse(p.name) == p
 
 
 def test_nographs_option_round_trips():
     p = parse("hip:gfx942,nographs")
     assert not p.has_graph_api and p.graph_kind is GraphKind.NONE
-    assert p.spec == "hip:gfx942,nographs" and parse(p.spec) == p
+    assert p.name == "hip:gfx942,nographs" and parse(p.name) == p
+    assert p.spec == p.name == str(p)  # the former name of the platform string
 
 
 @pytest.mark.parametrize("spec, needle", [
@@ -78,7 +79,7 @@ def test_new_vendor_rows(spec, vendor, arch, warp, device):
     assert (p.vendor, p.arch, p.warp_size, p.fp8_flavor, p.known_arch) == (vendor, arch, warp, Fp8Flavor.NONE, True)
     assert p.has_graph_api and p.graph_kind is GraphKind.EMULATED and p.simulated
     assert VENDORS[vendor].torch_device == device and p.graph_api == VENDORS[vendor].graph_api
-    assert parse(p.spec) == p
+    assert parse(p.name) == p
 
 
 @pytest.mark.parametrize("spec, needle", [
@@ -160,7 +161,7 @@ def test_detect_reads_out_of_tree_vendors_only_through_torch(monkeypatch, module
     monkeypatch.delenv("ATTNHAL_PLATFORM", raising=False)
     monkeypatch.setattr(torch, module, FakeApi, raising=False)
     p = detect()
-    assert p.spec == expected and p.graph_kind is GraphKind.DEVICE and not p.simulated
+    assert p.name == expected and p.graph_kind is GraphKind.DEVICE and not p.simulated
     assert p.torch_device == f"{module}:0" and p.device_name == name
 
 

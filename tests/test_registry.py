@@ -5,8 +5,9 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from attnhal.backend import AttentionBackend
-from attnhal.capabilities import AttentionRequest, BackendCapabilities, ReasonCode
+from attnhal.capabilities import AttentionRequest, BackendCapabilities
 from attnhal.platform import parse
+from attnhal.reasons import ReasonCode
 from attnhal.registry import BackendPlugin, BackendUnavailable, NoBackendFits, Registry
 
 

@@ -1,8 +1,8 @@
 """The reliability run's drawing and reporting (the 10,000-case run itself is not a unit test)."""
 
-import attnhal.reference.stress as stress
+import attnhal.example_engine.stress as stress
 from attnhal.cli import demo_config, main, parsed_demo_config
-from attnhal.reference.stress import AXES, Axis, StressConfig, draw_cases
+from attnhal.example_engine.stress import AXES, Axis, StressConfig, draw_cases
 
 CHOICES = {"platforms": stress.PLATFORMS, "backends": {p: ["torch", "triton"] for p in stress.PLATFORMS}}
 

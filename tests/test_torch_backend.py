@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from reference import expected, one_thread, random_spec
 
 from attnhal.backend import PADDING_REQ, PADDING_SLOT, ForwardBatch, KVPool, UnsupportedPhase
-from attnhal.capabilities import GRAPH_PHASES, DTYPES, Feature, Phase
 from attnhal.graphs import CaptureError, EmulatedGraph
-from attnhal.plan import SpecConfig
+from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Vendor
 from attnhal.registry import BackendPlugin
-from attnhal.testing.batches import Case, CaseSpec, PoolSize, build_case, make_pool, pool_size
-from attnhal.testing.reference import query_tokens
+from attnhal.spec import DTYPES, SpecConfig
+from attnhal.testing.cases import Case, CaseSpec, PoolSize, build_case, make_pool, pool_size
+from attnhal.testing.oracle import query_tokens
 from attnhal.testing.strategies import case_specs, tree_parents
 from attnhal_torch import TorchBackend
 
@@ -290,8 +290,9 @@ def test_host_sync_in_forward_would_be_caught() -> None:
 @pytest.mark.parametrize("phase", [Phase.DECODE, Phase.TARGET_VERIFY, Phase.DRAFT_EXTEND], ids=lambda p: p.value)
 def test_graph_runner_replays_match_reference(phase: Phase) -> None:
     from attnhal.graphs import GraphRunner, PhaseStep
-    from attnhal.plan import GraphPolicy, PhaseBackends, SpecConfig, plan
+    from attnhal.planner import GraphPolicy, PhaseBackends, plan
     from attnhal.platform import parse
+    from attnhal.spec import SpecConfig
 
     spec = SpecConfig() if phase is Phase.DECODE else SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
     pool = KVPool(num_layers=1, num_slots=400, num_kv_heads=2, head_dim=32, dtype=torch.float32,

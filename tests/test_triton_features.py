@@ -17,7 +17,7 @@ import torch
 from triton_cases import SLOW, assert_close, build, check, expected, record_launches, run, shape
 
 from attnhal.backend import AttentionConfig, KVPool, UnsupportedFeature, kv_storage_dtype
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 from attnhal.platform import parse
 from attnhal.testing.cases import tree_mask
 from attnhal_triton import TritonBackend

@@ -16,10 +16,10 @@ import torch
 from triton_cases import SLOW, TritonCase, assert_close, build, expected, record_launches, run, shape
 
 from attnhal.backend import ForwardBatch, KVPool, SpecInfo
-from attnhal.capabilities import Phase
 from attnhal.graphs import EmulatedGraph, GraphRunner, PhaseStep
-from attnhal.plan import SpecConfig
+from attnhal.phases import Phase
 from attnhal.platform import parse
+from attnhal.spec import SpecConfig
 from attnhal.testing.cases import PoolSize, build_case, make_pool, pool_size
 from attnhal.testing.oracle import real_tokens, reference_attention
 from attnhal_triton import TritonBackend
@@ -224,7 +224,7 @@ def test_graph_runner_pads_and_replays(phase: Phase) -> None:
     smaller batches with the descriptor's fill value, replays; equal to the fp64 reference."""
     reference_mod = pytest.importorskip("reference")
     from attnhal.backend import AttentionConfig, MultiStepDraft
-    from attnhal.plan import GraphPolicy, PhaseBackends, plan
+    from attnhal.planner import GraphPolicy, PhaseBackends, plan
 
     spec = SpecConfig() if phase is Phase.DECODE else SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
     # Plan and graphs for a simulated MI200; launch rows of the interpreter (fewer splits,

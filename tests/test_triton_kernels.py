@@ -36,9 +36,9 @@ from triton_cases import (
 )
 
 from attnhal.backend import AttentionConfig
-from attnhal.capabilities import Phase
-from attnhal.plan import SpecConfig
+from attnhal.phases import Phase
 from attnhal.platform import parse
+from attnhal.spec import SpecConfig
 from attnhal.testing.oracle import real_tokens
 from attnhal_triton import TritonBackend
 

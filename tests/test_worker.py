@@ -16,13 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnhal.backend import PADDING_REQ
-from attnhal.capabilities import FillTerm, Phase, SeqLenFill, Variant, When
-from attnhal.plan import GraphPolicy, SpecConfig
+from attnhal.capabilities import FillTerm, SeqLenFill, Variant, When
+from attnhal.phases import Phase
+from attnhal.planner import GraphPolicy
 from attnhal.platform import parse
-from attnhal.reference.model import ModelConfig, TinyLlama, draft_of
-from attnhal.reference.tree import first_level, grow, select
-from attnhal.reference.worker import PlanInvalid, SpecWorker
+from attnhal.example_engine.model import ModelConfig, TinyLlama, draft_of
+from attnhal.example_engine.tree import first_level, grow, select
+from attnhal.example_engine.worker import PlanInvalid, SpecWorker
 from attnhal.registry import BackendUnavailable, Registry
+from attnhal.spec import SpecConfig
 from attnhal.testing.strategies import spec_configs
 from attnhal_torch import TorchBackend
 
@@ -166,7 +168,7 @@ def test_worker_runs_the_plans_per_phase_sizes_and_fills_end_to_end():
 
 
 def test_no_vendor_checks_and_no_isinstance_on_backends():
-    for path in Path("attnhal/reference").glob("*.py"):
+    for path in Path("attnhal/example_engine").glob("*.py"):
         tree = ast.parse(path.read_text())
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                  and n.func.id in ("isinstance", "issubclass", "hasattr", "type")]

@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 
 import attnhal.testing.strategies as hst
 from attnhal.backend import KVPool
-from attnhal.capabilities import Phase
-from attnhal.plan import SpecConfig
+from attnhal.phases import Phase
 from attnhal.platform import Fp8Flavor, Platform, parse
+from attnhal.spec import SpecConfig
 from attnhal.testing.cases import Case, CaseRecipe, build_case
 from attnhal.testing.oracle import reference_forward
 

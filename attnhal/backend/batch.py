@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from attnhal import phases
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 
 __all__ = ["ForwardBatch", "SpecInfo"]
 

@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 import torch
 
-from attnhal.capabilities import Feature
+from attnhal.phases import Feature
 from attnhal.spec import DTYPES
 
 __all__ = ["COMPUTE_DTYPES", "AttentionConfig", "compute_dtype", "dtype_name"]

@@ -26,8 +26,11 @@ from attnhal.backend.batch import ForwardBatch
 from attnhal.backend.config import AttentionConfig, dtype_name
 from attnhal.backend.kv_pool import KVPool
 from attnhal.backend.validate import maybe_validate_batch, maybe_validate_forward
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Phase, Reason, ReasonCode, fmt_set, reason
+from attnhal.capabilities import BackendCapabilities
+from attnhal.errors import AttnhalError
+from attnhal.phases import GRAPH_PHASES, Phase
 from attnhal.platform import Platform
+from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
 
 if TYPE_CHECKING:
     from attnhal.spec import SpecConfig
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["AttentionBackend", "AttentionConfig", "UnsupportedFeature", "UnsupportedPhase", "config_reasons",
            "dtype_name"]
 
-class UnsupportedPhase(NotImplementedError):
+class UnsupportedPhase(AttnhalError, NotImplementedError):
     """A backend was asked to run a phase its descriptor does not list (or to capture prefill)."""
 
 

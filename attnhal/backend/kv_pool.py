@@ -30,8 +30,8 @@ from types import MappingProxyType
 
 import torch
 
-from attnhal.capabilities import Reason, ReasonCode, fmt_set, reason
 from attnhal.platform import Fp8Flavor, Platform
+from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
 
 __all__ = ["FP8_DTYPES", "KVPool", "PADDING_PAGE", "PADDING_REQ", "PADDING_SLOT", "kv_dtype_name",
            "kv_storage_dtype", "slot_of"]
@@ -180,7 +180,7 @@ class KVPool:
         if self.fp8_flavor is Fp8Flavor.NONE or theirs is Fp8Flavor.NONE or theirs is self.fp8_flavor:
             return []
         return [reason(ReasonCode.KV_DTYPE, "kv_dtype", f"fp8_e4m3 stored as {self.fp8_flavor.value}",
-                       f"fp8_e4m3 as {theirs.value}, the flavour of platform {platform.spec}")]
+                       f"fp8_e4m3 as {theirs.value}, the flavour of platform {platform.name}")]
 
     def write(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new K ``[num_tokens, num_kv_heads, head_dim]`` and V (``v_head_dim``) at

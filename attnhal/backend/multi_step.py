@@ -29,13 +29,16 @@ from attnhal.backend.batch import ForwardBatch
 from attnhal.backend.config import AttentionConfig
 from attnhal.backend.contract import AttentionBackend
 from attnhal.backend.kv_pool import KVPool
-from attnhal.capabilities import BackendCapabilities, Phase, Reason, ReasonCode, reason
+from attnhal.capabilities import BackendCapabilities
+from attnhal.errors import AttnhalError
+from attnhal.phases import Phase
+from attnhal.reasons import Reason, ReasonCode, reason
 from attnhal.spec import SpecConfig
 
 __all__ = ["MultiStepDraft", "MultiStepUnsupported", "multi_step_reasons"]
 
 
-class MultiStepUnsupported(ValueError):
+class MultiStepUnsupported(AttnhalError, ValueError):
     """A backend or spec config the multi-step draft cannot run; ``reasons`` say why."""
 
     def __init__(self, reasons: Sequence[Reason]) -> None:

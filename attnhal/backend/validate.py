@@ -25,7 +25,8 @@ import torch
 from attnhal.backend.batch import ForwardBatch
 from attnhal.backend.config import AttentionConfig
 from attnhal.backend.kv_pool import PADDING_REQ, KVPool
-from attnhal.capabilities import Phase
+from attnhal.errors import AttnhalError
+from attnhal.phases import Phase
 
 __all__ = [
     "ENV_VAR",
@@ -68,7 +69,7 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-class BatchValidationError(ValueError):
+class BatchValidationError(AttnhalError, ValueError):
     """A batch field with a value the backend does not accept.
 
     Attributes: ``field`` (e.g. ``"seq_lens[3]"``), ``value``, ``supported``.

@@ -19,6 +19,7 @@ from typing import Any
 
 from attnhal.capabilities.claims import FillTerm, SeqLenFill, SpecLimits, Tolerance
 from attnhal.capabilities.conditions import VARIANT_FIELDS, IntSet, Variant, When
+from attnhal.errors import AttnhalError
 from attnhal.phases import Feature, Phase
 from attnhal.platform import ArchSet, Fp8Flavor, PlatformSpecError, Vendor
 from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, SpecAlgorithm
@@ -29,7 +30,7 @@ __all__ = ["SCHEMA_VERSION", "DescriptorError", "converted"]
 SCHEMA_VERSION = 2
 
 
-class DescriptorError(ValueError):
+class DescriptorError(AttnhalError, ValueError):
     """A descriptor file with a missing, unknown or malformed key."""
 
 

@@ -23,7 +23,8 @@ from types import MappingProxyType
 from typing import Any
 
 from attnhal.capabilities import BackendCapabilities
-from attnhal.descriptors import DescriptorError, parse_descriptor
+from attnhal.capabilities.files import DescriptorError, parse_descriptor
+from attnhal.errors import AttnhalError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,7 +40,7 @@ ENGINES = MappingProxyType({"sglang": "0.5.23", "vllm": "0.33.0"})
 _CATALOG_KEYS = ("engine", "version", "summary", "meta")
 
 
-class CatalogError(LookupError):
+class CatalogError(AttnhalError, LookupError):
     """An unknown catalogue name, or a malformed catalogue file."""
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import traceback
 import warnings
@@ -18,6 +17,7 @@ from typing import Any
 
 from attnhal.cli.args import flag_message
 from attnhal.cli.output import one_line
+from attnhal.errors import AttnhalError
 
 __all__ = ["BAD_INPUT", "BAD_USAGE", "BROKEN_PIPE", "INTERNAL_ERROR", "INTERRUPTED", "UsageError", "root_parser",
            "run"]
@@ -31,7 +31,7 @@ BROKEN_PIPE = 141
 INTERRUPTED = 130
 
 
-class UsageError(Exception):
+class UsageError(AttnhalError, ValueError):
     """Bad command-line input: printed as one line, exit status 2."""
 
 

@@ -7,11 +7,11 @@ import functools
 import sys
 from typing import Any
 
-from attnhal.capabilities import KV_DTYPES
 from attnhal.cli.app import INTERRUPTED, UsageError, root_parser
 from attnhal.cli.args import bounded, choice
 from attnhal.cli.inputs import SPEC_STEPS, add_spec_flags, resolve_platform, spec_from
 from attnhal.cli.output import format_plan, one_line, print_json, table, yes_no
+from attnhal.spec import KV_DTYPES
 
 __all__ = ["DRAWN_FLAGS", "demo_cases", "demo_config", "format_demo", "parsed_demo_config", "register", "run"]
 
@@ -53,7 +53,7 @@ def register(sub: Any) -> None:
 
 
 def format_demo(report: Any) -> str:
-    """The text report of a :class:`~attnhal.reference.demo.DemoReport`: plan, capture, speed, lossless."""
+    """The text report of a :class:`~attnhal.example_engine.demo.DemoReport`: plan, capture, speed, lossless."""
     lines = [format_plan(report.plan), "", "backends: " + ", ".join(f"{k}={v}" for k, v in report.backends.items())]
     capture: list[tuple[object, ...]] = [
         (phase, ",".join(map(str, s["captured_sizes"])) or "-", s["replays"], s["eager_runs"],
@@ -79,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0 when the output is lossless, 1 when not or when the plan is invalid."""
     if args.cases is not None:
         return demo_cases(args)
-    from attnhal.reference.demo import run_demo
-    from attnhal.reference.worker import PlanInvalid
+    from attnhal.example_engine.demo import run_demo
+    from attnhal.example_engine.worker import PlanInvalid
 
     try:
         report = run_demo(demo_config(args))
@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def demo_config(args: argparse.Namespace) -> Any:
-    """The :class:`~attnhal.reference.demo.DemoConfig` of parsed ``demo`` arguments."""
-    from attnhal.reference.demo import DemoConfig
+    """The :class:`~attnhal.example_engine.demo.DemoConfig` of parsed ``demo`` arguments."""
+    from attnhal.example_engine.demo import DemoConfig
 
     spec = spec_from(args)
     if not spec.speculative:
@@ -133,15 +133,15 @@ def parsed_demo_config(argv: list[str]) -> Any:
 
 
 def demo_cases(args: argparse.Namespace) -> int:
-    """``demo --cases N``: the reliability run (see :mod:`attnhal.reference.stress`)."""
-    from attnhal.reference.stress import StressConfig, run_cases
+    """``demo --cases N``: the reliability run (see :mod:`attnhal.example_engine.stress`)."""
+    from attnhal.example_engine.stress import StressConfig, run_cases
 
     given = [flag for flag in DRAWN_FLAGS if any(a == flag or a.startswith(flag + "=") for a in args.argv)]
     if given:
         raise UsageError(f"{given[0]} with --cases (supported: --cases draws {', '.join(DRAWN_FLAGS)}; "
                          "pin only --platform and --backend)")
     platform = resolve_platform(args.platform) if args.platform is not None else None
-    cfg = StressConfig(cases=args.cases, seed=args.seed, platform=platform.spec if platform else None,
+    cfg = StressConfig(cases=args.cases, seed=args.seed, platform=platform.name if platform else None,
                        backend=args.backend)
     summary = run_cases(cfg, parsed_demo_config, progress=sys.stderr)
     if args.json:

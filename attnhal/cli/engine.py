@@ -20,7 +20,7 @@ from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import format_plan, print_json, table
 from attnhal.engines import sglang, vllm
 from attnhal.engines.flags import EngineArgError
-from attnhal.plan import GraphPlan
+from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 from attnhal.spec import RequestContext, SpecConfig
 
@@ -115,7 +115,7 @@ def _fits(names: dict[str, list[str]], platform: Platform, spec: SpecConfig, con
         reasons = not_supported_reasons(caps, request, platform)
         out.append({"backend": name, "roles": roles, "fits": not reasons, "reasons": [r.to_dict() for r in reasons]})
         if not as_json:
-            print(f"backend {name!r} ({', '.join(roles)}) on {platform.spec}:")
+            print(f"backend {name!r} ({', '.join(roles)}) on {platform.name}:")
             print("  fits this request" if not reasons else "\n".join(f"  does not fit: {r}" for r in reasons))
     return all(item["fits"] for item in out), out
 

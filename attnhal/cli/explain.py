@@ -6,15 +6,23 @@ import argparse
 from dataclasses import fields
 from typing import Any
 
-from attnhal.capabilities import DTYPES, KV_DTYPES, AttentionRequest, Feature, Phase, not_supported_reasons
+from attnhal.capabilities import AttentionRequest, not_supported_reasons
 from attnhal.cli import engine
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import bounded, choice
-from attnhal.cli.inputs import add_plan_input_flags, add_spec_flags, context_from, policy_from, resolve_backend, \
-    resolve_platform, spec_from
+from attnhal.cli.inputs import (
+    add_plan_input_flags,
+    add_spec_flags,
+    context_from,
+    policy_from,
+    resolve_backend,
+    resolve_platform,
+    spec_from,
+)
 from attnhal.cli.output import format_plan, print_json
-from attnhal.plan import PhaseBackends, plan
-from attnhal.spec import ModelKind
+from attnhal.phases import Feature, Phase
+from attnhal.planner import PhaseBackends, plan
+from attnhal.spec import DTYPES, KV_DTYPES, ModelKind
 
 __all__ = ["explain_verdict", "register", "request_fields", "request_from", "run"]
 
@@ -78,13 +86,13 @@ def run(args: argparse.Namespace) -> int:
     result = plan(spec, platform, PhaseBackends.same(caps, spec), policy_from(args), context_from(args))
     verdict = explain_verdict(not reasons, result.valid)
     if args.json:
-        print_json({"backend": caps.name, "platform": platform.spec, "request": request_fields(request),
+        print_json({"backend": caps.name, "platform": platform.name, "request": request_fields(request),
                     "fits": not reasons, "reasons": [r.to_dict() for r in reasons], "plan": result.to_dict(),
                     "verdict": verdict})
         return 0 if verdict == "fits" else 1
     echo = " ".join(f"{k}={','.join(map(str, v)) or 'none' if isinstance(v, list) else v}"
                     for k, v in request_fields(request).items())
-    print(f"backend {caps.name!r} on {platform.spec}")
+    print(f"backend {caps.name!r} on {platform.name}")
     print(f"request: {echo}  (any = not checked)")
     print("  fits this request" if not reasons else "\n".join(f"  does not fit: {r}" for r in reasons))
     print(f"\nwith {caps.name!r} in every role:\n{format_plan(result, verdict=False)}")

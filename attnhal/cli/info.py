@@ -76,13 +76,13 @@ def run(args: argparse.Namespace) -> int:
     backends = {e.name: backend_status(e, p) for e in args.registry.ordered(p)}
     builds = native_builds(args.registry, p) if args.build else None
     if args.json:
-        print_json({"platform": p.spec, "device": p.device_name, "simulated": p.simulated,
+        print_json({"platform": p.name, "device": p.device_name, "simulated": p.simulated,
                     "vendor": p.vendor.value, "arch": p.arch, "warp_size": p.warp_size,
                     "fp8": p.fp8_flavor.value, "graph_api": p.has_graph_api, "graph_kind": p.graph_kind.value,
                     "torch_device": p.torch_device, "triton": triton_status(), "backends": backends,
                     **({"builds": builds} if builds is not None else {})})
         return 0
-    print(f"platform: {p.spec} ({p.device_name}{', simulated' if p.simulated else ''})")
+    print(f"platform: {p.name} ({p.device_name}{', simulated' if p.simulated else ''})")
     print(f"  vendor={p.vendor.value} arch={p.arch} warp_size={p.warp_size} fp8={p.fp8_flavor.value} "
           f"graph_api={yes_no(p.has_graph_api)} graph_kind={p.graph_kind.value} device={p.torch_device}")
     print(f"triton: {triton_info()}")

@@ -8,17 +8,19 @@ names the flag for a value the API refuses.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 
-from attnhal.capabilities import DTYPES, KV_DTYPES, BackendCapabilities, Phase
+from attnhal.capabilities import BackendCapabilities
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import bounded, choice, int_list
 from attnhal.cli.output import one_line
 from attnhal.lookup import DescriptorFileError, UnknownBackend, describe
-from attnhal.plan import AttentionMode, GraphPolicy, PhaseBackends, SpecConfig
+from attnhal.phases import Phase
+from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend
 from attnhal.platform import ENV_VAR, Platform, PlatformSpecError, detect, parse
 from attnhal.registry import BackendUnavailable, Registry
-from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm
+from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
 __all__ = ["DRAFT_TOKENS", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
            "phase_backends", "policy_from", "resolve_backend", "resolve_platform", "spec_from"]
@@ -141,24 +143,23 @@ def context_from(args: argparse.Namespace) -> RequestContext:
 
 def phase_backends(args: argparse.Namespace, spec: SpecConfig, platform: Platform,
                    registry: Registry) -> PhaseBackends:
-    """--backend for every role, overridden per role; the default is the registry's choice."""
-    def pick(value: str | None, flag: str, fallback: BackendCapabilities | None = None) -> BackendCapabilities:
-        if value:
-            return resolve_backend(value, flag, registry, platform)
-        if fallback is not None:
-            return fallback
-        if args.backend:
-            return resolve_backend(args.backend, "--backend", registry, platform)
-        return default_backend(platform, registry)
+    """--backend for every role, overridden per role by the role rule (:meth:`PhaseBackends.build`);
+    without --backend, the registry's choice for the platform."""
+    def named(value: str | None, flag: str) -> BackendCapabilities | None:
+        return resolve_backend(value, flag, registry, platform) if value else None
 
-    mode = AttentionMode(args.speculative_attention_mode)
-    target = pick(args.target_backend, "--target-backend")
-    prefill = pick(args.prefill_backend, "--prefill-backend", target)
-    decode = pick(args.decode_backend, "--decode-backend", target)
-    follow = prefill if mode is AttentionMode.PREFILL else decode
-    multi = spec.num_steps > 1 or bool(getattr(args, "adaptive_steps", None))
-    draft = pick(args.draft_backend, "--draft-backend", decode if args.decode_backend else None) if multi else None
-    extend = pick(args.draft_extend_backend, "--draft-extend-backend",
-                  follow if args.prefill_backend or args.decode_backend else None)
-    return PhaseBackends(target=target, prefill=prefill, decode=decode, draft_decode=draft, draft_extend=extend,
-                         speculative_attention_mode=mode)
+    @functools.cache
+    def every_role() -> BackendCapabilities:
+        return named(args.backend, "--backend") or default_backend(platform, registry)
+
+    target = named(args.target_backend, "--target-backend") or every_role()
+    steps = tuple(getattr(args, "adaptive_steps", None) or ())
+    draft = None
+    if needs_draft_backend(spec, steps):  # a --draft-backend for a draft that never runs is not read
+        draft = named(args.draft_backend, "--draft-backend") or (None if args.decode_backend else every_role())
+    split = args.prefill_backend or args.decode_backend
+    extend = named(args.draft_extend_backend, "--draft-extend-backend") or (None if split else every_role())
+    return PhaseBackends.build(named(args.prefill_backend, "--prefill-backend") or target,
+                               named(args.decode_backend, "--decode-backend") or target, spec,
+                               args.speculative_attention_mode, draft=draft, draft_extend=extend, target=target,
+                               step_counts=steps)

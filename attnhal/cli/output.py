@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from attnhal.plan import GraphPlan
+from attnhal.planner import GraphPlan
 
 __all__ = ["cell", "format_plan", "invalid_cause", "one_line", "print_json", "table", "yes_no"]
 

@@ -6,10 +6,17 @@ import argparse
 from typing import Any
 
 from attnhal.cli import engine
-from attnhal.cli.inputs import add_plan_input_flags, add_spec_flags, context_from, phase_backends, policy_from, \
-    resolve_platform, spec_from
+from attnhal.cli.inputs import (
+    add_plan_input_flags,
+    add_spec_flags,
+    context_from,
+    phase_backends,
+    policy_from,
+    resolve_platform,
+    spec_from,
+)
 from attnhal.cli.output import format_plan, print_json
-from attnhal.plan import plan
+from attnhal.planner import plan
 
 __all__ = ["register", "run"]
 

@@ -11,13 +11,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from attnhal.errors import AttnhalError
 from attnhal.spec import ModelKind
 
 __all__ = ["EngineArgError", "Flag", "check", "cli_name", "model_kind", "parse_cli", "positive", "truth",
            "one_of"]
 
 
-class EngineArgError(ValueError):
+class EngineArgError(AttnhalError, ValueError):
     """An engine argument attnhal cannot take: unknown, unmodelled, or a bad value; ``flag`` names it."""
 
     def __init__(self, flag: str, message: str) -> None:

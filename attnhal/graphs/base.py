@@ -13,10 +13,12 @@ from typing import Callable, TypeVar
 
 import torch
 
+from attnhal.errors import AttnhalError
+
 T = TypeVar("T")
 
 
-class CaptureError(RuntimeError):
+class CaptureError(AttnhalError, RuntimeError):
     """An operation inside a captured function cannot be part of a graph.
 
     Parameters

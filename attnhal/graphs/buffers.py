@@ -15,7 +15,7 @@ import torch
 from attnhal import phases
 from attnhal.backend.batch import ForwardBatch, SpecInfo
 from attnhal.backend.kv_pool import PADDING_REQ, PADDING_SLOT
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 from attnhal.spec import SpecConfig
 
 from .step import Inputs, PhaseStep, StepOutputs

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from attnhal.backend.batch import ForwardBatch
-from attnhal.capabilities import Phase
-from attnhal.plan import GraphPlan
+from attnhal.phases import Phase
+from attnhal.planner import GraphPlan
 from attnhal.platform import GraphKind, Platform
 from attnhal.platform.detection import torch_version
 

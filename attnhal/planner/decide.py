@@ -23,7 +23,7 @@ from attnhal.phases import Feature, Phase, not_run_reason, tokens_per_request
 from attnhal.planner.policy import GraphPolicy
 from attnhal.planner.result import GraphPlan, PhasePlan
 from attnhal.planner.roles import PhaseBackends
-from attnhal.platform import Platform, current
+from attnhal.platform import Platform, as_platform
 from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
 from attnhal.spec import RequestContext, SpecConfig, check_type
 
@@ -109,7 +109,7 @@ def _capture_reasons(phase: Phase, caps: BackendCapabilities, spec: SpecConfig,
         return [reason(ReasonCode.GRAPHS_DISABLED, "phase", phase,
                        f"captured phases outside disabled_phases={fmt_set(policy.disabled_phases)}")]
     if not platform.has_graph_api:
-        return [reason(ReasonCode.NO_GRAPH_API, "platform", platform.spec, "a platform with a graph API")]
+        return [reason(ReasonCode.NO_GRAPH_API, "platform", platform.name, "a platform with a graph API")]
     limits = caps.graph_limits(phase)
     if limits is None:
         return [reason(ReasonCode.GRAPH_UNSUPPORTED, "phase", phase,
@@ -186,7 +186,7 @@ def plan(spec: SpecConfig, platform: Platform | str, backends: PhaseBackends,
     check_type("spec", spec, SpecConfig)
     if not isinstance(platform, (Platform, str)):
         raise TypeError(f"platform={platform!r} (supported: a Platform or a spec string like 'hip:gfx942')")
-    platform = current(platform)
+    platform = as_platform(platform)
     check_type("backends", backends, PhaseBackends)
     policy = policy if policy is not None else _DEFAULT_POLICY
     check_type("policy", policy, GraphPolicy)
@@ -225,5 +225,5 @@ def _plan_once(spec: SpecConfig, platform: Platform, backends: PhaseBackends, po
         if backend is None:
             backend = resolved[id(caps)] = _resolved(caps, platform, context, spec)
         phases[phase] = backend.decide(phase, policy, role)
-    return GraphPlan(platform=platform.spec, spec=spec, policy=policy, phases=phases, context=context,
+    return GraphPlan(platform=platform.name, spec=spec, policy=policy, phases=phases, context=context,
                      adaptive=adaptive or {}, unfit_steps=unfit_steps or {})

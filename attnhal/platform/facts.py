@@ -58,13 +58,18 @@ class Platform:
     graph_min_torch: tuple[int, int] | None = None
 
     def __str__(self) -> str:
-        return self.spec
+        return self.name
+
+    @property
+    def name(self) -> str:
+        """The platform string (``"hip:gfx942"``, ``"cpu"``) :func:`parse` turns back into this platform."""
+        base = self.vendor.value if self.vendor is Vendor.CPU else f"{self.vendor.value}:{self.arch}"
+        return base if self.has_graph_api else f"{base},nographs"
 
     @property
     def spec(self) -> str:
-        """The spec string :func:`parse` turns back into this platform."""
-        base = self.vendor.value if self.vendor is Vendor.CPU else f"{self.vendor.value}:{self.arch}"
-        return base if self.has_graph_api else f"{base},nographs"
+        """Former name of :attr:`name` (a "spec" is a speculative-decoding config everywhere else)."""
+        return self.name
 
     @property
     def arch_family(self) -> str:

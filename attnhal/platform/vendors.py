@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
+from attnhal.errors import AttnhalError
+
 __all__ = [
     "VENDORS",
     "ArchFacts",
@@ -65,7 +67,7 @@ class GraphKind(str, Enum):
     NONE = "none"
 
 
-class PlatformSpecError(ValueError):
+class PlatformSpecError(AttnhalError, ValueError):
     """A platform spec string that cannot be parsed."""
 
 

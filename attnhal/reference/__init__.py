@@ -1,6 +1,14 @@
-"""A tiny reference speculative-decoding engine built on attnhal's public API.
+"""The example engine's former package name: see :mod:`attnhal.example_engine`.
 
-It is the worked example of how an engine uses attnhal: which backend runs each
-phase comes from the registry, whether each phase is captured comes only from
-:func:`attnhal.plan`, and :class:`attnhal.graphs.GraphRunner` captures and replays.
+``attnhal.reference.worker`` and the other former submodule paths import the same modules.
 """
+
+import importlib
+import sys
+
+from attnhal._compat import moved
+
+moved("attnhal.reference", "attnhal.example_engine")
+
+for _name in ("demo", "model", "stress", "tree", "worker"):
+    sys.modules[f"{__name__}.{_name}"] = globals()[_name] = importlib.import_module(f"attnhal.example_engine.{_name}")

@@ -5,6 +5,7 @@ Kept so that ``from attnhal.testing.batches import CaseSpec, build_case`` goes o
 
 from __future__ import annotations
 
+from attnhal._compat import moved
 from attnhal.testing.cases import (
     MAX_EXACT_QK,
     QKV_LAYOUTS,
@@ -22,6 +23,8 @@ from attnhal.testing.cases import (
     reparent_rows,
     tree_mask,
 )
+
+moved("attnhal.testing.batches", "attnhal.testing.cases")
 
 __all__ = [
     "MAX_EXACT_QK",

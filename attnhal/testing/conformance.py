@@ -67,8 +67,9 @@ import pytest
 from hypothesis.errors import Flaky
 
 from attnhal.backend import AttentionBackend
-from attnhal.capabilities import DTYPES, GRAPH_PHASES, KV_DTYPES, Feature, Phase, Vendor
-from attnhal.platform import Platform, current
+from attnhal.phases import GRAPH_PHASES, Feature, Phase
+from attnhal.platform import Platform, Vendor, as_platform
+from attnhal.spec import DTYPES, KV_DTYPES
 from attnhal.testing.checks import (
     DEFAULT_EXAMPLES,
     EXAMPLES_ENV,
@@ -159,7 +160,7 @@ def _backend(request: pytest.FixtureRequest) -> type[AttentionBackend]:
 
 def _platform(request: pytest.FixtureRequest) -> Platform:
     option = request.config.getoption("attnhal_platform", default=None)
-    return current(option or _setting(request, "platform"))
+    return as_platform(option or _setting(request, "platform"))
 
 
 class _Conformance:
@@ -356,4 +357,4 @@ def _cause(exc: BaseException) -> str:
 def _record(request: pytest.FixtureRequest, target: Target, result: ClaimResult) -> None:
     from attnhal.testing.plugin import record
 
-    record(request.config, f"{target.caps.name} on {target.platform.spec}", result)
+    record(request.config, f"{target.caps.name} on {target.platform.name}", result)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from attnhal.backend import PADDING_REQ, AttentionConfig, ForwardBatch, KVPool
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 
 __all__ = ["LayerFeatures", "attended", "attended_slots", "batch_to_cpu", "query_tokens", "real_tokens",
            "reference_attention", "reference_forward"]

@@ -5,7 +5,7 @@ Kept so that ``from attnhal.testing.reference import reference_forward`` goes on
 
 from __future__ import annotations
 
-from attnhal.testing.oracle import _one_thread  # noqa: F401 - tests/reference.py imports it from here
+from attnhal._compat import moved
 from attnhal.testing.oracle import (
     LayerFeatures,
     attended,
@@ -16,6 +16,8 @@ from attnhal.testing.oracle import (
     reference_attention,
     reference_forward,
 )
+
+moved("attnhal.testing.reference", "attnhal.testing.oracle")
 
 __all__ = ["LayerFeatures", "attended", "attended_slots", "batch_to_cpu", "query_tokens", "real_tokens",
            "reference_attention", "reference_forward"]

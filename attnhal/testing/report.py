@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attnhal.backend import AttentionBackend
-from attnhal.capabilities import fmt_set
 from attnhal.lookup import backend_class
-from attnhal.platform import Platform, current
+from attnhal.platform import Platform, as_platform
+from attnhal.reasons import fmt_set
 from attnhal.testing.checks import (
     THOROUGH_EXAMPLES,
     Claim,
@@ -172,10 +172,10 @@ def _notes(target: Target) -> list[str]:
     caps, platform = target.caps, target.platform
     out = []
     if platform.vendor not in caps.vendors and not process_reasons(target):
-        out.append(f"platform {platform.spec} is not among the backend's vendors {fmt_set(caps.vendors)}: "
+        out.append(f"platform {platform.name} is not among the backend's vendors {fmt_set(caps.vendors)}: "
                    "its kernels ran here as they would run there")
     if platform.simulated:
-        out.append(f"platform {platform.spec} is simulated: tensors live on {platform.torch_device}")
+        out.append(f"platform {platform.name} is simulated: tensors live on {platform.torch_device}")
     return out
 
 
@@ -223,9 +223,9 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
     cls = resolve_backend(backend)
     if max_examples is None:
         max_examples = 10**9 if budget is not None else examples_from_env(THOROUGH_EXAMPLES if thorough else None)
-    target = Target(cls, current(platform), max_examples=max_examples, thorough=thorough,
+    target = Target(cls, as_platform(platform), max_examples=max_examples, thorough=thorough,
                     backend_kwargs=dict(backend_kwargs or {}), derandomize=derandomize, database=None)
-    report = ConformanceReport(cls.capabilities.name, f"{cls.__module__}.{cls.__qualname__}", target.platform.spec,
+    report = ConformanceReport(cls.capabilities.name, f"{cls.__module__}.{cls.__qualname__}", target.platform.name,
                                target.platform.device_name or target.device, target.platform.graph_kind.value,
                                target.max_examples, notes=_notes(target), allow_unchecked=allow_unchecked,
                                budget=budget, thorough=thorough)

@@ -20,17 +20,11 @@ from typing import ClassVar
 
 import torch
 
-from attnhal.backend import (
-    AttentionBackend,
-    AttentionConfig,
-    ForwardBatch,
-    KVPool,
-    dtype_name,
-    maybe_validate_batch,
-)
-from attnhal.capabilities import AttentionRequest, BackendCapabilities, Phase, Reason, ReasonCode
-from attnhal.capabilities import not_supported_reasons, reason
+from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, dtype_name, maybe_validate_batch
+from attnhal.capabilities import AttentionRequest, BackendCapabilities, not_supported_reasons
+from attnhal.phases import Phase
 from attnhal.platform import Platform, parse
+from attnhal.reasons import Reason, ReasonCode, reason
 from attnhal_cpu.build import native_build
 from attnhal_cpu.descriptor import CAPABILITIES, PREFILL_BLOCK
 from attnhal_cpu.ops import attend_op

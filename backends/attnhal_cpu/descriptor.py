@@ -8,7 +8,8 @@ delegated to another backend.
 
 from __future__ import annotations
 
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Feature, Phase, SeqLenFill, SpecLimits, Tolerance
+from attnhal.capabilities import BackendCapabilities, SeqLenFill, SpecLimits, Tolerance
+from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Vendor
 from attnhal.registry import BackendPlugin
 

@@ -28,7 +28,8 @@ from attnhal.backend import (
     UnsupportedPhase,
     maybe_validate_batch,
 )
-from attnhal.capabilities import BackendCapabilities, Phase
+from attnhal.capabilities import BackendCapabilities
+from attnhal.phases import Phase
 from attnhal.platform import Platform
 
 from .capabilities import CAPABILITIES

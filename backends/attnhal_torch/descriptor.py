@@ -19,15 +19,8 @@ fp8 tolerances are fp32's, and the compute dtype's (looser) tolerance governs.
 
 from __future__ import annotations
 
-from attnhal.capabilities import (
-    GRAPH_PHASES,
-    BackendCapabilities,
-    Feature,
-    Phase,
-    SeqLenFill,
-    SpecLimits,
-    Tolerance,
-)
+from attnhal.capabilities import BackendCapabilities, SeqLenFill, SpecLimits, Tolerance
+from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Vendor
 from attnhal.registry import BackendPlugin
 

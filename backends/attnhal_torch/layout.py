@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from attnhal.backend import ForwardBatch, KVPool
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 
 from .kernel import KVLayout
 

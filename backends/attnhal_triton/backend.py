@@ -12,24 +12,11 @@ from typing import Any, ClassVar
 
 import torch
 
-from attnhal.backend import (
-    AttentionBackend,
-    AttentionConfig,
-    ForwardBatch,
-    KVPool,
-    dtype_name,
-    maybe_validate_batch,
-)
-from attnhal.capabilities import (
-    AttentionRequest,
-    BackendCapabilities,
-    Phase,
-    Reason,
-    ReasonCode,
-    not_supported_reasons,
-    reason,
-)
+from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, dtype_name, maybe_validate_batch
+from attnhal.capabilities import AttentionRequest, BackendCapabilities, not_supported_reasons
+from attnhal.phases import Phase
 from attnhal.platform import Platform, detect
+from attnhal.reasons import Reason, ReasonCode, reason
 from attnhal_triton import ops
 from attnhal_triton.descriptor import CAPABILITIES
 from attnhal_triton.launch_table import KERNELS, LaunchRow, lookup

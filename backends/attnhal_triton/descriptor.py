@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from attnhal.capabilities import GRAPH_PHASES, BackendCapabilities, Feature, Phase, SeqLenFill, SpecLimits
+from attnhal.capabilities import BackendCapabilities, SeqLenFill, SpecLimits
+from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Vendor
 from attnhal.registry import BackendPlugin
 

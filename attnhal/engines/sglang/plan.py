@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from attnhal.engines.sglang.resolution import from_server_args
-from attnhal.plan import GraphPlan
+from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 from attnhal.spec import ModelKind
 

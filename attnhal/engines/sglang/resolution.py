@@ -12,14 +12,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnhal.capabilities import BackendCapabilities, Phase
+from attnhal.capabilities import BackendCapabilities
 from attnhal.catalog import load
 from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, model_kind
 from attnhal.engines.sglang.flags import ALGORITHMS, DTYPES, FLAGS, HARMLESS, KV_CACHE_DTYPES
-from attnhal.phases import phases_run
-from attnhal.plan import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, plan
-from attnhal.planner import phase_roles
+from attnhal.phases import Phase, phases_run
+from attnhal.planner import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, phase_roles, plan
 from attnhal.platform import Platform
 from attnhal.spec import ModelKind, RequestContext, SpecConfig
 

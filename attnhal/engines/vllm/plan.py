@@ -10,7 +10,7 @@ from attnhal.catalog import load
 from attnhal.engines.flags import EngineArgError, check, model_kind
 from attnhal.engines.vllm.flags import FLAGS, HARMLESS, METHODS
 from attnhal.engines.vllm.resolution import GraphMode, ModeResolution, catalog_support, resolve_mode
-from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, plan
+from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform
 from attnhal.spec import ModelKind, RequestContext, SpecConfig
 

@@ -12,9 +12,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 
-from attnhal.capabilities import BackendCapabilities, Phase, SpecLimits
+from attnhal.capabilities import BackendCapabilities, SpecLimits
 from attnhal.catalog import CatalogError, load
-from attnhal.plan import GraphPolicy, PhaseBackends, plan
+from attnhal.phases import Phase
+from attnhal.planner import GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform, Vendor
 from attnhal.spec import SpecConfig
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnhal.backend import PADDING_PAGE, PADDING_SLOT, AttentionConfig, ForwardBatch, KVPool, SpecInfo
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 from attnhal.testing.cases.pools import draw_qk, draw_v, fill_pool, make_pool, pool_size
 from attnhal.testing.cases.recipe import TORCH_DTYPES, CaseRecipe
 

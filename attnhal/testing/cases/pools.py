@@ -12,7 +12,7 @@ from functools import partial
 import torch
 
 from attnhal.backend import KVPool
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 from attnhal.testing.cases.recipe import CaseRecipe
 
 __all__ = ["PoolSize", "draw_qk", "draw_v", "fill_pool", "make_pool", "pool_size"]

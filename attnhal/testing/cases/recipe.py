@@ -17,9 +17,9 @@ import torch
 
 from attnhal import phases
 from attnhal.backend import COMPUTE_DTYPES, kv_storage_dtype
-from attnhal.capabilities import Phase
-from attnhal.plan import SpecConfig
+from attnhal.phases import Phase
 from attnhal.platform import Fp8Flavor
+from attnhal.spec import SpecConfig
 
 __all__ = ["MAX_EXACT_QK", "QKV_LAYOUTS", "TORCH_DTYPES", "CaseRecipe", "CaseSpec"]
 

@@ -12,10 +12,11 @@ from typing import Any
 import torch
 
 from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, MultiStepDraft
-from attnhal.capabilities import Phase
 from attnhal.graphs import CaptureError, EmulatedGraph, GraphCaptureWarning, GraphRunner, PhaseStep
 from attnhal.graphs.emulator import OpKind
-from attnhal.plan import GraphPlan, GraphPolicy, PhasePlan, SpecConfig
+from attnhal.phases import Phase
+from attnhal.planner import GraphPlan, GraphPolicy, PhasePlan
+from attnhal.spec import SpecConfig
 from attnhal.testing.cases import CaseRecipe, PoolSize, attention_config, make_pool, pool_size
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.common import blame
@@ -130,7 +131,7 @@ def capture(target: Target, claim: Claim, recipes: Sequence[CaseRecipe], sizes: 
                      forward=_step_forward(owner, steps, first.layer, multi, scratch, outputs),
                      inputs=_inputs(config, len(steps), multi),
                      rows_per_request=spec.topk if phase is Phase.DRAFT_DECODE else 1)
-    plan = GraphPlan(platform=target.platform.spec, spec=spec, policy=GraphPolicy(batch_sizes=sizes),
+    plan = GraphPlan(platform=target.platform.name, spec=spec, policy=GraphPolicy(batch_sizes=sizes),
                      phases={phase: PhasePlan(runs=True, capture=True, backend=target.caps.name)})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GraphCaptureWarning)  # the failure is read from the runner

@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from attnhal.capabilities import DTYPES, GRAPH_PHASES, BackendCapabilities, Feature, Phase
+from attnhal.capabilities import BackendCapabilities
+from attnhal.errors import AttnhalError
+from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Vendor
+from attnhal.spec import DTYPES
 
 #: Environment variable: random examples per check (on top of the fixed examples).
 EXAMPLES_ENV = "ATTNHAL_CONFORMANCE_EXAMPLES"
@@ -71,7 +74,7 @@ class Claim:
         return self.name
 
 
-class ClaimFalsified(AssertionError):
+class ClaimFalsified(AttnhalError, AssertionError):
     """Running the backend contradicted ``claim``; ``detail`` says how.
 
     Raised from inside a hypothesis test, it carries the shrunk counterexample in

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from attnhal.backend import AttentionBackend, ForwardBatch, MultiStepDraft
-from attnhal.capabilities import Phase
-from attnhal.plan import SpecConfig
+from attnhal.phases import Phase
+from attnhal.spec import SpecConfig
 from attnhal.testing.cases import Case, CaseRecipe, new_qkv, reparent_rows
 from attnhal.testing.checks.claims import Claim
 from attnhal.testing.checks.common import blame

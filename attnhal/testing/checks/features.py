@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 import attnhal.testing.strategies as hst
-from attnhal.capabilities import GRAPH_PHASES, Feature, Phase
+from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Fp8Flavor, GraphKind
 from attnhal.testing.cases import CaseRecipe
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind

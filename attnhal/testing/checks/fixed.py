@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from attnhal.capabilities import Phase
+from attnhal.phases import Phase
 from attnhal.testing.cases import MAX_EXACT_QK, CaseRecipe
 from attnhal.testing.strategies import batch_cost
 

@@ -9,7 +9,8 @@ import torch
 from hypothesis import strategies as st
 
 import attnhal.testing.strategies as hst
-from attnhal.capabilities import Phase, ReasonCode
+from attnhal.phases import Phase
+from attnhal.reasons import ReasonCode
 from attnhal.testing.cases import CaseRecipe, build_case
 from attnhal.testing.checks.capture import CapturedGraph, capture
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind

@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 import attnhal.testing.strategies as hst
-from attnhal.capabilities import Phase, SpecLimits
-from attnhal.plan import SpecConfig
+from attnhal.capabilities import SpecLimits
+from attnhal.phases import Phase
+from attnhal.spec import SpecConfig
 from attnhal.testing.checks.claims import Claim, ClaimKind
 from attnhal.testing.checks.target import Target
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 import attnhal.testing.strategies as hst
-from attnhal.capabilities import Phase, ReasonCode, SpecLimits
+from attnhal.capabilities import SpecLimits
+from attnhal.phases import Phase
+from attnhal.reasons import ReasonCode
 from attnhal.testing.cases import CaseRecipe, build_case
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.common import heads, mismatch, plural, run_examples

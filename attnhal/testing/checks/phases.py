@@ -10,8 +10,9 @@ import torch
 import attnhal.testing.checks.fixed as fixed
 import attnhal.testing.strategies as hst
 from attnhal.backend import UnsupportedPhase
-from attnhal.capabilities import DTYPES, BackendCapabilities, Feature, Phase
-from attnhal.plan import SpecConfig
+from attnhal.capabilities import BackendCapabilities
+from attnhal.phases import Feature, Phase
+from attnhal.spec import DTYPES, SpecConfig
 from attnhal.testing.cases import CaseRecipe, build_case
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.common import (

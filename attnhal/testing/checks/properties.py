@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import attnhal.testing.checks.fixed as fixed
 import attnhal.testing.strategies as hst
 from attnhal.backend import ForwardBatch
-from attnhal.capabilities import GRAPH_PHASES, Phase
+from attnhal.phases import GRAPH_PHASES, Phase
 from attnhal.platform import GraphKind
 from attnhal.testing.cases import CaseRecipe, build_case
 from attnhal.testing.checks.capture import capture

@@ -30,7 +30,7 @@ def not_checked_reason(target: Target, claim: Claim) -> str | None:
         if platform.vendor.value == claim.subject and not platform.simulated:
             return None
         arch = caps.min_arch.get(Vendor(claim.subject))
-        return (f"no {claim.subject} device in this process (platform {platform.spec}); native kernels "
+        return (f"no {claim.subject} device in this process (platform {platform.name}); native kernels "
                 f"and real graphs there are unchecked" + (f", as is min_arch {arch}" if arch else ""))
     whole = process_reasons(target)
     if whole:
@@ -38,7 +38,7 @@ def not_checked_reason(target: Target, claim: Claim) -> str | None:
     if claim.kind in (ClaimKind.FEATURE, ClaimKind.UNCLAIMED_FEATURE):
         return feature_not_checked(target, claim)
     if claim.kind in (ClaimKind.GRAPH, ClaimKind.SEQ_LEN_FILL) and platform.graph_kind is GraphKind.NONE:
-        return f"platform {platform.spec} has no graph API"
+        return f"platform {platform.name} has no graph API"
     if claim.kind in (ClaimKind.GRAPH, ClaimKind.SEQ_LEN_FILL, ClaimKind.MULTI_STEP):
         if claim_spec_configs(target, claim).is_empty:
             return f"no spec config satisfies the claim's limits {claim_limits(target, claim).to_dict()}"
@@ -54,7 +54,7 @@ def verify(target: Target, claim: Claim) -> ClaimResult:
         if why is not None:
             return ClaimResult(claim, Status.NOT_CHECKED, why)
         if claim.kind is ClaimKind.VENDOR:
-            return ClaimResult(claim, Status.VERIFIED, f"the other claims ran here, on {target.platform.spec} "
+            return ClaimResult(claim, Status.VERIFIED, f"the other claims ran here, on {target.platform.name} "
                                                        f"({target.platform.device_name or target.device})")
         detail, count = check(target, claim)
         result = ClaimResult(claim, Status.VERIFIED, detail, examples=count)

@@ -12,8 +12,9 @@ from hypothesis import Phase as HypothesisPhase
 from hypothesis.database import ExampleDatabase
 
 from attnhal.backend import AttentionBackend, AttentionConfig, KVPool
-from attnhal.capabilities import DTYPES, BackendCapabilities
+from attnhal.capabilities import BackendCapabilities
 from attnhal.platform import Platform
+from attnhal.spec import DTYPES
 from attnhal.testing.checks.claims import DEFAULT_EXAMPLES
 from attnhal.testing.strategies import DEFAULT_MAX_COST, DEFAULT_MAX_SEQ_LEN
 

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 
 from hypothesis import strategies as st
 
-from attnhal.capabilities import DTYPES, GRAPH_PHASES, BackendCapabilities, Feature, Phase, SpecLimits
-from attnhal.plan import GraphPolicy, SpecConfig
+from attnhal.capabilities import BackendCapabilities, SpecLimits
+from attnhal.phases import GRAPH_PHASES, Feature, Phase
+from attnhal.planner import GraphPolicy
 from attnhal.platform import VENDORS, Platform, Vendor, detect, parse
+from attnhal.spec import DTYPES, SpecConfig
 
 __all__ = ["descriptors", "dtypes", "graph_limits", "graph_policies", "head_sizes", "page_sizes", "platform_specs",
            "platforms", "spec_configs", "spec_configs_for", "spec_limits"]

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
 
-from attnhal.capabilities import BackendCapabilities, Phase, SpecLimits
-from attnhal.plan import SpecConfig
+from attnhal.capabilities import BackendCapabilities, SpecLimits
+from attnhal.phases import Phase
+from attnhal.spec import SpecConfig
 from attnhal.testing.strategies.configs import dtypes, graph_limits, head_sizes, spec_configs_for
 
 if TYPE_CHECKING:  # the batch strategies need torch (through attnhal.testing.cases); the others stay light

@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 
-from attnhal.plan import GraphPlan, GraphPolicy, SpecConfig
+from attnhal.example_engine.model import ModelConfig, TinyLlama, draft_of
+from attnhal.example_engine.worker import Generation, SpecWorker
+from attnhal.planner import GraphPlan, GraphPolicy
 from attnhal.platform import Platform
-from attnhal.reference.model import ModelConfig, TinyLlama, draft_of
-from attnhal.reference.worker import Generation, SpecWorker
+from attnhal.spec import SpecConfig
 
 __all__ = ["DemoConfig", "DemoReport", "run_demo"]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import cast
 
 import torch
 
@@ -37,21 +37,26 @@ from attnhal.backend import (
     SpecInfo,
     kv_storage_dtype,
 )
-from attnhal.capabilities import AttentionRequest, Phase
-from attnhal.graphs import GraphRunner, PhaseStep
+from attnhal.capabilities import AttentionRequest
+from attnhal.errors import AttnhalError
+from attnhal.example_engine.model import TinyLlama
+from attnhal.example_engine.requests import Request, admit, append_slots, free_row
+from attnhal.example_engine.steps import decode_step, draft_decode_step, extend_step
+from attnhal.example_engine.tree import DraftTree, VerifyTree, accept, first_level, select
+from attnhal.graphs import GraphRunner
 from attnhal.lookup import backend_class
-from attnhal.plan import GraphPlan, GraphPolicy, PhaseBackends, SpecConfig, plan
-from attnhal.platform import Platform, current
-from attnhal.reference.model import TinyLlama
-from attnhal.reference.tree import DraftTree, VerifyTree, accept, first_level, grow, select
+from attnhal.phases import Phase
+from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
+from attnhal.platform import Platform, as_platform
 from attnhal.registry import BackendEntry, Registry, default_registry
+from attnhal.spec import SpecConfig
 
 __all__ = ["Generation", "PlanInvalid", "SpecWorker"]
 
 BackendClass = type[AttentionBackend]
 
 
-class PlanInvalid(RuntimeError):
+class PlanInvalid(AttnhalError, RuntimeError):
     """The plan has a running phase without a capable backend."""
 
     def __init__(self, graph_plan: GraphPlan) -> None:
@@ -75,20 +80,6 @@ class Generation:
     def mean_accept_length(self) -> float:
         """Tokens committed per verify step (accepted draft tokens + the bonus token)."""
         return 1.0 + sum(self.accepted) / len(self.accepted) if self.accepted else 0.0
-
-
-@dataclass
-class _Request:
-    tokens: list[int]  # prompt + generated
-    prompt_len: int
-    target_row: int
-    draft_row: int = 0
-    target_len: int = 0  # tokens in the target's KV cache
-    draft_len: int = 0  # tokens in the draft's KV cache
-    # Positions whose pages the request owns (pages outlive rejected drafts: reused next step).
-    target_cap: int = 0
-    draft_cap: int = 0
-    index: int = 0  # position in the generate call's prompts
 
 
 def _pick(registry: Registry, platform: Platform, model: TinyLlama, name: str | None, page_size: int,
@@ -138,7 +129,7 @@ class SpecWorker:
                  max_requests: int | None = None, registry: Registry | None = None, page_size: int = 1,
                  kv_dtype: str = "float32") -> None:
         self.target, self.draft, self.spec = target, draft, spec
-        self.platform = current(platform)
+        self.platform = as_platform(platform)
         self.page_size, self.kv_dtype = page_size, kv_dtype
         self.cache_dtype = kv_storage_dtype(kv_dtype, self.platform.fp8_flavor)
         self.policy = policy or GraphPolicy(max_batch_size=8)
@@ -173,7 +164,8 @@ class SpecWorker:
         self.target.to(self.device)
         self.target_pool = self._pool(self.target, max_context_len)
         self.target_backend = self.classes["target"](self.target.cfg.attention, self.target_pool)
-        steps = {Phase.DECODE: self._decode_step(), Phase.TARGET_VERIFY: self._verify_step()}
+        decode = decode_step(self.target, self.target_backend)
+        steps = {Phase.DECODE: decode, Phase.TARGET_VERIFY: decode}
         if "draft_extend" in self.classes:
             assert self.draft is not None
             self.draft.to(self.device)
@@ -185,11 +177,11 @@ class SpecWorker:
             pages = self.draft_pool.alloc_pages(-(-n // P))
             slots = (pages.view(-1, 1) * P + torch.arange(P, device=self.device)).view(-1)
             self.scratch = slots[:n].view(max_rows, -1)
-            steps[Phase.DRAFT_EXTEND] = self._extend_step()
+            steps[Phase.DRAFT_EXTEND] = extend_step(self.draft, self.extend_backend)
             if "draft_decode" in self.classes:
                 self.multi_step = MultiStepDraft(self.classes["draft_decode"], self.draft.cfg.attention,
                                                  self.draft_pool, self.spec)
-                steps[Phase.DRAFT_DECODE] = self._draft_decode_step()
+                steps[Phase.DRAFT_DECODE] = draft_decode_step(self.draft, self.multi_step, self.spec.topk)
         self.runner = GraphRunner(self.initial_plan, self.platform,
                                   {p: s for p, s in steps.items() if self.initial_plan[p].runs})
 
@@ -198,60 +190,13 @@ class SpecWorker:
         """The plan as run: capture failures, if any, are recorded in it."""
         return self.runner.plan
 
-    # --- the captured phase functions ----------------------------------------------------------
-    def _token_inputs(self) -> dict[str, Any]:
-        return {"input_ids": ("token", (), torch.int64), "positions": ("token", (), torch.int64)}
-
-    def _decode_step(self) -> PhaseStep:
-        def forward(batch: ForwardBatch, x: dict[str, torch.Tensor]) -> torch.Tensor:
-            return self.target(x["input_ids"], x["positions"], batch, self.target_backend).argmax(-1)
-        return PhaseStep(self.target_backend, forward, self._token_inputs())
-
-    def _verify_step(self) -> PhaseStep:
-        return PhaseStep(self.target_backend, self._decode_step().forward, self._token_inputs())
-
-    def _extend_step(self) -> PhaseStep:
-        draft, backend = self.draft, self.extend_backend
-        assert draft is not None
-
-        def forward(batch: ForwardBatch, x: dict[str, torch.Tensor]) -> torch.Tensor:
-            logits = draft(x["input_ids"], x["positions"], batch, backend)
-            assert batch.extend_lens is not None and batch.tokens_per_row is not None
-            rows = torch.arange(batch.batch_size, device=logits.device)
-            last = rows * batch.tokens_per_row + batch.extend_lens.long() - 1
-            return logits[last]  # [bs, vocab]: logits after each request's last committed token
-        return PhaseStep(backend, forward, self._token_inputs())
-
-    def _draft_decode_step(self) -> PhaseStep:
-        draft, multi, k = self.draft, self.multi_step, self.spec.topk
-        assert draft is not None
-
-        def forward(batch: ForwardBatch, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-            """All num_steps - 1 forwards; returns per row and step (token, score, parent branch)."""
-            path = batch._spec().draft_path
-            assert path is not None
-            tokens, scores = x["tokens"], x["scores"]
-            outs: list[tuple[torch.Tensor, ...]] = []
-            for s, step_batch in enumerate(multi.step_batches(batch)):
-                positions = batch.seq_lens.long() + s
-                logits = draft(tokens, positions, step_batch, multi.backend(s))
-                tokens, scores, parent = grow(scores.view(-1, k), logits)
-                # Each new branch continues its parent's path: re-parent the slots written so far.
-                path[:, : s + 1].copy_(path[:, : s + 1].view(-1, k, s + 1)
-                                       .gather(1, parent[:, :, None].expand(-1, -1, s + 1)).view(-1, s + 1))
-                tokens, scores = tokens.reshape(-1), scores.reshape(-1)
-                outs.append((tokens, scores, parent.reshape(-1)))
-            return tuple(torch.stack(col, dim=1) for col in zip(*outs))
-        inputs = {"tokens": ("row", (), torch.int64), "scores": ("row", (), torch.float32)}
-        return PhaseStep(multi, forward, inputs, rows_per_request=k)
-
     # --- generation ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> Generation:
         """Greedy continuation of each prompt by ``max_new_tokens`` tokens."""
         if not prompts or any(not p for p in prompts) or len(prompts) > self.max_requests:
             raise ValueError(f"prompts: {len(prompts)} (supported: 1..{self.max_requests} non-empty token lists; "
                              "raise max_requests for more)")
-        reqs = [_Request(list(p), len(p), self.target_pool.alloc_req(), index=i) for i, p in enumerate(prompts)]
+        reqs = [Request(list(p), len(p), self.target_pool.alloc_req(), index=i) for i, p in enumerate(prompts)]
         result = Generation(tokens=[])
         try:
             admitted = self._admit(reqs, result, self._prefill_end)
@@ -273,72 +218,36 @@ class SpecWorker:
         return result
 
     # --- KV room: a request whose next step does not fit stops with a reason ------------------
-    def _prefill_end(self, r: _Request) -> tuple[int, int]:
+    def _prefill_end(self, r: Request) -> tuple[int, int]:
         """(target, draft) positions ``r`` holds after its prefill."""
         return r.prompt_len, r.prompt_len if "draft_extend" in self.classes else 0
 
-    def _step_end(self, r: _Request) -> tuple[int, int]:
+    def _step_end(self, r: Request) -> tuple[int, int]:
         """(target, draft) positions ``r`` may hold during its next step: the verified nodes,
         and every token committed since the draft's last extend."""
         if "draft_extend" not in self.classes:
             return r.target_len + 1, 0
         return r.target_len + self.spec.num_draft_tokens, len(r.tokens)
 
-    def _owned(self, r: _Request) -> tuple[int, int]:
-        """(target, draft) positions whose KV pages ``r`` holds now (pages outlive rejected drafts)."""
-        return r.target_cap, r.draft_cap
-
-    def _admit(self, reqs: list[_Request], result: Generation,
-               end: Callable[[_Request], tuple[int, int]]) -> list[_Request]:
-        """The requests of ``reqs`` whose next step fits the KV pools (in order); the others stop.
-
-        Checked before the step allocates anything, so a full pool never leaves a step
-        half-done: every token committed so far stays in the result.
-        """
+    def _admit(self, reqs: list[Request], result: Generation,
+               end: Callable[[Request], tuple[int, int]]) -> list[Request]:
         pools = [self.target_pool] + ([self.draft_pool] if "draft_extend" in self.classes else [])
-        free = [pool.free_page_count for pool in pools]
-        admitted = []
-        for r in reqs:
-            ends = end(r)
-            needs = [max(0, -(-e // pool.page_size) - -(-o // pool.page_size))
-                     for pool, e, o in zip(pools, ends, self._owned(r))]
-            why = [f"context={name}: {e} positions (supported: <= max_context_len={pool.max_context_len})"
-                   for name, pool, e in zip(("target", "draft"), pools, ends) if e > pool.max_context_len]
-            why += [f"kv_pool={name}: a step needs {n} pages, {left} free (supported: a step that fits; "
-                    "raise max_requests or max_context_len)"
-                    for name, n, left in zip(("target", "draft"), needs, free) if n > left]
-            if why:
-                result.stopped[r.index] = why[0]
-                continue
-            free = [left - n for left, n in zip(free, needs)]
-            admitted.append(r)
-        return admitted
+        return admit(reqs, pools, end, result.stopped)
 
-    def _chunks(self, reqs: list[_Request]) -> list[list[_Request]]:
+    def _append(self, pool: KVPool, row: int, start: int, count: int, cap: int) -> tuple[torch.Tensor, int]:
+        return append_slots(pool, row, start, count, cap, self.device)
+
+    def _chunks(self, reqs: list[Request]) -> list[list[Request]]:
         size = self.policy.capture_sizes()[-1]
         return [reqs[i: i + size] for i in range(0, len(reqs), size)]
 
-    def _release(self, reqs: list[_Request]) -> None:
+    def _release(self, reqs: list[Request]) -> None:
         for r in reqs:
-            self._free_row(self.target_pool, r.target_row, r.target_cap)
+            free_row(self.target_pool, r.target_row, r.target_cap)
             if r.draft_row:
-                self._free_row(self.draft_pool, r.draft_row, r.draft_cap)
+                free_row(self.draft_pool, r.draft_row, r.draft_cap)
 
-    def _free_row(self, pool: KVPool, row: int, cap: int) -> None:
-        pool.free_pages(pool.req_to_page[row, : -(-cap // pool.page_size)].long())
-        pool.free_req(row)
-
-    def _append(self, pool: KVPool, row: int, start: int, count: int, cap: int) -> tuple[torch.Tensor, int]:
-        """Slots of positions ``start .. start + count - 1`` of ``row``, taking pages up to
-        them (the row owns pages for ``cap`` positions); returns the slots and the new cap."""
-        P = pool.page_size
-        have, need = -(-cap // P), -(-(start + count) // P)
-        if need > have:
-            pool.req_to_page[row, have:need] = pool.alloc_pages(need - have).to(torch.int32)
-        positions = torch.arange(start, start + count, device=self.device)
-        return pool.slots(torch.full_like(positions, row), positions), max(cap, need * P)
-
-    def _prefill(self, reqs: list[_Request]) -> None:
+    def _prefill(self, reqs: list[Request]) -> None:
         """Target (and draft) prefill of the prompts; the target's argmax is the first new token."""
         prompts = [r.tokens for r in reqs]
         logits, caps = self._prefill_model(self.target, self.target_backend, self.target_pool,
@@ -370,7 +279,7 @@ class SpecWorker:
         last = torch.tensor(lens).cumsum(0) - 1
         return model(ids, positions, batch, backend)[last.to(self.device)], [cap for _, cap in taken]
 
-    def _decode(self, reqs: list[_Request]) -> None:
+    def _decode(self, reqs: list[Request]) -> None:
         """Plain greedy decode: one token per request."""
         locs = []
         for r in reqs:
@@ -389,7 +298,7 @@ class SpecWorker:
             r.tokens.append(tok)
 
     # --- one speculative step -----------------------------------------------------------------
-    def _speculate(self, reqs: list[_Request], result: Generation) -> None:
+    def _speculate(self, reqs: list[Request], result: Generation) -> None:
         tree = first_level(self._draft_extend(reqs), self.spec.topk)
         if "draft_decode" in self.classes:
             tree = self._draft_decode(reqs, tree)
@@ -402,7 +311,7 @@ class SpecWorker:
             result.accepted.append(len(path) - 1)
         result.verify_steps += 1
 
-    def _draft_extend(self, reqs: list[_Request]) -> torch.Tensor:
+    def _draft_extend(self, reqs: list[Request]) -> torch.Tensor:
         """The draft reads the tokens committed since its last step; logits ``[bs, vocab]``."""
         width = self.spec.draft_extend_len
         new = [r.tokens[r.draft_len:] for r in reqs]
@@ -424,7 +333,7 @@ class SpecWorker:
         inputs = {"input_ids": _int(ids, self.device), "positions": _int(positions, self.device)}
         return cast(torch.Tensor, self.runner.run(Phase.DRAFT_EXTEND, batch, inputs))
 
-    def _draft_decode(self, reqs: list[_Request], tree: DraftTree) -> DraftTree:
+    def _draft_decode(self, reqs: list[Request], tree: DraftTree) -> DraftTree:
         k, bs = self.spec.topk, len(reqs)
         rows = torch.arange(bs * k, device=self.device)
         batch = ForwardBatch(
@@ -441,7 +350,7 @@ class SpecWorker:
             tree = tree.add_level(tokens[:, :, s], scores[:, :, s], parents[:, :, s])
         return tree
 
-    def _verify(self, reqs: list[_Request], tree: VerifyTree) -> tuple[list[list[int]], torch.Tensor]:
+    def _verify(self, reqs: list[Request], tree: VerifyTree) -> tuple[list[list[int]], torch.Tensor]:
         n = tree.tokens.shape[1]
         slots = []
         for r in reqs:
@@ -458,7 +367,7 @@ class SpecWorker:
         out = cast(torch.Tensor, self.runner.run(Phase.TARGET_VERIFY, batch, inputs))
         return [s.tolist() for s in slots], out.view(len(reqs), n)
 
-    def _commit(self, r: _Request, tokens: list[int], slots: list[int], path: list[int], bonus: int) -> None:
+    def _commit(self, r: Request, tokens: list[int], slots: list[int], path: list[int], bonus: int) -> None:
         """Move the accepted nodes' target K/V to the positions they now hold, append the tokens.
 
         Node ``path[j]`` (``>= j``: ancestors come first) becomes position ``target_len + j``,

@@ -29,12 +29,13 @@ from typing import Any, TextIO
 import torch
 
 from attnhal.capabilities import AttentionRequest
-from attnhal.plan import GraphPolicy, SpecConfig
+from attnhal.example_engine.demo import DemoConfig
+from attnhal.example_engine.model import ModelConfig, TinyLlama
+from attnhal.example_engine.worker import SpecWorker
+from attnhal.planner import GraphPolicy
 from attnhal.platform import Fp8Flavor, parse
-from attnhal.reference.demo import DemoConfig
-from attnhal.reference.model import ModelConfig, TinyLlama
-from attnhal.reference.worker import SpecWorker
 from attnhal.registry import default_registry
+from attnhal.spec import SpecConfig
 
 __all__ = ["AXES", "Axis", "Case", "DrawnCase", "StressConfig", "StressSummary", "run_cases"]
 
@@ -259,7 +260,7 @@ class _Workers:
         return self.worker
 
     def greedy_worker(self, cfg: DemoConfig, context: int) -> SpecWorker:
-        key = (cfg.platform.spec, cfg.backend, cfg.page_size, cfg.kv_dtype)  # greedy under the same cache
+        key = (cfg.platform.name, cfg.backend, cfg.page_size, cfg.kv_dtype)  # greedy under the same cache
         if key not in self.greedy:
             target, _ = self.models(cfg)
             self.greedy[key] = SpecWorker(target, None, SpecConfig(), platform=cfg.platform, backend=cfg.backend,
