@@ -53,7 +53,7 @@ else
 fi
 
 part "graph tests (device + seam)" pytest.txt 150 "$PY" -m pytest -q -rs -p no:cacheprovider \
-    tests/test_graphs_gpu.py tests/test_graphs_device_unit.py
+    tests/graphs/test_device_gpu.py tests/graphs/test_device_unit.py
 
 if [ $DEVICE = 1 ]; then
     for mode in guarded driver unguarded; do

@@ -6,7 +6,7 @@ the GPU; ``torch.cuda`` is only touched inside :class:`TorchDeviceAPI` methods.
 
 Every device call goes through :class:`DeviceAPI`, a small seam: the real
 implementation forwards to ``torch.cuda``; tests substitute a fake to check the
-guard's control flow on a machine without a GPU (``tests/test_graphs_device_unit.py``).
+guard's control flow on a machine without a GPU (``tests/graphs/test_device_unit.py``).
 
 How a capture is guarded (why each step exists):
 

@@ -22,7 +22,7 @@ PREFILL_BLOCK = 16
 
 #: Tolerances: the kernel accumulates in fp32 and rounds its output once to the query
 #: dtype, like the torch backend, and is checked against the fp64 reference with the
-#: same bounds (``tests/test_cpu_backend.py`` measures the worst error it sees).
+#: same bounds (``backends/attnhal_cpu/tests/test_backend.py`` measures the worst error it sees).
 CAPABILITIES = BackendCapabilities(
     name="cpu",
     vendors=frozenset((Vendor.CPU,)),

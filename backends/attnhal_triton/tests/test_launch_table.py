@@ -1,0 +1,260 @@
+"""Triton backend: launch table lookups, descriptor, light imports and the cross-vendor compile
+check (in a subprocess without TRITON_INTERPRET). Its vendor-branch scan is the repository-wide one
+in tests/core/test_invariants.py."""
+
+import os
+
+# Before triton or any kernel module is imported: triton reads it at decoration time.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import warnings  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from attnhal.backend import AttentionConfig, KVPool  # noqa: E402
+from attnhal.capabilities import Feature, Phase, SpecLimits  # noqa: E402
+from attnhal.platform import parse  # noqa: E402
+from attnhal_triton import CAPABILITIES, FALLBACK, TABLE, UnknownArchWarning, lookup  # noqa: E402
+from attnhal_triton.launch_table import EXTEND_VARIANTS, KERNELS, LaunchRow, decode_launch, rows_for  # noqa: E402
+
+HIP_ONLY = {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}
+KNOWN = {"cuda:sm80": "sm80", "cuda:sm90": "sm90", "hip:gfx90a": "gfx90", "hip:gfx942": "gfx94",
+         "hip:gfx950": "gfx95"}
+
+
+# --- lookup ---------------------------------------------------------------------------
+
+def _no_warning(kernel: str, spec: str, head: int = 128, dtype: str = "float16") -> LaunchRow:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnknownArchWarning)
+        return lookup(kernel, parse(spec), head, dtype)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_hip_gfx942_picks_the_gfx94_hip_row(kernel: str) -> None:
+    row = _no_warning(kernel, "hip:gfx942")
+    assert (row.vendor, row.arch_family) == ("hip", "gfx94")
+    if kernel != "decode_reduce":
+        assert HIP_ONLY <= set(row.launch_options)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_cuda_sm90_picks_the_sm90_row_without_hip_options(kernel: str) -> None:
+    row = _no_warning(kernel, "cuda:sm90")
+    assert (row.vendor, row.arch_family) == ("cuda", "sm90")
+    assert not HIP_ONLY & set(row.launch_options)
+
+
+@pytest.mark.parametrize("spec", ["hip:gfx1100", "cuda:sm75", "cuda:sm103"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_unknown_arch_takes_the_fallback_with_a_warning(kernel: str, spec: str) -> None:
+    platform = parse(spec)
+    with pytest.warns(UnknownArchWarning, match=platform.arch):
+        row = lookup(kernel, platform, 128, "bfloat16")
+    assert row in FALLBACK and row.vendor is None and not HIP_ONLY & set(row.launch_options)
+
+
+def test_the_interpreter_row_serves_cpu_without_a_warning() -> None:
+    for kernel in KERNELS:
+        assert _no_warning(kernel, "cpu").vendor == "cpu"
+
+
+@pytest.mark.parametrize("spec", sorted(KNOWN))
+def test_every_known_family_has_a_general_row_per_kernel(spec: str) -> None:
+    platform = parse(spec)
+    assert platform.arch_family == KNOWN[spec]
+    for kernel in KERNELS:
+        rows = rows_for(kernel, platform.vendor.value, platform.arch_family)
+        assert any(r.head_size is None and r.dtype is None for r in rows), (spec, kernel)
+        for head in CAPABILITIES.head_sizes:
+            for dtype in CAPABILITIES.dtypes:
+                assert lookup(kernel, platform, head, dtype) in rows
+
+
+def test_most_specific_row_wins() -> None:
+    sm80 = parse("cuda:sm80")
+    assert lookup("extend_verify", sm80, 256, "float16").head_size == 256
+    assert lookup("extend_verify", sm80, 128, "float32").dtype == "float32"
+    assert lookup("extend_verify", sm80, 64, "bfloat16").head_size is None
+    gfx = parse("hip:gfx90a")
+    both = lookup("extend_draft", gfx, 256, "float32")
+    assert (both.head_size, both.dtype) == (256, "float32")
+
+
+@pytest.mark.parametrize("spec,family", [("cuda:sm86", "sm80"), ("cuda:sm89", "sm80"),
+                                         ("cuda:sm100", "sm90"), ("cuda:sm120", "sm80")])
+def test_aliased_archs_take_a_compiled_familys_rows(spec: str, family: str) -> None:
+    """Aliases are table data: no warning, the rows of the aliased family."""
+    for kernel in KERNELS:
+        row = _no_warning(kernel, spec)
+        assert (row.vendor, row.arch_family) == ("cuda", family)
+
+
+def test_one_row_set_per_kernel_variant() -> None:
+    """Each extend form has its own rows: sm90 prefill / causal verify take the anchors'
+    128x64 tiles, the tree and draft forms 64x64; HIP tree verify its own smaller tiles."""
+    sm90 = parse("cuda:sm90")
+    blocks = {k: dict(lookup(k, sm90, 128, "bfloat16").blocks) for k in EXTEND_VARIANTS}
+    assert blocks["extend_prefill"] == blocks["extend_verify"] == {"BLOCK_M": 128, "BLOCK_N": 64}
+    assert blocks["extend_verify_tree"] == blocks["extend_draft"] == {"BLOCK_M": 64, "BLOCK_N": 64}
+    gfx = parse("hip:gfx942")
+    assert lookup("extend_verify_tree", gfx, 128, "float16").blocks["BLOCK_M"] == 32
+    assert lookup("extend_verify", gfx, 128, "float16").blocks["BLOCK_M"] == 64
+    # Split forms carry the family's split settings; prefill does not split.
+    assert lookup("extend_verify", gfx, 128, "float16").kv_splits == 32
+    assert lookup("extend_prefill", gfx, 128, "float16").kv_splits == 1
+
+
+def test_vendor_only_options_are_valid_options_of_that_vendors_compiler() -> None:
+    """Each row's launch options are fields of its Triton backend's options class, so
+    ``**row.launch_options`` never passes a HIP option to a CUDA launch (which raises)."""
+    from triton.backends.amd.compiler import HIPOptions
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    fields = {"cuda": set(CUDAOptions.__dataclass_fields__), "hip": set(HIPOptions.__dataclass_fields__)}
+    common = fields["cuda"] & fields["hip"]
+    for row in TABLE + FALLBACK:
+        allowed = fields.get(row.vendor or "", common)  # fallback and interpreter rows: both
+        assert set(row.launch_options) <= allowed, row.key()
+
+
+def test_launch_encoding_round_trips() -> None:
+    for row in TABLE + FALLBACK:
+        constexprs, options = decode_launch(row.encode())
+        assert constexprs == row.constexprs and options == row.launch_options
+
+
+def test_rows_reject_lower_case_blocks_and_unknown_kernels() -> None:
+    with pytest.raises(ValueError):
+        LaunchRow("decode", None, None, {"block_n": 64})
+    with pytest.raises(ValueError):
+        LaunchRow("nope", None, None, {})
+    with pytest.raises(ValueError):
+        lookup("nope", parse("cuda:sm90"), 128, "float16")
+
+
+def test_backend_takes_its_rows_from_the_platform() -> None:
+    pool = KVPool(num_layers=1, num_slots=8, num_kv_heads=2, head_dim=64, dtype=torch.float16,
+                  max_reqs=2, max_context_len=8)
+    cfg = AttentionConfig(8, 2, 64, torch.float16)
+    from attnhal_triton import TritonBackend
+
+    hip = TritonBackend(cfg, pool, platform=parse("hip:gfx942"))
+    assert hip.rows["extend_verify"] == lookup("extend_verify", parse("hip:gfx942"), 64, "float16")
+    assert hip.num_kv_splits == 32
+    with pytest.warns(UnknownArchWarning, match="gfx1100"):
+        TritonBackend(cfg, pool, platform=parse("hip:gfx1100"))
+
+
+def test_backend_refuses_configs_its_descriptor_excludes() -> None:
+    from attnhal_triton import TritonBackend
+
+    pool = KVPool(num_layers=1, num_slots=8, num_kv_heads=2, head_dim=80, dtype=torch.float16,
+                  max_reqs=2, max_context_len=8)
+    with pytest.raises(ValueError, match=r"head_size=80 \(supported"):
+        TritonBackend(AttentionConfig(8, 2, 80, torch.float16), pool, platform=parse("cuda:sm90"))
+
+
+# --- descriptor and imports ---------------------------------------------------------------
+
+def test_descriptor() -> None:
+    from attnhal_triton import TritonBackend
+
+    caps = TritonBackend.capabilities
+    assert caps is CAPABILITIES and caps.name == "triton" and caps.requires == ("triton",)
+    assert set(caps.graph) == {Phase.DECODE, Phase.TARGET_VERIFY, Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND}
+    assert caps.multi_step == SpecLimits() and caps.phases == frozenset(Phase)
+    # Each claim is run by tests/test_triton_{kernels,features,graphs}.py under the interpreter.
+    assert caps.features == {Feature.CUSTOM_MASK, Feature.SLIDING_WINDOW, Feature.LOGIT_SOFTCAP,
+                             Feature.SINKS}
+    assert caps.page_sizes == {1, 16, 64}
+    assert caps.kv_dtypes == {"float16", "bfloat16", "float32", "fp8_e4m3", "fp8_e5m2"}
+
+
+_BLOCK_TRITON = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+sys.meta_path.insert(0, Block())
+"""
+
+
+def _python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=False, timeout=120)
+
+
+def test_package_imports_without_triton_and_without_torch() -> None:
+    done = _python(_BLOCK_TRITON + """
+import attnhal, attnhal_triton
+assert "torch" not in sys.modules and "triton" not in sys.modules, sorted(sys.modules)
+assert attnhal_triton.CAPABILITIES.requires == ("triton",)
+from attnhal_triton import TritonBackend
+assert TritonBackend.capabilities.name == "triton"
+assert "triton" not in sys.modules
+import torch
+from attnhal.backend import AttentionConfig, KVPool
+from attnhal.platform import parse
+pool = KVPool(num_layers=1, num_slots=4, num_kv_heads=1, head_dim=16, dtype=torch.float32,
+              max_reqs=1, max_context_len=4)
+TritonBackend(AttentionConfig(1, 1, 16), pool, platform=parse("cuda:sm90"))
+try:
+    from attnhal_triton import kernels
+except ModuleNotFoundError as exc:
+    print("kernels need triton:", exc)
+""")
+    assert done.returncode == 0, done.stderr
+    assert "kernels need triton" in done.stdout
+
+
+def test_import_attnhal_does_not_import_triton_or_backends() -> None:
+    done = _python("import sys, attnhal; "
+                   "print(sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'attnhal_triton')))")
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+# --- cross-vendor compile check ------------------------------------------------------------
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
+def test_compile_check_compiles_for_every_target_without_spills() -> None:
+    """One decode and one tree-verify kernel per target (fp8 in the target's flavour where it
+    has one), in a process without TRITON_INTERPRET. CI compiles one target per fp8 flavour
+    and vendor; ``ATTNHAL_SLOW=1`` adds the pre-fp8 ones (sm80, gfx90a)."""
+    targets = ["cuda:90", "hip:gfx942", "hip:gfx950"]
+    if os.environ.get("ATTNHAL_SLOW"):
+        targets += ["cuda:80", "hip:gfx90a"]
+    done = subprocess.run(
+        [sys.executable, "-m", "attnhal_triton.compile_check", "--json", "--kernels", "decode",
+         "extend_verify_tree", "--dtypes", "bfloat16", "fp8", "--head-sizes", "128", "--targets", *targets],
+        capture_output=True, text=True, env=_clean_env(), check=False, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(done.stdout)
+    assert {(r["kernel"], r["target"], r["dtype"]) for r in rows} == {
+        (k, t, d) for k in ("decode", "extend_verify_tree") for t in targets
+        for d in ("bfloat16", "fp8") if d != "fp8" or t in ("cuda:90", "hip:gfx942", "hip:gfx950")}
+    flavours = {r["target"]: r["fp8_flavor"] for r in rows if r["dtype"] == "fp8"}
+    assert flavours == {"cuda:90": "e4m3fn", "hip:gfx942": "e4m3fnuz", "hip:gfx950": "e4m3fn"}
+    for row in rows:
+        assert row["ok"] and row["spills"] == 0 and row["registers"] > 0, row
+        assert not row["fallback"] and "fallback" not in row["row"]
+
+
+def test_run_compile_check_leaves_an_interpreter_process_for_a_clean_one() -> None:
+    """This process has TRITON_INTERPRET set: the function runs the check in a child."""
+    from attnhal_triton.compile_check import format_table, run_compile_check
+
+    rows = run_compile_check(kernels=["decode_reduce"], targets=["hip:gfx942"],
+                             dtypes=["float16"], head_sizes=[64], fallback=True)
+    assert [r["fallback"] for r in rows] == [False, True]
+    assert all(r["ok"] and r["spills"] == 0 for r in rows), rows
+    table = format_table(rows)
+    assert "decode_reduce" in table and "2 compiles: 2 ok, 0 failed, 0 with spills" in table

@@ -1,0 +1,84 @@
+"""The import graph of attnhal: no circle, and every import runs down the documented layer order.
+
+The order and the package map live in docs/architecture.md (the ``layers`` block and the module
+table); this test reads them from there, so the document and the code cannot drift apart.
+Run-time imports count, lazy ones (inside a function) included; ``if TYPE_CHECKING:`` imports
+do not.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from module_graph import circles, import_graph, modules
+from repo import ROOT
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def documented_layers(text: str) -> list[list[str]]:
+    """The ``layers`` block of docs/architecture.md: one layer per line, lowest first."""
+    block = re.search(r"```layers\n(.*?)```", text, re.S)
+    assert block, "docs/architecture.md has no ```layers block"
+    return [line.split("#")[0].split() for line in block.group(1).splitlines() if line.split("#")[0].strip()]
+
+
+def layer_of(module: str, layers: list[list[str]]) -> int | None:
+    """The layer of the longest documented prefix of ``module``."""
+    best: tuple[int, int] | None = None
+    for i, names in enumerate(layers):
+        for prefix in names:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[0]:
+                    best = (len(prefix), i)
+    return None if best is None else best[1]
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[list[str]]) -> list[str]:
+    out = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = layer_of(module, layers), layer_of(target, layers)
+            if a is not None and b is not None and b > a:
+                out.append(f"{module} (layer {a}) imports {target} (layer {b})")
+    return out
+
+
+GRAPH = import_graph()
+LAYERS = documented_layers(ARCHITECTURE.read_text(encoding="utf-8"))
+
+
+def test_there_is_no_import_circle():
+    assert circles(GRAPH) == []
+
+
+def test_every_module_has_a_documented_layer():
+    assert [m for m in GRAPH if layer_of(m, LAYERS) is None] == []
+
+
+def test_imports_run_down_the_documented_layers():
+    assert upward_imports(GRAPH, LAYERS) == []
+
+
+def test_the_package_map_lists_every_package_and_top_level_module():
+    table = ARCHITECTURE.read_text(encoding="utf-8").split("## Modules", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `(attnhal[\w.]*)`", table, re.M))
+    wanted = {m for m, p in modules().items() if m.count(".") <= 1 and not m.split(".")[-1].startswith("_")}
+    assert sorted(wanted - listed) == []
+
+
+@pytest.mark.parametrize("planted", ["circle", "upward"])
+def test_the_checks_catch_a_planted_defect(tmp_path, planted):
+    """A copy of the package with one planted import: the check that guards it must see it."""
+    import shutil
+
+    shutil.copytree(ROOT / "attnhal", tmp_path / "attnhal")
+    if planted == "circle":  # the lowest layer imports the highest module that imports it back
+        victim = tmp_path / "attnhal" / "spec.py"
+        victim.write_text(victim.read_text() + "\n\ndef _late():\n    import attnhal.cli\n")
+        assert any("attnhal.spec" in group for group in circles(import_graph(tmp_path)))
+    else:
+        victim = tmp_path / "attnhal" / "reasons.py"
+        victim.write_text(victim.read_text() + "\nfrom attnhal.phases import Phase\n")
+        assert any(line.startswith("attnhal.reasons ") for line in upward_imports(import_graph(tmp_path), LAYERS))
