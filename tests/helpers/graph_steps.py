@@ -6,7 +6,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import pytest
 import torch
 from broken_backends import (
     batch_to,
@@ -16,7 +15,7 @@ from broken_backends import (
     release,
 )
 
-from attnhal.backend import AttentionConfig, ForwardBatch, KVPool, SpecInfo
+from attnhal.backend import AttentionConfig, ForwardBatch, KVPool, MultiStepDraft, SpecInfo
 from attnhal.capabilities import BackendCapabilities, SpecLimits
 from attnhal.graphs import (
     GraphCaptureWarning,
@@ -151,9 +150,8 @@ TORCH_SIZES = (1, 2, 4)
 def torch_steps(pool: KVPool, spec: SpecConfig) -> tuple[BackendCapabilities, dict[Phase, PhaseStep]]:
     """Attention-only steps: decode / target_verify / draft_extend on TorchBackend,
     draft_decode as all forwards of a MultiStepDraft in one graph."""
-    torch_backend = pytest.importorskip("attnhal_torch", reason="attnhal_torch not importable yet")
-    multi_step = pytest.importorskip("attnhal.backend.multi_step", reason="MultiStepDraft not there yet")
-    tb = torch_backend.TorchBackend
+    from attnhal_torch import TorchBackend as tb
+
     h, kvh, d, f32 = CFG.num_q_heads, CFG.num_kv_heads, CFG.head_size, torch.float32
     per_token = {"q": ("token", (h, d), f32), "k": ("token", (kvh, d), f32), "v": ("token", (kvh, d), f32)}
     target = tb(CFG, pool)  # one instance for all target phases: init_graph_state is called once
@@ -165,7 +163,7 @@ def torch_steps(pool: KVPool, spec: SpecConfig) -> tuple[BackendCapabilities, di
     steps = {p: PhaseStep(target, attend, per_token)
              for p in (Phase.DECODE, Phase.TARGET_VERIFY, Phase.DRAFT_EXTEND)}
     if spec.speculative and spec.num_steps > 1:
-        draft = multi_step.MultiStepDraft(tb, CFG, pool, spec)
+        draft = MultiStepDraft(tb, CFG, pool, spec)
 
         def draft_forwards(batch: ForwardBatch, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
             return tuple(draft.backend(s).forward(x["q"][:, s], x["k"][:, s], x["v"][:, s], 0, b)

@@ -153,12 +153,12 @@ def test_multi_step_draft_in_one_graph(platform: str) -> None:
     """``multi_step`` claim: attnhal's generic MultiStepDraft over TritonBackend, all steps in
     one emulated graph; the draft path is re-parented in place between steps inside the
     graph, and rewritten again before a replay. Every step matches the fp64 reference."""
-    reference_mod = pytest.importorskip("reference")
+    import cases
     from attnhal.backend import MultiStepDraft
 
     steps, topk = 3, 2
     spec = SpecConfig.eagle(num_steps=steps, topk=topk, num_draft_tokens=4)
-    case = build_case(reference_mod.random_spec(Phase.DRAFT_DECODE, 5, spec=spec, prefix_lens=[70, 9],
+    case = build_case(cases.random_spec(Phase.DRAFT_DECODE, 5, spec=spec, prefix_lens=[70, 9],
                                                 num_q_heads=8, num_kv_heads=2, head_size=32))
     draft = MultiStepDraft(TritonBackend, case.config, case.pool, spec, platform=parse(platform))
     batch = _static_copy(case.batch)
@@ -222,7 +222,7 @@ def test_spec_phase_forward_makes_no_host_sync() -> None:
 def test_graph_runner_pads_and_replays(phase: Phase) -> None:
     """The whole path an engine takes: plan -> GraphRunner captures at sizes 2 and 4, pads
     smaller batches with the descriptor's fill value, replays; equal to the fp64 reference."""
-    reference_mod = pytest.importorskip("reference")
+    import cases
     from attnhal.backend import AttentionConfig, MultiStepDraft
     from attnhal.planner import GraphPolicy, PhaseBackends, plan
 
@@ -252,7 +252,7 @@ def test_graph_runner_pads_and_replays(phase: Phase) -> None:
     runner = GraphRunner(the_plan, platform, {phase: step})
     assert runner.captured_sizes(phase) == (2, 4), runner.plan[phase].reasons
     for seed, bs in ((1, 3), (2, 1)):
-        case = build_case(reference_mod.random_spec(phase, seed, requests=bs, **kw), pool=pool)
+        case = build_case(cases.random_spec(phase, seed, requests=bs, **kw), pool=pool)
         if phase is Phase.DRAFT_DECODE:
             outs = runner.run(phase, case.batch, {"q": case.q})
             wants = []
@@ -264,7 +264,7 @@ def test_graph_runner_pads_and_replays(phase: Phase) -> None:
                     case.q, pool.k[0], pool.v[0], at_step, pool.req_to_token, cfg.sm_scale))
         else:
             outs = (runner.run(phase, case.batch, {"q": case.q, "k": case.k, "v": case.v}),)
-            wants = [reference_mod.expected(case)]
+            wants = [cases.expected(case)]
         for got, want in zip(outs, wants, strict=True):
             torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
     stats = runner.summary()[phase]

@@ -113,13 +113,13 @@ def test_matches_project_reference(phase: Phase, seed: int) -> None:
     """The kit's batches from ``tests/helpers/cases.py``'s seeded specs (stale req_to_token tails,
     scattered slots, zero-length prefills, draft trees of topk 2, shared draft ancestors),
     and the package's fp64 reference, with K/V written by forward."""
-    reference_mod = pytest.importorskip("reference")
+    import cases
     tree = SpecConfig.eagle(3, topk=2, num_draft_tokens=5)
     spec = tree if phase in (Phase.DRAFT_DECODE, Phase.TARGET_VERIFY) else None
-    case, backend = build(TritonCase(reference_mod.random_spec(
+    case, backend = build(TritonCase(cases.random_spec(
         phase, seed, requests=3, spec=spec, draft_step=seed % 3, num_q_heads=8, num_kv_heads=2, head_size=32,
         dtype=DTYPES[seed]), PLATFORMS[seed % len(PLATFORMS)]))
-    want = reference_mod.expected(case)
+    want = cases.expected(case)
     got = run(case, backend)
     tol = backend.capabilities.tolerance(str(got.dtype).removeprefix("torch."))
     torch.testing.assert_close(got.double(), want, atol=tol.atol, rtol=tol.rtol)
@@ -127,11 +127,10 @@ def test_matches_project_reference(phase: Phase, seed: int) -> None:
 
 def test_agrees_with_torch_backend_when_present() -> None:
     """A second implementation as a cross-check, on the tokens the caller reads."""
-    torch_backend = pytest.importorskip("attnhal_torch")
-    if not hasattr(torch_backend, "TorchBackend"):
-        pytest.skip("attnhal_torch.TorchBackend not written yet")
+    from attnhal_torch import TorchBackend
+
     for phase in Phase:
         case, backend = build(shape(phase))
-        other = torch_backend.TorchBackend(backend.config, case.pool)
+        other = TorchBackend(backend.config, case.pool)
         want = run(case, other)
         assert_close(backend, run(case, backend), want, real_tokens(case.batch))
