@@ -166,6 +166,7 @@ def skipped_backend_init(context_len: int) -> Iterator[None]:
 
     def init(self: Any, model_runner: Any, *args: Any, **kwargs: Any) -> None:
         self.max_context_len = context_len
+        self.kv_index_translator = model_runner.kv_index_translator  # read by metadata-staging queries
         self.attnhal_built_with = kwargs  # skip_prefill, kv_indptr_buf, ... as the factory passed them
 
     with contextlib.ExitStack() as stack:
@@ -299,3 +300,76 @@ def _env(name: str, value: str) -> Iterator[None]:
 
 def loaded() -> bool:
     return "sglang.srt.speculative.eagle_worker_v2" in sys.modules
+
+
+# --- the other speculative workers' graph decisions ---------------------------------------------
+
+def _worker_shell(module_name: str, class_name: str, resolution: Resolution) -> Any:
+    import importlib
+
+    from sglang.srt.runtime_context import get_spec
+
+    spec = get_spec()
+    worker = object.__new__(getattr(importlib.import_module(f"sglang.srt.speculative.{module_name}"), class_name))
+    worker.server_args, worker.gpu_id, worker.device = resolution.server_args, 0, "cuda"
+    worker.topk, worker.speculative_num_steps = spec.speculative_eagle_topk, spec.speculative_num_steps
+    worker.speculative_num_draft_tokens = spec.speculative_num_draft_tokens
+    worker.target_worker = types.SimpleNamespace(device="cuda")
+    worker._specialized_graph_memory_usage, worker._specialized_graph_time_usage = {}, {}
+    return worker
+
+
+def multi_layer_eagle_graphs(resolution: Resolution, platform: str,
+                             env: Mapping[str, str] | None = None) -> DraftGraphs:
+    """``MultiLayerEagleDraftWorker``: one draft-extend backend per step from the factory
+    (``init_attention_backend``), then ``_capture_cuda_graphs`` (multi_layer_eagle_worker_v2.py)."""
+    from sglang.srt.speculative import multi_layer_eagle_worker_v2 as module
+
+    built: dict[str, str] = {}
+    with emulate(platform), _context(resolution), contextlib.ExitStack() as stack:
+        worker = _worker_shell("multi_layer_eagle_worker_v2", "MultiLayerEagleDraftWorker", resolution)
+        worker.draft_runner_list = [draft_runner(resolution.server_args) for _ in range(worker.speculative_num_steps)]
+        stack.enter_context(skipped_backend_init(worker.draft_runner_list[0].model_config.context_len))
+        _enter_env(stack, env)
+        stack.enter_context(_patched(module, "get_available_gpu_memory", lambda *a, **k: 0.0))
+        for name in ("MultiLayerEagleMultiStepDraftExtendCudaGraphRunner",
+                     "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner",
+                     "MultiLayerEagleMultiStepDraftExtendNpuGraphRunner"):
+            stack.enter_context(_patched(module, name, _Recorder(name, built, "draft_extend")))
+        try:
+            worker.init_attention_backend()
+        except Exception as exc:
+            return DraftGraphs(error=_error(exc))
+        worker._capture_cuda_graphs()
+        return DraftGraphs(None, _class_name(worker.draft_extend_attn_backend_list[0]), dict(built))
+
+
+def frozen_kv_mtp_graphs(resolution: Resolution, platform: str) -> DraftGraphs:
+    """``FrozenKVMTPDraftWorker._capture_cuda_graphs`` (frozen_kv_mtp_worker_v2.py): its one
+    draft-loop graph runner."""
+    from sglang.srt.speculative import frozen_kv_mtp_cuda_graph_runner as runners
+
+    built: dict[str, str] = {}
+    with emulate(platform), _context(resolution), contextlib.ExitStack() as stack:
+        worker = _worker_shell("frozen_kv_mtp_worker_v2", "FrozenKVMTPDraftWorker", resolution)
+        stack.enter_context(_patched(sys.modules["sglang.srt.speculative.frozen_kv_mtp_worker_v2"],
+                                     "get_available_gpu_memory", lambda *a, **k: 0.0))
+        stack.enter_context(_patched(runners, "FrozenKVMTPCudaGraphRunner",
+                                     _Recorder("FrozenKVMTPCudaGraphRunner", built, "draft_decode")))
+        worker._capture_cuda_graphs()
+        return DraftGraphs(runners=dict(built))
+
+
+@contextlib.contextmanager
+def _context(resolution: Resolution) -> Iterator[None]:
+    from sglang.srt import runtime_context
+
+    if not resolution.accepted:
+        raise ValueError(f"resolution refused: {resolution.error}")
+    with runtime_context.use_context(resolution.context):
+        yield
+
+
+def _enter_env(stack: contextlib.ExitStack, env: Mapping[str, str] | None) -> None:
+    for name, value in (env or {}).items():
+        stack.enter_context(_env(name, value))

@@ -54,7 +54,7 @@ def views() -> dict[Case, tuple[View, View]]:
 
 def _outcome(case: Case, observed: frozenset[str]) -> str:
     causes = sorted({r.cause for r in rules_for(case) for label in observed if r.explains(label)})
-    return ", ".join(causes) if causes else "agree"
+    return ", ".join(causes) if causes else ("agree" if not observed else "UNEXPLAINED")
 
 
 def _summarise(views: dict[Case, tuple[View, View]]) -> None:
