@@ -10,11 +10,3 @@ import os
 
 collect_ignore = [tier for tier in ("sglang", "vllm") if os.environ.get("ATTNHAL_ENGINE_TIER") != tier]
 
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
-    """Show each tier's closing lines (its grid sizes and counts) in the main run's summary."""
-    for report in terminalreporter.stats.get("passed", []):
-        for name, text in getattr(report, "user_properties", ()):
-            if name.endswith("_tier"):
-                terminalreporter.write_sep("-", f"engine tier {name.removesuffix('_tier')}")
-                terminalreporter.write_line(str(text).rstrip())

@@ -53,8 +53,14 @@ def test_engine_tier(engine: str, record_property: Callable[[str, object], None]
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIER_TIMEOUT_S, cwd=REPO,
                           env=_tier_env(engine))
     output = done.stdout + done.stderr
-    record_property(f"{engine}_tier", output[-4000:])
+    record_property(f"{engine}_tier", _closing_lines(done.stdout))
     if done.returncode == 5:
         pytest.fail(f"the {engine} tier collected no tests:\n{output[-6000:]}")
     assert done.returncode == 0, f"the {engine} tier failed (exit {done.returncode}):\n{output[-12000:]}"
-    print(output[-4000:])
+
+
+def _closing_lines(stdout: str) -> str:
+    """The tier's grid section and its result line (what the main run's summary shows)."""
+    lines = stdout.rstrip().splitlines()
+    start = next((i for i, line in enumerate(lines) if "executed-engine grid" in line), max(len(lines) - 1, 0))
+    return "\n".join(line for line in lines[start:] if not line.startswith("=") or "passed" in line or "failed" in line)

@@ -160,3 +160,21 @@ def test_draft_extend_graph_env_switch_is_read_by_the_executed_worker_and_the_ad
                                     "speculative_num_steps": 3, "speculative_eagle_topk": 1,
                                     "speculative_num_draft_tokens": 4}, "cuda:sm90", env=env, model="mha")
     assert not plan["draft_extend"].capture and plan["draft_decode"].capture
+
+
+def test_every_catalogued_cause_is_an_entry_of_catalog_md_marked_as_shown() -> None:
+    """Each non-adapter rule names a D-entry of docs/catalog.md (or its "Late failures" note),
+    and each D-entry a rule reproduces says it is shown in the engine's executed code."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "catalog.md").read_text(encoding="utf-8")
+    entries = dict(re.findall(r"^### (D\d+)\b.*?\n\n(.*?)(?=^### |\Z)", text, flags=re.MULTILINE | re.DOTALL))
+    for rule in RULES:
+        if rule.adapter:
+            continue
+        if rule.cause == "late failures":
+            assert "**Late failures.**" in text and "rule `late failures`" in text
+            continue
+        assert rule.cause in entries, rule.cause
+        assert "**Shown in the engine's executed code**" in entries[rule.cause], rule.cause
