@@ -35,6 +35,9 @@ def _environment(engine: str) -> Path:
 def _tier_env(engine: str) -> dict[str, str]:
     env = dict(os.environ)
     env["ATTNHAL_ENGINE_TIER"] = engine
+    # Subprocesses the engines start (vLLM inspects models in one) are outside the tier's socket
+    # guard: the hubs' own offline switches cover them.
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     # This clone's attnhal and backends first: the environment may have been built from another clone.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "backends"), env.get("PYTHONPATH", "")]).rstrip(
         os.pathsep)

@@ -7,6 +7,7 @@ and prints the differential grid's counts at the end of the run.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -14,6 +15,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Subprocesses an engine starts are outside the socket guard: the hubs' offline switches cover them.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import network_guard  # noqa: E402
 

@@ -17,6 +17,9 @@ import pytest
 os.environ["VLLM_TARGET_DEVICE"] = "cpu"
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Subprocesses an engine starts are outside the socket guard: the hubs' offline switches cover them.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import network_guard  # noqa: E402
 
