@@ -16,3 +16,16 @@ settings.register_profile("ci", deadline=None, suppress_health_check=[HealthChec
 settings.register_profile("thorough", deadline=None, max_examples=500,
                           suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.load_profile(os.environ.get("ATTNHAL_HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
+    """Show each engine tier's closing lines (grid sizes, counts per backend) in the run's summary.
+
+    Here rather than in tests/engines/conftest.py: under xdist only this conftest is loaded
+    by the process that writes the summary; the tier test records its lines as a property.
+    """
+    for report in terminalreporter.stats.get("passed", []):
+        for name, text in getattr(report, "user_properties", ()):
+            if name.endswith("_tier"):
+                terminalreporter.write_sep("-", f"engine tier {name.removesuffix('_tier')}")
+                terminalreporter.write_line(str(text).rstrip())

@@ -1,0 +1,180 @@
+"""attnhal's SGLang adapter and plan against SGLang 0.5.23's own code, executed, cell by cell.
+
+Grids (``grid.py``): every catalogued CUDA/HIP backend x cuda:sm90 / cuda:sm100 / hip:gfx942
+x num_steps {1, 2, 3, 5} x topk {1, 2, 4, 8} x page size {default, 16, 64} x the MHA / MLA
+model configs it serves (EAGLE); split prefill/decode backends under both
+--speculative-attention-mode values; EAGLE3, NEXTN and STANDALONE; NGRAM. Per cell: SGLang's
+acceptance (or its exception), resolved page size and (prefill, decode) roles, the draft
+runners it builds and whether the target's graph runner is built, against attnhal's
+``from_server_args`` / plan. ``expected.py`` explains every difference.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from collections.abc import Iterator
+
+import grid
+import harness
+import platforms
+import pytest
+from conftest import SUMMARY
+from expected import RULES, Rule, rules_for
+from grid import Case, View
+
+
+class AdapterDifference(AssertionError):
+    """The difference an adapter rule predicts (the strict xfail's expected failure)."""
+
+
+def _params(cases: list[Case]) -> Iterator[object]:
+    for case in cases:
+        adapter = [r.cause for r in rules_for(case) if r.adapter]
+        marks = [pytest.mark.xfail(strict=True, raises=AdapterDifference, reason=cause) for cause in adapter]
+        yield pytest.param(case, id=str(case).replace(" ", ""), marks=marks)
+
+
+GRIDS = {"single": list(grid.single_cases()), "split": list(grid.split_cases()),
+         "algorithms": list(grid.algorithm_cases()), "ngram": list(grid.ngram_cases())}
+ALL_CASES = [case for cases in GRIDS.values() for case in cases]
+
+
+@pytest.fixture(scope="module")
+def views() -> dict[Case, tuple[View, View]]:
+    """SGLang's and attnhal's view of every case, computed once (grouped by emulated platform)."""
+    out = {}
+    for platform, cases in itertools.groupby(sorted(ALL_CASES, key=lambda c: c.platform), key=lambda c: c.platform):
+        with platforms.emulate(platform):
+            for case in cases:
+                out[case] = (grid.engine_view(case), grid.attnhal_view(case))
+    _summarise(out)
+    return out
+
+
+def _outcome(case: Case, observed: frozenset[str]) -> str:
+    causes = sorted({r.cause for r in rules_for(case) for label in observed if r.explains(label)})
+    return ", ".join(causes) if causes else ("agree" if not observed else "UNEXPLAINED")
+
+
+def _summarise(views: dict[Case, tuple[View, View]]) -> None:
+    SUMMARY.append(f"grid: {len(views)} cases (" + ", ".join(f"{k} {len(v)}" for k, v in GRIDS.items()) + ")")
+    per_backend: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for case, (engine, attnhal) in views.items():
+        outcome = _outcome(case, grid.differences(engine, attnhal))
+        per_backend[case.label][outcome] += 1
+        per_backend[case.label]["SGLang refuses" if not engine.accepted else "SGLang runs"] += 1
+    for label, counts in sorted(per_backend.items()):
+        total = counts["SGLang refuses"] + counts["SGLang runs"]
+        rest = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()) if k not in ("SGLang refuses", "SGLang runs"))
+        SUMMARY.append(f"  {label:24} {total:4} cases: SGLang runs {counts['SGLang runs']}, refuses "
+                       f"{counts['SGLang refuses']}; {rest}")
+
+
+def _check(case: Case, engine: View, attnhal: View) -> None:
+    observed = grid.differences(engine, attnhal)
+    rules = rules_for(case)
+    unexplained = [label for label in observed if not any(r.explains(label) for r in rules)]
+    context = (f"\n  case: {case}\n  SGLang: {engine}\n  attnhal: {attnhal}\n  rules: {[r.cause for r in rules]}")
+    assert not unexplained, f"differences no rule of expected.py explains: {unexplained}{context}"
+    gone = [r.cause for r in rules if not any(r.explains(label) for label in observed)]
+    assert not gone, (f"rules that apply to this case explain no difference (fixed? remove or narrow the "
+                      f"rule in expected.py, and its entry in docs/catalog.md): {gone}{context}")
+    adapter = [r.cause for r in rules if r.adapter]
+    if adapter:
+        raise AdapterDifference(f"{adapter}: {sorted(observed)}{context}")
+
+
+@pytest.mark.parametrize("case", list(_params(ALL_CASES)))
+def test_sglang_executed_grid(case: Case, views: dict[Case, tuple[View, View]]) -> None:
+    engine, attnhal = views[case]
+    _check(case, engine, attnhal)
+
+
+def test_grid_covers_every_rule_and_every_catalogued_backend(views: dict[Case, tuple[View, View]]) -> None:
+    """Each rule applies somewhere (a rule no case reaches explains nothing), and every
+    catalogued CUDA/HIP backend is in the grid."""
+    from attnhal import catalog
+
+    unused: list[Rule] = [r for r in RULES if not any(r.applies(c) for c in views)]
+    assert not unused, [r.cause for r in unused]
+    backends = {c.backend for c in views}
+    vendors = set(grid.VENDOR_PLATFORMS)
+    missing = {e.name for e in catalog.entries("sglang") if {v.value for v in e.descriptor.vendors} & vendors}
+    assert missing <= backends, missing - backends
+    assert len(views) > 2500, len(views)
+
+
+# --- the seed bug and its relatives, in SGLang's own code ---------------------------------------------
+
+def _runners(backend: str, platform: str, steps: int, decode: str | None = None, mode: str | None = None,
+             env: dict[str, str] | None = None) -> dict[str, str]:
+    args = {"attention_backend": backend, "speculative_algorithm": "EAGLE", "speculative_num_steps": steps,
+            "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1}
+    if decode:
+        args.update(decode_attention_backend=decode, speculative_attention_mode=mode)
+    resolution = harness.resolve(args, platform, "mha")
+    assert resolution.accepted, resolution.error
+    graphs = harness.draft_graphs(resolution, platform, env=env)
+    assert graphs.error is None, graphs.error
+    return dict(graphs.runners)
+
+
+def test_seed_bug_d1_hip_aiter_one_step_builds_no_draft_extend_runner() -> None:
+    """D1 in SGLang's executed code: on HIP, aiter with --speculative-num-steps 1 builds no
+    draft-extend graph runner; with 2 steps (an aiter multi-step draft backend exists) it does;
+    on CUDA the rule reads the draft-extend backend (triton: built at one step)."""
+    assert _runners("aiter", "hip:gfx942", 1) == {}
+    assert _runners("aiter", "hip:gfx942", 2) == {"draft_decode": "EAGLEDraftCudaGraphRunner",
+                                                   "draft_extend": "EAGLEDraftExtendCudaGraphRunner"}
+    assert _runners("triton", "cuda:sm90", 1) == {"draft_extend": "EAGLEDraftExtendCudaGraphRunner"}
+    from attnhal.engines import sglang
+
+    plan = sglang.plan_server_args({"attention_backend": "aiter", "speculative_algorithm": "EAGLE",
+                                    "speculative_num_steps": 1, "speculative_eagle_topk": 1,
+                                    "speculative_num_draft_tokens": 2}, "hip:gfx942", model="mha")
+    assert plan["draft_extend"].capture  # attnhal: aiter can capture draft extend at one step
+
+
+def test_d2_triton_draft_extend_runner_built_on_cuda_never_on_hip() -> None:
+    for steps in (1, 3):
+        assert "draft_extend" in _runners("triton", "cuda:sm90", steps)
+        assert "draft_extend" not in _runners("triton", "hip:gfx942", steps)
+
+
+def test_d7_hip_split_draft_extend_follows_the_draft_decode_backend() -> None:
+    """aiter prefill + triton decode: draft extend runs on aiter (mode prefill) and is never
+    captured; triton prefill + aiter decode: captured only when an aiter multi-step backend exists."""
+    for steps in (1, 3):
+        assert "draft_extend" not in _runners("aiter", "hip:gfx942", steps, "triton", "prefill")
+    assert "draft_extend" not in _runners("triton", "hip:gfx942", 1, "aiter", "prefill")
+    assert "draft_extend" in _runners("triton", "hip:gfx942", 3, "aiter", "prefill")
+
+
+def test_draft_extend_graph_env_switch_is_read_by_the_executed_worker_and_the_adapter() -> None:
+    from attnhal.engines import sglang
+
+    env = {sglang.DRAFT_EXTEND_GRAPH_OFF: "1"}
+    assert _runners("triton", "cuda:sm90", 3, env=env) == {"draft_decode": "EAGLEDraftCudaGraphRunner"}
+    plan = sglang.plan_server_args({"attention_backend": "triton", "speculative_algorithm": "EAGLE",
+                                    "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                                    "speculative_num_draft_tokens": 4}, "cuda:sm90", env=env, model="mha")
+    assert not plan["draft_extend"].capture and plan["draft_decode"].capture
+
+
+def test_every_catalogued_cause_is_an_entry_of_catalog_md_marked_as_shown() -> None:
+    """Each non-adapter rule names a D-entry of docs/catalog.md (or its "Late failures" note),
+    and each D-entry a rule reproduces says it is shown in the engine's executed code."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "catalog.md").read_text(encoding="utf-8")
+    entries = dict(re.findall(r"^### (D\d+)\b.*?\n\n(.*?)(?=^### |\Z)", text, flags=re.MULTILINE | re.DOTALL))
+    for rule in RULES:
+        if rule.adapter:
+            continue
+        if rule.cause == "late failures":
+            assert "**Late failures.**" in text and "rule `late failures`" in text
+            continue
+        assert rule.cause in entries, rule.cause
+        assert "**Shown in the engine's executed code**" in entries[rule.cause], rule.cause

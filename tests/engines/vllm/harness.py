@@ -1,0 +1,169 @@
+"""vLLM 0.33.0's own code, executed on a CPU-only machine: engine config, backend graph support, graph mode.
+
+Functions take plain inputs and import vLLM inside, so they can move into attnhal's engines
+package. ``VLLM_TARGET_DEVICE=cpu`` must be set before vLLM is imported (the tier's conftest).
+
+- :func:`engine_config`: ``EngineArgs(...).create_engine_config()`` on a local model config
+  (no weights). The CPU platform forces ``cudagraph_mode=NONE`` and its own compilation
+  mode; the compilation config is then replaced by a real ``CompilationConfig`` (vLLM's GPU
+  default or the requested mode, ``VLLM_COMPILE``) with its splitting ops and capture sizes
+  set by vLLM's own methods, as on a GPU.
+- :func:`resolve`: the real builder's ``get_cudagraph_support`` and
+  ``GPUModelRunner._check_and_update_cudagraph_mode`` (which calls
+  ``CompilationConfig.resolve_cudagraph_mode_and_sizes``) on an emulated SM90/SM100, with a
+  runner made by ``object.__new__`` and the graph dispatcher replaced by a recorder.
+  FlashInfer's cubin check (``has_nvidia_artifactory``) answers "no cubins" instead of
+  making an HTTP request: the environment of this resolution has no trtllm-gen cubins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+CAPABILITIES = {"cuda:sm90": (9, 0), "cuda:sm100": (10, 0)}
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)
+
+
+def _clear_caches() -> None:
+    """vLLM caches capability-dependent answers (functools.cache): cleared when the platform changes."""
+    import sys
+
+    for name in ("vllm.utils.flashinfer", "vllm.v1.attention.backends.fa_utils",
+                 "vllm.v1.attention.backends.flashinfer"):
+        module = sys.modules.get(name)
+        for value in vars(module).values() if module else ():
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
+
+
+@contextlib.contextmanager
+def emulate(platform: str) -> Iterator[None]:
+    """vLLM's platform answers as on a CUDA GPU of ``platform`` (``cuda:sm90`` | ``cuda:sm100``)."""
+    import sys
+
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    if platform not in CAPABILITIES:
+        raise ValueError(f"platform={platform!r} (supported: {', '.join(CAPABILITIES)})")
+    major, minor = CAPABILITIES[platform]
+    cls = type(current_platform)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(cls, "get_device_capability",
+                                     classmethod(lambda c, device_id=0: DeviceCapability(major, minor))))
+        stack.enter_context(_patched(cls, "is_cuda", lambda self: True))
+        stack.enter_context(_patched(cls, "is_cuda_alike", lambda self: True))
+        stack.enter_context(_patched(cls, "is_cpu", lambda self: False))
+        for name, module in list(sys.modules.items()):
+            if name.startswith("vllm") and getattr(module, "has_nvidia_artifactory", None) is not None:
+                stack.enter_context(_patched(module, "has_nvidia_artifactory", lambda: False))
+        _clear_caches()
+        try:
+            yield
+        finally:
+            _clear_caches()
+
+
+def model_dir(model: str) -> str:
+    path = MODELS / model
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model={model!r} (supported: {', '.join(sorted(p.name for p in MODELS.iterdir()))})")
+    return str(path)
+
+
+def default_cudagraph_mode() -> str:
+    """vLLM's GPU default ``cudagraph_mode``: the one of its default optimization level."""
+    from vllm.config.vllm import OPTIMIZATION_LEVEL_TO_CONFIG
+    from vllm.engine.arg_utils import EngineArgs
+
+    level = EngineArgs.optimization_level
+    return OPTIMIZATION_LEVEL_TO_CONFIG[level]["compilation_config"]["cudagraph_mode"].name
+
+
+def engine_config(backend: str, model: str, speculative: Mapping[str, Any] | None = None,
+                  cudagraph_mode: str | None = None) -> Any:
+    """``EngineArgs(...).create_engine_config()``, with the GPU compilation config put back."""
+    from vllm.config import CompilationConfig
+    from vllm.config.compilation import CompilationMode, CUDAGraphMode
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=model_dir(model), skip_tokenizer_init=True, attention_backend=backend,
+                      speculative_config=dict(speculative) if speculative else None, max_model_len=4096)
+    config = args.create_engine_config()
+    mode = CUDAGraphMode[cudagraph_mode or default_cudagraph_mode()]
+    compilation = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=mode)
+    compilation.set_splitting_ops_for_v1(all2all_backend=config.parallel_config.all2all_backend)
+    config.compilation_config = compilation
+    config._set_cudagraph_sizes()
+    return config
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What vLLM resolved: the backend's support level, the graph mode, the capture sizes, or its error."""
+
+    support: str | None = None  # AttentionCGSupport name
+    mode: str | None = None  # CUDAGraphMode name
+    capture_sizes: tuple[int, ...] = ()
+    error: str | None = None
+    dispatcher_modes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def kv_cache_spec(config: Any) -> Any:
+    """The KV-cache spec of the model's attention layers (full attention; MLA for an MLA model)."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+    model = config.model_config
+    heads = model.get_num_kv_heads(config.parallel_config)
+    size = model.get_head_size()
+    block = config.cache_config.block_size or 16
+    if model.use_mla:
+        return MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=size, dtype=torch.bfloat16)
+    return FullAttentionSpec(block_size=block, num_kv_heads=heads, head_size=size, dtype=torch.bfloat16)
+
+
+def resolve(config: Any, backend: str, platform: str) -> Resolution:
+    """The builder's support level and ``GPUModelRunner._check_and_update_cudagraph_mode`` on ``platform``."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm.config import set_current_vllm_config
+
+    with emulate(platform), set_current_vllm_config(config):
+        backend_cls = AttentionBackendEnum[backend].get_class()
+        spec = kv_cache_spec(config)
+        support = backend_cls.get_builder_cls().get_cudagraph_support(config, spec).name
+        recorded: list[str] = []
+        runner = object.__new__(GPUModelRunner)
+        speculative = config.speculative_config
+        runner.vllm_config, runner.compilation_config = config, config.compilation_config
+        runner.uniform_decode_query_len = 1 + (speculative.num_speculative_tokens if speculative else 0)
+        runner.kv_cache_config, runner.max_num_reqs = None, config.scheduler_config.max_num_seqs
+        runner.speculative_config = None  # the drafter's own dispatcher keys are not part of the mode
+        runner.cudagraph_dispatcher = types.SimpleNamespace(
+            initialize_cudagraph_keys=lambda mode, query_len: recorded.append(mode.name))
+        try:
+            runner._check_and_update_cudagraph_mode([{backend_cls}], [KVCacheGroupSpec(["layer"], spec)])
+        except ValueError as exc:
+            return Resolution(support=support, error=f"ValueError: {exc}")
+        mode = config.compilation_config.cudagraph_mode
+        return Resolution(support=support, mode=recorded[-1] if recorded else mode.name,
+                          capture_sizes=tuple(config.compilation_config.cudagraph_capture_sizes or ()),
+                          dispatcher_modes=tuple(recorded))
