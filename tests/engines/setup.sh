@@ -8,8 +8,9 @@
 # and attnhal itself, editable. The environment lives outside the clone so that a fresh
 # clone (CI) reuses it:
 #     ${ATTNHAL_ENGINE_ENVS:-~/.cache/attnhal/engine-envs}/ENGINE-HASH
-# HASH covers this script, the requirement file, the stand-ins and attnhal's entry-point
-# tables: a change to any of them builds a new environment. The stamp file is written last,
+# HASH covers this script, the requirement file, the stand-ins and the Python: a change to any
+# of them builds a new environment. A change to attnhal's entry-point tables only reinstalls
+# attnhal (editable, seconds) so that its plugins are registered. The stamp file is written last,
 # so a build that was killed is never reused; a lock keeps two processes from building at once.
 # Setup may use the package index; the tests run in the environment may not use the network.
 # The environment's path is the last line printed.
@@ -31,7 +32,8 @@ entry_points() {  # the [project.entry-points.*] tables of pyproject.toml (the p
 }
 
 hash=$( { cat "$here/setup.sh" "$requirements"; find "$here/stubs" -type f -name '*.py' | sort | xargs cat;
-          entry_points; "$python" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-16)
+          "$python" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-16)
+plugins=$(entry_points | sha256sum | cut -c1-16)
 root=${ATTNHAL_ENGINE_ENVS:-$HOME/.cache/attnhal/engine-envs}
 env=$root/$engine-$hash
 stamp=$env/attnhal-engine-env.stamp
@@ -40,7 +42,16 @@ mkdir -p "$root"
 exec 9>"$root/$engine.lock"
 flock 9
 
+install_attnhal() {  # attnhal, editable: its entry points (plugins) registered in the engine's environment
+  "$env/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$repo"
+  echo "$plugins" > "$env/attnhal-plugins.stamp"
+}
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ]; then
+  if [ "$(cat "$env/attnhal-plugins.stamp" 2>/dev/null)" != "$plugins" ]; then
+    echo "engine env: attnhal's entry points changed: reinstalling attnhal in $env" >&2
+    install_attnhal >> "$env.log" 2>&1 || { echo "engine env: reinstall failed, see $env.log" >&2; exit 1; }
+  fi
   echo "engine env: reusing $env" >&2
   echo "$env"
   exit 0
@@ -66,10 +77,9 @@ rm -rf "$env"
   printf 'Metadata-Version: 2.1\nName: torchvision\nVersion: 0.0.0+attnhal.stub\n' > "$record/METADATA"
   echo pip > "$record/INSTALLER"
   : > "$record/RECORD"
-  # attnhal, editable: its entry points (plugins) registered in the engine's environment. The
-  # tier runs with the current clone first on PYTHONPATH, so a reused environment built from
-  # another clone still tests the code of this one.
-  "${pip[@]}" --no-deps --no-build-isolation -e "$repo"
+  # The tier runs with the current clone first on PYTHONPATH, so a reused environment built
+  # from another clone still tests the code of this one.
+  install_attnhal
 } > "$env.log" 2>&1 || { echo "engine env: build failed, last lines of $env.log:" >&2; tail -20 "$env.log" >&2; exit 1; }
 
 echo "$hash" > "$stamp"

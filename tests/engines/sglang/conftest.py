@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The tier's own modules (harness, ...) by name; network_guard and tier_summary are in tests/helpers.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Subprocesses an engine starts are outside the socket guard: the hubs' offline switches cover them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -32,7 +33,7 @@ import harness  # noqa: E402
 harness.import_engine()
 logging.getLogger("sglang").setLevel(logging.ERROR)
 
-SUMMARY: list[str] = []  # lines the tests add, printed at the end of the run
+from tier_summary import LINES as SUMMARY  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ import grid
 import harness
 import platforms
 import pytest
-from conftest import SUMMARY
+from tier_summary import LINES as SUMMARY
 from expected import RULES, Rule, rules_for
 from grid import Case, View
 

@@ -16,7 +16,8 @@ import pytest
 
 os.environ["VLLM_TARGET_DEVICE"] = "cpu"
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The tier's own modules (harness, ...) by name; network_guard and tier_summary are in tests/helpers.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Subprocesses an engine starts are outside the socket guard: the hubs' offline switches cover them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -26,7 +27,7 @@ import network_guard  # noqa: E402
 network_guard.install()
 logging.getLogger("vllm").setLevel(logging.ERROR)
 
-SUMMARY: list[str] = []
+from tier_summary import LINES as SUMMARY  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import harness
 import pytest
-from conftest import SUMMARY
+from tier_summary import LINES as SUMMARY
 
 PLATFORMS = ("cuda:sm90", "cuda:sm100")
 MODES = (None, "FULL", "FULL_DECODE_ONLY", "PIECEWISE")  # None: vLLM's default
