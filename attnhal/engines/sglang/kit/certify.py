@@ -1,0 +1,78 @@
+"""Which claims of a catalogue entry run here, and the report of a kit run over the rest.
+
+A claim that cannot run in this process is *not checked here*, with its reason, never
+dropped and never waived: the report lists it, and the run fails on it unless the caller
+waives unchecked claims. What cannot run here:
+
+- under the Triton interpreter, a bf16 ``tl.dot`` computes on raw bit patterns (a Triton
+  limitation, triton-lang/triton#11584, not SGLang's): every ``phase[P, bfloat16]`` of
+  ``sglang:triton`` is not checked, and the other claims draw no bf16 case;
+- ``vendor[cuda]``, ``vendor[hip]``: no such device (the kit's own rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from functools import cache
+from typing import Any
+
+from attnhal import catalog
+from attnhal.capabilities import BackendCapabilities
+from attnhal.engines.sglang.kit.adapter import SGLangAttention, adapter_class
+from attnhal.testing.checks import ClaimResult, Status, claims
+from attnhal.testing.report import ConformanceReport, run_conformance
+
+__all__ = ["KIT_BACKENDS", "checked_class", "not_checked", "run_kit"]
+
+#: Catalogue entries whose SGLang classes the adapter runs here.
+KIT_BACKENDS = ("sglang:torch_native", "sglang:triton")
+
+_BF16_DOT = ("the Triton interpreter computes bf16 tl.dot on raw bit patterns (triton-lang/triton#11584, a Triton "
+             "limitation): SGLang's bf16 kernels are unchecked here; other claims draw no bf16 case")
+
+
+def _entry(ref: str) -> catalog.CatalogEntry:
+    if ref not in KIT_BACKENDS:
+        raise LookupError(f"backend={ref} (supported by the SGLang kit: {', '.join(KIT_BACKENDS)})")
+    return catalog.load(ref)
+
+
+def _runnable(ref: str, caps: BackendCapabilities) -> tuple[BackendCapabilities, dict[str, str]]:
+    """The descriptor the kit runs here (claims that cannot run removed) and why each removed claim is not."""
+    if ref != "sglang:triton" or "bfloat16" not in caps.dtypes:
+        return caps, {}
+    narrowed = replace(caps, dtypes=caps.dtypes - {"bfloat16"})
+    kept = {c.name for c in claims(narrowed)}
+    return narrowed, {c.name: _BF16_DOT for c in claims(caps) if c.name not in kept}
+
+
+@cache
+def checked_class(ref: str) -> type[SGLangAttention]:
+    """The adapter class of catalogue entry ``ref`` with the descriptor that runs here."""
+    entry = _entry(ref)
+    caps, _ = _runnable(ref, entry.descriptor)
+    return adapter_class(caps, entry.name)
+
+
+def not_checked(ref: str) -> Mapping[str, str]:
+    """Claim name -> why the entry's claim is not checked in this process (beyond the kit's own rules)."""
+    entry = _entry(ref)
+    return _runnable(ref, entry.descriptor)[1]
+
+
+def run_kit(ref: str, **kwargs: Any) -> ConformanceReport:
+    """:func:`~attnhal.testing.report.run_conformance` on SGLang's backend ``ref`` (``sglang:NAME``):
+    every claim of the catalogue entry, in its order; those that cannot run here reported so."""
+    entry = _entry(ref)
+    skipped = not_checked(ref)
+    wanted = claims(entry.descriptor)
+    only = kwargs.pop("only", None)
+    if only is not None:
+        wanted = [c for c in wanted if c.name.startswith(tuple(only))]
+    report = run_conformance(checked_class(ref), only=[c.name for c in wanted if c.name not in skipped], **kwargs)
+    done = {r.claim.name: r for r in report.results}
+    report.results = [done.get(c.name) or ClaimResult(c, Status.NOT_CHECKED, skipped[c.name]) for c in wanted
+                      if c.name in done or c.name in skipped]
+    return report
+
