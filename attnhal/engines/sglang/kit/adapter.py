@@ -109,13 +109,16 @@ class SGLangAttention(AttentionBackend):
     def _engine_for(self, batch: ForwardBatch) -> _Engine:
         fields = self._fields(batch)
         multi = batch.phase is Phase.DRAFT_DECODE
-        if self._engine is not None and self._engine.fields == fields and self._engine.multi_step == multi:
+        graph_bs = self._graph_sizes[0] if self._graph_sizes is not None else 0
+        if (self._engine is not None and self._engine.fields == fields and self._engine.multi_step == multi
+                and self._engine.runner.req_to_token_pool.size >= graph_bs):
             runtime.published(fields)
             return self._engine
         draft_room = fields.topk * fields.num_steps if multi else 0
         tokens_per_req = fields.num_draft_tokens if batch.phase is Phase.TARGET_VERIFY else 1
+        graph_bs = self._graph_sizes[0] if self._graph_sizes is not None else 0
         runner = runtime.new_runner(fields, self.config, self.pool, self.pool.max_context_len + draft_room,
-                                    tokens_per_req)
+                                    tokens_per_req, graph_bs)
         classes = runtime.backend_factory(self.sglang_name)
         backend = (classes["multi_step"](runner, fields.topk, fields.num_steps) if multi
                    else classes["single"](runner))
@@ -221,7 +224,7 @@ class SGLangAttention(AttentionBackend):
         engine.backend.init_forward_metadata_out_graph(fb, in_capture=True)
         engine.backend.init_forward_metadata_in_graph(fb)
         cap = _Captured(engine, fb, statics, batch, torch.zeros(1, device=self.pool.device))
-        cap.prep = launch.keep(self, launch.Launch(lambda: self._prepare(cap)))
+        cap.prep = launch.keep(self, launch.Launch(lambda: self._prepare(cap), host_work=True))
         self._captured[batch.batch_size] = cap
         self._current = cap
 

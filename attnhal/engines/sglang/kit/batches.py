@@ -5,7 +5,8 @@ attnhal phase      SGLang forward mode   what changes on the way
 =================  ====================  ===============================================================
 ``prefill``        ``EXTEND``            ``extend_prefix_lens = seq_lens - extend_lens``
 ``decode``         ``DECODE``            as is
-``target_verify``  ``TARGET_VERIFY``     ``seq_lens`` count the prefix only (SGLang's verify batches);
+``target_verify``  ``TARGET_VERIFY``     ``seq_lens`` count the prefix only (SGLang's verify batches; at
+                                         least 0 for a graph's padded rows);
                                          a tree mask becomes SGLang's flat mask: per request
                                          ``T x (prefix + T)``, the prefix columns set
 ``draft_extend``   ``DRAFT_EXTEND_V2``   ``T`` tokens per request (the padded width); the prefix is
@@ -117,7 +118,8 @@ def derive(batch: ForwardBatch) -> Derived:
     spec = batch._spec()
     if phase is Phase.TARGET_VERIFY:
         t = spec.num_draft_tokens
-        prefix = seq - t
+        # A graph's padded rows carry seq_lens = the fill value, shorter than their draft.
+        prefix = (seq - t).clamp(min=0)
         positions = (prefix.long().view(-1, 1) + torch.arange(t, device=seq.device)).flatten()
         return Derived(MODES[phase], batch.batch_size, reqs, prefix, loc, positions, prefix,
                        torch.full_like(seq, t), custom_mask=verify_mask(batch, prefix), tokens_per_req=t)

@@ -8,14 +8,16 @@ so each forward runs as one custom op, ``attnhal_sglang::run``, with what a grap
 freeze bound in a :class:`Launch`: replaying the op re-runs the launch with its capture-time
 metadata. SGLang's out-of-graph metadata step (allowed host work and allocation by its
 contract: it runs before ``graph.replay()``) runs through the same op, so the emulator sees
-one step there too.
+one step there too — with host copies allowed inside it (SGLang's contract: the step runs
+before the replay, not in it); a forward launch keeps the emulator's ban on them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,9 +31,27 @@ _ids = itertools.count(1)
 class Launch:
     """A bound piece of SGLang work; the owner keeps it alive, the op finds it by ``key``."""
 
-    def __init__(self, work: Callable[[], None]) -> None:
-        self.work, self.key = work, next(_ids)
+    def __init__(self, work: Callable[[], None], host_work: bool = False) -> None:
+        self.work, self.key, self.host_work = work, next(_ids), host_work
         _launches[self.key] = self
+
+
+#: What a capture emulator patches onto ``torch.Tensor`` to refuse host copies (``Tensor``
+#: itself defines neither: its base class does).
+_HOST_COPIES = ("tolist", "numpy")
+
+
+@contextlib.contextmanager
+def _host_copies_allowed() -> Iterator[None]:
+    """Lift a capture's refusal of ``Tensor.tolist``/``numpy`` for the duration (restored after)."""
+    patched = {name: torch.Tensor.__dict__[name] for name in _HOST_COPIES if name in torch.Tensor.__dict__}
+    for name in patched:
+        delattr(torch.Tensor, name)
+    try:
+        yield
+    finally:
+        for name, value in patched.items():
+            setattr(torch.Tensor, name, value)
 
 
 @torch.library.custom_op("attnhal_sglang::run", mutates_args=("written",))
@@ -39,7 +59,8 @@ def _run(written: torch.Tensor, key: int) -> None:
     launch = _launches.get(key)
     if launch is None:
         raise RuntimeError(f"attnhal_sglang::run key={key}: the launch is gone (its backend was freed)")
-    launch.work()
+    with _host_copies_allowed() if launch.host_work else contextlib.nullcontext():
+        launch.work()
 
 
 @_run.register_fake

@@ -131,11 +131,13 @@ class _ModelConfig:
 
 
 def new_runner(fields: ServerFields, config: AttentionConfig, pool: KVPool, context_len: int,
-               num_tokens_per_req: int) -> Any:
+               num_tokens_per_req: int, max_requests: int = 0) -> Any:
     """A model-runner shim with SGLang's real pools; its KV buffers *are* ``pool``'s tensors.
 
     ``req_to_token`` is the runner's own table of ``context_len`` positions per row (SGLang's
-    layout: one slot per token), filled from ``pool``'s page table by the adapter.
+    layout: one slot per token), filled from ``pool``'s page table by the adapter. It has at
+    least ``max_requests`` rows: SGLang sizes per-request metadata by it (a graph's batch size
+    never exceeds the running requests).
     """
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -149,7 +151,7 @@ def new_runner(fields: ServerFields, config: AttentionConfig, pool: KVPool, cont
         linear_attn_model_spec = mamba2_config = mambaish_config = None
 
         def __init__(self) -> None:  # noqa: D401 - the shim sets only what the backends read
-            rows = pool.req_to_page.shape[0]  # SGLang's table has one more (its padding row): unused here
+            rows = max(pool.req_to_page.shape[0], max_requests)
             self.device, self.dtype = "cpu" if pool.device.type == "cpu" else str(pool.device), config.dtype
             self.kv_cache_dtype, self.kv_cache_dtype_str = pool.dtype, "auto"
             self.prefill_attention_backend_str = self.decode_attention_backend_str = fields.backend
