@@ -17,7 +17,9 @@ __all__ = ["Progress", "register", "run"]
 
 def register(sub: Any) -> None:
     p = sub.add_parser("conformance", help="check every claim of a backend's descriptor by running it")
-    p.add_argument("backend", nargs="?", help="registered name or module:attr (default: every registered backend)")
+    p.add_argument("backend", nargs="?", help="registered name, module:attr, or sglang:torch_native / sglang:triton "
+                                             "(SGLang's own classes, when SGLang is installed; default: every "
+                                             "registered backend)")
     p.add_argument("--platform", help="simulate a platform (default: the detected device)")
     p.add_argument("--examples", type=bounded(0, 10_000), default=None,
                    help="random examples per check on top of the fixed ones, %(type)s "
@@ -43,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(sys.stderr) if sys.stderr.isatty() and not args.json else None
     reports = []
     for name in names:
+        run = _engine_kit(name) or run_conformance
         try:
-            reports.append(run_conformance(name, max_examples=args.examples, platform=platform, budget=args.budget,
-                                           thorough=args.thorough, allow_unchecked=args.allow_unchecked,
-                                           progress=progress))
+            reports.append(run(name, max_examples=args.examples, platform=platform, budget=args.budget,
+                               thorough=args.thorough, allow_unchecked=args.allow_unchecked, progress=progress))
         except LookupError as exc:
             raise UsageError(f"backend={name}: {one_line(str(exc))}") from None
     if args.json:
@@ -55,6 +57,25 @@ def run(args: argparse.Namespace) -> int:
         print("\n\n".join(r.format() for r in reports))
     # falsified, a kit error, or a claim not checked here (unless waived): the run fails
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _engine_kit(name: str) -> Any:
+    """The runner of an engine's own backend class (``sglang:triton``), or None for any other name.
+
+    The engine must be importable: without it the command is a usage error naming what to install.
+    """
+    from attnhal.lookup import RefShape, shape
+
+    if shape(name) is not RefShape.CATALOGUE or not name.startswith("sglang:"):
+        return None
+    from attnhal.engines.sglang import kit
+
+    if name not in kit.KIT_BACKENDS:
+        return None
+    missing = kit.engine_reasons()
+    if missing:
+        raise UsageError(f"backend={name}: {'; '.join(missing)}")
+    return kit.run_kit
 
 
 class Progress:
