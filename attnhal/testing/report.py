@@ -37,6 +37,7 @@ from attnhal.testing.checks import (
     process_reasons,
     verify,
 )
+from attnhal.testing.strategies import DEFAULT_MAX_COST, DEFAULT_MAX_SEQ_LEN
 
 #: Called when a claim starts (``result`` None) and when its result is known:
 #: ``progress(index, total, claim, result)``.
@@ -176,6 +177,9 @@ def _notes(target: Target) -> list[str]:
                    "its kernels ran here as they would run there")
     if platform.simulated:
         out.append(f"platform {platform.name} is simulated: tensors live on {platform.torch_device}")
+    if (target.max_seq_len, target.max_cost) != (DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_COST):
+        out.append(f"bounds lowered: contexts up to {target.max_seq_len} tokens, batch cost up to {target.max_cost} "
+                   f"(the kit's defaults: {DEFAULT_MAX_SEQ_LEN}, {DEFAULT_MAX_COST}); longer contexts are unchecked")
     return out
 
 
@@ -192,7 +196,8 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
                     platform: Platform | str | None = None, only: Iterable[str] | None = None,
                     backend_kwargs: Mapping[str, Any] | None = None, derandomize: bool = True,
                     budget: float | None = None, thorough: bool = False, allow_unchecked: bool = False,
-                    progress: Progress | None = None) -> ConformanceReport:
+                    progress: Progress | None = None, max_seq_len: int | None = None,
+                    max_cost: int | None = None) -> ConformanceReport:
     """Check every claim of ``backend``'s descriptor by running it, in this process.
 
     Parameters
@@ -215,6 +220,9 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
     thorough: also the costlier fixed examples (more long contexts), for release checks.
     allow_unchecked: claims not checked here do not make the report fail.
     progress: called when each claim starts and when its result is known.
+    max_seq_len, max_cost: bounds of drawn batches and fixed examples (default: the kit's,
+        :data:`~attnhal.testing.strategies.DEFAULT_MAX_SEQ_LEN` and ``DEFAULT_MAX_COST``;
+        an interpreter needs smaller ones). Lowered bounds are named in the report's notes.
 
     Raises ``LookupError`` when ``backend`` cannot be resolved (see :func:`resolve_backend`).
     A backend that cannot run here (e.g. Triton on a CPU platform without
@@ -223,8 +231,9 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
     cls = resolve_backend(backend)
     if max_examples is None:
         max_examples = 10**9 if budget is not None else examples_from_env(THOROUGH_EXAMPLES if thorough else None)
+    bounds = {k: v for k, v in (("max_seq_len", max_seq_len), ("max_cost", max_cost)) if v is not None}
     target = Target(cls, as_platform(platform), max_examples=max_examples, thorough=thorough,
-                    backend_kwargs=dict(backend_kwargs or {}), derandomize=derandomize, database=None)
+                    backend_kwargs=dict(backend_kwargs or {}), derandomize=derandomize, database=None, **bounds)
     report = ConformanceReport(cls.capabilities.name, f"{cls.__module__}.{cls.__qualname__}", target.platform.name,
                                target.platform.device_name or target.device, target.platform.graph_kind.value,
                                target.max_examples, notes=_notes(target), allow_unchecked=allow_unchecked,

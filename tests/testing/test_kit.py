@@ -82,6 +82,22 @@ def test_budget_runs_rounds_of_random_examples_and_progress_reports_each_claim()
     assert "random examples for 3 s spread over the claims" in report.format()
 
 
+def test_lowered_bounds_reach_the_examples_and_the_report_names_them() -> None:
+    seen: list[int] = []
+
+    class Recording(ToyDecode):
+        def init_forward_metadata(self, batch: Any) -> None:
+            seen.append(int(batch.seq_lens.max()))
+            super().init_forward_metadata(batch)
+
+    report = run_conformance(Recording, platform="cpu", max_examples=0, only=["phase[decode, float32"],
+                             max_seq_len=70, max_cost=2**20)
+    assert report.ok and seen and max(seen) <= 70
+    assert "bounds lowered: contexts up to 70 tokens, batch cost up to 1048576" in report.format()
+    assert "bounds lowered" not in run_conformance(ToyDecode, platform="cpu", max_examples=0,
+                                                   only=["vendor[cpu]"]).format()
+
+
 def test_thorough_adds_the_costlier_fixed_examples() -> None:
     plain = phase_examples(Target(ToyDecode, parse("cpu")), Phase.DECODE, "float32")
     thorough = phase_examples(Target(ToyDecode, parse("cpu"), thorough=True), Phase.DECODE, "float32")

@@ -196,7 +196,8 @@ class SGLangAttention(AttentionBackend):
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
         tokens, heads = q.shape[0], self.config.num_q_heads
-        with forward_context(ForwardContext(attn_backend=sglang_backend)):
+        # SGLang's layers run without autograd (its model runner's forward is under no_grad).
+        with torch.no_grad(), forward_context(ForwardContext(attn_backend=sglang_backend)):
             out = self._layers[layer](q.reshape(tokens, heads * self.config.head_size), k, v, fb)
         return out.view(tokens, heads, self.config.out_head_size)
 
