@@ -19,6 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Subprocesses an engine starts are outside the socket guard: the hubs' offline switches cover them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# test_kit.py runs SGLang's Triton kernels on the CPU: the interpreter must be on before they
+# are defined, which is when harness.import_engine() below imports SGLang's attention modules.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import network_guard  # noqa: E402
 

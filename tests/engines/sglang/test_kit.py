@@ -1,0 +1,51 @@
+"""The conformance kit on SGLang 0.5.23's own attention backends, at the kit's default budget.
+
+``TorchNativeAttnBackend``, ``TritonAttnBackend`` (Triton interpreter) and
+``TritonMultiStepDraftBackend`` run through the adapter of ``attnhal.engines.sglang.kit``
+against the catalogue entries ``sglang:torch_native`` and ``sglang:triton``. The report is
+printed; the sets of falsified and not-checked claims are asserted exactly, so a change in
+SGLang or in the kit shows up here. Each falsification is written down in docs/catalog.md
+(an SGLang defect, **shown on CPU**) — none is waived.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from attnhal import catalog
+from attnhal.engines.sglang.kit import run_kit
+from attnhal.testing.checks import ClaimKind, Status, claims
+
+_DEVICES = {"vendor[cuda]", "vendor[hip]"}
+_TRITON_BF16 = {f"phase[{p}, bfloat16]" for p in ("prefill", "decode", "draft_decode", "draft_extend",
+                                                    "target_verify")}
+
+#: Per entry: (falsified, not checked here). torch_native's target verify reads seq_lens as the
+#: KV length, which verify batches count without the draft (docs/catalog.md D8): its three phase
+#: claims fail, and so do the two every-phase properties through the same verify cases.
+EXPECTED = {
+    "sglang:torch_native": ({"phase[target_verify, float32]", "phase[target_verify, float16]",
+                             "phase[target_verify, bfloat16]", "deterministic", "inputs_unchanged"}, _DEVICES),
+    "sglang:triton": (set(), _DEVICES | _TRITON_BF16),
+}
+
+
+@pytest.mark.parametrize("ref", sorted(EXPECTED))
+def test_sglang_backend_through_the_kit(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    start = time.perf_counter()
+    report = run_kit(ref, platform="cpu")
+    seconds = time.perf_counter() - start
+    with capsys.disabled():
+        print(f"\n{report.format()}\n[{ref}: {seconds:.0f} s]")
+    falsified, unchecked = EXPECTED[ref]
+    assert not report.errors, [r.detail for r in report.errors]
+    assert {r.claim.name for r in report.falsified} == falsified
+    assert {r.claim.name for r in report.unchecked} == unchecked
+    descriptor = catalog.load(ref).descriptor
+    assert [r.claim.name for r in report.results] == [c.name for c in claims(descriptor)]  # each one, in order
+    verified_phases = {r.claim.subject for r in report.results
+                       if r.claim.kind is ClaimKind.PHASE and r.status is Status.VERIFIED}
+    failing_phases = {name.split("[")[1].split(",")[0] for name in falsified if name.startswith("phase[")}
+    assert verified_phases == {p.value for p in descriptor.phases} - failing_phases
