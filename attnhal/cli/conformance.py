@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(sys.stderr) if sys.stderr.isatty() and not args.json else None
     reports = []
     for name in names:
-        run = _engine_kit(name) or run_conformance
         try:
+            run = _engine_runner(name) or run_conformance
             reports.append(run(name, max_examples=args.examples, platform=platform, budget=args.budget,
                                thorough=args.thorough, allow_unchecked=args.allow_unchecked, progress=progress))
         except LookupError as exc:
@@ -59,23 +59,15 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in reports) else 1
 
 
-def _engine_kit(name: str) -> Any:
-    """The runner of an engine's own backend class (``sglang:triton``), or None for any other name.
-
-    The engine must be importable: without it the command is a usage error naming what to install.
-    """
+def _engine_runner(name: str) -> Any:
+    """How to check an SGLang catalogue name (``sglang:triton``), or None for any other name."""
     from attnhal.lookup import RefShape, shape
 
     if shape(name) is not RefShape.CATALOGUE or not name.startswith("sglang:"):
         return None
-    from attnhal.engines.sglang import kit
+    from attnhal.engines.sglang.kit import runner
 
-    if name not in kit.KIT_BACKENDS:
-        return None
-    missing = kit.engine_reasons()
-    if missing:
-        raise UsageError(f"backend={name}: {'; '.join(missing)}")
-    return kit.run_kit
+    return runner(name)
 
 
 class Progress:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from attnhal import catalog
-from attnhal.engines.sglang.kit import run_kit
+from attnhal.engines.sglang.kit import run_kit, unrunnable
 from attnhal.testing.checks import ClaimKind, Status, claims
 
 _DEVICES = {"vendor[cuda]", "vendor[hip]"}
@@ -49,3 +49,14 @@ def test_sglang_backend_through_the_kit(ref: str, capsys: pytest.CaptureFixture[
                        if r.claim.kind is ClaimKind.PHASE and r.status is Status.VERIFIED}
     failing_phases = {name.split("[")[1].split(",")[0] for name in falsified if name.startswith("phase[")}
     assert verified_phases == {p.value for p in descriptor.phases} - failing_phases
+
+
+def test_other_sglang_entries_are_reported_not_checked_with_the_reason() -> None:
+    from attnhal.cli import main
+
+    report = unrunnable("sglang:aiter", "cpu")
+    assert [r.claim.name for r in report.results] == [c.name for c in claims(catalog.load("sglang:aiter").descriptor)]
+    assert {r.status for r in report.results} == {Status.NOT_CHECKED} and not report.ok
+    assert "aiter backend is not run on cpu: its kernels are native code for {hip}" in report.results[0].detail
+    assert main(["conformance", "sglang:aiter", "--platform", "cpu"]) == 1
+    assert main(["conformance", "sglang:aiter", "--platform", "cpu", "--allow-unchecked"]) == 0

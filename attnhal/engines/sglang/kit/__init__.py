@@ -13,8 +13,8 @@ backend is built: importing this package loads none of it.
 - :mod:`~attnhal.engines.sglang.kit.certify`: which claims run here, and the report.
 """
 
-from attnhal.engines.sglang.kit.certify import KIT_BACKENDS, checked_class, not_checked, run_kit
+from attnhal.engines.sglang.kit.certify import KIT_BACKENDS, checked_class, not_checked, run_kit, runner, unrunnable
 from attnhal.engines.sglang.kit.runtime import MISSING, SGLANG_VERSION, engine_reasons
 
 __all__ = ["KIT_BACKENDS", "MISSING", "SGLANG_VERSION", "checked_class", "engine_reasons", "not_checked",
-           "run_kit"]
+           "run_kit", "runner", "unrunnable"]

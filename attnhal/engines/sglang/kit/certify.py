@@ -16,7 +16,7 @@ report's notes say so, and longer contexts are unchecked.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 import os
 from dataclasses import replace
 from functools import cache
@@ -25,10 +25,11 @@ from typing import Any
 from attnhal import catalog
 from attnhal.capabilities import BackendCapabilities
 from attnhal.engines.sglang.kit.adapter import SGLangAttention, adapter_class
+from attnhal.engines.sglang.kit.runtime import engine_reasons
 from attnhal.testing.checks import ClaimResult, Status, claims
 from attnhal.testing.report import ConformanceReport, run_conformance
 
-__all__ = ["INTERPRETER_BOUNDS", "KIT_BACKENDS", "checked_class", "not_checked", "run_kit"]
+__all__ = ["INTERPRETER_BOUNDS", "KIT_BACKENDS", "checked_class", "not_checked", "run_kit", "runner", "unrunnable"]
 
 #: Catalogue entries whose SGLang classes the adapter runs here.
 KIT_BACKENDS = ("sglang:torch_native", "sglang:triton")
@@ -39,6 +40,47 @@ INTERPRETER_BOUNDS = {"max_seq_len": 70, "max_cost": 2**20}
 
 _BF16_DOT = ("the Triton interpreter computes bf16 tl.dot on raw bit patterns (triton-lang/triton#11584, a Triton "
              "limitation): SGLang's bf16 kernels are unchecked here; other claims draw no bf16 case")
+
+
+def runner(ref: str) -> Callable[..., ConformanceReport] | None:
+    """How ``attnhal conformance`` checks SGLang catalogue name ``ref``, or None (not such a name).
+
+    ``sglang:triton`` / ``sglang:torch_native``: :func:`run_kit` (without SGLang: ``LookupError``
+    naming what to install); another entry: :func:`unrunnable`'s report when SGLang is installed,
+    else None (the name stays a descriptor, refused as such).
+    """
+    if ref not in {e.qualified_name for e in catalog.entries("sglang")}:
+        return None
+    missing = engine_reasons()
+    if ref in KIT_BACKENDS:
+        if missing:
+            raise LookupError("; ".join(missing))
+        return run_kit
+    return None if missing else _unrunnable_run
+
+
+def _unrunnable_run(ref: str, *, platform: Any = None, allow_unchecked: bool = False, **_: Any) -> ConformanceReport:
+    report = unrunnable(ref, platform)
+    report.allow_unchecked = allow_unchecked
+    return report
+
+
+def unrunnable(ref: str, platform: Any = None) -> ConformanceReport:
+    """The report of a catalogued SGLang backend the kit does not run here: every claim of
+    the entry not checked, with the reason (its kernels are native GPU code, not SGLang's
+    Triton or torch code)."""
+    from attnhal.platform import as_platform
+    from attnhal.reasons import fmt_set
+
+    entry = catalog.load(ref)
+    caps, where = entry.descriptor, as_platform(platform)
+    why = (f"SGLang {entry.version}'s {entry.name} backend is not run on {where.name}: its kernels are native code "
+           f"for {fmt_set(v.value for v in caps.vendors)} (sgl-kernel, FlashInfer, aiter, ...), not SGLang's Triton "
+           f"or torch code; the kit runs {', '.join(KIT_BACKENDS)} here")
+    report = ConformanceReport(caps.name, f"sglang {entry.name} (catalogue entry)", where.name,
+                               where.device_name or where.torch_device, where.graph_kind.value, 0)
+    report.results = [ClaimResult(c, Status.NOT_CHECKED, why) for c in claims(caps)]
+    return report
 
 
 def _entry(ref: str) -> catalog.CatalogEntry:
