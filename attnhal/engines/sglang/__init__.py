@@ -11,6 +11,8 @@ as ignored, never dropped silently. See ``docs/engine.md``.
 - :mod:`~attnhal.engines.sglang.flags`: SGLang's vocabulary (modelled flags, aliases, harmless flags).
 - :mod:`~attnhal.engines.sglang.resolution`: server arguments -> :class:`EngineConfig`.
 - :mod:`~attnhal.engines.sglang.plan`: :func:`plan_server_args`.
+- :mod:`~attnhal.engines.sglang.kit`: the conformance kit on SGLang's own backend classes —
+  the one part that runs SGLang (imported when a backend is built, never by this package).
 """
 
 from attnhal.engines.flags import EngineArgError
