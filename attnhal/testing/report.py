@@ -231,9 +231,10 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
     cls = resolve_backend(backend)
     if max_examples is None:
         max_examples = 10**9 if budget is not None else examples_from_env(THOROUGH_EXAMPLES if thorough else None)
-    bounds = {k: v for k, v in (("max_seq_len", max_seq_len), ("max_cost", max_cost)) if v is not None}
     target = Target(cls, as_platform(platform), max_examples=max_examples, thorough=thorough,
-                    backend_kwargs=dict(backend_kwargs or {}), derandomize=derandomize, database=None, **bounds)
+                    backend_kwargs=dict(backend_kwargs or {}), derandomize=derandomize, database=None,
+                    max_seq_len=DEFAULT_MAX_SEQ_LEN if max_seq_len is None else max_seq_len,
+                    max_cost=DEFAULT_MAX_COST if max_cost is None else max_cost)
     report = ConformanceReport(cls.capabilities.name, f"{cls.__module__}.{cls.__qualname__}", target.platform.name,
                                target.platform.device_name or target.device, target.platform.graph_kind.value,
                                target.max_examples, notes=_notes(target), allow_unchecked=allow_unchecked,

@@ -33,7 +33,7 @@ index kernel (``common_template``) right before each step's attention.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -72,7 +72,6 @@ class _Captured:
     token: torch.Tensor
     pending: ForwardBatch | None = None
     prep: launch.Launch | None = None
-    outputs: list[torch.Tensor] = field(default_factory=list)
 
 
 class SGLangAttention(AttentionBackend):

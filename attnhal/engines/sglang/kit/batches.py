@@ -146,7 +146,7 @@ def sglang_batch(d: Derived, spec_info: Any = None, host: bool = True) -> Any:
     fb = SGLangBatch(forward_mode=getattr(ForwardMode, d.mode), batch_size=d.batch_size,
                      input_ids=torch.zeros(d.out_cache_loc.shape[0], dtype=torch.int64, device=d.seq_lens.device),
                      req_pool_indices=d.req_pool_indices, seq_lens=d.seq_lens, seq_lens_cpu=seq_cpu,
-                     out_cache_loc=d.out_cache_loc, seq_lens_sum=int(seq_cpu.sum()) if host else None,
+                     out_cache_loc=d.out_cache_loc, seq_lens_sum=None if seq_cpu is None else int(seq_cpu.sum()),
                      positions=d.positions, spec_info=spec_info)
     if d.extend_seq_lens is not None:
         fb.extend_prefix_lens, fb.extend_seq_lens = d.extend_prefix_lens, d.extend_seq_lens

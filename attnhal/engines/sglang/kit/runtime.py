@@ -24,7 +24,8 @@ import torch
 
 from attnhal.backend import AttentionConfig, KVPool
 
-__all__ = ["MISSING", "SGLANG_VERSION", "ServerFields", "engine_reasons", "new_runner", "published", "radix_layer"]
+__all__ = ["MISSING", "SGLANG_VERSION", "ServerFields", "backend_factory", "engine_reasons", "interpreter_reasons",
+           "new_runner", "published", "radix_layer"]
 
 #: The release the catalogue describes and the adapter was written against.
 SGLANG_VERSION = "0.5.23"
