@@ -106,6 +106,8 @@ class SGLangAttention(AttentionBackend):
         return replace(base, topk=spec.topk, num_steps=steps, num_draft_tokens=width)
 
     def _engine_for(self, batch: ForwardBatch) -> _Engine:
+        """SGLang's objects for ``batch``'s shape: reused while the shape holds (SGLang's backends
+        read it at construction), rebuilt when it changes."""
         fields = self._fields(batch)
         multi = batch.phase is Phase.DRAFT_DECODE
         graph_bs = self._graph_sizes[0] if self._graph_sizes is not None else 0
@@ -115,7 +117,6 @@ class SGLangAttention(AttentionBackend):
             return self._engine
         draft_room = fields.topk * fields.num_steps if multi else 0
         tokens_per_req = fields.num_draft_tokens if batch.phase is Phase.TARGET_VERIFY else 1
-        graph_bs = self._graph_sizes[0] if self._graph_sizes is not None else 0
         runner = runtime.new_runner(fields, self.config, self.pool, self.pool.max_context_len + draft_room,
                                     tokens_per_req, graph_bs)
         classes = runtime.backend_factory(self.sglang_name)
@@ -153,7 +154,7 @@ class SGLangAttention(AttentionBackend):
             return EagleDraftInput(num_tokens_per_req=1)
         return None
 
-    def _sglang_batch(self, engine: _Engine, d: batches.Derived, batch: ForwardBatch, spec_info: Any) -> Any:
+    def _sglang_batch(self, engine: _Engine, d: batches.Derived, spec_info: Any) -> Any:
         fb = batches.sglang_batch(d, spec_info)
         engine.runner.kv_index_translator.bind_own_plan(fb)
         return fb
@@ -170,7 +171,7 @@ class SGLangAttention(AttentionBackend):
         d = batches.derive(batch)
         if engine.multi_step:
             batches.write_draft_paths(engine.table.table, batch, engine.fields.num_steps)
-        fb = self._sglang_batch(engine, d, batch, self._spec_info(d, batch))
+        fb = self._sglang_batch(engine, d, self._spec_info(d, batch))
         engine.backend.init_forward_metadata(fb)
         self._eager = (engine, fb)
 
@@ -217,7 +218,7 @@ class SGLangAttention(AttentionBackend):
             engine.graph_ready = True
         statics = batches.derive(batch)  # the capture size's own buffers, rewritten at each replay
         spec_info = self._spec_info(statics, batch)
-        fb = self._sglang_batch(engine, statics, batch, spec_info)
+        fb = self._sglang_batch(engine, statics, spec_info)
         engine.table.refresh()
         if engine.multi_step:
             batches.write_draft_paths(engine.table.table, batch, engine.fields.num_steps)
@@ -255,7 +256,7 @@ class SGLangAttention(AttentionBackend):
             cap.fb.spec_info.custom_mask = new.custom_mask
         # The replay's host values (seq_lens_sum, ...) as SGLang's runner passes them; the
         # captured launch keeps its own batch, as a graph keeps its arguments.
-        replay_fb = self._sglang_batch(cap.engine, old, batch, cap.fb.spec_info)
+        replay_fb = self._sglang_batch(cap.engine, old, cap.fb.spec_info)
         cap.engine.backend.init_forward_metadata_out_graph(replay_fb, in_capture=False)
 
     def _graph_forward(self, cap: _Captured, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
