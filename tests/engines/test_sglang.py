@@ -149,6 +149,21 @@ def test_cli_seed_scenario_captures_draft_extend(capsys: pytest.CaptureFixture[s
     assert data["plan"]["phases"]["draft_extend"]["capture"] is True and data["ignored"] == ["port"]
 
 
+def test_cli_tree_with_more_draft_tokens_than_branches_plans_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang verifies the best num_draft_tokens - 1 of topk + (steps - 1) * topk^2 candidates:
+    3 steps, topk 4 -> up to 37 tokens; 16 is valid, 38 is not (and says the bound)."""
+    tree = ["--attention-backend", "fa3", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "4"]
+    code, out, err = run(capsys, "plan", "--engine", "sglang", "--platform", "cuda:sm90", "--", *tree,
+                         "--speculative-num-draft-tokens", "16")
+    assert code == 0 and "plan: valid" in out, out + err
+    assert sglang.from_server_args(dict(sglang.parse_cli([*tree, "--speculative-num-draft-tokens", "37"]))
+                                   ).spec.num_draft_tokens == 37
+    code, _, err = run(capsys, "plan", "--engine", "sglang", "--platform", "cuda:sm90", "--", *tree,
+                       "--speculative-num-draft-tokens", "38")
+    assert code == 2 and "--speculative-num-draft-tokens" in err and "2..37" in err
+
+
 @pytest.mark.parametrize("extra,needle", [
     (["--attention-backend", "fa9"], "--attention-backend"),
     (["--enable-dp-attention"], "--enable-dp-attention"),
