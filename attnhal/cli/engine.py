@@ -20,6 +20,7 @@ from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import format_plan, print_json, table
 from attnhal.engines import sglang, vllm
 from attnhal.engines.flags import EngineArgError
+from attnhal.engines.sglang.differs import engine_differs
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 from attnhal.spec import RequestContext, SpecConfig
@@ -121,11 +122,13 @@ def _fits(names: dict[str, list[str]], platform: Platform, spec: SpecConfig, con
 
 
 def _explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str],
-             names: dict[str, list[str]], platform: Platform, result: GraphPlan) -> int:
-    """Each backend's fit with the plan's request, then the plan (the engine's plan command prints it)."""
+             names: dict[str, list[str]], platform: Platform, result: GraphPlan,
+             extra: Mapping[str, object] | None = None) -> int:
+    """Each backend's fit with the plan's request, then the plan (the engine's plan command prints it);
+    ``extra``: the engine's own entries of the JSON report."""
     fits, report = _fits(names, platform, result.spec, result.context, args.json)
     if args.json:
-        print_json({"engine": args.engine, "backends": report, "plan": result.to_dict()})
+        print_json({"engine": args.engine, "backends": report, **(extra or {}), "plan": result.to_dict()})
     else:
         print()
         _PLANS[args.engine](args, own, argv)
@@ -139,7 +142,7 @@ def _sglang_explain(args: argparse.Namespace, own: dict[str, str | None], argv: 
         if name is not None:
             names.setdefault(f"sglang:{name}", []).append(role)
     platform = resolve_platform(own["platform"])
-    return _explain(args, own, argv, names, platform, config.plan(platform))
+    return _explain(args, own, argv, names, platform, config.plan(platform), _sglang_json(config, platform))
 
 
 def _vllm_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
@@ -184,25 +187,31 @@ def _sglang_config(argv: list[str], own: dict[str, str | None]) -> sglang.Engine
     return sglang.from_server_args(sglang.parse_cli(argv), env=env, model=own["model"])
 
 
+def _sglang_json(config: sglang.EngineConfig, platform: Platform) -> dict[str, object]:
+    """What the SGLang adapter decided besides the plan: roles, page size, notes, engine differences."""
+    return {"version": sglang.SGLANG_VERSION, "roles": dict(config.roles),
+            "page_size": config.page_size(platform).to_dict(), "ignored": list(config.ignored),
+            "notes": list(config.notes), "engine_differs": [d.to_dict() for d in engine_differs(config, platform)]}
+
+
 def _sglang_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
     config = _sglang_config(argv, own)
-    result = config.plan(resolve_platform(own["platform"]))
+    platform = resolve_platform(own["platform"])
+    result = config.plan(platform)
     if args.json:
-        print_json({"engine": "sglang", "version": sglang.SGLANG_VERSION, "roles": dict(config.roles),
-                    "ignored": list(config.ignored), "notes": list(config.notes), "plan": result.to_dict()})
+        print_json({"engine": "sglang", **_sglang_json(config, platform), "plan": result.to_dict()})
         return 0 if result.valid else 1
     roles = ", ".join(f"{role}={name}" for role, name in config.roles.items() if name is not None)
     print(f"engine: SGLang {sglang.SGLANG_VERSION} flags -> roles: {roles}")
-    print(format_plan(result))
+    print(format_plan(result, context_notes={"page_size": config.page_size(platform).note}))
     for phase, decision in result.phases.items():
         if decision.capture:
             print(f"why: {phase.value} is captured: {decision.backend} declares {phase.value} graphs and "
                   "their limits hold, the platform has a graph API and the policy allows them")
     for note in config.notes:
         print(f"note: {note}")
-    for name in dict.fromkeys(n for n in config.roles.values() if n is not None):
-        for differs in load(f"sglang:{name}").meta.get("engine_differs", ()):
-            print(f"engine differs (sglang:{name}): {differs}")
+    for differs in engine_differs(config, platform):
+        print(differs)
     _print_ignored(config.ignored)
     return 0 if result.valid else 1
 

@@ -254,3 +254,45 @@ def test_cli_explain_with_engine_flags(capsys: pytest.CaptureFixture[str]) -> No
                        "--platform", "hip:gfx942")
     assert code == 0 and "fits this request" in out and "AttentionCGSupport UNIFORM_BATCH" in out
     assert run(capsys, "explain", "--platform", "cuda:sm90")[0] == 2
+
+
+TRTLLM_MLA = ["--attention-backend", "trtllm_mla", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+def test_cli_plans_with_the_page_size_sglang_sets_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "plan", "--engine", "sglang", "--platform", "cuda:sm100", "--", *TRTLLM_MLA)
+    assert code == 0 and "plan: valid" in out, out + err
+    assert "context: page_size=64 (set by SGLang for trtllm_mla)" in out
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--json", "--platform", "cuda:sm100", "--", *TRTLLM_MLA,
+                       "--page-size", "16")
+    data = json.loads(out)
+    assert code == 0 and data["page_size"] == {"value": 64, "given": 16, "set_by": "trtllm_mla"}
+    assert data["plan"]["context"]["page_size"] == 64
+
+
+@pytest.mark.parametrize("args,platform,model,page", [
+    ({"attention_backend": "flashmla"}, "cuda:sm90", "mla", (64, None, "flashmla")),
+    ({"attention_backend": "flashmla", "page_size": 32}, "cuda:sm90", "mla", (64, 32, "flashmla")),
+    ({"attention_backend": "trtllm_mla", "page_size": 32}, "cuda:sm100", "mla", (32, 32, None)),
+    ({"attention_backend": "fa3", "decode_attention_backend": "cutedsl_mla"}, "cuda:sm100", "mla", (64, None, "cutedsl_mla")),
+    ({"attention_backend": "trtllm_mha", "page_size": 8}, "cuda:sm90", "mha", (64, 8, "trtllm_mha")),
+    ({"attention_backend": "trtllm_mha", "page_size": 128}, "cuda:sm90", "mha", (128, 128, None)),
+    ({"attention_backend": "triton", "speculative_draft_attention_backend": "trtllm_mha"}, "cuda:sm90", "mha",
+     (64, None, "trtllm_mha")),
+    ({"attention_backend": "fa4"}, "cuda:sm100", "mha", (128, None, "fa4")),
+    ({"attention_backend": "fa4", "page_size": 16}, "cuda:sm100", "gqa", (128, 16, "fa4")),
+    ({"attention_backend": "fa4"}, "cuda:sm90", "mha", (1, None, None)),  # SM100 only
+    ({"attention_backend": "fa4"}, "cuda:sm100", "mla", (1, None, None)),  # non-MLA only
+    ({"attention_backend": "fa4"}, "cuda:sm100", None, (1, None, None)),  # model unknown: not applied
+    ({**EAGLE, "attention_backend": "fa4", "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 5},
+     "cuda:sm100", "mha", (1, None, None)),  # EAGLE trees keep the page size
+    ({"attention_backend": "triton", "page_size": 16}, "cuda:sm90", "mha", (16, 16, None)),
+    ({"attention_backend": "triton"}, "cuda:sm90", "mha", (1, None, None)),  # SGLang's default
+])
+def test_page_size_follows_sglang_resolution(args: dict[str, object], platform: str, model: str | None,
+                                             page: tuple[int, int | None, str | None]) -> None:
+    config = sglang.from_server_args(args, model=model)
+    got = config.page_size(platform)
+    assert (got.value, got.given, got.set_by) == page
+    assert config.plan(platform).context.page_size == page[0]
