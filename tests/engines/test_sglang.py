@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 
@@ -296,3 +297,71 @@ def test_page_size_follows_sglang_resolution(args: dict[str, object], platform: 
     got = config.page_size(platform)
     assert (got.value, got.given, got.set_by) == page
     assert config.plan(platform).context.page_size == page[0]
+
+
+def _differs(argv: list[str], platform: str, model: str | None = "mha") -> list[str]:
+    from attnhal.engines.sglang.differs import engine_differs
+
+    config = sglang.from_server_args(sglang.parse_cli(argv), model=model)
+    return [d.entry for d in engine_differs(config, platform)]
+
+
+SPEC_1 = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
+          "--speculative-num-draft-tokens", "2"]
+
+
+@pytest.mark.parametrize("argv,platform,model,entries", [
+    (["--attention-backend", "aiter"], "hip:gfx942", "mha", []),  # no speculation: no draft extend
+    (["--attention-backend", "aiter", *SPEC_1], "hip:gfx942", "mha", ["D1"]),
+    (["--attention-backend", "aiter", *SPEC_1, "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"],
+     "hip:gfx942", "mha", []),  # an aiter multi-step draft decode exists: SGLang captures draft extend
+    (["--attention-backend", "aiter", *SPEC_1], "cuda:sm90", "mha", []),  # the HIP branch only
+    (["--attention-backend", "triton", *SPEC_1], "hip:gfx942", "mha", ["D2"]),
+    (["--attention-backend", "triton", *SPEC_1], "cuda:sm90", "mha", []),
+    # split: draft extend runs on triton (prefill mode), aiter runs none of it: D7 only, once
+    (["--attention-backend", "triton", "--decode-attention-backend", "aiter", *SPEC_1], "hip:gfx942", "mha", ["D7"]),
+    (["--attention-backend", "triton", "--decode-attention-backend", "aiter", *SPEC_1, "--speculative-num-steps", "3",
+      "--speculative-num-draft-tokens", "4"], "hip:gfx942", "mha", []),
+    (["--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+      "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "3"], "cuda:sm90", "mla", ["D3"]),
+    (["--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+      "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "3"], "cuda:sm90", "mha", []),
+    (["--attention-backend", "dsa", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2",
+      "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "5"], "cuda:sm90", "mla", ["D4"]),
+    (["--attention-backend", "dsa", *SPEC_1], "cuda:sm90", "mla", []),  # a chain needs no tree mask
+    (["--attention-backend", "torch_native", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5",
+      "--speculative-ngram-max-bfs-breadth", "2"], "cuda:sm90", "mha", ["D6"]),
+    (["--attention-backend", "torch_native"], "cuda:sm90", "mha", []),
+])
+def test_engine_differs_notes_only_where_their_rule_applies(argv: list[str], platform: str, model: str,
+                                                            entries: list[str]) -> None:
+    assert _differs(argv, platform, model) == entries
+
+
+def test_every_catalogued_engine_note_has_a_rule_and_a_docs_entry() -> None:
+    from attnhal import catalog
+    from attnhal.engines.sglang.differs import RULES, entry_of
+    from repo import ROOT
+
+    headings = set(re.findall(r"^### (D\d+)\b", (ROOT / "docs" / "catalog.md").read_text(encoding="utf-8"),
+                              flags=re.MULTILINE))
+    for entry in catalog.entries("sglang"):
+        for note in entry.meta.get("engine_differs", ()):
+            assert entry_of(note) in RULES and entry_of(note) in headings, (entry.name, note)
+
+
+def test_cli_prints_and_reports_engine_differs_in_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--platform", "hip:gfx942", "--", "--attention-backend",
+                       "aiter")
+    assert code == 0 and "engine differs" not in out  # a plain aiter server: no D7, no D1
+    for command in ("plan", "explain"):
+        code, out, _ = run(capsys, command, "--engine", "sglang", "--json", *SEED)
+        data = json.loads(out)
+        assert [d["entry"] for d in data["engine_differs"]] == ["D1"], command
+        assert data["engine_differs"][0]["backend"] == "sglang:aiter"
+        assert "eagle_worker_v2.py:546-565" in data["engine_differs"][0]["text"]
+        assert data["page_size"] == {"value": 1, "given": None, "set_by": None}
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--", "--attention-backend", "triton",
+                       "--decode-attention-backend", "aiter", *SEED[3:])
+    said = [line for line in out.splitlines() if line.startswith("engine differs")]
+    assert len(said) == 1 and said[0].startswith("engine differs (sglang:triton): ") and said[0].endswith("D7"), out
