@@ -30,7 +30,8 @@ __all__ = ["OWN_FLAGS", "add_engine_flags", "register_catalog", "run_catalog", "
 
 #: attnhal's own flags accepted among the engine's flags (after ``--``), as in
 #: ``attnhal plan --engine sglang -- --attention-backend aiter ... --platform hip:gfx942``.
-OWN_FLAGS = ("platform", "model")
+#: ``--trtllm-cubins yes|no`` (vLLM only): the assumption FlashInfer's graph level rests on.
+OWN_FLAGS = ("platform", "model", "trtllm-cubins")
 
 #: What an engine command does with (args, attnhal's own flags, the engine's flags).
 EngineCommand = Callable[[argparse.Namespace, dict[str, str | None], list[str]], int]
@@ -145,30 +146,45 @@ def _sglang_explain(args: argparse.Namespace, own: dict[str, str | None], argv: 
     return _explain(args, own, argv, names, platform, config.plan(platform), _sglang_json(config, platform))
 
 
+def _cubins(own: Mapping[str, str | None]) -> bool:
+    value = own.get("trtllm-cubins") or "yes"
+    if value not in ("yes", "no"):
+        raise EngineArgError("--trtllm-cubins", f"--trtllm-cubins={value!r} (supported: yes, no)")
+    return value == "yes"
+
+
+def _vllm_config(own: Mapping[str, str | None], argv: list[str], platform: Platform) -> vllm.VllmConfig:
+    return vllm.from_engine_args(vllm.parse_cli(argv), platform, trtllm_cubins=_cubins(own))
+
+
 def _vllm_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    config = vllm.from_engine_args(vllm.parse_cli(argv))
     platform = resolve_platform(own["platform"])
+    config = _vllm_config(own, argv, platform)
     return _explain(args, own, argv, {config.backend: ["every role"]}, platform, config.plan(platform, own["model"]))
 
 
 # --- plan ---------------------------------------------------------------------------------
 
 def _vllm_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    config = vllm.from_engine_args(vllm.parse_cli(argv))
-    result = config.plan(resolve_platform(own["platform"]), own["model"])
+    platform = resolve_platform(own["platform"])
+    config = _vllm_config(own, argv, platform)
+    result = config.plan(platform, own["model"])
     entry = load(config.backend)
-    level = vllm.catalog_support(config.backend)
+    level = config.level or vllm.support_on(config.backend, platform)
     r = config.resolution
     if args.json:
         print_json({"engine": "vllm", "version": vllm.VLLM_VERSION, "backend": config.backend,
-                    "cg_support": level.name, "cg_conditions": entry.meta.get("cg_conditions"),
+                    "cg_support": level.support.name, "cg_level": level.to_dict(),
+                    "cg_conditions": entry.meta.get("cg_conditions"),
                     "cudagraph_mode": {"requested": r.requested.value, "resolved": r.mode.value if r.mode else None,
                                        "steps": list(r.steps), "error": r.error},
                     "ignored": list(config.ignored), "plan": result.to_dict()})
         return 0 if result.valid and r.error is None else 1
-    conditions = entry.meta.get("cg_conditions")
-    print(f"engine: vLLM {vllm.VLLM_VERSION} -> {config.backend}: AttentionCGSupport {level.name}"
-          + (f" ({conditions})" if conditions else ""))
+    why = level.because or entry.meta.get("cg_conditions")
+    print(f"engine: vLLM {vllm.VLLM_VERSION} -> {config.backend}: AttentionCGSupport {level.support.name}"
+          + (f" ({why})" if why else ""))
+    if level.assumes:
+        print(f"assumes: {level.assumes}")
     resolved = r.mode.value if r.mode else f"error: {r.error}"
     print(f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps))
     print(format_plan(result))
@@ -183,6 +199,9 @@ def _print_ignored(ignored: tuple[str, ...]) -> None:
 
 
 def _sglang_config(argv: list[str], own: dict[str, str | None]) -> sglang.EngineConfig:
+    if own.get("trtllm-cubins"):
+        raise EngineArgError("--trtllm-cubins", "--trtllm-cubins is vLLM's FlashInfer assumption (supported: "
+                                                "with --engine vllm)")
     env = {sglang.DRAFT_EXTEND_GRAPH_OFF: os.environ.get(sglang.DRAFT_EXTEND_GRAPH_OFF, "")}
     return sglang.from_server_args(sglang.parse_cli(argv), env=env, model=own["model"])
 
