@@ -46,15 +46,20 @@ def entry_of(note: str) -> str:
     return found.group(1)
 
 
+#: Per vendor, the backend SGLang's draft-extend graph rule reads (eagle_worker_v2.py:546-609): the
+#: draft-*decode* backend on HIP (546-565), the draft-extend backend on CUDA (601-609).
+_EXTEND_RULE_READS: Mapping[Vendor, str] = {Vendor.HIP: "draft_decode", Vendor.CUDA: "draft_extend"}
+
+
 def _hip_extend_eager(config: EngineConfig, platform: Platform) -> bool:
-    """SGLang's HIP branch captures draft extend only when the draft-*decode* backend is aiter's
-    multi-step one (eagle_worker_v2.py:546-565): with a triton or aiter draft extend and no aiter
-    draft decode (one step, or another decode backend) it runs eagerly. aiter trees fail at draft
-    extend anyway (its ``run_limits``), so they are not this difference."""
+    """Where SGLang's rule reads the draft-*decode* backend, draft extend is captured only when
+    that is aiter's multi-step one: with a triton or aiter draft extend and no aiter draft decode
+    (one step, or another decode backend) it runs eagerly. aiter trees fail at draft extend
+    anyway (its ``run_limits``), so they are not this difference."""
     roles, spec = config.roles, config.spec
     extend = roles.get("draft_extend")
-    return (platform.vendor is Vendor.HIP and extend in ("aiter", "triton") and roles.get("draft_decode") != "aiter"
-            and not (extend == "aiter" and spec.topk > 1))
+    return (_EXTEND_RULE_READS.get(platform.vendor) == "draft_decode" and extend in ("aiter", "triton")
+            and roles.get("draft_decode") != "aiter" and not (extend == "aiter" and spec.topk > 1))
 
 
 def _split(config: EngineConfig) -> bool:

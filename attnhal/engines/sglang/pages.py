@@ -13,15 +13,15 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from attnhal.platform import ArchSet, Platform, Vendor
+from attnhal.platform import Platform, arch_sets
 from attnhal.spec import ModelKind
 
 __all__ = ["DEFAULT_PAGE_SIZE", "PageSize", "resolve_page_size"]
 
 #: SGLang's default page size on CUDA/HIP when none is given (arg_groups/overrides.py:1361-1362).
 DEFAULT_PAGE_SIZE = 1
-#: ``get_platform().is_sm100``: CUDA compute capability 10.x (utils/common.py:309-313).
-_SM100 = ArchSet(Vendor.CUDA, ("sm100..sm109",))
+#: ``get_platform().is_sm100``: CUDA compute capability 10.x (utils/common.py:309-313), by vendor.
+_SM100 = arch_sets({"cuda": ("sm100..sm109",)})
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def _fa4_applies(values: Mapping[str, Any], model: ModelKind | None, platform: P
     """fa4 on SM100, non-MLA model, no EAGLE tree (overrides.py:1274-1286: the page-tree cascade
     of ``topk > 1`` aborts in the FA4 kernel at page size > 1). SGLang reads the EAGLE topk
     flag as given, so n-gram trees get 128 too."""
-    on_sm100 = platform is not None and platform.vendor is Vendor.CUDA and platform.arch in _SM100
+    on_sm100 = platform is not None and platform.arch in _SM100.get(platform.vendor, ())
     return on_sm100 and model in (ModelKind.MHA, ModelKind.GQA) and (values.get("speculative_eagle_topk") or 0) <= 1
 
 

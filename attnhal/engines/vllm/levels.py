@@ -75,11 +75,10 @@ def _hpc_attn(platform: Platform, spec_tokens: int, cubins: bool) -> Level:
     return Level(CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "without speculative decoding")
 
 
-#: Backends whose builder decides per configuration -> the rule (platform, speculative tokens, cubins).
-RULES: Mapping[str, Callable[[Platform, int, bool], Level]] = {
-    "vllm:FLASH_ATTN": _flash_attn,
-    "vllm:FLASHINFER": _flashinfer,
-    "vllm:HPC_ATTN": _hpc_attn,
+#: Per vendor, the backends whose builder decides per configuration -> the rule (platform,
+#: speculative tokens, cubins). All three read CUDA compute capabilities.
+RULES: Mapping[Vendor, Mapping[str, Callable[[Platform, int, bool], Level]]] = {
+    Vendor.CUDA: {"vllm:FLASH_ATTN": _flash_attn, "vllm:FLASHINFER": _flashinfer, "vllm:HPC_ATTN": _hpc_attn},
 }
 
 
@@ -87,11 +86,11 @@ def support_on(name: str, platform: Platform | None, num_speculative_tokens: int
                trtllm_cubins: bool = True) -> Level:
     """The level ``name`` (``vllm:NAME``) reports on ``platform`` with that many speculative tokens.
 
-    A CUDA platform applies :data:`RULES`; without one (or for another vendor) the catalogue's
-    level stands, with its conditions said. ``trtllm_cubins`` is the assumption of FLASHINFER's rule.
+    The platform's vendor picks the rule of :data:`RULES`; without one (or without a rule) the
+    catalogue's level stands. ``trtllm_cubins`` is the assumption of FLASHINFER's rule.
     """
-    rule = RULES.get(name)
-    if rule is not None and platform is not None and platform.vendor is Vendor.CUDA:
+    rule = RULES.get(platform.vendor, {}).get(name) if platform is not None else None
+    if rule is not None and platform is not None:
         return rule(platform, num_speculative_tokens, trtllm_cubins)
-    level = catalog_support(name)
-    return Level(level, "" if rule is None else "the catalogue's level (no CUDA platform given)")
+    decides = any(name in rules for rules in RULES.values())
+    return Level(catalog_support(name), "the catalogue's level (no CUDA platform given)" if decides else "")
