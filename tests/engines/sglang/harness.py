@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from platforms import emulate
 
@@ -150,15 +151,6 @@ def import_engine() -> None:
         importlib.import_module(f"sglang.srt.speculative.{name}")
 
 
-@contextlib.contextmanager
-def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, old)
-
 
 @contextlib.contextmanager
 def skipped_backend_init(context_len: int) -> Iterator[None]:
@@ -172,7 +164,7 @@ def skipped_backend_init(context_len: int) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for cls in _attention_backend_classes():
             if "__init__" in vars(cls):
-                stack.enter_context(_patched(cls, "__init__", init))
+                stack.enter_context(mock.patch.object(cls, "__init__", init))
         yield
 
 
@@ -256,11 +248,11 @@ def draft_graphs(resolution: Resolution, platform: str, env: Mapping[str, str] |
         stack.enter_context(skipped_backend_init(runner.model_config.context_len))
         for name, value in (env or {}).items():
             stack.enter_context(_env(name, value))
-        stack.enter_context(_patched(module, "get_available_gpu_memory", lambda *a, **k: 0.0))
+        stack.enter_context(mock.patch.object(module, "get_available_gpu_memory", lambda *a, **k: 0.0))
         for phase, names in (("draft_decode", ("EAGLEDraftCudaGraphRunner", "EAGLEDraftNpuGraphRunner")),
                              ("draft_extend", ("EAGLEDraftExtendCudaGraphRunner", "EAGLEDraftExtendNpuGraphRunner"))):
             for name in names:
-                stack.enter_context(_patched(module, name, _Recorder(name, built, phase)))
+                stack.enter_context(mock.patch.object(module, name, _Recorder(name, built, phase)))
         draft = _draft_worker(server_args, runner, worker)
         try:
             draft.init_attention_backend()
@@ -331,11 +323,11 @@ def multi_layer_eagle_graphs(resolution: Resolution, platform: str,
         worker.draft_runner_list = [draft_runner(resolution.server_args) for _ in range(worker.speculative_num_steps)]
         stack.enter_context(skipped_backend_init(worker.draft_runner_list[0].model_config.context_len))
         _enter_env(stack, env)
-        stack.enter_context(_patched(module, "get_available_gpu_memory", lambda *a, **k: 0.0))
+        stack.enter_context(mock.patch.object(module, "get_available_gpu_memory", lambda *a, **k: 0.0))
         for name in ("MultiLayerEagleMultiStepDraftExtendCudaGraphRunner",
                      "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner",
                      "MultiLayerEagleMultiStepDraftExtendNpuGraphRunner"):
-            stack.enter_context(_patched(module, name, _Recorder(name, built, "draft_extend")))
+            stack.enter_context(mock.patch.object(module, name, _Recorder(name, built, "draft_extend")))
         try:
             worker.init_attention_backend()
         except Exception as exc:
@@ -352,9 +344,9 @@ def frozen_kv_mtp_graphs(resolution: Resolution, platform: str) -> DraftGraphs:
     built: dict[str, str] = {}
     with emulate(platform), _context(resolution), contextlib.ExitStack() as stack:
         worker = _worker_shell("frozen_kv_mtp_worker_v2", "FrozenKVMTPDraftWorker", resolution)
-        stack.enter_context(_patched(sys.modules["sglang.srt.speculative.frozen_kv_mtp_worker_v2"],
+        stack.enter_context(mock.patch.object(sys.modules["sglang.srt.speculative.frozen_kv_mtp_worker_v2"],
                                      "get_available_gpu_memory", lambda *a, **k: 0.0))
-        stack.enter_context(_patched(runners, "FrozenKVMTPCudaGraphRunner",
+        stack.enter_context(mock.patch.object(runners, "FrozenKVMTPCudaGraphRunner",
                                      _Recorder("FrozenKVMTPCudaGraphRunner", built, "draft_decode")))
         worker._capture_cuda_graphs()
         return DraftGraphs(runners=dict(built))
