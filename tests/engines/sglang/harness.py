@@ -26,6 +26,7 @@ from typing import Any
 from unittest import mock
 
 from platforms import emulate
+from sglang_grid import Case, View
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
@@ -365,3 +366,30 @@ def _context(resolution: Resolution) -> Iterator[None]:
 def _enter_env(stack: contextlib.ExitStack, env: Mapping[str, str] | None) -> None:
     for name, value in (env or {}).items():
         stack.enter_context(_env(name, value))
+
+
+# --- a grid case, executed --------------------------------------------------------------------
+
+def engine_view(case: Case) -> View:
+    """SGLang's own decision, executed."""
+    resolution = resolve(case.args(), case.platform, case.model)
+    if not resolution.accepted:
+        return View(False, resolution.error or "", page_size=resolution.fields.get("page_size"))
+    page = resolution.fields["page_size"]
+    try:
+        target_backend(resolution, case.platform)
+    except Exception as exc:  # a backend creator's own check
+        return View(False, f"target backend: {type(exc).__name__}: {exc}", page_size=page, roles=resolution.roles)
+    if case.algorithm == "NGRAM":
+        verify = target_verify_graph(resolution, case.platform)
+        return View(True, page_size=page, roles=resolution.roles, runs=frozenset({"target_verify"}),
+                    captured=frozenset({"target_verify"} if verify else ()))
+    graphs = draft_graphs(resolution, case.platform, worker=WORKERS[case.algorithm])
+    if graphs.error is not None:
+        return View(False, graphs.error, page_size=page, roles=resolution.roles)
+    runs = {"draft_extend", "target_verify"} | ({"draft_decode"} if graphs.draft_decode_backend else set())
+    verify = target_verify_graph(resolution, case.platform)
+    captured = graphs.captured | ({"target_verify"} if verify else set())
+    return View(True, page_size=page, roles=resolution.roles, runs=frozenset(runs), captured=frozenset(captured),
+                extra={"draft_decode_backend": graphs.draft_decode_backend,
+                       "draft_extend_backend": graphs.draft_extend_backend, "runners": dict(graphs.runners)})
