@@ -25,11 +25,12 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
+from unittest import mock
 
 import torch
 
 import attnhal_torch.kernel as kernel
-import attnhal_torch.layout as layout
+import attnhal_torch.layout as torch_layout
 from attnhal.backend import AttentionConfig, ForwardBatch, KVPool
 from attnhal.capabilities import BackendCapabilities
 from attnhal.phases import Phase
@@ -62,16 +63,6 @@ class _OneDefect(TorchBackend):
         layout.mask_from = 0  # the defects below change which columns are blocked
         return layout
 
-
-@contextlib.contextmanager
-def _patched(name: str, value: object, module: Any = kernel) -> Iterator[None]:
-    """``module.name`` (the kernel's by default) replaced by ``value`` for the block."""
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
 
 
 # --- sizes ------------------------------------------------------------------------------------------
@@ -242,7 +233,7 @@ class NoMaxSubtraction(_OneDefect):
     """The softmax skips subtracting the running max."""
 
     def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        with _patched("_softmax_segment", _softmax_without_max):
+        with mock.patch.object(kernel, "_softmax_segment", _softmax_without_max):
             return super().attend(q, layer, batch)
 
 
@@ -396,7 +387,7 @@ class ReplayCapsContext(_OneDefect):
 
 # --- features in combination ------------------------------------------------------------------
 
-_limits_verify = layout._limits_verify
+_limits_verify = torch_layout._limits_verify
 
 
 def _verify_positions_by_index(buf: Any, batch: ForwardBatch, pool: KVPool, B: int) -> None:
@@ -413,15 +404,15 @@ class WindowVerifyByIndex(_OneDefect):
     tokens past the first branch see the wrong keys. Right for chains and full layers."""
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        with _patched("_limits_verify", _verify_positions_by_index, layout):
+        with mock.patch.object(torch_layout, "_limits_verify", _verify_positions_by_index):
             super().init_forward_metadata(batch)
 
     def build_capture_metadata(self, batch: ForwardBatch) -> None:
-        with _patched("_limits_verify", _verify_positions_by_index, layout):
+        with mock.patch.object(torch_layout, "_limits_verify", _verify_positions_by_index):
             super().build_capture_metadata(batch)
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
-        with _patched("_limits_verify", _verify_positions_by_index, layout):
+        with mock.patch.object(torch_layout, "_limits_verify", _verify_positions_by_index):
             super().init_replay_metadata(batch)
 
 
@@ -500,7 +491,7 @@ class SinksPerKVSplit(_OneDefect):
             for _ in range(splits):
                 once(*args)
 
-        with _patched("_add_sinks", per_split):
+        with mock.patch.object(kernel, "_add_sinks", per_split):
             super()._run_piece(q, k, v, params, piece, out, ws)
 
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from grid import Case
+from sglang_grid import Case, View, differences
 
 
 @dataclass(frozen=True)
@@ -122,3 +122,18 @@ RULES: tuple[Rule, ...] = (
 
 def rules_for(case: Case) -> tuple[Rule, ...]:
     return tuple(rule for rule in RULES if rule.applies(case))
+
+
+def check(case: Case, engine: View, attnhal: View) -> tuple[str, ...]:
+    """Asserts that every difference between the two views is explained by a rule that applies
+    to ``case`` and that every such rule explains one; returns the adapter rules' causes (the
+    differences still to fix in attnhal's adapter)."""
+    observed = differences(engine, attnhal)
+    rules = rules_for(case)
+    unexplained = [label for label in observed if not any(r.explains(label) for r in rules)]
+    context = f"\n  case: {case}\n  SGLang: {engine}\n  attnhal: {attnhal}\n  rules: {[r.cause for r in rules]}"
+    assert not unexplained, f"differences no rule of sglang_expected.py explains: {unexplained}{context}"
+    gone = [r.cause for r in rules if not any(r.explains(label) for label in observed)]
+    assert not gone, (f"rules that apply to this case explain no difference (fixed? remove or narrow the "
+                      f"rule in sglang_expected.py, and its entry in docs/catalog.md): {gone}{context}")
+    return tuple(r.cause for r in rules if r.adapter)
