@@ -115,9 +115,9 @@ class SGLangAttention(AttentionBackend):
                 and self._engine.runner.req_to_token_pool.size >= graph_bs):
             runtime.published(fields)
             return self._engine
-        draft_room = fields.topk * fields.num_steps if multi else 0
+        room = batches.draft_room(fields.topk, fields.num_steps, self.pool.page_size) if multi else 0
         tokens_per_req = fields.num_draft_tokens if batch.phase is Phase.TARGET_VERIFY else 1
-        runner = runtime.new_runner(fields, self.config, self.pool, self.pool.max_context_len + draft_room,
+        runner = runtime.new_runner(fields, self.config, self.pool, self.pool.max_context_len + room,
                                     tokens_per_req, graph_bs)
         classes = runtime.backend_factory(self.sglang_name)
         backend = (classes["multi_step"](runner, fields.topk, fields.num_steps) if multi
@@ -170,7 +170,7 @@ class SGLangAttention(AttentionBackend):
         engine.table.refresh()
         d = batches.derive(batch)
         if engine.multi_step:
-            batches.write_draft_paths(engine.table.table, batch, engine.fields.num_steps)
+            batches.write_draft_paths(engine.table.table, batch, engine.fields.num_steps, self.pool.page_size)
         fb = self._sglang_batch(engine, d, self._spec_info(d, batch))
         engine.backend.init_forward_metadata(fb)
         self._eager = (engine, fb)
@@ -186,7 +186,7 @@ class SGLangAttention(AttentionBackend):
             raise RuntimeError(f"backend {self.capabilities.name!r}: forward before init_forward_metadata")
         engine, fb = self._eager
         if engine.multi_step:  # draft_path is read now: the tree may have re-parented since the metadata
-            batches.write_draft_paths(engine.table.table, batch, engine.fields.num_steps)
+            batches.write_draft_paths(engine.table.table, batch, engine.fields.num_steps, self.pool.page_size)
             fb.spec_info = self._spec_info(batches.derive(batch), batch)
             engine.backend.init_forward_metadata(fb)
         return self._attend(self._step_backend(engine, batch), fb, q, k, v, layer)
@@ -221,7 +221,7 @@ class SGLangAttention(AttentionBackend):
         fb = self._sglang_batch(engine, statics, spec_info)
         engine.table.refresh()
         if engine.multi_step:
-            batches.write_draft_paths(engine.table.table, batch, engine.fields.num_steps)
+            batches.write_draft_paths(engine.table.table, batch, engine.fields.num_steps, self.pool.page_size)
         engine.backend.init_forward_metadata_out_graph(fb, in_capture=True)
         engine.backend.init_forward_metadata_in_graph(fb)
         cap = _Captured(engine, fb, statics, batch, torch.zeros(1, device=self.pool.device))
@@ -251,7 +251,7 @@ class SGLangAttention(AttentionBackend):
                 target.copy_(getattr(new, name))
         cap.engine.table.refresh()
         if cap.engine.multi_step:
-            batches.write_draft_paths(cap.engine.table.table, batch, cap.engine.fields.num_steps)
+            batches.write_draft_paths(cap.engine.table.table, batch, cap.engine.fields.num_steps, self.pool.page_size)
         if batch.phase is Phase.TARGET_VERIFY:
             cap.fb.spec_info.custom_mask = new.custom_mask
         # The replay's host values (seq_lens_sum, ...) as SGLang's runner passes them; the
@@ -269,7 +269,7 @@ class SGLangAttention(AttentionBackend):
 
         def work() -> None:
             if engine.multi_step:  # the draft tree may have re-parented inside the graph
-                batches.write_draft_paths(engine.table.table, batch, engine.fields.num_steps)
+                batches.write_draft_paths(engine.table.table, batch, engine.fields.num_steps, self.pool.page_size)
                 engine.backend.common_template(cap.fb, None, None)
             step.forward_metadata = metadata
             out.copy_(self._attend(step, cap.fb, q, k, v, layer))

@@ -12,8 +12,8 @@ attnhal phase      SGLang forward mode   what changes on the way
 ``draft_extend``   ``DRAFT_EXTEND_V2``   ``T`` tokens per request (the padded width); the prefix is
                                          ``seq_lens - extend_lens`` (``extend_seq_lens_tensor``)
 ``draft_decode``   ``DECODE`` of the     one SGLang request per ``topk`` rows; branch ``b``'s draft token
-                   multi-step backend    of step ``j`` at position ``prefix + b * num_steps + j`` of its
-                                         request's ``req_to_token`` row (SGLang's draft layout)
+                   multi-step backend    of step ``j`` where SGLang's draft puts it in the request's
+                                         ``req_to_token`` row (:func:`draft_positions`)
 =================  ====================  ===============================================================
 
 The page table: attnhal's pool maps positions to pages, SGLang's ``req_to_token`` maps
@@ -31,7 +31,7 @@ import torch
 from attnhal.backend import ForwardBatch, KVPool
 from attnhal.phases import Phase
 
-__all__ = ["MODES", "TokenTable", "sglang_batch", "verify_mask", "write_draft_paths"]
+__all__ = ["MODES", "TokenTable", "draft_positions", "draft_room", "sglang_batch", "verify_mask", "write_draft_paths"]
 
 #: The SGLang forward mode of each attnhal phase (by name: SGLang is imported when used).
 MODES = {Phase.PREFILL: "EXTEND", Phase.DECODE: "DECODE", Phase.TARGET_VERIFY: "TARGET_VERIFY",
@@ -59,15 +59,38 @@ class TokenTable:
         self.table[:rows, :width].copy_(self._scratch)
 
 
-def write_draft_paths(table: torch.Tensor, batch: ForwardBatch, num_steps: int) -> None:
-    """Branch ``b``'s drafted slots ``draft_path[row]`` at positions ``prefix + b * num_steps + j``
-    of its request's row of ``table`` (rows are requests x ``topk`` branches)."""
+def draft_positions(seq_lens: torch.Tensor, topk: int, num_steps: int, page_size: int) -> torch.Tensor:
+    """``[rows, num_steps]``: the ``req_to_token`` position of branch ``b``'s draft token of step
+    ``j``, as SGLang lays the draft out (rows are requests x ``topk``, ``seq_lens`` per row).
+
+    Page size 1 or a chain: ``prefix + b * num_steps + j``. Pages of more tokens with a tree:
+    each branch continues the prefix's last partial page in pages of its own
+    (``sglang/kernels/ops/speculative/cache_locs.py``, ``generate_draft_decode_kv_indices``).
+    """
+    rows = seq_lens.shape[0]
+    seq = seq_lens.long().view(-1, 1)
+    branch = (torch.arange(rows, device=seq_lens.device) % topk).view(-1, 1)
+    step = torch.arange(num_steps, device=seq_lens.device)
+    if page_size == 1 or topk == 1:
+        return seq + branch * num_steps + step
+    last = seq % page_size
+    pages_per_branch = torch.div(last + num_steps + page_size - 1, page_size, rounding_mode="floor")
+    return seq - last + branch * pages_per_branch * page_size + last + step
+
+
+def draft_room(topk: int, num_steps: int, page_size: int) -> int:
+    """Positions past a request's prefix that :func:`draft_positions` may reach."""
+    return topk * (num_steps + 2 * page_size)
+
+
+def write_draft_paths(table: torch.Tensor, batch: ForwardBatch, num_steps: int, page_size: int) -> None:
+    """Each branch's drafted slots ``draft_path[row]`` at its :func:`draft_positions` in its
+    request's row of ``table``."""
     spec = batch._spec()
     path = spec.draft_path
     assert path is not None
     rows, steps = path.shape[0], min(num_steps, path.shape[1])
-    branch = torch.arange(rows, device=path.device) % spec.topk
-    cols = (batch.seq_lens.long() + branch * num_steps).view(-1, 1) + torch.arange(steps, device=path.device)
+    cols = draft_positions(batch.seq_lens, spec.topk, num_steps, page_size)[:, :steps]
     table[batch.req_pool_indices.view(-1, 1).expand(rows, steps), cols] = path[:, :steps].to(table.dtype)
 
 
