@@ -25,7 +25,7 @@ from typing import Any
 from attnhal import catalog
 from attnhal.capabilities import BackendCapabilities
 from attnhal.engines.sglang.kit.adapter import SGLangAttention, adapter_class
-from attnhal.engines.sglang.kit.runtime import engine_reasons
+from attnhal.engines.sglang.kit.runtime import TRITON_KERNELS, engine_reasons
 from attnhal.testing.checks import ClaimResult, Status, claims
 from attnhal.testing.report import ConformanceReport, run_conformance
 
@@ -89,9 +89,14 @@ def _entry(ref: str) -> catalog.CatalogEntry:
     return catalog.load(ref)
 
 
+def _interpreted(ref: str) -> bool:
+    """Whether ``ref``'s kernels are Triton kernels run by the interpreter in this process."""
+    return ref.partition(":")[2] in TRITON_KERNELS and os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _runnable(ref: str, caps: BackendCapabilities) -> tuple[BackendCapabilities, dict[str, str]]:
     """The descriptor the kit runs here (claims that cannot run removed) and why each removed claim is not."""
-    if ref != "sglang:triton" or "bfloat16" not in caps.dtypes:
+    if not _interpreted(ref) or "bfloat16" not in caps.dtypes:
         return caps, {}
     narrowed = replace(caps, dtypes=caps.dtypes - {"bfloat16"})
     kept = {c.name for c in claims(narrowed)}
@@ -117,7 +122,7 @@ def run_kit(ref: str, **kwargs: Any) -> ConformanceReport:
     every claim of the catalogue entry, in its order; those that cannot run here reported so."""
     entry = _entry(ref)
     skipped = not_checked(ref)
-    if ref == "sglang:triton" and os.environ.get("TRITON_INTERPRET") == "1":
+    if _interpreted(ref):
         for name, value in INTERPRETER_BOUNDS.items():
             kwargs.setdefault(name, value)
     wanted = claims(entry.descriptor)

@@ -24,7 +24,7 @@ import torch
 
 from attnhal.backend import AttentionConfig, KVPool
 
-__all__ = ["MISSING", "SGLANG_VERSION", "ServerFields", "backend_factory", "engine_reasons", "interpreter_reasons",
+__all__ = ["MISSING", "SGLANG_VERSION", "TRITON_KERNELS", "ServerFields", "backend_factory", "engine_reasons", "interpreter_reasons",
            "new_runner", "published", "radix_layer"]
 
 #: The release the catalogue describes and the adapter was written against.
@@ -201,9 +201,13 @@ def radix_layer(config: AttentionConfig, layer: int) -> Any:
                           num_kv_heads=config.num_kv_heads, layer_id=layer, v_head_dim=config.out_head_size)
 
 
+#: SGLang backends whose kernels are Triton kernels (on the CPU: the interpreter runs them).
+TRITON_KERNELS = frozenset({"triton"})
+
+
 def interpreter_reasons(backend: str, device: torch.device | str) -> list[str]:
     """Why SGLang's Triton kernels cannot run on ``device`` in this process."""
-    if backend != "triton" or torch.device(device).type != "cpu":
+    if backend not in TRITON_KERNELS or torch.device(device).type != "cpu":
         return []
     if os.environ.get("TRITON_INTERPRET") != "1":
         return ["sglang:triton on the CPU runs under the Triton interpreter: set TRITON_INTERPRET=1 at process "
