@@ -60,3 +60,22 @@ def test_other_sglang_entries_are_reported_not_checked_with_the_reason() -> None
     assert "aiter backend is not run on cpu: its kernels are native code for {hip}" in report.results[0].detail
     assert main(["conformance", "sglang:aiter", "--platform", "cpu"]) == 1
     assert main(["conformance", "sglang:aiter", "--platform", "cpu", "--allow-unchecked"]) == 0
+
+
+def test_the_command_runs_the_kit(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``attnhal conformance sglang:triton`` hands its options to the kit and prints its report."""
+    from attnhal.cli import main
+    from attnhal.engines.sglang.kit import certify
+
+    calls: list[tuple[str, dict[str, object]]] = []
+
+    def fake(ref: str, **kwargs: object) -> object:
+        calls.append((ref, kwargs))
+        report = unrunnable(ref, "cpu")  # a report of the entry, without running the kit
+        report.backend = "kit report"
+        return report
+
+    monkeypatch.setattr(certify, "run_kit", fake)
+    assert main(["conformance", "sglang:triton", "--platform", "cpu", "--examples", "2"]) == 1
+    assert calls and calls[0][0] == "sglang:triton" and calls[0][1]["max_examples"] == 2
+    assert "attnhal conformance: backend 'kit report'" in capsys.readouterr().out
