@@ -31,14 +31,16 @@ class PageSize:
     value: int
     given: int | None = None
     set_by: str | None = None  # the backend whose constraint replaced the page size
+    engine_set: bool = False  # SGLang's own resolution (executed) replaced it
 
     @property
     def note(self) -> str | None:
         """``set by SGLang for trtllm_mla`` (with the replaced value), or None when nothing was replaced."""
-        if self.set_by is None:
+        if self.set_by is None and not self.engine_set:
             return None
         given = f", replacing --page-size {self.given}" if self.given is not None else ""
-        return f"set by SGLang for {self.set_by}{given}"
+        who = f"SGLang for {self.set_by}" if self.set_by is not None else "SGLang's own resolution"
+        return f"set by {who}{given}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"value": self.value, "given": self.given, "set_by": self.set_by}

@@ -51,9 +51,13 @@ class EngineConfig:
     ignored: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     values: Mapping[str, Any] = field(default_factory=dict)  # the converted server arguments
+    resolved_by: str = "builtin"  # "engine": SGLang's own resolution made ``values``
+    page: PageSize | None = None  # the page size SGLang's own resolution settled on (engine only)
 
     def page_size(self, platform: Platform | str | None = None) -> PageSize:
         """The page size SGLang runs with on ``platform`` (``None``: the platform-independent rules)."""
+        if self.page is not None:
+            return self.page
         where = as_platform(platform) if platform is not None else None
         return resolve_page_size(self.values, self.context.model, where)
 
