@@ -285,7 +285,7 @@ def test_cli_plans_with_the_page_size_sglang_sets_and_says_so(capsys: pytest.Cap
     ({"attention_backend": "fa4", "page_size": 16}, "cuda:sm100", "gqa", (128, 16, "fa4")),
     ({"attention_backend": "fa4"}, "cuda:sm90", "mha", (1, None, None)),  # SM100 only
     ({"attention_backend": "fa4"}, "cuda:sm100", "mla", (1, None, None)),  # non-MLA only
-    ({"attention_backend": "fa4"}, "cuda:sm100", None, (1, None, None)),  # model unknown: not applied
+    ({"attention_backend": "fa4"}, "cuda:sm100", None, (1, None, None)),  # model unknown: not applied, said
     ({**EAGLE, "attention_backend": "fa4", "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 5},
      "cuda:sm100", "mha", (1, None, None)),  # EAGLE trees keep the page size
     ({"attention_backend": "triton", "page_size": 16}, "cuda:sm90", "mha", (16, 16, None)),
@@ -397,3 +397,10 @@ def test_cli_says_which_resolution_it_used(capsys: pytest.CaptureFixture[str], m
     code, _, err = run(capsys, "plan", "--engine", "vllm", "--engine-resolution", "builtin", "--",
                        "--attention-backend", "TRITON_ATTN")
     assert code == 2 and "with --engine sglang" in err
+
+
+def test_fa4_without_a_model_kind_says_the_page_size_rule_it_cannot_apply() -> None:
+    notes = sglang.from_server_args({"attention_backend": "fa4"}).notes
+    assert any(n.startswith("page size: SGLang sets 128 for fa4 on SM100") and "--model" in n for n in notes)
+    assert not any(n.startswith("page size:") for n in sglang.from_server_args({"attention_backend": "fa4"},
+                                                                                model="mha").notes)
