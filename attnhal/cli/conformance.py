@@ -36,6 +36,11 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Exit 1 if a claim is falsified, hit a kit error, or was not checked here (unless waived)."""
+    from attnhal.testing import missing_kit
+
+    missing = missing_kit()
+    if missing:
+        raise UsageError(missing)
     from attnhal.testing.report import run_conformance
 
     platform = resolve_platform(args.platform)
