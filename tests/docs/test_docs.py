@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 from attnhal.cli import main
 from attnhal.docgen import capability_matrix
 from repo import ROOT
@@ -35,3 +37,35 @@ def test_docs_link_to_existing_files():
     for md in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
         for target in re.findall(r"\]\(([^)#]+\.(?:md|toml|json))\)", md.read_text()):
             assert (md.parent / target).exists(), f"{md.name} links to missing {target}"
+
+
+FAKE_BACKEND = '''
+from attnhal.capabilities import BackendCapabilities
+from attnhal.registry import BackendPlugin
+
+PLUGIN = BackendPlugin(BackendCapabilities(name="thirdparty", vendors={"cpu"}, phases={"decode"}),
+                       "thirdparty_backend:Missing")
+'''
+
+
+@pytest.fixture
+def third_party_backend(tmp_path, monkeypatch):
+    """A backend another distribution registers (a dist-info on sys.path), seen by a fresh registry."""
+    import attnhal.registry
+
+    (tmp_path / "thirdparty_backend.py").write_text(FAKE_BACKEND)
+    info = tmp_path / "thirdparty_backend-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-backend\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[attnhal.backends]\nthirdparty = thirdparty_backend:PLUGIN\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(attnhal.registry, "_DEFAULT", None)
+    assert "thirdparty" in attnhal.registry.default_registry().names()
+    yield
+
+
+def test_the_matrix_covers_the_shipped_backends_only(third_party_backend, capsys):
+    text = capability_matrix()
+    assert "thirdparty" not in text and "(cpu, torch, triton)" in text
+    assert text + "\n" == (ROOT / "docs/capabilities.md").read_text()
+    assert main(["docs", "--check", "--path", str(ROOT / "docs/capabilities.md")]) == 0
