@@ -69,3 +69,27 @@ def test_the_matrix_covers_the_shipped_backends_only(third_party_backend, capsys
     assert "thirdparty" not in text and "(cpu, torch, triton)" in text
     assert text + "\n" == (ROOT / "docs/capabilities.md").read_text()
     assert main(["docs", "--check", "--path", str(ROOT / "docs/capabilities.md")]) == 0
+
+
+def test_cli_doc_lists_the_compile_check_targets_of_the_code():
+    from attnhal_triton.compile_check import DEFAULT_TARGETS
+
+    section = (ROOT / "docs/cli.md").read_text().split("## `attnhal compile-check`")[1].split("\n## ")[0]
+    listed = re.search(r"for the targets `([^`]+)`", section)
+    assert listed and tuple(listed.group(1).split()) == tuple(DEFAULT_TARGETS), \
+        "docs/cli.md: the compile-check target list differs from DEFAULT_TARGETS"
+
+
+def test_backends_doc_gives_the_per_phase_signature_of_the_code():
+    import inspect
+
+    from attnhal.backend import AttentionBackend
+    from attnhal.phases import Phase
+
+    text = (ROOT / "docs/backends.md").read_text()
+    for phase in Phase:
+        params = tuple(inspect.signature(getattr(AttentionBackend, f"forward_{phase.value}")).parameters)
+        assert params == ("self", "q", "layer", "batch"), phase
+    assert "(self, q, layer, batch) -> Tensor" in text
+    assert tuple(inspect.signature(AttentionBackend.forward).parameters) == ("self", "q", "k", "v", "layer", "batch")
+    assert "def forward(self, q, k, v, layer, batch) -> Tensor                 # base: checks, writes k/v" in text
