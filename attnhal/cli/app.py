@@ -65,6 +65,23 @@ class _Parser(argparse.ArgumentParser):
         message = flag_message(message)  # "argument --topk: 99 (...)" -> "--topk=99 (...)"
         self.exit(BAD_USAGE, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # argparse reports a subcommand's unknown flag from the root parser ("attnhal: error",
+        # "see 'attnhal --help'"); the subcommand's own parser names the command the user typed.
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._command_parser(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The parser of the subcommand ``parsed`` ran (this parser when it has none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if isinstance(chosen, argparse.ArgumentParser):
+                    return chosen
+        return self
+
 
 class _CommandParser(_Parser):
     """A subcommand's parser: also takes ``--debug`` after the command name."""

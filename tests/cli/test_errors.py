@@ -54,8 +54,11 @@ def bad_inputs(binary, folder, tmp):
         (["plan", "--backend", "no-such-backend"], "backend=no-such-backend"),
         (["plan", "--spec-steps", "2", "--topk", "2"], "--draft-tokens is required with --topk=2"),
         (["plan", "--spec-steps", "2", "--draft-tokens", "9"], "num_draft_tokens=9"),
-        (["plan", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-        (["plan", "--spec"], "unrecognized arguments: --spec"),  # no abbreviations
+        (["plan", "--no-such-flag"], "attnhal plan: error: unrecognized arguments: --no-such-flag "
+                                     "(see 'attnhal plan --help')"),
+        (["plan", "--spec"], "attnhal plan: error: unrecognized arguments: --spec"),  # no abbreviations
+        (["info", "--no-such-flag"], "attnhal info: error: unrecognized arguments: --no-such-flag"),
+        (["--debug", "conformance", "torch", "--nope"], "attnhal conformance: error: unrecognized arguments: --nope"),
         # explain
         (["explain", "--backend", TRITON_LIKE, "--head-size", "100000"], "--head-size=100000"),
         (["explain", "--backend", TRITON_LIKE, "--dtype", "float64"], "--dtype='float64'"),
