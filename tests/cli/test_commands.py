@@ -165,7 +165,8 @@ def test_demo_with_pages_and_fp8_in_the_platform_flavour(capsys):
 
 def test_demo_fp8_e4m3_without_a_platform_flavour_is_a_usage_error(capsys):
     code, _, err = run(capsys, "demo", "--platform", "cpu", "--kv-dtype", "fp8_e4m3")
-    assert code == 2 and "--kv-dtype: kv_dtype=fp8_e4m3 with fp8_flavor=none" in err
+    assert code == 2 and "--kv-dtype=fp8_e4m3 on platform cpu, which has no fp8 (supported: " in err
+    assert "--platform cuda:sm90" in err and "--kv-dtype fp8_e5m2" in err and "explicitly" not in err
 
 
 def test_demo_runs_on_the_default_backend_and_on_cpu(capsys):
