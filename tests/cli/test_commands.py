@@ -186,3 +186,10 @@ def test_demo_runs_on_the_default_backend_and_on_cpu(capsys):
     if default == "cpu":  # the native kernel builds here
         code, out, _ = run(capsys, "demo", "--backend", "cpu", *small)
         assert code == 0 and json.loads(out)["backends"]["target"] == "cpu"
+
+
+def test_the_graphs_line_shows_no_capture_sizes_without_a_graph_api(capsys):
+    code, out, _ = run(capsys, "plan", "--backend", "torch", "--platform", "cpu,nographs", "--spec-steps", "1")
+    assert code == 0 and out.splitlines()[1] == "graphs: none (platform cpu,nographs has no graph API)"
+    code, out, _ = run(capsys, "plan", "--backend", "torch", "--platform", "cpu", "--spec-steps", "1")
+    assert code == 0 and out.splitlines()[1].startswith("graphs: capture sizes 1,2,4,")
