@@ -19,8 +19,8 @@ from attnhal.cli.args import flag_message
 from attnhal.cli.output import one_line
 from attnhal.errors import AttnhalError
 
-__all__ = ["BAD_INPUT", "BAD_USAGE", "BROKEN_PIPE", "INTERNAL_ERROR", "INTERRUPTED", "UsageError", "root_parser",
-           "run"]
+__all__ = ["BAD_INPUT", "BAD_USAGE", "BROKEN_PIPE", "INTERNAL_ERROR", "INTERRUPTED", "UsageError",
+           "installed_version", "root_parser", "run"]
 
 #: Bad input: an expected failure, told in one line.
 BAD_USAGE = 2
@@ -104,8 +104,20 @@ def root_parser(epilog: str) -> tuple[argparse.ArgumentParser, Any]:
                      "CUDA, HIP and CPU.", epilog=epilog,
                      formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog))
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--version", action="version", version=f"attnhal {installed_version()}",
+                        help="show the installed attnhal version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     return parser, sub
+
+
+def installed_version() -> str:
+    """The version of the installed ``attnhal`` distribution (its metadata, the one truth)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("attnhal")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed: pip install -e .)"
 
 
 # --- the error boundary -------------------------------------------------------------------
