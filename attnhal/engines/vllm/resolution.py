@@ -146,7 +146,12 @@ def resolve_mode(requested: GraphMode | str, support: CGSupport | str, uniform_d
     is ``1 + num_speculative_tokens``. ``requested`` and ``support`` may be given by name
     (``"FULL"``, ``"UNIFORM_BATCH"``), as vLLM's configs spell them.
     """
-    requested, support = _named(GraphMode, "requested", requested), _named(CGSupport, "support", support)
+    return _resolve(_named(GraphMode, "requested", requested), _named(CGSupport, "support", support),
+                    uniform_decode_query_len, attention_split, piecewise_available)
+
+
+def _resolve(requested: GraphMode, support: CGSupport, uniform_decode_query_len: int, attention_split: bool,
+             piecewise_available: bool) -> ModeResolution:
     mode, steps = requested, []
 
     def downgrade(to: GraphMode, why: str) -> None:
