@@ -19,7 +19,7 @@ from attnhal.cli.args import choice
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import format_plan, print_json, table
 from attnhal.engines import sglang, vllm
-from attnhal.engines.flags import EngineArgError
+from attnhal.engines.flags import EngineArgError, check
 from attnhal.engines.sglang import engine_resolution
 from attnhal.engines.sglang.differs import engine_differs
 from attnhal.planner import GraphPlan
@@ -36,6 +36,22 @@ OWN_FLAGS = ("platform", "model", "trtllm-cubins")
 
 #: What an engine command does with (args, attnhal's own flags, the engine's flags).
 EngineCommand = Callable[[argparse.Namespace, dict[str, str | None], list[str]], int]
+
+#: Per engine, a planner field an adapter's error may name -> the engine flags its value comes
+#: from, in the adapter's order of precedence, each with how a message names it (the planner
+#: validates the spec and the graph policy; the user never typed ``num_steps=``).
+FIELD_FLAGS: Mapping[str, Mapping[str, tuple[tuple[str, str], ...]]] = {
+    "vllm": {"num_steps": (("--spec-tokens", "--spec-tokens"),
+                           ("--speculative-config", "--speculative-config num_speculative_tokens"))},
+    "sglang": {"max_batch_size": (("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-decode"),
+                                  ("--cuda-graph-max-bs", "--cuda-graph-max-bs"),
+                                  ("--cuda-graph-bs-decode", "the largest --cuda-graph-bs-decode"),
+                                  ("--cuda-graph-bs", "the largest --cuda-graph-bs")),
+               "batch_sizes": (("--cuda-graph-bs-decode", "--cuda-graph-bs-decode"),
+                               ("--cuda-graph-bs", "--cuda-graph-bs"))},
+}
+#: vLLM flags that ``--speculative-config`` can also set: flag -> its key there.
+VLLM_SPEC_KEYS = {"spec_method": "method", "spec_tokens": "num_speculative_tokens"}
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -93,8 +109,31 @@ def _run(args: argparse.Namespace, commands: Mapping[str, EngineCommand]) -> int
         # attnhal's --platform / --model may stand before `--` as well as among the engine's flags.
         own: dict[str, str | None] = {name: given.get(name) or getattr(args, name, None) for name in OWN_FLAGS}
         return commands[args.engine](args, own, engine_argv)
-    except (EngineArgError, ValueError) as exc:
+    except EngineArgError as exc:
         raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageError(engine_message(args.engine, str(exc), args.engine_args)) from None
+
+
+def engine_message(engine: str, message: str, argv: Sequence[str]) -> str:
+    """An adapter's ``field=value (supported: ...)`` in the engine's words: ``--flag=value (...)``,
+    naming the flag of :data:`FIELD_FLAGS` the user gave (``argv``); else the message as it is."""
+    field, eq, rest = message.partition("=")
+    given = {a.split("=")[0] for a in argv if a.startswith("--")}
+    shown = next((name for flag, name in FIELD_FLAGS.get(engine, {}).get(field, ()) if flag in given), None)
+    return f"{shown}={rest}" if eq and shown else message
+
+
+def _refuse_contradicting_spec_flags(given: Mapping[str, Any]) -> None:
+    """A ``--spec-*`` flag that contradicts the same key of ``--speculative-config`` is an error:
+    vLLM's own merge of the two is not modelled, so never pick one silently."""
+    values, _ = check(given, vllm.FLAGS, vllm.HARMLESS, "attnhal.engines.vllm.HARMLESS")
+    inner = values.get("speculative_config", {})
+    for name, key in VLLM_SPEC_KEYS.items():
+        flag = "--" + name.replace("_", "-")
+        if name in values and key in inner and values[name] != inner[key]:
+            raise UsageError(f"{flag}={values[name]} contradicts --speculative-config {key}={inner[key]} "
+                             f"(supported: one of them, or both with the same value)")
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -163,7 +202,9 @@ def _vllm_config(own: Mapping[str, str | None], argv: list[str], platform: Platf
     if resolution is not None:
         raise EngineArgError("--engine-resolution", f"--engine-resolution={resolution} (supported: with --engine "
                                                     "sglang; vLLM's flags are resolved by attnhal's adapter)")
-    return vllm.from_engine_args(vllm.parse_cli(argv), platform, trtllm_cubins=_cubins(own))
+    given = vllm.parse_cli(argv)
+    _refuse_contradicting_spec_flags(given)
+    return vllm.from_engine_args(given, platform, trtllm_cubins=_cubins(own))
 
 
 def _vllm_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
