@@ -19,7 +19,7 @@ from attnhal.cli.args import choice
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import format_plan, print_json, table
 from attnhal.engines import sglang, vllm
-from attnhal.engines.flags import EngineArgError, check
+from attnhal.engines.flags import EngineArgError
 from attnhal.engines.sglang import engine_resolution
 from attnhal.engines.sglang.differs import engine_differs
 from attnhal.planner import GraphPlan
@@ -51,9 +51,6 @@ FIELD_FLAGS: Mapping[str, Mapping[str, tuple[tuple[str, str], ...]]] = {
                                ("--cuda-graph-bs", "--cuda-graph-bs"))},
 }
 #: vLLM flags that ``--speculative-config`` can also set: flag -> its key there.
-VLLM_SPEC_KEYS = {"spec_method": "method", "spec_tokens": "num_speculative_tokens"}
-
-
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """``--engine E`` and the engine's flags after ``--`` (for ``plan`` and ``explain``)."""
     p.add_argument("--engine", type=choice(("sglang", "vllm")),
@@ -124,18 +121,6 @@ def engine_message(engine: str, message: str, argv: Sequence[str]) -> str:
     return f"{shown}={rest}" if eq and shown else message
 
 
-def _refuse_contradicting_spec_flags(given: Mapping[str, Any]) -> None:
-    """A ``--spec-*`` flag that contradicts the same key of ``--speculative-config`` is an error:
-    vLLM's own merge of the two is not modelled, so never pick one silently."""
-    values, _ = check(given, vllm.FLAGS, vllm.HARMLESS, "attnhal.engines.vllm.HARMLESS")
-    inner = values.get("speculative_config", {})
-    for name, key in VLLM_SPEC_KEYS.items():
-        flag = "--" + name.replace("_", "-")
-        if name in values and key in inner and values[name] != inner[key]:
-            raise UsageError(f"{flag}={values[name]} contradicts --speculative-config {key}={inner[key]} "
-                             f"(supported: one of them, or both with the same value)")
-
-
 def run_plan(args: argparse.Namespace) -> int:
     """``attnhal plan --engine sglang|vllm -- <engine flags>``: the plan the engine's flags lead to."""
     return _run(args, _PLANS)
@@ -202,9 +187,7 @@ def _vllm_config(own: Mapping[str, str | None], argv: list[str], platform: Platf
     if resolution is not None:
         raise EngineArgError("--engine-resolution", f"--engine-resolution={resolution} (supported: with --engine "
                                                     "sglang; vLLM's flags are resolved by attnhal's adapter)")
-    given = vllm.parse_cli(argv)
-    _refuse_contradicting_spec_flags(given)
-    return vllm.from_engine_args(given, platform, trtllm_cubins=_cubins(own))
+    return vllm.from_engine_args(vllm.parse_cli(argv), platform, trtllm_cubins=_cubins(own))
 
 
 def _vllm_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:

@@ -111,6 +111,10 @@ def test_engine_args_resolve_the_mode_and_plan() -> None:
     ({"attention_backend": "FLASH_ATTN", "compilation_config": '{"cudagraph_mode": "ALL"}'},
      "--compilation-config.cudagraph_mode"),
     ({"attention_backend": "FLASH_ATTN", "kv_transfer_config": "{}"}, "--kv-transfer-config"),
+    ({"attention_backend": "FLASH_ATTN", "spec_method": "eagle", "spec_tokens": 3,
+      "speculative_config": '{"method": "mtp"}'}, "--spec-method"),
+    ({"attention_backend": "FLASH_ATTN", "spec_method": "eagle", "spec_tokens": 3,
+      "speculative_config": '{"num_speculative_tokens": 2}'}, "--spec-tokens"),
 ])
 def test_bad_engine_args_name_the_flag(args: dict[str, object], flag: str) -> None:
     with pytest.raises(EngineArgError) as info:
