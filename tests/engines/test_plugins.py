@@ -1,0 +1,182 @@
+"""The engine plugins without their engines: light imports, entry points, the class table, the
+audit records and their log lines. The plugins run inside SGLang and vLLM in the engine tiers
+(``tests/engines/sglang/test_plugin.py``, ``tests/engines/vllm/test_plugin.py``)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import tomllib
+import types
+from importlib import import_module
+
+import pytest
+from repo import ROOT
+
+from attnhal import catalog
+from attnhal.engines import sglang
+from attnhal.engines.sglang import classes, plugin
+from attnhal.engines.sglang.audit import PhaseAudit, Verdict, audit, descriptor_limit
+from attnhal.engines.sglang.discrepancies import DISCREPANCIES, Difference, Direction, explain
+from attnhal.engines.vllm import plugin as vllm_plugin
+from attnhal.engines.vllm.audit import GroupLevel, audit_mode
+from attnhal.engines.vllm.resolution import CGSupport, GraphMode
+from attnhal.phases import Phase
+
+SEED = {"attention_backend": "aiter", "speculative_algorithm": "EAGLE", "speculative_num_steps": 1,
+        "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 2}
+ENGINES_AND_HEAVY = ("sglang", "vllm", "torch", "triton")
+
+
+def test_the_plugin_modules_import_no_engine_and_no_torch() -> None:
+    code = ("import sys, attnhal.engines.sglang.plugin, attnhal.engines.vllm.plugin\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {ENGINES_AND_HEAVY!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_pyproject_registers_both_plugins_under_the_engines_groups() -> None:
+    tables = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    for group, target in (("sglang.srt.plugins", plugin.register), ("vllm.general_plugins", vllm_plugin.register)):
+        module, _, name = tables[group]["attnhal"].partition(":")
+        assert getattr(import_module(module), name) is target
+
+
+def test_without_an_engine_registering_warns_and_does_nothing(caplog: pytest.LogCaptureFixture,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(plugin.MODE_VAR, raising=False)
+    monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
+    with caplog.at_level(logging.WARNING):
+        plugin.register()
+        vllm_plugin.register()
+    assert "SGLang None is installed" in caplog.text and "vLLM None is installed" in caplog.text
+    assert "sglang" not in sys.modules and "vllm" not in sys.modules
+
+
+@pytest.mark.parametrize("module,var", [(plugin, plugin.MODE_VAR), (vllm_plugin, vllm_plugin.ENV_VAR)])
+def test_a_bad_mode_is_an_error_naming_the_variable_the_value_and_the_choices(
+        module: types.ModuleType, var: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(var, "enforce-all")
+    with caplog.at_level(logging.ERROR):
+        module.register()
+    assert f"{var}='enforce-all' (supported: " in caplog.text
+    assert "audit" in caplog.text and "off" in caplog.text
+
+
+# --- the class table -------------------------------------------------------------------------------
+
+def _sglang_class(path: str, base: type = object) -> type:
+    module, _, name = path.rpartition(".")
+    return type(name, (base,), {"__module__": module, "__qualname__": name})
+
+
+def test_every_catalogued_sglang_backend_has_a_class_and_every_class_an_entry() -> None:
+    names = {name for names in classes.BACKEND_CLASSES.values() for name in names}
+    assert names == {entry.name for entry in catalog.entries("sglang")}
+
+
+def test_a_class_maps_by_itself_or_its_nearest_listed_parent() -> None:
+    aiter = _sglang_class("sglang.srt.layers.attention.aiter_backend.AiterAttnBackend")
+    out_of_tree = type("MyPlatformAiter", (aiter,), {"__module__": "my_platform.attention"})
+    unrelated = type("AiterAttnBackend", (), {"__module__": "my_platform.attention"})  # same name, not the class
+    assert classes.catalog_name(aiter()) == "aiter"
+    assert classes.catalog_name(out_of_tree()) == "aiter"
+    assert classes.catalog_name(unrelated()) is None
+
+
+def test_one_class_for_two_entries_is_told_apart_by_the_factorys_stamp() -> None:
+    fa = _sglang_class("sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend")
+    backend = fa()
+    assert classes.catalog_name(backend) is None  # no stamp: unknown, never a guess
+    backend.prefill_attention_backend_str = "fa4"
+    assert classes.catalog_name(backend) == "fa4"
+    backend.prefill_attention_backend_str = "triton"
+    assert classes.catalog_name(backend) is None
+
+
+# --- the audit records ---------------------------------------------------------------------------------
+
+def _seed_audit(sglang_extend: Verdict, **args: object) -> PhaseAudit:
+    graph_plan = sglang.plan_server_args({**SEED, **args}, "hip:gfx942", model="mha")
+    rows = audit(graph_plan, {Phase.DRAFT_DECODE: Verdict.NOT_RUN, Phase.DRAFT_EXTEND: sglang_extend},
+                 names={Phase.DRAFT_DECODE: None, Phase.DRAFT_EXTEND: str(args.get("attention_backend", "aiter"))})
+    assert rows[0].line() == "draft_decode: SGLang not run, attnhal not run ([phase_not_run] " + \
+        rows[0].reasons[0].message + "); agree"
+    return rows[1]
+
+
+def test_the_seed_bug_line_names_d1() -> None:
+    row = _seed_audit(Verdict.EAGER)
+    assert (row.sglang, row.attnhal, row.direction) == (Verdict.EAGER, Verdict.CAPTURED, Direction.ATTNHAL_CAPTURES)
+    assert row.entry is not None and row.entry.entry == "D1"
+    assert row.line().startswith("draft_extend: SGLang eager, attnhal captured (sglang:aiter); differs: "
+                                 "docs/catalog.md D1: HIP: aiter draft extend loses its graph")
+
+
+def test_agreement_and_an_uncatalogued_difference() -> None:
+    assert _seed_audit(Verdict.CAPTURED).line() == "draft_extend: SGLang captured, attnhal captured (sglang:aiter); agree"
+    row = _seed_audit(Verdict.EAGER, attention_backend="fa3")
+    assert row.entry is None and row.line().endswith("; differs: not catalogued")
+
+
+def test_a_descriptor_limit_is_told_from_a_policy_switch() -> None:
+    # intel_amx runs draft extend and declares graphs for decode only.
+    limited = sglang.plan_server_args({**SEED, "attention_backend": "intel_amx"}, "cpu", model="mha")
+    switched = sglang.plan_server_args({**SEED, "disable_cuda_graph": True}, "hip:gfx942", model="mha")
+    assert descriptor_limit(limited[Phase.DRAFT_EXTEND])
+    assert not descriptor_limit(switched[Phase.DRAFT_EXTEND]) and not switched[Phase.DRAFT_EXTEND].capture
+
+
+def test_each_catalogued_entry_explains_its_own_shape_and_not_the_others() -> None:
+    shapes = {"D1": Difference(Phase.DRAFT_EXTEND, Direction.ATTNHAL_CAPTURES, "aiter"),
+              "D2": Difference(Phase.DRAFT_EXTEND, Direction.ATTNHAL_CAPTURES, "triton"),
+              "D7": Difference(Phase.DRAFT_EXTEND, Direction.ATTNHAL_CAPTURES, "aiter", split=True),
+              "late failures": Difference(Phase.DRAFT_EXTEND, Direction.ATTNHAL_INVALID, "aiter", topk=2),
+              "D3": Difference(Phase.TARGET_VERIFY, Direction.ATTNHAL_INVALID, "flashinfer", topk=2, model="mla"),
+              "D4": Difference(Phase.TARGET_VERIFY, Direction.ATTNHAL_INVALID, "dsa", topk=2)}
+    assert {e.entry for e in DISCREPANCIES} == set(shapes)
+    for entry, shape in shapes.items():
+        found = explain(shape)
+        assert found is not None and found.entry == entry
+    assert explain(Difference(Phase.DRAFT_EXTEND, Direction.SGLANG_CAPTURES, "aiter")) is None
+    assert explain(Difference(Phase.DRAFT_DECODE, Direction.ATTNHAL_CAPTURES, "aiter")) is None
+
+
+def test_the_entries_named_are_entries_of_the_catalogue_page() -> None:
+    text = (ROOT / "docs" / "catalog.md").read_text()
+    for entry in DISCREPANCIES:
+        heading = "**Late failures.**" if entry.entry == "late failures" else f"### {entry.entry} "
+        assert heading in text, entry.entry
+
+
+# --- vLLM's mode, explained ---------------------------------------------------------------------------
+
+def test_flashinfer_with_speculation_names_the_downgrade_its_cause_and_the_catalogue_difference() -> None:
+    groups = [GroupLevel(0, "FLASHINFER", CGSupport.UNIFORM_SINGLE_TOKEN_DECODE)]
+    result = audit_mode(groups, GraphMode.FULL_AND_PIECEWISE, GraphMode.PIECEWISE, query_len=4)
+    assert result.differs
+    assert result.lines[:4] == (
+        "attention groups: group 0 FLASHINFER UNIFORM_SINGLE_TOKEN_DECODE",
+        "level UNIFORM_SINGLE_TOKEN_DECODE, set by FLASHINFER (KV-cache group 0)",
+        "cudagraph_mode: FULL_AND_PIECEWISE -> PIECEWISE",
+        "downgrade FULL_AND_PIECEWISE -> PIECEWISE: spec decode (query len 4) needs UNIFORM_BATCH "
+        "(support: UNIFORM_SINGLE_TOKEN_DECODE)")
+    assert result.lines[4].startswith("differs: vllm:FLASHINFER is catalogued UNIFORM_BATCH, vLLM graded it "
+                                      "UNIFORM_SINGLE_TOKEN_DECODE here (conditions: UNIFORM_BATCH when trtllm-gen")
+    assert result.lines[4].endswith("with the catalogue's level the mode would be FULL_AND_PIECEWISE")
+
+
+def test_the_lowest_group_sets_the_level_and_agreement_is_quiet() -> None:
+    groups = [GroupLevel(0, "TRITON_ATTN", CGSupport.ALWAYS), GroupLevel(1, "FLASHINFER", CGSupport.UNIFORM_BATCH)]
+    result = audit_mode(groups, GraphMode.FULL_AND_PIECEWISE, GraphMode.FULL_AND_PIECEWISE, query_len=4)
+    assert result.lines[1] == "level UNIFORM_BATCH, set by FLASHINFER (KV-cache group 1)"
+    assert not any(line.startswith(("downgrade", "differs: attnhal")) for line in result.lines)
+
+
+def test_a_mode_vllm_refuses_is_explained_and_an_uncatalogued_backend_said() -> None:
+    groups = [GroupLevel(0, "CUSTOM", CGSupport.NEVER)]
+    result = audit_mode(groups, GraphMode.FULL, None, error="ValueError: not supported")
+    assert "cudagraph_mode: FULL -> refused (ValueError: not supported)" in result.lines
+    assert "CUSTOM: not in attnhal's catalogue (vllm:CUSTOM); its level is vLLM's" in result.lines
+    assert not result.differs
