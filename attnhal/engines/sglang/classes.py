@@ -60,12 +60,13 @@ def _path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def catalog_name(obj: object, table: Mapping[str, tuple[str, ...]] = BACKEND_CLASSES) -> str | None:
+def catalog_name(obj: object, table: Mapping[str, tuple[str, ...]] | None = None) -> str | None:
     """The catalogue name (``"aiter"``) of an SGLang backend object, by its class or a parent's.
 
-    ``None`` when no class of its MRO is in ``table``, or when the class serves several
-    names and the object's stamp names none of them.
+    ``None`` when no class of its MRO is in ``table`` (default :data:`BACKEND_CLASSES`), or
+    when the class serves several names and the object's stamp names none of them.
     """
+    table = BACKEND_CLASSES if table is None else table
     for cls in type(obj).__mro__:
         names = table.get(_path(cls))
         if names is None:

@@ -202,7 +202,7 @@ def plan_draft_worker(worker: Any, graphs_enabled: bool, env: Mapping[str, str] 
         config = from_server_args(_resolved_args(worker.server_args), env=os.environ if env is None else env,
                                   model=_model_kind(worker.draft_runner))
     except EngineArgError as exc:
-        raise Unplannable(f"server argument {exc}") from None
+        raise Unplannable(f"server argument {str(exc).removeprefix(f'{exc.flag}: ')}") from None
     spec = SpecConfig.eagle(worker.speculative_num_steps, worker.topk, worker.speculative_num_draft_tokens,
                             algorithm=config.spec.algorithm)
     descriptors = {phase: load(f"sglang:{name}").descriptor if name else None for phase, name in names.items()}
