@@ -10,6 +10,7 @@ import sys
 import tomllib
 import types
 from importlib import import_module
+from pathlib import Path
 
 import pytest
 from repo import ROOT
@@ -180,3 +181,47 @@ def test_a_mode_vllm_refuses_is_explained_and_an_uncatalogued_backend_said() -> 
     assert "cudagraph_mode: FULL -> refused (ValueError: not supported)" in result.lines
     assert "CUSTOM: not in attnhal's catalogue (vllm:CUSTOM); its level is vLLM's" in result.lines
     assert not result.differs
+
+
+# --- the vLLM plugin's lazy wrap, on a stand-in module ------------------------------------------------
+
+RUNNER_MODULE = '''
+class Runner:
+    def _check_and_update_cudagraph_mode(self, attention_backends, kv_cache_groups):
+        self.compilation_config.cudagraph_mode = self.resolves_to
+'''
+
+
+def _stand_ins(level: str, requested: str, resolved: str) -> tuple[object, list[set[type]], list[object]]:
+    mode = types.SimpleNamespace
+    builder = type("Builder", (), {"get_cudagraph_support": classmethod(lambda cls, config, spec: mode(name=level))})
+    backend = type("Backend", (), {"get_name": staticmethod(lambda: "FLASHINFER"),
+                                   "get_builder_cls": staticmethod(lambda: builder)})
+    config = mode(cudagraph_mode=mode(name=requested), splitting_ops_contain_attention=lambda: True)
+    runner = dict(vllm_config=None, compilation_config=config, uniform_decode_query_len=4,
+                  resolves_to=mode(name=resolved))
+    return runner, [{backend}], [mode(kv_cache_spec=None)]
+
+
+def test_the_vllm_plugin_wraps_its_target_when_the_module_is_first_imported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "stand_in_runner.py").write_text(RUNNER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(vllm_plugin, "TARGET", ("stand_in_runner", "Runner", "_check_and_update_cudagraph_mode"))
+    monkeypatch.setattr(vllm_plugin, "installed_vllm", lambda: "0.33.0")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
+    vllm_plugin.register()
+    vllm_plugin.register()  # again: still one finder
+    assert sum(type(f).__name__ == "_WrapOnImport" for f in sys.meta_path) == 1
+    module = import_module("stand_in_runner")
+    monkeypatch.delitem(sys.modules, "stand_in_runner")
+    assert not any(type(f).__name__ == "_WrapOnImport" for f in sys.meta_path)
+    fields, groups, kv_groups = _stand_ins("UNIFORM_SINGLE_TOKEN_DECODE", "FULL_AND_PIECEWISE", "PIECEWISE")
+    runner = module.Runner()
+    vars(runner).update(fields)
+    with caplog.at_level(logging.INFO, logger=vllm_plugin.LOGGER):
+        runner._check_and_update_cudagraph_mode(groups, kv_groups)
+    assert runner.compilation_config.cudagraph_mode.name == "PIECEWISE"  # vLLM's own decision
+    assert "attnhal: cudagraph_mode: FULL_AND_PIECEWISE -> PIECEWISE" in caplog.text
+    assert "attnhal: downgrade FULL_AND_PIECEWISE -> PIECEWISE: spec decode (query len 4)" in caplog.text

@@ -69,7 +69,7 @@ DISCREPANCIES: tuple[Discrepancy, ...] = (
     Discrepancy("D2", "HIP: the Triton backend's draft extend is never captured on HIP (always on CUDA)",
                 Phase.DRAFT_EXTEND, Direction.ATTNHAL_CAPTURES, lambda d: not d.split and d.backend == "triton"),
     Discrepancy("late failures", "aiter's draft extend raises for topk > 1 at the first draft extend, not at "
-                "startup (docs/catalog.md, 'Late failures')",
+                "startup",
                 Phase.DRAFT_EXTEND, Direction.ATTNHAL_INVALID, lambda d: d.backend == "aiter" and d.topk > 1),
     Discrepancy("D3", "flashinfer with an MLA model: tree verify with one draft step runs without a tree mask",
                 Phase.TARGET_VERIFY, Direction.ATTNHAL_INVALID,
