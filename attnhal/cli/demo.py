@@ -102,6 +102,12 @@ def demo_config(args: argparse.Namespace) -> Any:
     if not spec.speculative:
         raise UsageError(f"--spec-steps=0 (supported: 1..{SPEC_STEPS.high}; the demo runs "
                          "speculative decoding)")
+    from attnhal.example_engine.worker import check_tree_size
+
+    try:
+        check_tree_size(spec)
+    except ValueError as exc:
+        raise UsageError(f"--draft-tokens: {exc}") from None
     from attnhal.backend.kv_pool import kv_storage_dtype
 
     platform = resolve_platform(args.platform)

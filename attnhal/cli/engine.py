@@ -20,6 +20,7 @@ from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import format_plan, print_json, table
 from attnhal.engines import sglang, vllm
 from attnhal.engines.flags import EngineArgError
+from attnhal.engines.sglang.differs import engine_differs
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 from attnhal.spec import RequestContext, SpecConfig
@@ -29,7 +30,8 @@ __all__ = ["OWN_FLAGS", "add_engine_flags", "register_catalog", "run_catalog", "
 
 #: attnhal's own flags accepted among the engine's flags (after ``--``), as in
 #: ``attnhal plan --engine sglang -- --attention-backend aiter ... --platform hip:gfx942``.
-OWN_FLAGS = ("platform", "model")
+#: ``--trtllm-cubins yes|no`` (vLLM only): the assumption FlashInfer's graph level rests on.
+OWN_FLAGS = ("platform", "model", "trtllm-cubins")
 
 #: What an engine command does with (args, attnhal's own flags, the engine's flags).
 EngineCommand = Callable[[argparse.Namespace, dict[str, str | None], list[str]], int]
@@ -121,11 +123,13 @@ def _fits(names: dict[str, list[str]], platform: Platform, spec: SpecConfig, con
 
 
 def _explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str],
-             names: dict[str, list[str]], platform: Platform, result: GraphPlan) -> int:
-    """Each backend's fit with the plan's request, then the plan (the engine's plan command prints it)."""
+             names: dict[str, list[str]], platform: Platform, result: GraphPlan,
+             extra: Mapping[str, object] | None = None) -> int:
+    """Each backend's fit with the plan's request, then the plan (the engine's plan command prints it);
+    ``extra``: the engine's own entries of the JSON report."""
     fits, report = _fits(names, platform, result.spec, result.context, args.json)
     if args.json:
-        print_json({"engine": args.engine, "backends": report, "plan": result.to_dict()})
+        print_json({"engine": args.engine, "backends": report, **(extra or {}), "plan": result.to_dict()})
     else:
         print()
         _PLANS[args.engine](args, own, argv)
@@ -139,33 +143,48 @@ def _sglang_explain(args: argparse.Namespace, own: dict[str, str | None], argv: 
         if name is not None:
             names.setdefault(f"sglang:{name}", []).append(role)
     platform = resolve_platform(own["platform"])
-    return _explain(args, own, argv, names, platform, config.plan(platform))
+    return _explain(args, own, argv, names, platform, config.plan(platform), _sglang_json(config, platform))
+
+
+def _cubins(own: Mapping[str, str | None]) -> bool:
+    value = own.get("trtllm-cubins") or "yes"
+    if value not in ("yes", "no"):
+        raise EngineArgError("--trtllm-cubins", f"--trtllm-cubins={value!r} (supported: yes, no)")
+    return value == "yes"
+
+
+def _vllm_config(own: Mapping[str, str | None], argv: list[str], platform: Platform) -> vllm.VllmConfig:
+    return vllm.from_engine_args(vllm.parse_cli(argv), platform, trtllm_cubins=_cubins(own))
 
 
 def _vllm_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    config = vllm.from_engine_args(vllm.parse_cli(argv))
     platform = resolve_platform(own["platform"])
+    config = _vllm_config(own, argv, platform)
     return _explain(args, own, argv, {config.backend: ["every role"]}, platform, config.plan(platform, own["model"]))
 
 
 # --- plan ---------------------------------------------------------------------------------
 
 def _vllm_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    config = vllm.from_engine_args(vllm.parse_cli(argv))
-    result = config.plan(resolve_platform(own["platform"]), own["model"])
+    platform = resolve_platform(own["platform"])
+    config = _vllm_config(own, argv, platform)
+    result = config.plan(platform, own["model"])
     entry = load(config.backend)
-    level = vllm.catalog_support(config.backend)
+    level = config.level or vllm.support_on(config.backend, platform)
     r = config.resolution
     if args.json:
         print_json({"engine": "vllm", "version": vllm.VLLM_VERSION, "backend": config.backend,
-                    "cg_support": level.name, "cg_conditions": entry.meta.get("cg_conditions"),
+                    "cg_support": level.support.name, "cg_level": level.to_dict(),
+                    "cg_conditions": entry.meta.get("cg_conditions"),
                     "cudagraph_mode": {"requested": r.requested.value, "resolved": r.mode.value if r.mode else None,
                                        "steps": list(r.steps), "error": r.error},
                     "ignored": list(config.ignored), "plan": result.to_dict()})
         return 0 if result.valid and r.error is None else 1
-    conditions = entry.meta.get("cg_conditions")
-    print(f"engine: vLLM {vllm.VLLM_VERSION} -> {config.backend}: AttentionCGSupport {level.name}"
-          + (f" ({conditions})" if conditions else ""))
+    why = level.because or entry.meta.get("cg_conditions")
+    print(f"engine: vLLM {vllm.VLLM_VERSION} -> {config.backend}: AttentionCGSupport {level.support.name}"
+          + (f" ({why})" if why else ""))
+    if level.assumes:
+        print(f"assumes: {level.assumes}")
     resolved = r.mode.value if r.mode else f"error: {r.error}"
     print(f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps))
     print(format_plan(result))
@@ -180,29 +199,38 @@ def _print_ignored(ignored: tuple[str, ...]) -> None:
 
 
 def _sglang_config(argv: list[str], own: dict[str, str | None]) -> sglang.EngineConfig:
+    if own.get("trtllm-cubins"):
+        raise EngineArgError("--trtllm-cubins", "--trtllm-cubins is vLLM's FlashInfer assumption (supported: "
+                                                "with --engine vllm)")
     env = {sglang.DRAFT_EXTEND_GRAPH_OFF: os.environ.get(sglang.DRAFT_EXTEND_GRAPH_OFF, "")}
     return sglang.from_server_args(sglang.parse_cli(argv), env=env, model=own["model"])
 
 
+def _sglang_json(config: sglang.EngineConfig, platform: Platform) -> dict[str, object]:
+    """What the SGLang adapter decided besides the plan: roles, page size, notes, engine differences."""
+    return {"version": sglang.SGLANG_VERSION, "roles": dict(config.roles),
+            "page_size": config.page_size(platform).to_dict(), "ignored": list(config.ignored),
+            "notes": list(config.notes), "engine_differs": [d.to_dict() for d in engine_differs(config, platform)]}
+
+
 def _sglang_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
     config = _sglang_config(argv, own)
-    result = config.plan(resolve_platform(own["platform"]))
+    platform = resolve_platform(own["platform"])
+    result = config.plan(platform)
     if args.json:
-        print_json({"engine": "sglang", "version": sglang.SGLANG_VERSION, "roles": dict(config.roles),
-                    "ignored": list(config.ignored), "notes": list(config.notes), "plan": result.to_dict()})
+        print_json({"engine": "sglang", **_sglang_json(config, platform), "plan": result.to_dict()})
         return 0 if result.valid else 1
     roles = ", ".join(f"{role}={name}" for role, name in config.roles.items() if name is not None)
     print(f"engine: SGLang {sglang.SGLANG_VERSION} flags -> roles: {roles}")
-    print(format_plan(result))
+    print(format_plan(result, context_notes={"page_size": config.page_size(platform).note}))
     for phase, decision in result.phases.items():
         if decision.capture:
             print(f"why: {phase.value} is captured: {decision.backend} declares {phase.value} graphs and "
                   "their limits hold, the platform has a graph API and the policy allows them")
     for note in config.notes:
         print(f"note: {note}")
-    for name in dict.fromkeys(n for n in config.roles.values() if n is not None):
-        for differs in load(f"sglang:{name}").meta.get("engine_differs", ()):
-            print(f"engine differs (sglang:{name}): {differs}")
+    for differs in engine_differs(config, platform):
+        print(differs)
     _print_ignored(config.ignored)
     return 0 if result.valid else 1
 

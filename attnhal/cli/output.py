@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from attnhal.planner import GraphPlan
 
@@ -48,8 +48,9 @@ def invalid_cause(p: GraphPlan) -> str:
     return "a step count of the adaptive set does not fit"
 
 
-def format_plan(p: GraphPlan, verdict: bool = True) -> str:
-    """The plan as a table; ``verdict`` adds the closing ``plan: valid|INVALID`` line.
+def format_plan(p: GraphPlan, verdict: bool = True, context_notes: Mapping[str, str | None] | None = None) -> str:
+    """The plan as a table; ``verdict`` adds the closing ``plan: valid|INVALID`` line;
+    ``context_notes`` says where a context value came from (``{"page_size": "set by ..."}``).
 
     This is the table ``attnhal plan`` prints; an engine may print it when it refuses an
     invalid plan (``raise SystemExit(format_plan(graph_plan))``).
@@ -59,7 +60,9 @@ def format_plan(p: GraphPlan, verdict: bool = True) -> str:
     if spec.speculative:
         head += f" (num_steps={spec.num_steps}, topk={spec.topk}, num_draft_tokens={spec.num_draft_tokens})"
     graphs = ("capture sizes " + ",".join(map(str, p.capture_sizes))) if p.policy.enabled else "disabled"
-    context = " ".join(f"{k}={getattr(v, 'value', v)}" for k, v in vars(p.context).items() if v is not None)
+    said = context_notes or {}
+    context = " ".join(f"{k}={getattr(v, 'value', v)}" + (f" ({said[k]})" if said.get(k) else "")
+                       for k, v in vars(p.context).items() if v is not None)
     if context:
         head += f"\ncontext: {context}"
     rows = []

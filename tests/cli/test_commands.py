@@ -47,6 +47,15 @@ def test_no_graphs_flag(capsys):
     assert decode["reasons"][0]["code"] == "graphs_disabled"
 
 
+def test_plan_tree_takes_draft_tokens_up_to_every_candidate_node(capsys):
+    """3 steps, topk 4: 4 + 2 * 16 candidates, so up to 37 tokens verified (not 13)."""
+    tree = ("plan", "--backend", TRITON_LIKE, "--platform", "cuda:sm90", "--spec-steps", "3", "--topk", "4")
+    code, out, _ = run(capsys, *tree, "--draft-tokens", "16", "--json")
+    assert code == 0 and json.loads(out)["valid"]
+    code, _, err = run(capsys, *tree, "--draft-tokens", "38")
+    assert code == 2 and "--draft-tokens: num_draft_tokens=38 (supported: 2..37" in err
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["plan", "--platform", "rocm:gfx942"], "--platform"),
     (["plan", "--spec-steps", "-1"], "--spec-steps=-1"),

@@ -59,11 +59,11 @@ def test_flags_at_their_defaults_beside_engine_are_not_mixed(capsys):
 
 
 SGLANG_NAMES = ("DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "FLAGS", "HARMLESS", "SGLANG_VERSION",
-                "EngineArgError", "EngineConfig", "capture_sizes", "from_server_args", "parse_cli", "plan_server_args",
-                "roles")
+                "EngineArgError", "EngineConfig", "PageSize", "capture_sizes", "from_server_args", "parse_cli",
+                "plan_server_args", "resolve_page_size", "roles")
 VLLM_NAMES = ("FLAGS", "HARMLESS", "VLLM_VERSION", "CGSupport", "EngineArgError", "GraphMode", "ModeResolution",
-              "VllmConfig", "catalog_support", "descriptor_for_level", "from_engine_args", "min_support", "parse_cli",
-              "resolve_mode", "support_level")
+              "VllmConfig", "Level", "catalog_support", "descriptor_for_level", "from_engine_args", "min_support",
+              "parse_cli", "resolve_mode", "support_level", "support_on")
 
 
 def test_each_adapter_package_keeps_its_public_names():

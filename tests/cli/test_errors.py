@@ -71,6 +71,8 @@ def bad_inputs(binary, folder, tmp):
         (["demo", "--max-new-tokens", "0"], "--max-new-tokens=0"),
         (["demo", "--max-bs", "4096"], "--max-bs=4096 (supported: an integer 1..32)"),
         (["demo", "--topk", "4"], "--draft-tokens is required with --topk=4"),
+        (["demo", "--spec-steps", "3", "--topk", "4", "--draft-tokens", "16"],
+         "--draft-tokens: num_draft_tokens=16 (supported: 2..13 in the reference worker"),
         (["demo", "--spec-steps", "0"], "--spec-steps=0"),
         (["demo", "--backend", "no-such-backend", "--max-new-tokens", "1"], "backend=no-such-backend"),
         (["demo", "--seed", "-1"], "--seed=-1"),

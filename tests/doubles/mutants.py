@@ -23,6 +23,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
+from unittest import mock
 
 import torch
 
@@ -58,15 +59,6 @@ class _OneDefect(TorchBackend):
         layout.mask_from = 0  # the defects below change which columns are blocked
         return layout
 
-
-@contextlib.contextmanager
-def _patched(name: str, value: object) -> Iterator[None]:
-    old = getattr(kernel, name)
-    setattr(kernel, name, value)
-    try:
-        yield
-    finally:
-        setattr(kernel, name, old)
 
 
 # --- sizes ------------------------------------------------------------------------------------------
@@ -237,7 +229,7 @@ class NoMaxSubtraction(_OneDefect):
     """The softmax skips subtracting the running max."""
 
     def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        with _patched("_softmax_segment", _softmax_without_max):
+        with mock.patch.object(kernel, "_softmax_segment", _softmax_without_max):
             return super().attend(q, layer, batch)
 
 

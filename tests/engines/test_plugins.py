@@ -19,11 +19,13 @@ from attnhal import catalog
 from attnhal.engines import sglang
 from attnhal.engines.sglang import classes, plugin
 from attnhal.engines.sglang.audit import PhaseAudit, Verdict, audit, descriptor_limit
-from attnhal.engines.sglang.discrepancies import DISCREPANCIES, Difference, Direction, explain
+from attnhal.engines.sglang.differs import RULES, engine_differs
+from attnhal.engines.sglang.discrepancies import LATE_FAILURE, SHOWN, Direction, explain
 from attnhal.engines.vllm import plugin as vllm_plugin
 from attnhal.engines.vllm.audit import GroupLevel, audit_mode
 from attnhal.engines.vllm.resolution import CGSupport, GraphMode
 from attnhal.phases import Phase
+from attnhal.platform import parse
 
 SEED = {"attention_backend": "aiter", "speculative_algorithm": "EAGLE", "speculative_num_steps": 1,
         "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 2}
@@ -99,25 +101,26 @@ def test_one_class_for_two_entries_is_told_apart_by_the_factorys_stamp() -> None
 # --- the audit records ---------------------------------------------------------------------------------
 
 def _seed_audit(sglang_extend: Verdict, **args: object) -> PhaseAudit:
-    graph_plan = sglang.plan_server_args({**SEED, **args}, "hip:gfx942", model="mha")
-    rows = audit(graph_plan, {Phase.DRAFT_DECODE: Verdict.NOT_RUN, Phase.DRAFT_EXTEND: sglang_extend},
-                 names={Phase.DRAFT_DECODE: None, Phase.DRAFT_EXTEND: str(args.get("attention_backend", "aiter"))})
-    assert rows[0].line() == "draft_decode: SGLang not run, attnhal not run ([phase_not_run] " + \
-        rows[0].reasons[0].message + "); agree"
+    config = sglang.from_server_args({**SEED, **args}, model="mha")
+    rows = audit(config.plan("hip:gfx942"), {Phase.DRAFT_DECODE: Verdict.NOT_RUN, Phase.DRAFT_EXTEND: sglang_extend},
+                 names={Phase.DRAFT_DECODE: None, Phase.DRAFT_EXTEND: config.roles["draft_extend"]},
+                 applicable=engine_differs(config, "hip:gfx942"))
     return rows[1]
 
 
-def test_the_seed_bug_line_names_d1() -> None:
+def test_the_seed_bug_line_names_d1_with_the_catalogues_note() -> None:
     row = _seed_audit(Verdict.EAGER)
     assert (row.sglang, row.attnhal, row.direction) == (Verdict.EAGER, Verdict.CAPTURED, Direction.ATTNHAL_CAPTURES)
     assert row.entry is not None and row.entry.entry == "D1"
-    assert row.line().startswith("draft_extend: SGLang eager, attnhal captured (sglang:aiter); differs: "
-                                 "docs/catalog.md D1: HIP: aiter draft extend loses its graph")
+    assert row.line() == ("draft_extend: SGLang eager, attnhal captured (sglang:aiter); differs: docs/catalog.md D1 "
+                          "(sglang:aiter): draft_extend on HIP with num_steps 1: SGLang 0.5.23 runs it eagerly, its "
+                          "HIP branch reads the draft-decode backend (speculative/eagle_worker_v2.py:546-565; "
+                          "draft_utils.py:84-87)")
 
 
 def test_agreement_and_an_uncatalogued_difference() -> None:
     assert _seed_audit(Verdict.CAPTURED).line() == "draft_extend: SGLang captured, attnhal captured (sglang:aiter); agree"
-    row = _seed_audit(Verdict.EAGER, attention_backend="fa3")
+    row = _seed_audit(Verdict.EAGER, speculative_num_steps=2, speculative_num_draft_tokens=3)  # D1 needs one step
     assert row.entry is None and row.line().endswith("; differs: not catalogued")
 
 
@@ -129,33 +132,29 @@ def test_a_descriptor_limit_is_told_from_a_policy_switch() -> None:
     assert not descriptor_limit(switched[Phase.DRAFT_EXTEND]) and not switched[Phase.DRAFT_EXTEND].capture
 
 
-def test_each_catalogued_entry_explains_its_own_shape_and_not_the_others() -> None:
-    shapes = {"D1": Difference(Phase.DRAFT_EXTEND, Direction.ATTNHAL_CAPTURES, "aiter"),
-              "D2": Difference(Phase.DRAFT_EXTEND, Direction.ATTNHAL_CAPTURES, "triton"),
-              "D7": Difference(Phase.DRAFT_EXTEND, Direction.ATTNHAL_CAPTURES, "aiter", split=True),
-              "late failures": Difference(Phase.DRAFT_EXTEND, Direction.ATTNHAL_INVALID, "aiter", topk=2),
-              "D3": Difference(Phase.TARGET_VERIFY, Direction.ATTNHAL_INVALID, "flashinfer", topk=2, model="mla"),
-              "D4": Difference(Phase.TARGET_VERIFY, Direction.ATTNHAL_INVALID, "dsa", topk=2)}
-    assert {e.entry for e in DISCREPANCIES} == set(shapes)
-    for entry, shape in shapes.items():
-        found = explain(shape)
-        assert found is not None and found.entry == entry
-    assert explain(Difference(Phase.DRAFT_EXTEND, Direction.SGLANG_CAPTURES, "aiter")) is None
-    assert explain(Difference(Phase.DRAFT_DECODE, Direction.ATTNHAL_CAPTURES, "aiter")) is None
+def test_every_catalogued_entry_says_where_it_shows_and_only_there() -> None:
+    assert set(SHOWN) == set(RULES)
+    config = sglang.from_server_args(SEED, model="mha")
+    d1 = engine_differs(config, "hip:gfx942")
+    assert [e.entry for e in d1] == ["D1"]
+    assert explain(Phase.DRAFT_EXTEND, Direction.ATTNHAL_CAPTURES, d1).entry == "D1"  # type: ignore[union-attr]
+    assert explain(Phase.DRAFT_EXTEND, Direction.SGLANG_CAPTURES, d1) is None
+    assert explain(Phase.TARGET_VERIFY, Direction.ATTNHAL_CAPTURES, d1) is None
+    assert explain(Phase.DRAFT_EXTEND, Direction.ATTNHAL_INVALID, (), "aiter", topk=2) is LATE_FAILURE
+    assert explain(Phase.DRAFT_EXTEND, Direction.ATTNHAL_INVALID, (), "aiter", topk=1) is None
+    assert str(LATE_FAILURE).startswith("docs/catalog.md, Late failures (sglang:aiter): ")
 
 
-def test_the_entries_named_are_entries_of_the_catalogue_page() -> None:
-    text = (ROOT / "docs" / "catalog.md").read_text()
-    for entry in DISCREPANCIES:
-        heading = "**Late failures.**" if entry.entry == "late failures" else f"### {entry.entry} "
-        assert heading in text, entry.entry
+def test_the_late_failures_note_is_on_the_catalogue_page() -> None:
+    assert "**Late failures.**" in (ROOT / "docs" / "catalog.md").read_text()
 
 
 # --- vLLM's mode, explained ---------------------------------------------------------------------------
 
 def test_flashinfer_with_speculation_names_the_downgrade_its_cause_and_the_catalogue_difference() -> None:
     groups = [GroupLevel(0, "FLASHINFER", CGSupport.UNIFORM_SINGLE_TOKEN_DECODE)]
-    result = audit_mode(groups, GraphMode.FULL_AND_PIECEWISE, GraphMode.PIECEWISE, query_len=4)
+    result = audit_mode(groups, GraphMode.FULL_AND_PIECEWISE, GraphMode.PIECEWISE, query_len=4,
+                        platform=parse("cuda:sm90"))
     assert result.differs
     assert result.lines[:4] == (
         "attention groups: group 0 FLASHINFER UNIFORM_SINGLE_TOKEN_DECODE",
@@ -163,9 +162,10 @@ def test_flashinfer_with_speculation_names_the_downgrade_its_cause_and_the_catal
         "cudagraph_mode: FULL_AND_PIECEWISE -> PIECEWISE",
         "downgrade FULL_AND_PIECEWISE -> PIECEWISE: spec decode (query len 4) needs UNIFORM_BATCH "
         "(support: UNIFORM_SINGLE_TOKEN_DECODE)")
-    assert result.lines[4].startswith("differs: vllm:FLASHINFER is catalogued UNIFORM_BATCH, vLLM graded it "
-                                      "UNIFORM_SINGLE_TOKEN_DECODE here (conditions: UNIFORM_BATCH when trtllm-gen")
-    assert result.lines[4].endswith("with the catalogue's level the mode would be FULL_AND_PIECEWISE")
+    assert result.lines[4].startswith("differs: attnhal reads vllm:FLASHINFER as UNIFORM_BATCH (trtllm-gen decode on "
+                                      "sm90; assumes trtllm-gen cubins available: ")
+    assert result.lines[4].endswith("vLLM graded it UNIFORM_SINGLE_TOKEN_DECODE here; with attnhal's level the mode "
+                                    "would be FULL_AND_PIECEWISE")
 
 
 def test_the_lowest_group_sets_the_level_and_agreement_is_quiet() -> None:

@@ -2,17 +2,18 @@
 
 Pure: SGLang's side comes in as "which phases ran, which got a graph runner", attnhal's as a
 :class:`~attnhal.planner.GraphPlan`. :func:`audit` pairs them; a phase where they differ
-carries the :class:`~attnhal.engines.sglang.discrepancies.Discrepancy` that explains it,
-if one is catalogued.
+carries the :class:`~attnhal.engines.sglang.discrepancies.Explanation` of it, if one is
+catalogued.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from attnhal.engines.sglang.discrepancies import Difference, Direction, Discrepancy, explain
+from attnhal.engines.sglang.differs import EngineDiffers
+from attnhal.engines.sglang.discrepancies import Direction, Explanation, explain
 from attnhal.phases import Phase
 from attnhal.planner import GraphPlan, PhasePlan
 from attnhal.reasons import Reason, ReasonCode
@@ -67,7 +68,7 @@ class PhaseAudit:
     backend: str | None  # the descriptor attnhal read ("sglang:aiter")
     reasons: tuple[Reason, ...] = ()
     direction: Direction | None = None
-    entry: Discrepancy | None = None
+    entry: Explanation | None = None
 
     @property
     def differs(self) -> bool:
@@ -85,12 +86,13 @@ class PhaseAudit:
 
 
 def audit(plan: GraphPlan, sglang: Mapping[Phase, Verdict], *, names: Mapping[Phase, str | None],
-          split: bool = False) -> tuple[PhaseAudit, ...]:
+          applicable: Iterable[EngineDiffers] = ()) -> tuple[PhaseAudit, ...]:
     """Pair SGLang's verdict for each phase in ``sglang`` with ``plan``'s.
 
-    ``names`` is the SGLang backend name running each phase (what the catalogued entries'
-    predicates read); ``split``: the prefill and decode roles are on different backends.
+    ``names``: the SGLang backend name running each phase; ``applicable``: the catalogued
+    engine decisions that apply to the configuration (``differs.engine_differs``).
     """
+    entries = tuple(applicable)
     out = []
     for phase, theirs in sglang.items():
         decision = plan[phase]
@@ -98,9 +100,7 @@ def audit(plan: GraphPlan, sglang: Mapping[Phase, Verdict], *, names: Mapping[Ph
         direction = _direction(theirs, ours)
         entry = None
         if direction is not None:
-            model = plan.context.model.value if plan.context.model else "mha"
-            entry = explain(Difference(phase, direction, names.get(phase), split, plan.spec.topk,
-                                       plan.spec.num_steps, plan.context.page_size or 1, model))
+            entry = explain(phase, direction, entries, names.get(phase), plan.spec.topk)
         reasons = () if ours is Verdict.CAPTURED else decision.reasons
         out.append(PhaseAudit(phase, theirs, ours, decision.backend, reasons, direction, entry))
     return tuple(out)

@@ -136,7 +136,7 @@ class DraftPlan:
 
     plan: Any  # attnhal.planner.GraphPlan
     names: Mapping[Any, str | None]  # Phase -> SGLang backend name of the phase
-    split: bool
+    applicable: tuple[Any, ...]  # the catalogued engine decisions that apply (differs.EngineDiffers)
     platform: str
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -186,6 +186,7 @@ def plan_draft_worker(worker: Any, graphs_enabled: bool, env: Mapping[str, str] 
     """
     from attnhal.catalog import load
     from attnhal.engines.flags import EngineArgError
+    from attnhal.engines.sglang.differs import engine_differs
     from attnhal.engines.sglang.resolution import from_server_args
     from attnhal.phases import Phase
     from attnhal.planner import plan
@@ -209,9 +210,9 @@ def plan_draft_worker(worker: Any, graphs_enabled: bool, env: Mapping[str, str] 
     backends = dataclasses.replace(config.backends, draft_decode=descriptors[Phase.DRAFT_DECODE],
                                    draft_extend=descriptors[Phase.DRAFT_EXTEND])
     policy = config.policy if graphs_enabled else dataclasses.replace(config.policy, enabled=False)
-    result = plan(spec, platform, backends, policy, config.context)
-    split = config.roles.get("prefill") != config.roles.get("decode")
-    return DraftPlan(result, names, split, platform.name, config.notes)
+    context = dataclasses.replace(config.context, page_size=config.page_size(platform).value)
+    result = plan(spec, platform, backends, policy, context)
+    return DraftPlan(result, names, engine_differs(config, platform), platform.name, config.notes)
 
 
 # --- the hooks ---------------------------------------------------------------------------------
@@ -303,7 +304,7 @@ class EagleDraftHook:
             built = getattr(worker, _RUNNER_ATTRS[phase.value], None) is not None or phase.value in refused
             sglang[phase] = Verdict.NOT_RUN if backend is None else Verdict.CAPTURED if built else Verdict.EAGER
         head = f"{self.mode}: {type(worker).__name__} on {planned.platform}"
-        for row in audit(planned.plan, sglang, names=planned.names, split=planned.split):
+        for row in audit(planned.plan, sglang, names=planned.names, applicable=planned.applicable):
             action = self._act(module, worker, row, refused)
             self.log.info(f"{head}: {row.line()}" + (f"; enforce: {action}" if action else ""))
 

@@ -1,5 +1,7 @@
 """vLLM's graph-mode resolution explained: which attention group set the level, each downgrade and
-its cause, and where attnhal's reading (the catalogue, the adapter's :func:`resolve_mode`) differs.
+its cause, and where attnhal's reading differs: the level attnhal gives the backend on this platform
+(:func:`~attnhal.engines.vllm.levels.support_on`: the catalogue, and vLLM's per-configuration rules)
+and its resolution of the mode (:func:`~attnhal.engines.vllm.resolve_mode`).
 
 Pure: the plugin (:mod:`attnhal.engines.vllm.plugin`) hands in what vLLM decided; the lines
 returned are what it logs.
@@ -10,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from attnhal.catalog import CatalogError, load
+from attnhal.catalog import CatalogError
+from attnhal.engines.vllm.levels import Level, support_on
 from attnhal.engines.vllm.resolution import CGSupport, GraphMode, min_support, resolve_mode
+from attnhal.platform import Platform
 
 __all__ = ["GroupLevel", "ModeAudit", "audit_mode"]
 
@@ -33,22 +37,28 @@ class ModeAudit:
     differs: bool
 
 
-def _catalogued(backend: str) -> tuple[CGSupport | None, str]:
-    """The catalogue's level for ``vllm:BACKEND`` and its conditions (``None``: not catalogued)."""
+def _attnhal_level(backend: str, platform: Platform | None, spec_tokens: int) -> Level | None:
+    """attnhal's level for ``vllm:BACKEND`` here (``None``: not catalogued)."""
     try:
-        entry = load(f"vllm:{backend}")
+        return support_on(f"vllm:{backend}", platform, spec_tokens)
     except CatalogError:
-        return None, ""
-    return CGSupport[entry.meta["cg_support"]], str(entry.meta.get("cg_conditions", ""))
+        return None
+
+
+def _why(level: Level) -> str:
+    parts = [level.because or "the catalogue's level", *([f"assumes {level.assumes}"] if level.assumes else [])]
+    return "; ".join(parts)
 
 
 def audit_mode(groups: Sequence[GroupLevel], requested: GraphMode, resolved: GraphMode | None,
-               query_len: int = 1, attention_split: bool = True, error: str | None = None) -> ModeAudit:
+               query_len: int = 1, attention_split: bool = True, error: str | None = None,
+               platform: Platform | None = None) -> ModeAudit:
     """Explain vLLM's ``cudagraph_mode`` resolution.
 
     ``groups``: each (KV-cache group, backend) with the level vLLM's builder reported;
     ``requested``: the mode before resolution; ``resolved``: after (``None`` with ``error``:
-    vLLM refused); ``query_len``: ``1 + num_speculative_tokens``.
+    vLLM refused); ``query_len``: ``1 + num_speculative_tokens``; ``platform``: where attnhal
+    reads the backends' levels (``None``: the catalogue's).
     """
     level, setter = min_support({f"{g.backend} (KV-cache group {g.group})": g.level for g in groups})
     lines = ["attention groups: " + ", ".join(f"group {g.group} {g.backend} {g.level.name}" for g in groups)]
@@ -62,17 +72,17 @@ def audit_mode(groups: Sequence[GroupLevel], requested: GraphMode, resolved: Gra
         lines.append(f"differs: attnhal's resolution of the same level gives "
                      f"{ours.mode.value if ours.mode else 'refused'}, vLLM {vllm}")
     for group in groups:
-        catalogued, conditions = _catalogued(group.backend)
-        if catalogued is None:
+        ours_level = _attnhal_level(group.backend, platform, query_len - 1)
+        if ours_level is None:
             lines.append(f"{group.backend}: not in attnhal's catalogue (vllm:{group.backend}); its level is vLLM's")
             continue
-        if catalogued is not group.level:
+        if ours_level.support is not group.level:
             differs = True
-            # The minimum over the groups, with this group at the catalogue's level.
+            # The minimum over the groups, with this group at attnhal's level.
             others = [g.level for g in groups if g is not group]
-            with_catalogue = resolve_mode(requested, min([catalogued, *others]), query_len, attention_split)
-            mode = with_catalogue.mode.value if with_catalogue.mode else "refused"
-            lines.append(f"differs: vllm:{group.backend} is catalogued {catalogued.name}, vLLM graded it "
-                         f"{group.level.name} here (conditions: {conditions or 'none recorded'}); with the "
-                         f"catalogue's level the mode would be {mode}")
+            with_ours = resolve_mode(requested, min([ours_level.support, *others]), query_len, attention_split)
+            mode = with_ours.mode.value if with_ours.mode else "refused"
+            lines.append(f"differs: attnhal reads vllm:{group.backend} as {ours_level.support.name} "
+                         f"({_why(ours_level)}), vLLM graded it {group.level.name} here; with attnhal's level "
+                         f"the mode would be {mode}")
     return ModeAudit(tuple(lines), differs)

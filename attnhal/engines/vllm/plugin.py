@@ -142,6 +142,13 @@ def _before(runner: Any, attention_backends: Any, kv_cache_groups: Any) -> tuple
     return groups, GraphMode(requested.name if requested is not None else "NONE")
 
 
+def _platform() -> Any:
+    """Where attnhal reads the backends' levels: :func:`attnhal.detect` (``ATTNHAL_PLATFORM`` overrides)."""
+    from attnhal.platform import detect
+
+    return detect()
+
+
 def _report(runner: Any, before: tuple[Any, Any] | None, error: str | None) -> None:
     if before is None:
         return
@@ -153,7 +160,8 @@ def _report(runner: Any, before: tuple[Any, Any] | None, error: str | None) -> N
         config = runner.compilation_config
         resolved = None if error else GraphMode(config.cudagraph_mode.name)
         split = bool(config.splitting_ops_contain_attention())
-        result = audit_mode(groups, requested, resolved, runner.uniform_decode_query_len, split, error)
+        result = audit_mode(groups, requested, resolved, runner.uniform_decode_query_len, split, error,
+                            _platform())
         for line in result.lines:
             log.info("attnhal: %s", line)
     except Exception:

@@ -91,8 +91,20 @@ def loaded(mode: str | None = None) -> Iterator[list[str]]:
                 os.environ[var] = value
 
 
-def _resolve(backend: str, model: str, speculative: dict[str, Any] | None, platform: str) -> harness.Resolution:
-    return harness.resolve(harness.engine_config(backend, model, speculative), backend, platform)
+@contextlib.contextmanager
+def _platform(platform: str) -> Iterator[None]:
+    """attnhal.detect() answers the emulated platform (where the plugin reads attnhal's levels)."""
+    os.environ["ATTNHAL_PLATFORM"] = platform
+    try:
+        yield
+    finally:
+        os.environ.pop("ATTNHAL_PLATFORM", None)
+
+
+def _resolve(backend: str, model: str, speculative: dict[str, Any] | None, platform: str,
+             mode: str | None = None) -> harness.Resolution:
+    with _platform(platform):
+        return harness.resolve(harness.engine_config(backend, model, speculative, mode), backend, platform)
 
 
 def test_the_entry_point_is_installed_in_this_environment() -> None:
@@ -134,8 +146,9 @@ def test_flashinfer_with_speculation_on_sm90_names_the_downgrade_and_its_cause()
         "attnhal: cudagraph_mode: FULL_AND_PIECEWISE -> PIECEWISE",
         "attnhal: downgrade FULL_AND_PIECEWISE -> PIECEWISE: spec decode (query len 4) needs UNIFORM_BATCH "
         "(support: UNIFORM_SINGLE_TOKEN_DECODE)"]
-    assert lines[4].startswith("attnhal: differs: vllm:FLASHINFER is catalogued UNIFORM_BATCH, vLLM graded it "
-                               "UNIFORM_SINGLE_TOKEN_DECODE here (conditions: UNIFORM_BATCH when trtllm-gen decode")
+    assert lines[4].startswith("attnhal: differs: attnhal reads vllm:FLASHINFER as UNIFORM_BATCH (trtllm-gen decode "
+                               "on sm90; assumes trtllm-gen cubins available: flashinfer-cubin installed or NVIDIA's "
+                               "artifactory reachable")
     assert len(lines) == 5, lines
     SUMMARY.append("vLLM plugin, FLASHINFER + ngram (3 tokens), SM90:")
     SUMMARY.extend(f"  {line}" for line in lines)
@@ -143,9 +156,9 @@ def test_flashinfer_with_speculation_on_sm90_names_the_downgrade_and_its_cause()
 
 def test_a_mode_vllm_refuses_is_explained_and_still_refused() -> None:
     """CPU_ATTN's builder grades NEVER: vLLM refuses a requested FULL (ValueError) with the plugin too."""
-    without = harness.resolve(harness.engine_config("CPU_ATTN", "mha", None, "FULL"), "CPU_ATTN", "cuda:sm90")
+    without = _resolve("CPU_ATTN", "mha", None, "cuda:sm90", "FULL")
     with loaded() as lines:
-        with_plugin = harness.resolve(harness.engine_config("CPU_ATTN", "mha", None, "FULL"), "CPU_ATTN", "cuda:sm90")
+        with_plugin = _resolve("CPU_ATTN", "mha", None, "cuda:sm90", "FULL")
     assert with_plugin == without and without.error is not None and without.error.startswith("ValueError: ")
     assert lines[:3] == ["attnhal: attention groups: group 0 CPU_ATTN NEVER",
                          "attnhal: level NEVER, set by CPU_ATTN (KV-cache group 0)",
@@ -186,7 +199,7 @@ def _outcome(backend: str, model: str, spec: str, mode: str | None, platform: st
     speculative: dict[str, Any] = dict(NGRAM) if spec == "ngram" else {
         "method": "eagle", "num_speculative_tokens": 3, "model": harness.model_dir(model)}
     try:
-        return harness.resolve(harness.engine_config(backend, model, speculative, mode), backend, platform)
+        return _resolve(backend, model, speculative, platform, mode)
     except Exception as exc:  # a builder vLLM cannot import here (test_vllm_executed.NOT_REACHED)
         return f"{type(exc).__name__}: {exc}"
 
