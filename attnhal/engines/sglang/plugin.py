@@ -29,7 +29,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["HOOKS", "LOGGER", "MODES", "MODE_VAR", "DraftPlan", "Unplannable", "installed_sglang", "register"]
@@ -138,7 +138,6 @@ class DraftPlan:
     names: Mapping[Any, str | None]  # Phase -> SGLang backend name of the phase
     applicable: tuple[Any, ...]  # the catalogued engine decisions that apply (differs.EngineDiffers)
     platform: str
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _resolved_args(server_args: Any) -> dict[str, Any]:
@@ -212,7 +211,7 @@ def plan_draft_worker(worker: Any, graphs_enabled: bool, env: Mapping[str, str] 
     policy = config.policy if graphs_enabled else dataclasses.replace(config.policy, enabled=False)
     context = dataclasses.replace(config.context, page_size=config.page_size(platform).value)
     result = plan(spec, platform, backends, policy, context)
-    return DraftPlan(result, names, engine_differs(config, platform), platform.name, config.notes)
+    return DraftPlan(result, names, engine_differs(config, platform), platform.name)
 
 
 # --- the hooks ---------------------------------------------------------------------------------
