@@ -236,7 +236,9 @@ def _refusing(module: Any, phases: frozenset[str], refused: dict[str, str]) -> I
     saved: list[tuple[str, Any]] = []
     names = {(phase, name) for phase in phases for name in RUNNER_CLASSES[phase].values()}
     for phase, name in sorted(names):
-        original = getattr(module, name)
+        original = getattr(module, name, None)
+        if original is None:  # a runner class this SGLang build does not import
+            continue
 
         def refuse(worker: Any, _phase: str = phase, _name: str = name) -> None:
             refused[_phase] = _name
@@ -262,6 +264,7 @@ class EagleDraftHook:
         module = sys.modules[_EAGLE]
         try:
             planned = self._plan(module, worker)
+            held_back = self._not_captured(planned)
         except Unplannable as exc:
             self.log.warn_once(f"{type(worker).__name__}: {exc}; its graph decision is left to SGLang")
             return original(worker, *args, **kwargs)
@@ -269,7 +272,7 @@ class EagleDraftHook:
             log.exception("attnhal: planning %s failed; SGLang's own graph decision stands", type(worker).__name__)
             return original(worker, *args, **kwargs)
         refused: dict[str, str] = {}
-        with _refusing(module, self._not_captured(planned), refused):
+        with _refusing(module, held_back, refused):
             result = original(worker, *args, **kwargs)
         try:
             self._report(module, worker, planned, refused)
