@@ -152,13 +152,13 @@ def test_the_late_failures_note_is_on_the_catalogue_page() -> None:
 # --- vLLM's mode, explained ---------------------------------------------------------------------------
 
 def test_flashinfer_with_speculation_names_the_downgrade_its_cause_and_the_catalogue_difference() -> None:
-    groups = [GroupLevel(0, "FLASHINFER", CGSupport.UNIFORM_SINGLE_TOKEN_DECODE)]
+    groups = [GroupLevel(0, "FLASHINFER", CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "FullAttentionSpec")]
     result = audit_mode(groups, GraphMode.FULL_AND_PIECEWISE, GraphMode.PIECEWISE, query_len=4,
                         platform=parse("cuda:sm90"))
     assert result.differs
     assert result.lines[:4] == (
-        "attention groups: group 0 FLASHINFER UNIFORM_SINGLE_TOKEN_DECODE",
-        "level UNIFORM_SINGLE_TOKEN_DECODE, set by FLASHINFER (KV-cache group 0)",
+        "attention groups: FLASHINFER UNIFORM_SINGLE_TOKEN_DECODE (KV-cache group 0, FullAttentionSpec)",
+        "level UNIFORM_SINGLE_TOKEN_DECODE, set by FLASHINFER (KV-cache group 0, FullAttentionSpec)",
         "cudagraph_mode: FULL_AND_PIECEWISE -> PIECEWISE",
         "downgrade FULL_AND_PIECEWISE -> PIECEWISE: spec decode (query len 4) needs UNIFORM_BATCH "
         "(support: UNIFORM_SINGLE_TOKEN_DECODE)")
@@ -200,7 +200,7 @@ def _stand_ins(level: str, requested: str, resolved: str) -> tuple[object, list[
     config = mode(cudagraph_mode=mode(name=requested), splitting_ops_contain_attention=lambda: True)
     runner = dict(vllm_config=None, compilation_config=config, uniform_decode_query_len=4,
                   resolves_to=mode(name=resolved))
-    return runner, [{backend}], [mode(kv_cache_spec=None)]
+    return runner, [{backend}], [mode(kv_cache_spec=type("FullAttentionSpec", (), {})())]
 
 
 def test_the_vllm_plugin_wraps_its_target_when_the_module_is_first_imported(

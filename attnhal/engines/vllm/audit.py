@@ -27,6 +27,11 @@ class GroupLevel:
     group: int
     backend: str  # vLLM's backend name ("FLASHINFER")
     level: CGSupport
+    spec: str = ""  # the group's KV-cache spec class ("FullAttentionSpec", "MLAAttentionSpec", ...)
+
+    @property
+    def where(self) -> str:
+        return f"KV-cache group {self.group}" + (f", {self.spec}" if self.spec else "")
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,8 @@ def audit_mode(groups: Sequence[GroupLevel], requested: GraphMode, resolved: Gra
     vLLM refused); ``query_len``: ``1 + num_speculative_tokens``; ``platform``: where attnhal
     reads the backends' levels (``None``: the catalogue's).
     """
-    level, setter = min_support({f"{g.backend} (KV-cache group {g.group})": g.level for g in groups})
-    lines = ["attention groups: " + ", ".join(f"group {g.group} {g.backend} {g.level.name}" for g in groups)]
+    level, setter = min_support({f"{g.backend} ({g.where})": g.level for g in groups})
+    lines = ["attention groups: " + ", ".join(f"{g.backend} {g.level.name} ({g.where})" for g in groups)]
     lines.append(f"level {level.name}, set by {setter}" if setter else f"level {level.name} (no attention group)")
     ours = resolve_mode(requested, level, query_len, attention_split)
     vllm = resolved.value if resolved is not None else f"refused ({error})"

@@ -137,7 +137,7 @@ def _before(runner: Any, attention_backends: Any, kv_cache_groups: Any) -> tuple
     for index, (backends, group) in enumerate(zip(attention_backends, kv_cache_groups)):
         for backend in sorted(backends, key=lambda b: b.get_name()):
             level = backend.get_builder_cls().get_cudagraph_support(runner.vllm_config, group.kv_cache_spec)
-            groups.append(GroupLevel(index, backend.get_name(), CGSupport[level.name]))
+            groups.append(GroupLevel(index, backend.get_name(), CGSupport[level.name], type(group.kv_cache_spec).__name__))
     requested = runner.compilation_config.cudagraph_mode
     return groups, GraphMode(requested.name if requested is not None else "NONE")
 
