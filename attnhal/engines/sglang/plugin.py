@@ -17,8 +17,8 @@ decision (:data:`HOOKS`). ``ATTNHAL_SGLANG_GRAPHS`` picks what the hooks do:
 What attnhal cannot plan (a backend class outside the table, an argument the adapter does not
 model, a platform without device graphs, an out-of-tree platform's runners) is left to
 SGLang with one warning naming it. An error inside a hook is logged and SGLang's own decision
-stands. Another SGLang release: one warning, no hook. This module imports nothing at load
-but the standard library; SGLang's modules are read only inside the hooks.
+stands. Another SGLang release: one warning, no hook. Loading this module imports the standard
+library and attnhal's light core only; SGLang's modules are read inside the hooks.
 """
 
 from __future__ import annotations
