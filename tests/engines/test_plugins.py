@@ -5,6 +5,7 @@ audit records and their log lines. The plugins run inside SGLang and vLLM in the
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 import tomllib
@@ -225,3 +226,39 @@ def test_the_vllm_plugin_wraps_its_target_when_the_module_is_first_imported(
     assert runner.compilation_config.cudagraph_mode.name == "PIECEWISE"  # vLLM's own decision
     assert "attnhal: cudagraph_mode: FULL_AND_PIECEWISE -> PIECEWISE" in caplog.text
     assert "attnhal: downgrade FULL_AND_PIECEWISE -> PIECEWISE: spec decode (query len 4)" in caplog.text
+
+
+# --- planning a draft worker, on stand-ins for SGLang's objects -----------------------------------------
+
+def _worker(steps: int = 1, extend: str = "sglang.srt.layers.attention.aiter_backend.AiterAttnBackend",
+            **args: object) -> types.SimpleNamespace:
+    config = types.SimpleNamespace(num_attention_heads=32, get_total_num_kv_heads=lambda: 8)
+    server_args = types.SimpleNamespace(**{**SEED, "speculative_num_steps": steps,
+                                           "speculative_num_draft_tokens": steps + 1, **args})
+    return types.SimpleNamespace(server_args=server_args, speculative_num_steps=steps, topk=1,
+                                 speculative_num_draft_tokens=steps + 1, draft_attn_backend=None,
+                                 draft_extend_attn_backend=_sglang_class(extend)(),
+                                 draft_runner=types.SimpleNamespace(use_mla_backend=False, model_config=config))
+
+
+def test_a_draft_worker_is_planned_from_its_backend_classes_and_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNHAL_PLATFORM", "hip:gfx942")
+    planned = plugin.plan_draft_worker(_worker(), graphs_enabled=True, env={})
+    assert planned.plan[Phase.DRAFT_EXTEND].capture and planned.plan.context.model.value == "gqa"
+    assert [e.entry for e in planned.applicable] == ["D1"] and planned.platform == "hip:gfx942"
+    assert not plugin.plan_draft_worker(_worker(), graphs_enabled=False, env={}).plan[Phase.DRAFT_EXTEND].capture
+
+
+@pytest.mark.parametrize("worker,platform,says", [
+    (_worker(extend="my_platform.attention.Mystery"), "hip:gfx942", "draft_extend backend class=my_platform"),
+    (_worker(kv_cache_dtype="mxfp8"), "hip:gfx942", "server argument --kv-cache-dtype='mxfp8' (supported: "),
+    (_worker(steps=100), "hip:gfx942", "server argument --speculative-num-steps: num_steps=100 (supported: 1..64)"),
+    (types.SimpleNamespace(**{**vars(_worker()), "speculative_num_steps": 100}), "hip:gfx942",  # an adaptive state
+     "the worker's speculative settings: num_steps=100 (supported: 1..64)"),
+    (_worker(), "cpu", "platform=cpu has no device graphs here"),
+])
+def test_what_attnhal_cannot_plan_is_said(worker: types.SimpleNamespace, platform: str, says: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNHAL_PLATFORM", platform)
+    with pytest.raises(plugin.Unplannable, match=re.escape(says)):
+        plugin.plan_draft_worker(worker, graphs_enabled=True, env={})

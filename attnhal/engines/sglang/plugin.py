@@ -202,9 +202,13 @@ def plan_draft_worker(worker: Any, graphs_enabled: bool, env: Mapping[str, str] 
         config = from_server_args(_resolved_args(worker.server_args), env=os.environ if env is None else env,
                                   model=_model_kind(worker.draft_runner))
     except EngineArgError as exc:
-        raise Unplannable(f"server argument {str(exc).removeprefix(f'{exc.flag}: ')}") from None
-    spec = SpecConfig.eagle(worker.speculative_num_steps, worker.topk, worker.speculative_num_draft_tokens,
-                            algorithm=config.spec.algorithm)
+        text = str(exc).replace(f"{exc.flag}: {exc.flag}", exc.flag)  # a message that names its flag already
+        raise Unplannable(f"server argument {text}") from None
+    try:
+        spec = SpecConfig.eagle(worker.speculative_num_steps, worker.topk, worker.speculative_num_draft_tokens,
+                                algorithm=config.spec.algorithm)
+    except ValueError as exc:  # a spec attnhal's SpecConfig does not take (its bounds)
+        raise Unplannable(f"the worker's speculative settings: {exc}") from None
     descriptors = {phase: load(f"sglang:{name}").descriptor if name else None for phase, name in names.items()}
     backends = dataclasses.replace(config.backends, draft_decode=descriptors[Phase.DRAFT_DECODE],
                                    draft_extend=descriptors[Phase.DRAFT_EXTEND])
