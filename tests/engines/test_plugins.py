@@ -247,6 +247,10 @@ def test_a_draft_worker_is_planned_from_its_backend_classes_and_arguments(monkey
     assert planned.plan[Phase.DRAFT_EXTEND].capture and planned.plan.context.model.value == "gqa"
     assert [e.entry for e in planned.applicable] == ["D1"] and planned.platform == "hip:gfx942"
     assert not plugin.plan_draft_worker(_worker(), graphs_enabled=False, env={}).plan[Phase.DRAFT_EXTEND].capture
+    # An adaptive state with one step on a server started with three: D1 is read for the state.
+    state = plugin.plan_draft_worker(types.SimpleNamespace(**{**vars(_worker(steps=3)), "speculative_num_steps": 1,
+                                                              "speculative_num_draft_tokens": 2}), True, env={})
+    assert state.plan.spec.num_steps == 1 and [e.entry for e in state.applicable] == ["D1"]
 
 
 @pytest.mark.parametrize("worker,platform,says", [
@@ -254,7 +258,7 @@ def test_a_draft_worker_is_planned_from_its_backend_classes_and_arguments(monkey
     (_worker(kv_cache_dtype="mxfp8"), "hip:gfx942", "server argument --kv-cache-dtype='mxfp8' (supported: "),
     (_worker(steps=100), "hip:gfx942", "server argument --speculative-num-steps: num_steps=100 (supported: 1..64)"),
     (types.SimpleNamespace(**{**vars(_worker()), "speculative_num_steps": 100}), "hip:gfx942",  # an adaptive state
-     "the worker's speculative settings: num_steps=100 (supported: 1..64)"),
+     "server argument --speculative-num-steps: num_steps=100 (supported: 1..64)"),
     (_worker(), "cpu", "platform=cpu has no device graphs here"),
 ])
 def test_what_attnhal_cannot_plan_is_said(worker: types.SimpleNamespace, platform: str, says: str,

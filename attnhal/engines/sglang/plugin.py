@@ -179,8 +179,8 @@ def plan_draft_worker(worker: Any, graphs_enabled: bool, env: Mapping[str, str] 
     """attnhal's plan for an ``EagleDraftWorker`` whose backends SGLang has built.
 
     The roles come from the worker's backend objects (by class), the spec from the worker
-    (adaptive speculation changes it per captured state), the policy and context from the
-    resolved server arguments, the platform from :func:`attnhal.detect` (``ATTNHAL_PLATFORM``
+    (adaptive speculation changes it per captured state) with the resolved server arguments
+    for the rest (policy, context, the roles the catalogued entries read), the platform from :func:`attnhal.detect` (``ATTNHAL_PLATFORM``
     overrides it). ``graphs_enabled`` is SGLang's own graph switch. Raises :class:`Unplannable`.
     """
     from attnhal.catalog import load
@@ -190,7 +190,6 @@ def plan_draft_worker(worker: Any, graphs_enabled: bool, env: Mapping[str, str] 
     from attnhal.phases import Phase
     from attnhal.planner import plan
     from attnhal.platform import GraphKind, detect
-    from attnhal.spec import SpecConfig
 
     platform = detect()
     if platform.graph_kind is not GraphKind.DEVICE and not platform.simulated:
@@ -198,23 +197,20 @@ def plan_draft_worker(worker: Any, graphs_enabled: bool, env: Mapping[str, str] 
                           "CPU emulator, which SGLang does not use)")
     names = {Phase.DRAFT_DECODE: _phase_name("draft_decode", worker.draft_attn_backend),
              Phase.DRAFT_EXTEND: _phase_name("draft_extend", worker.draft_extend_attn_backend)}
+    # The worker's own spec: adaptive speculation captures one state per step count.
+    args = {**_resolved_args(worker.server_args), "speculative_num_steps": worker.speculative_num_steps,
+            "speculative_eagle_topk": worker.topk, "speculative_num_draft_tokens": worker.speculative_num_draft_tokens}
     try:
-        config = from_server_args(_resolved_args(worker.server_args), env=os.environ if env is None else env,
-                                  model=_model_kind(worker.draft_runner))
+        config = from_server_args(args, env=os.environ if env is None else env, model=_model_kind(worker.draft_runner))
     except EngineArgError as exc:
         text = str(exc).replace(f"{exc.flag}: {exc.flag}", exc.flag)  # a message that names its flag already
         raise Unplannable(f"server argument {text}") from None
-    try:
-        spec = SpecConfig.eagle(worker.speculative_num_steps, worker.topk, worker.speculative_num_draft_tokens,
-                                algorithm=config.spec.algorithm)
-    except ValueError as exc:  # a spec attnhal's SpecConfig does not take (its bounds)
-        raise Unplannable(f"the worker's speculative settings: {exc}") from None
     descriptors = {phase: load(f"sglang:{name}").descriptor if name else None for phase, name in names.items()}
     backends = dataclasses.replace(config.backends, draft_decode=descriptors[Phase.DRAFT_DECODE],
                                    draft_extend=descriptors[Phase.DRAFT_EXTEND])
     policy = config.policy if graphs_enabled else dataclasses.replace(config.policy, enabled=False)
     context = dataclasses.replace(config.context, page_size=config.page_size(platform).value)
-    result = plan(spec, platform, backends, policy, context)
+    result = plan(config.spec, platform, backends, policy, context)
     return DraftPlan(result, names, engine_differs(config, platform), platform.name)
 
 
