@@ -285,7 +285,7 @@ def test_cli_plans_with_the_page_size_sglang_sets_and_says_so(capsys: pytest.Cap
     ({"attention_backend": "fa4", "page_size": 16}, "cuda:sm100", "gqa", (128, 16, "fa4")),
     ({"attention_backend": "fa4"}, "cuda:sm90", "mha", (1, None, None)),  # SM100 only
     ({"attention_backend": "fa4"}, "cuda:sm100", "mla", (1, None, None)),  # non-MLA only
-    ({"attention_backend": "fa4"}, "cuda:sm100", None, (1, None, None)),  # model unknown: not applied
+    ({"attention_backend": "fa4"}, "cuda:sm100", None, (1, None, None)),  # model unknown: not applied, said
     ({**EAGLE, "attention_backend": "fa4", "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 5},
      "cuda:sm100", "mha", (1, None, None)),  # EAGLE trees keep the page size
     ({"attention_backend": "triton", "page_size": 16}, "cuda:sm90", "mha", (16, 16, None)),
@@ -365,3 +365,42 @@ def test_cli_prints_and_reports_engine_differs_in_text_and_json(capsys: pytest.C
                        "--decode-attention-backend", "aiter", *SEED[3:])
     said = [line for line in out.splitlines() if line.startswith("engine differs")]
     assert len(said) == 1 and said[0].startswith("engine differs (sglang:triton): ") and said[0].endswith("D7"), out
+
+
+def test_resolution_choice_says_which_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnhal.engines.sglang import engine_resolution as er
+
+    monkeypatch.setattr(er, "importable", lambda: False)
+    assert er.choose(None, True, "/m") == er.Choice("builtin", "SGLang is not importable")
+    with pytest.raises(sglang.EngineArgError, match="--engine-resolution=engine cannot run here"):
+        er.choose("engine", True, "/m")
+    monkeypatch.setattr(er, "importable", lambda: True)
+    assert er.choose(None, True, "/m").used == "engine"
+    assert er.choose("engine", True, "/m").why == "--engine-resolution engine"
+    assert "--platform names another" in er.choose(None, False, "/m").why
+    assert "--model-path" in er.choose(None, True, None).why
+    assert er.choose("builtin", True, "/m").used == "builtin"
+    with pytest.raises(sglang.EngineArgError, match="--engine-resolution='x'"):
+        er.choose("x", True, "/m")
+
+
+def test_cli_says_which_resolution_it_used(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnhal.engines.sglang import engine_resolution as er
+
+    monkeypatch.setattr(er, "importable", lambda: False)  # as in the main suite's environment
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", *SEED)
+    assert code == 0 and "resolution: attnhal's built-in: SGLang is not importable" in out
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--json", "--engine-resolution", "builtin", *SEED)
+    assert json.loads(out)["resolution"] == {"used": "builtin", "why": "--engine-resolution builtin"}
+    code, _, err = run(capsys, "plan", "--engine", "sglang", "--engine-resolution", "engine", *SEED)
+    assert code == 2 and "--engine-resolution=engine cannot run here (SGLang is not importable" in err
+    code, _, err = run(capsys, "plan", "--engine", "vllm", "--engine-resolution", "builtin", "--",
+                       "--attention-backend", "TRITON_ATTN")
+    assert code == 2 and "with --engine sglang" in err
+
+
+def test_fa4_without_a_model_kind_says_the_page_size_rule_it_cannot_apply() -> None:
+    notes = sglang.from_server_args({"attention_backend": "fa4"}).notes
+    assert any(n.startswith("page size: SGLang sets 128 for fa4 on SM100") and "--model" in n for n in notes)
+    assert not any(n.startswith("page size:") for n in sglang.from_server_args({"attention_backend": "fa4"},
+                                                                                model="mha").notes)

@@ -17,7 +17,7 @@ from attnhal.catalog import load
 from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, model_kind
 from attnhal.engines.sglang.flags import ALGORITHMS, DTYPES, FLAGS, HARMLESS, KV_CACHE_DTYPES
-from attnhal.engines.sglang.pages import DEFAULT_PAGE_SIZE, PageSize, resolve_page_size
+from attnhal.engines.sglang.pages import DEFAULT_PAGE_SIZE, PageSize, model_note, resolve_page_size
 from attnhal.phases import Phase, phases_run
 from attnhal.planner import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, phase_roles, plan
 from attnhal.platform import Platform, as_platform
@@ -51,9 +51,13 @@ class EngineConfig:
     ignored: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     values: Mapping[str, Any] = field(default_factory=dict)  # the converted server arguments
+    resolved_by: str = "builtin"  # "engine": SGLang's own resolution made ``values``
+    page: PageSize | None = None  # the page size SGLang's own resolution settled on (engine only)
 
     def page_size(self, platform: Platform | str | None = None) -> PageSize:
         """The page size SGLang runs with on ``platform`` (``None``: the platform-independent rules)."""
+        if self.page is not None:
+            return self.page
         where = as_platform(platform) if platform is not None else None
         return resolve_page_size(self.values, self.context.model, where)
 
@@ -178,6 +182,8 @@ def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[
         notes.append(f"capture batch sizes up to {DEFAULT_MAX_BS}: SGLang sizes them from GPU memory; "
                      "give --cuda-graph-max-bs-decode to match a server")
     kind = model_kind(model)
+    if (open_page := model_note(values, kind)) is not None:
+        notes.append(open_page)
     context = RequestContext(model=kind, dtype=DTYPES.get(values.get("dtype", "auto")),
                              kv_dtype=KV_CACHE_DTYPES.get(values.get("kv_cache_dtype", "auto")),
                              page_size=resolve_page_size(values, kind).value)
