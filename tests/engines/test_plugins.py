@@ -47,6 +47,15 @@ def test_pyproject_registers_both_plugins_under_the_engines_groups() -> None:
         assert getattr(import_module(module), name) is target
 
 
+def test_the_tiers_overlay_declares_the_tables_of_pyproject() -> None:
+    from entry_point_overlay import entry_points_txt
+
+    text = entry_points_txt()
+    assert "[sglang.srt.plugins]\nattnhal = attnhal.engines.sglang.plugin:register\n" in text
+    assert "[vllm.general_plugins]\nattnhal = attnhal.engines.vllm.plugin:register\n" in text
+    assert "[console_scripts]\nattnhal = attnhal.cli:main\n" in text
+
+
 def test_without_an_engine_registering_warns_and_does_nothing(caplog: pytest.LogCaptureFixture,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(plugin.MODE_VAR, raising=False)

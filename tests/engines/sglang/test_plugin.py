@@ -24,6 +24,7 @@ from typing import Any
 
 import sglang_grid as grid
 import harness
+from entry_point_overlay import overlay
 import pytest
 from sglang_grid import Case
 from tier_summary import LINES as SUMMARY
@@ -80,7 +81,8 @@ def loaded(mode: str | None = "audit", **env: str) -> Iterator[None]:
     HookRegistry.reset()
     plugins._plugins_loaded = False
     try:
-        plugins.load_plugins()
+        with overlay():  # this clone's entry points, whoever reinstalled the shared environment last
+            plugins.load_plugins()
         yield
     finally:
         HookRegistry.reset()

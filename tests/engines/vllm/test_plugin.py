@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
+from entry_point_overlay import overlay
 import pytest
 from tier_summary import LINES as SUMMARY
 
@@ -76,7 +77,8 @@ def loaded(mode: str | None = None) -> Iterator[list[str]]:
     plugins.plugins_loaded = False
     lines: list[str] = []
     try:
-        plugins.load_general_plugins()
+        with overlay():  # this clone's entry points, whoever reinstalled the shared environment last
+            plugins.load_general_plugins()
         yield lines
     finally:
         lines.extend(r.getMessage() for r in records)
