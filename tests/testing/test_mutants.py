@@ -122,3 +122,13 @@ def test_full_default_run_flags_each_mutant(name: str) -> None:
     report = run_conformance(mutant.cls, platform="cpu", allow_unchecked=True)
     assert mutant.claim in {r.claim.name for r in report.falsified}, report.format()
     assert not report.errors, report.format()
+
+
+def test_a_defect_of_a_pair_falsifies_both_claims_and_no_third() -> None:
+    """Sinks dropped on window layers: each feature alone works, the pair fails, so both claims
+    are falsified; soft-cap's combinations fail too, but as well without the soft-cap: not its defect."""
+    cls = MUTANTS["sinks_skipped_under_window"].cls
+    report = run_conformance(cls, platform="cpu", max_examples=0,
+                             only=["feature[sinks]", "feature[sliding_window]", "feature[logit_softcap]"])
+    assert {r.claim.name for r in report.falsified} == {"feature[sinks]", "feature[sliding_window]"}, report.format()
+    assert [r.claim.name for r in report.results if r.status.value == "verified"] == ["feature[logit_softcap]"]
