@@ -174,7 +174,7 @@ def attnhal_view(case: Case) -> View:
     runs = frozenset(p for p in SPEC_PHASES if result[p].runs)
     captured = frozenset(p for p in SPEC_PHASES if result[p].capture)
     why = "; ".join(sorted({str(r) for d in result.phases.values() if d.blocking for r in d.reasons}))
-    return View(result.valid, why, page_size=config.context.page_size, roles=roles, runs=runs, captured=captured)
+    return View(result.valid, why, page_size=result.context.page_size, roles=roles, runs=runs, captured=captured)
 
 
 def differences(engine: View, attnhal: View) -> frozenset[str]:
