@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from attnhal.engines.plugin_gate import installed, mode_from, release_matches
 from attnhal.errors import AttnhalError
 
 __all__ = ["HOOKS", "LOGGER", "MODES", "MODE_VAR", "DraftPlan", "Unplannable", "installed_sglang", "register"]
@@ -63,34 +64,16 @@ class Unplannable(AttnhalError, ValueError):
 
 def installed_sglang() -> str | None:
     """The installed SGLang release (``None``: not installed)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _mode(env: Mapping[str, str]) -> str | None:
-    raw = env.get(MODE_VAR, "")
-    mode = raw.strip().lower() or "audit"
-    if mode not in MODES:
-        log.error("attnhal: %s=%r (supported: %s): no hook registered", MODE_VAR, raw, ", ".join(MODES))
-        return None
-    return mode
+    return installed("sglang")
 
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: register the hooks the mode asks for."""
     from attnhal.engines.sglang.flags import SGLANG_VERSION
 
-    mode = _mode(os.environ)
-    if mode is None or mode == "off":
-        return
-    version = installed_sglang()
-    if version != SGLANG_VERSION:
-        log.warning("attnhal: SGLang %s is installed; attnhal's plugin is written and tested against SGLang %s "
-                    "only: no hook registered (%s=off silences this)", version, SGLANG_VERSION, MODE_VAR)
+    mode = mode_from(os.environ, MODE_VAR, MODES, log)
+    if mode is None or mode == "off" or not release_matches("SGLang", installed_sglang(), SGLANG_VERSION,
+                                                             MODE_VAR, log):
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

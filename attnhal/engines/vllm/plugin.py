@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
+from attnhal.engines.plugin_gate import installed, mode_from, release_matches
+
 __all__ = ["ENV_VAR", "LOGGER", "MODES", "TARGET", "installed_vllm", "register"]
 
 ENV_VAR = "ATTNHAL_VLLM"
@@ -39,12 +41,8 @@ log = logging.getLogger(LOGGER)
 
 
 def installed_vllm() -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return None
+    """The installed vLLM release (``None``: not installed)."""
+    return installed("vllm")
 
 
 def register() -> None:
@@ -58,17 +56,8 @@ def register() -> None:
 def _register(env: Mapping[str, str]) -> None:
     from attnhal.engines.vllm.flags import VLLM_VERSION
 
-    raw = env.get(ENV_VAR, "")
-    mode = raw.strip().lower() or "audit"
-    if mode not in MODES:
-        log.error("attnhal: %s=%r (supported: %s): the plugin stays off", ENV_VAR, raw, ", ".join(MODES))
-        return
-    if mode == "off":
-        return
-    version = installed_vllm()
-    if version != VLLM_VERSION:
-        log.warning("attnhal: vLLM %s is installed; attnhal's plugin is written and tested against vLLM %s only: "
-                    "it stays off (%s=off silences this)", version, VLLM_VERSION, ENV_VAR)
+    mode = mode_from(env, ENV_VAR, MODES, log)
+    if mode is None or mode == "off" or not release_matches("vLLM", installed_vllm(), VLLM_VERSION, ENV_VAR, log):
         return
     module = sys.modules.get(TARGET[0])
     if module is not None:

@@ -177,7 +177,7 @@ def test_another_sglang_release_gets_one_warning_and_no_hook(monkeypatch: pytest
         assert runners(SEED) == {}
     warnings = [r.getMessage() for r in caplog.records if r.name == plugin.LOGGER]
     assert warnings == ["attnhal: SGLang 0.5.24 is installed; attnhal's plugin is written and tested against "
-                        "SGLang 0.5.23 only: no hook registered (ATTNHAL_SGLANG_GRAPHS=off silences this)"]
+                        "SGLang 0.5.23 only: it stays off (ATTNHAL_SGLANG_GRAPHS=off silences this)"]
 
 
 # --- the seed ----------------------------------------------------------------------------------------------
