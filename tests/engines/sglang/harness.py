@@ -380,6 +380,8 @@ def engine_view(case: Case) -> View:
         target_backend(resolution, case.platform)
     except Exception as exc:  # a backend creator's own check
         return View(False, f"target backend: {type(exc).__name__}: {exc}", page_size=page, roles=resolution.roles)
+    if case.algorithm is None:  # no speculation: no speculative phase runs
+        return View(True, page_size=page, roles=resolution.roles)
     if case.algorithm == "NGRAM":
         verify = target_verify_graph(resolution, case.platform)
         return View(True, page_size=page, roles=resolution.roles, runs=frozenset({"target_verify"}),

@@ -38,7 +38,7 @@ def test_engine_resolution_plans_as_the_builtin_one_over_the_grid() -> None:
                     counts["SGLang refuses"] += 1
                     assert str(exc).startswith("sglang: SGLang's own resolution refuses these flags: "), exc
                     continue
-                builtin = sglang.from_server_args(case.args(), model=case.model)
+                builtin = sglang.from_server_args(case.args(), model=case.model, platform=platform)
                 if _outcome(engine, platform) != _outcome(builtin, platform):
                     differ.append(f"{case}: engine {_outcome(engine, platform)}, builtin {_outcome(builtin, platform)}")
                 counts["same plan"] += 1

@@ -22,7 +22,7 @@ import platforms
 import pytest
 import sglang_grid as grid
 import sglang_recording
-from sglang_expected import RULES, Rule, check, rules_for
+from sglang_expected import RULES, Rule, as_resolved, check, rules_for
 from sglang_grid import Case, View
 from tier_summary import LINES as SUMMARY
 
@@ -54,8 +54,8 @@ def views() -> dict[Case, tuple[View, View]]:
     return out
 
 
-def _outcome(case: Case, observed: frozenset[str]) -> str:
-    causes = sorted({r.cause for r in rules_for(case) for label in observed if r.explains(label)})
+def _outcome(case: Case, engine: View, observed: frozenset[str]) -> str:
+    causes = sorted({r.cause for r in rules_for(as_resolved(case, engine)) for label in observed if r.explains(label)})
     return ", ".join(causes) if causes else ("agree" if not observed else "UNEXPLAINED")
 
 
@@ -63,7 +63,7 @@ def _summarise(views: dict[Case, tuple[View, View]]) -> None:
     SUMMARY.append(f"grid: {len(views)} cases (" + ", ".join(f"{k} {len(v)}" for k, v in GRIDS.items()) + ")")
     per_backend: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for case, (engine, attnhal) in views.items():
-        outcome = _outcome(case, grid.differences(engine, attnhal))
+        outcome = _outcome(case, engine, grid.differences(engine, attnhal))
         per_backend[case.label][outcome] += 1
         per_backend[case.label]["SGLang refuses" if not engine.accepted else "SGLang runs"] += 1
     for label, counts in sorted(per_backend.items()):
