@@ -187,3 +187,15 @@ def test_every_catalogued_cause_is_an_entry_of_catalog_md_marked_as_shown() -> N
             continue
         assert rule.cause in entries, rule.cause
         assert "**Shown in the engine's executed code**" in entries[rule.cause], rule.cause
+
+
+@pytest.mark.parametrize("backend", ["fa3", None])
+def test_fa3_with_fp8_e5m2_kv_runs_on_triton_in_sglang_and_in_the_adapter(backend: str | None) -> None:
+    """fa3 reads fp8 KV as e4m3 only: SGLang swaps it for triton, given or picked by default."""
+    from attnhal.engines import sglang
+
+    args = {"kv_cache_dtype": "fp8_e5m2", **({"attention_backend": backend} if backend else {})}
+    resolution = harness.resolve(args, "cuda:sm90", "mha")
+    assert resolution.accepted and resolution.roles == ("triton", "triton"), resolution.error
+    config = sglang.from_server_args(args, model="mha", platform="cuda:sm90")
+    assert (config.roles["prefill"], config.roles["decode"]) == resolution.roles
