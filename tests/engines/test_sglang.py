@@ -200,7 +200,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 _BACKENDS = st.sampled_from(["triton", "aiter", "fa3", "fa4", "flashinfer", "flashmla", "nsa", "torch_native", "wave",
-                             "cutedsl_mla", "trtllm_mha", "nope"])
+                             "cutedsl_mla", "trtllm_mha", "nope", None])  # None: SGLang's default
 _VALUES = {
     "decode_attention_backend": st.sampled_from(["triton", "aiter", "flashinfer", "trtllm_mla"]),
     "speculative_num_draft_tokens": st.integers(2, 20),
@@ -222,7 +222,7 @@ _VALUES = {
 def test_any_flags_give_a_plan_or_an_error_naming_a_flag(args: dict[str, object], platform: str,
                                                           model: str | None) -> None:
     try:
-        config = sglang.from_server_args(args, model=model)
+        config = sglang.from_server_args(args, model=model, platform=platform)
     except sglang.EngineArgError as exc:
         assert exc.flag.startswith("--") and str(exc).startswith(exc.flag)
         return

@@ -66,7 +66,8 @@ def _mha(values: Mapping[str, Any], platform: Platform) -> DefaultBackend:
         return DefaultBackend("trtllm_mha", f"SM100, MHA/GQA model, no EAGLE tree ({_SOURCE})",
                               "equal K and V head widths (SGLang picks fa4 otherwise)")
     name = _other(platform, mla=False)
-    assumes = "a model without attention sinks (SGLang picks triton otherwise)" if name == "flashinfer" else ""
+    assumes = ("FlashInfer installed and a model without attention sinks (SGLang picks triton otherwise)"
+               if name == "flashinfer" else "")
     return DefaultBackend(name, f"{platform.name}, MHA/GQA model ({_SOURCE})", assumes)
 
 
