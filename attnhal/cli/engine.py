@@ -37,7 +37,20 @@ OWN_FLAGS = ("platform", "model", "trtllm-cubins")
 #: What an engine command does with (args, attnhal's own flags, the engine's flags).
 EngineCommand = Callable[[argparse.Namespace, dict[str, str | None], list[str]], int]
 
-
+#: Per engine, a planner field an adapter's error may name -> the engine flags its value comes
+#: from, in the adapter's order of precedence, each with how a message names it (the planner
+#: validates the spec and the graph policy; the user never typed ``num_steps=``).
+FIELD_FLAGS: Mapping[str, Mapping[str, tuple[tuple[str, str], ...]]] = {
+    "vllm": {"num_steps": (("--spec-tokens", "--spec-tokens"),
+                           ("--speculative-config", "--speculative-config num_speculative_tokens"))},
+    "sglang": {"max_batch_size": (("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-decode"),
+                                  ("--cuda-graph-max-bs", "--cuda-graph-max-bs"),
+                                  ("--cuda-graph-bs-decode", "the largest --cuda-graph-bs-decode"),
+                                  ("--cuda-graph-bs", "the largest --cuda-graph-bs")),
+               "batch_sizes": (("--cuda-graph-bs-decode", "--cuda-graph-bs-decode"),
+                               ("--cuda-graph-bs", "--cuda-graph-bs"))},
+}
+#: vLLM flags that ``--speculative-config`` can also set: flag -> its key there.
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """``--engine E`` and the engine's flags after ``--`` (for ``plan`` and ``explain``)."""
     p.add_argument("--engine", type=choice(("sglang", "vllm")),
@@ -93,8 +106,19 @@ def _run(args: argparse.Namespace, commands: Mapping[str, EngineCommand]) -> int
         # attnhal's --platform / --model may stand before `--` as well as among the engine's flags.
         own: dict[str, str | None] = {name: given.get(name) or getattr(args, name, None) for name in OWN_FLAGS}
         return commands[args.engine](args, own, engine_argv)
-    except (EngineArgError, ValueError) as exc:
+    except EngineArgError as exc:
         raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageError(engine_message(args.engine, str(exc), args.engine_args)) from None
+
+
+def engine_message(engine: str, message: str, argv: Sequence[str]) -> str:
+    """An adapter's ``field=value (supported: ...)`` in the engine's words: ``--flag=value (...)``,
+    naming the flag of :data:`FIELD_FLAGS` the user gave (``argv``); else the message as it is."""
+    field, eq, rest = message.partition("=")
+    given = {a.split("=")[0] for a in argv if a.startswith("--")}
+    shown = next((name for flag, name in FIELD_FLAGS.get(engine, {}).get(field, ()) if flag in given), None)
+    return f"{shown}={rest}" if eq and shown else message
 
 
 def run_plan(args: argparse.Namespace) -> int:
