@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from attnhal.errors import AttnhalError
+
 __all__ = ["HOOKS", "LOGGER", "MODES", "MODE_VAR", "DraftPlan", "Unplannable", "installed_sglang", "register"]
 
 MODE_VAR = "ATTNHAL_SGLANG_GRAPHS"
@@ -55,7 +57,7 @@ RUNNER_CLASSES: Mapping[str, Mapping[str, str]] = {
 log = logging.getLogger(LOGGER)
 
 
-class Unplannable(Exception):
+class Unplannable(AttnhalError, ValueError):
     """What attnhal cannot plan for this worker; the phase is left to SGLang."""
 
 
