@@ -119,8 +119,8 @@ class SpecConfig:
         check_int("num_draft_tokens", self.num_draft_tokens, 0, MAX_DRAFT_TOKENS)
         if self.num_draft_tokens == 0:
             if self.topk > 1 and self.speculative:
-                raise ValueError(f"num_draft_tokens=0 (supported: 2..{self.max_draft_tokens} "
-                                 f"must be given when topk={self.topk} > 1)")
+                raise ValueError(f"num_draft_tokens=0 (supported: 2..{self.max_draft_tokens}; a tree, "
+                                 f"topk={self.topk} > 1, must give the tokens it verifies)")
             object.__setattr__(self, "num_draft_tokens", self.num_steps + 1)
         if not 2 <= self.num_draft_tokens <= self.max_draft_tokens:
             raise ValueError(f"num_draft_tokens={self.num_draft_tokens} "

@@ -174,4 +174,31 @@ def test_demo_with_pages_and_fp8_in_the_platform_flavour(capsys):
 
 def test_demo_fp8_e4m3_without_a_platform_flavour_is_a_usage_error(capsys):
     code, _, err = run(capsys, "demo", "--platform", "cpu", "--kv-dtype", "fp8_e4m3")
-    assert code == 2 and "--kv-dtype: kv_dtype=fp8_e4m3 with fp8_flavor=none" in err
+    assert code == 2 and "--kv-dtype=fp8_e4m3 on platform cpu, which has no fp8 (supported: " in err
+    assert "--platform cuda:sm90" in err and "--kv-dtype fp8_e5m2" in err and "explicitly" not in err
+
+
+def test_demo_runs_on_the_default_backend_and_on_cpu(capsys):
+    """The demo model fits every shipped backend, so ``demo`` runs what ``info`` calls the default."""
+    from attnhal.example_engine.model import ModelConfig
+    from attnhal.platform import parse
+    from attnhal.registry import default_registry
+
+    registry = default_registry()
+    for name in ("torch", "triton", "cpu"):
+        assert ModelConfig().head_dim in registry.get(name).capabilities.head_sizes, name
+    default = registry.select(parse("cpu")).name
+    small = ("--platform", "cpu", "--spec-steps", "1", "--batch-size", "2", "--max-new-tokens", "4", "--json")
+    code, out, _ = run(capsys, "demo", *small)
+    data = json.loads(out)
+    assert code == 0 and data["lossless"] and set(data["backends"].values()) == {default}
+    if default == "cpu":  # the native kernel builds here
+        code, out, _ = run(capsys, "demo", "--backend", "cpu", *small)
+        assert code == 0 and json.loads(out)["backends"]["target"] == "cpu"
+
+
+def test_the_graphs_line_shows_no_capture_sizes_without_a_graph_api(capsys):
+    code, out, _ = run(capsys, "plan", "--backend", "torch", "--platform", "cpu,nographs", "--spec-steps", "1")
+    assert code == 0 and out.splitlines()[1] == "graphs: none (platform cpu,nographs has no graph API)"
+    code, out, _ = run(capsys, "plan", "--backend", "torch", "--platform", "cpu", "--spec-steps", "1")
+    assert code == 0 and out.splitlines()[1].startswith("graphs: capture sizes 1,2,4,")

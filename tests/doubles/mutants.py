@@ -525,6 +525,17 @@ class ScalesReadAtConstruction(_OneDefect):
         return replace(params, k_scale=params.k_scale.clone(), v_scale=params.v_scale.clone())
 
 
+class ScalesOfLayerZero(_OneDefect):
+    """Dequantizes every layer with layer 0's fp8 scales (one scale pair per model): right
+    while all layers share their scales, as a freshly built pool's do."""
+
+    def _layer_params(self, layer: int) -> LayerParams:
+        params = super()._layer_params(layer)
+        if params.k_scale is None or params.v_scale is None:
+            return params
+        return replace(params, k_scale=self.pool.k_scale[0], v_scale=self.pool.v_scale[0])
+
+
 class ScalesCopiedAtCapture(_OneDefect):
     """Keeps the fp8 scales beside its other static graph metadata, copied when the first
     graph is captured: eager forwards are right, a replay after the engine sets new scales
@@ -678,6 +689,9 @@ MUTANTS: dict[str, Mutant] = {
     "scales_read_at_construction": Mutant(
         ScalesReadAtConstruction, "kv_dtype[fp8_e4m3]", "fp8: scales set after construction",
         _decode(9, kv_dtype="fp8_e4m3", kv_scale=0.25), kind="late_scales"),
+    "scales_of_layer_zero": Mutant(
+        ScalesOfLayerZero, "kv_dtype[fp8_e4m3]", "fp8: per-layer scales",
+        _decode(9, kv_dtype="fp8_e4m3", kv_scale=0.25, num_layers=2, layer=1), kind="late_scales"),
     "scales_copied_at_capture": Mutant(
         ScalesCopiedAtCapture, "kv_dtype[fp8_e4m3]", "fp8: scales set after capture",
         _decode(9, kv_dtype="fp8_e4m3", kv_scale=0.25), kind="replay_scales"),

@@ -74,6 +74,15 @@ def test_full_with_never_is_an_error_and_piecewise_needs_a_piecewise_model() -> 
     assert resolve_mode(GraphMode.PIECEWISE, CGSupport.ALWAYS, piecewise_available=False).mode is GraphMode.NONE
 
 
+def test_resolve_mode_takes_names_and_refuses_other_values() -> None:
+    by_name = resolve_mode("FULL", "UNIFORM_BATCH", 4)
+    assert by_name == resolve_mode(GraphMode.FULL, CGSupport.UNIFORM_BATCH, 4)
+    with pytest.raises(ValueError, match=r"requested='full' \(supported: GraphMode or one of its names NONE, "):
+        resolve_mode("full", CGSupport.ALWAYS)
+    with pytest.raises(ValueError, match=r"support=3 \(supported: CGSupport or one of its names NEVER, "):
+        resolve_mode(GraphMode.FULL, 3)  # type: ignore[arg-type]
+
+
 def test_catalog_support_refuses_other_engines() -> None:
     with pytest.raises(catalog.CatalogError, match="vllm"):
         catalog_support("sglang:aiter")
@@ -102,6 +111,10 @@ def test_engine_args_resolve_the_mode_and_plan() -> None:
     ({"attention_backend": "FLASH_ATTN", "compilation_config": '{"cudagraph_mode": "ALL"}'},
      "--compilation-config.cudagraph_mode"),
     ({"attention_backend": "FLASH_ATTN", "kv_transfer_config": "{}"}, "--kv-transfer-config"),
+    ({"attention_backend": "FLASH_ATTN", "spec_method": "eagle", "spec_tokens": 3,
+      "speculative_config": '{"method": "mtp"}'}, "--spec-method"),
+    ({"attention_backend": "FLASH_ATTN", "spec_method": "eagle", "spec_tokens": 3,
+      "speculative_config": '{"num_speculative_tokens": 2}'}, "--spec-tokens"),
 ])
 def test_bad_engine_args_name_the_flag(args: dict[str, object], flag: str) -> None:
     with pytest.raises(EngineArgError) as info:

@@ -145,7 +145,8 @@ def test_tree_draft_tokens_reach_every_candidate_node_as_sglang_selects_them():
 def test_spec_config_validation_names_fields():
     with pytest.raises(ValueError, match="num_steps=0"):
         SpecConfig.eagle(0)
-    with pytest.raises(ValueError, match="num_draft_tokens=0"):
+    with pytest.raises(ValueError, match=r"^num_draft_tokens=0 \(supported: 2\.\.\d+; a tree, topk=2 > 1, must give "
+                                         r"the tokens it verifies\)$"):
         SpecConfig.eagle(2, topk=2)
     with pytest.raises(ValueError, match=r"num_draft_tokens=9 \(supported: 2..7"):
         SpecConfig.eagle(2, topk=2, num_draft_tokens=9)

@@ -16,19 +16,18 @@ from mutants import MUTANTS, Mutant
 
 from attnhal.backend import KVPool
 from attnhal.testing.cases import Case, attention_config, build_case, make_pool
+from attnhal.testing.checks.fp8 import late_scales
 from attnhal.testing.oracle import real_tokens, reference_forward
 from attnhal.testing.report import run_conformance
 from attnhal_torch import TorchBackend
 
 #: The defect categories of tests/doubles/mutants.py: each must have a mutant.
 CATEGORIES = {"sizes", "inputs", "properties", "graphs", "features", "pages", "fp8"}
-#: The fp8 scales an engine sets late in the trigger cases (neither the recipe's nor 1).
-LATE_SCALES = (0.125, 1.5)
-
-
 def _rescale(pool: KVPool) -> None:
-    pool.k_scale.fill_(LATE_SCALES[0])
-    pool.v_scale.fill_(LATE_SCALES[1])
+    """The fp8 scales an engine sets late, the kit's (neither the recipe's nor 1)."""
+    k, v = late_scales(pool.num_layers)
+    pool.k_scale.copy_(torch.tensor(k))
+    pool.v_scale.copy_(torch.tensor(v))
 
 
 def _setup(cls: type[TorchBackend], mutant: Mutant) -> tuple[Case, TorchBackend]:
@@ -123,3 +122,13 @@ def test_full_default_run_flags_each_mutant(name: str) -> None:
     report = run_conformance(mutant.cls, platform="cpu", allow_unchecked=True)
     assert mutant.claim in {r.claim.name for r in report.falsified}, report.format()
     assert not report.errors, report.format()
+
+
+def test_a_defect_of_a_pair_falsifies_both_claims_and_no_third() -> None:
+    """Sinks dropped on window layers: each feature alone works, the pair fails, so both claims
+    are falsified; soft-cap's combinations fail too, but as well without the soft-cap: not its defect."""
+    cls = MUTANTS["sinks_skipped_under_window"].cls
+    report = run_conformance(cls, platform="cpu", max_examples=0,
+                             only=["feature[sinks]", "feature[sliding_window]", "feature[logit_softcap]"])
+    assert {r.claim.name for r in report.falsified} == {"feature[sinks]", "feature[sliding_window]"}, report.format()
+    assert [r.claim.name for r in report.results if r.status.value == "verified"] == ["feature[logit_softcap]"]

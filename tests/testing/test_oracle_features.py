@@ -207,14 +207,13 @@ def test_the_oracle_saturates_fp8_writes_in_every_flavour(dtype: torch.dtype, to
     assert stored.float().tolist() == [[1.0, -6.0, top, -top, top]]
     bare = (x / 0.5).to(dtype).float()
     assert dtype == torch.float8_e4m3fn or not torch.isfinite(bare).all()  # why the oracle says so
-    pool = KVPool(num_layers=1, num_slots=8, num_kv_heads=1, head_dim=5, dtype=dtype, max_reqs=1, max_context_len=8)
-    pool.k_scale.fill_(0.5)
-    pool.v_scale.fill_(0.25)
+    pool, want = (KVPool(num_layers=1, num_slots=8, num_kv_heads=1, head_dim=5, dtype=dtype, max_reqs=1,
+                         max_context_len=8) for _ in range(2))
+    for p in (pool, want):
+        p.k_scale.fill_(0.5)
+        p.v_scale.fill_(0.25)
     loc = torch.tensor([3], dtype=torch.int64)
     pool.write(0, loc, x.view(1, 1, 5), -x.view(1, 1, 5))
-    want = KVPool(num_layers=1, num_slots=8, num_kv_heads=1, head_dim=5, dtype=dtype, max_reqs=1, max_context_len=8)
-    want.k_scale.fill_(0.5)
-    want.v_scale.fill_(0.25)
     store(want, 0, loc, x.view(1, 1, 5), -x.view(1, 1, 5))
     assert torch.equal(pool.k[0].view(torch.uint8), want.k[0].view(torch.uint8))
     assert torch.equal(pool.v[0].view(torch.uint8), want.v[0].view(torch.uint8))

@@ -16,7 +16,7 @@ from typing import Any
 from attnhal.platform import Platform, arch_sets
 from attnhal.spec import ModelKind
 
-__all__ = ["DEFAULT_PAGE_SIZE", "PageSize", "resolve_page_size"]
+__all__ = ["DEFAULT_PAGE_SIZE", "PageSize", "model_note", "resolve_page_size"]
 
 #: SGLang's default page size on CUDA/HIP when none is given (arg_groups/overrides.py:1361-1362).
 DEFAULT_PAGE_SIZE = 1
@@ -31,14 +31,16 @@ class PageSize:
     value: int
     given: int | None = None
     set_by: str | None = None  # the backend whose constraint replaced the page size
+    engine_set: bool = False  # SGLang's own resolution (executed) replaced it
 
     @property
     def note(self) -> str | None:
         """``set by SGLang for trtllm_mla`` (with the replaced value), or None when nothing was replaced."""
-        if self.set_by is None:
+        if self.set_by is None and not self.engine_set:
             return None
         given = f", replacing --page-size {self.given}" if self.given is not None else ""
-        return f"set by SGLang for {self.set_by}{given}"
+        who = f"SGLang for {self.set_by}" if self.set_by is not None else "SGLang's own resolution"
+        return f"set by {who}{given}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"value": self.value, "given": self.given, "set_by": self.set_by}
@@ -95,3 +97,13 @@ def resolve_page_size(values: Mapping[str, Any], model: ModelKind | None = None,
     if page is None:
         return PageSize(DEFAULT_PAGE_SIZE, None, None)
     return PageSize(page, given, set_by)
+
+
+def model_note(values: Mapping[str, Any], model: ModelKind | None) -> str | None:
+    """What the page size leaves open without the model kind: fa4's rule reads it (SGLang reads
+    it from the checkpoint), so without ``--model`` that rule is not applied — said, not guessed."""
+    fa4 = next(rule for rule in _CONSTRAINTS if rule.backend == "fa4")
+    if model is None and any(values.get(role) == fa4.backend for role in fa4.roles):
+        return ("page size: SGLang sets 128 for fa4 on SM100 with a non-MLA model (arg_groups/overrides.py:1274-1296); "
+                "give --model (mha, gqa, mla) to apply it")
+    return None

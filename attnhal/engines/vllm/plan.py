@@ -38,6 +38,20 @@ class VllmConfig:
                     RequestContext(model=model_kind(model)))
 
 
+#: The ``--spec-*`` flags and the ``--speculative-config`` keys they stand for.
+SPEC_FLAG_KEYS = {"spec_method": "method", "spec_tokens": "num_speculative_tokens"}
+
+
+def _refuse_contradictions(values: Mapping[str, Any], speculative: Mapping[str, Any]) -> None:
+    """A ``--spec-*`` flag that contradicts the same key of ``--speculative-config`` is an error:
+    vLLM's own merge of the two is not modelled, so neither is picked silently."""
+    for name, key in SPEC_FLAG_KEYS.items():
+        flag = "--" + name.replace("_", "-")
+        if name in values and key in speculative and values[name] != speculative[key]:
+            raise EngineArgError(flag, f"{flag}={values[name]} contradicts --speculative-config {key}="
+                                       f"{speculative[key]} (supported: one of them, or both with the same value)")
+
+
 def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = None,
                      trtllm_cubins: bool = True) -> VllmConfig:
     """Translate vLLM engine arguments (``--attention-backend``, ``--spec-method``, ``--spec-tokens``,
@@ -54,6 +68,7 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
         raise EngineArgError("--attention-backend", "--attention-backend is required (vLLM picks one per "
                              "platform and model when omitted; attnhal does not model that choice)")
     speculative = values.get("speculative_config", {})
+    _refuse_contradictions(values, speculative)
     method = values.get("spec_method", speculative.get("method"))
     tokens = values.get("spec_tokens", speculative.get("num_speculative_tokens"))
     if (method is None) != (tokens is None):

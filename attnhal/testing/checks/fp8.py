@@ -31,9 +31,10 @@ from attnhal.testing.checks.graphs import in_limits, replay_fixed
 from attnhal.testing.checks.phases import canonical_cases, check_eager
 from attnhal.testing.checks.target import Target, checkable_dtypes
 
-__all__ = ["LATE_K_SCALE", "LATE_V_SCALE", "check_late_scales", "saturation_fields"]
+__all__ = ["LATE_K_SCALE", "LATE_V_SCALE", "check_late_scales", "late_scales", "saturation_fields"]
 
-#: The scales set late (neither 1, nor the recipe's, nor in the recipe's ratio of V to K).
+#: The scales set late, layer ``l``: K ``LATE_K_SCALE / (l + 1)``, V ``LATE_V_SCALE * (l + 1)``
+#: (per layer, none 1, none the recipe's, none in the recipe's ratio of V to K).
 LATE_K_SCALE, LATE_V_SCALE = 0.125, 1.5
 
 
@@ -47,9 +48,16 @@ def saturation_fields(kv_dtype: str, flavour: str) -> dict[str, Any]:
             "v_magnitude": 4 * top * 2 * k_scale}
 
 
+def late_scales(layers: int) -> tuple[list[float], list[float]]:
+    """The K and V scales of each layer that the kit sets late."""
+    return [LATE_K_SCALE / (i + 1) for i in range(layers)], [LATE_V_SCALE * (i + 1) for i in range(layers)]
+
+
 def _rescale(pool: KVPool) -> None:
-    pool.k_scale.fill_(LATE_K_SCALE)
-    pool.v_scale.fill_(LATE_V_SCALE)
+    """Set the late scales in place, as an engine loading its checkpoint does."""
+    k, v = late_scales(pool.num_layers)
+    pool.k_scale.copy_(torch.tensor(k))
+    pool.v_scale.copy_(torch.tensor(v))
 
 
 def check_late_scales(target: Target, claim: Claim, variants: list[dict[str, Any]]) -> list[Phase]:
@@ -86,7 +94,8 @@ def _late_eager(target: Target, claim: Claim, recipe: CaseRecipe) -> None:
     _rescale(pool)
     case = build_case(recipe, pool=pool)
     try:
-        check_eager(target, claim, case, backend, how=f", scales k {LATE_K_SCALE:g} / v {LATE_V_SCALE:g} set "
-                                                      "after the backend was built")
+        k, v = late_scales(pool.num_layers)
+        check_eager(target, claim, case, backend, how=f", scales k {k[case.layer]:g} / v {v[case.layer]:g} of "
+                                                      f"layer {case.layer} set after the backend was built")
     except ClaimFalsified as exc:
         raise with_example(exc, recipe) from exc

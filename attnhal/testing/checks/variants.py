@@ -139,8 +139,8 @@ def _feature_combinations(target: Target, claim: Claim, canon: dict[Phase, CaseR
 
 
 def _window_combinations(caps: BackendCapabilities, canon: dict[Phase, CaseRecipe]) -> list[CaseRecipe]:
-    window = {"sliding_window": (None, _W)}
-    out = []
+    window: Fields = {"sliding_window": (None, _W)}
+    out: list[CaseRecipe] = []
     verify = canon.get(Phase.TARGET_VERIFY)
     if verify is not None and verify.tree_parents:
         # window x tree verify: branching trees behind a prefix longer than the window, so that
@@ -163,7 +163,7 @@ def _page_boundaries(target: Target, claim: Claim, canon: dict[Phase, CaseRecipe
     """Every phase at contexts ``k P - 1, k P, k P + 1``: the last page full, one short, one
     token on a new page (for ``draft_decode`` the committed prefix is at those lengths)."""
     P = int(claim.subject)
-    out = []
+    out: list[CaseRecipe] = []
     for phase, base in canon.items():
         extra = base.draft_step + 1 if phase is Phase.DRAFT_DECODE else 0
         for lens in ((P, 2 * P + 1, P - 1), (2 * P, P + 1, 3 * P)):

@@ -51,7 +51,8 @@ def kv_fields(caps: BackendCapabilities, fp8_flavors: tuple[str, ...] = ("e4m3fn
     return out
 
 
-def feature_fields(caps: BackendCapabilities, fp8_flavors: tuple[str, ...] = ("e4m3fn",)) -> st.SearchStrategy[dict[str, Any]]:
+def feature_fields(caps: BackendCapabilities,
+                   fp8_flavors: tuple[str, ...] = ("e4m3fn",)) -> st.SearchStrategy[dict[str, Any]]:
     """Recipe fields of any combination of the features, page sizes and KV dtypes ``caps``
     claims (each one on or off; shrinks towards none of them). ``custom_mask`` is not a
     field: the trees of ``target_verify`` are drawn with the batch."""

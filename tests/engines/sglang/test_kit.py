@@ -59,7 +59,8 @@ def test_other_sglang_entries_are_reported_not_checked_with_the_reason() -> None
     assert {r.status for r in report.results} == {Status.NOT_CHECKED} and not report.ok
     assert "aiter backend is not run on cpu: its kernels are native code for {hip}" in report.results[0].detail
     assert main(["conformance", "sglang:aiter", "--platform", "cpu"]) == 1
-    assert main(["conformance", "sglang:aiter", "--platform", "cpu", "--allow-unchecked"]) == 0
+    # nothing verified here: waiving the unchecked claims does not make it pass
+    assert main(["conformance", "sglang:aiter", "--platform", "cpu", "--allow-unchecked"]) == 1
 
 
 def test_the_command_runs_the_kit(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import harness
+from harness import NOT_REACHED
 import pytest
 from tier_summary import LINES as SUMMARY
 
@@ -25,16 +26,7 @@ PLATFORMS = ("cuda:sm90", "cuda:sm100")
 MODES = (None, "FULL", "FULL_DECODE_ONLY", "PIECEWISE")  # None: vLLM's default
 SPECS = (None, "ngram", "eagle")
 SPEC_TOKENS = 3
-#: Catalogued CUDA backends whose builder vLLM cannot import on a CPU-only machine, and why:
-#: their graph support is not checked here (the catalogue's citation stands alone).
-NOT_REACHED = {
-    "FLASH_ATTN": "vllm.vllm_flash_attn (compiled FA2/FA3 extension) decides the FA version and the level",
-    "FLASH_ATTN_DIFFKV": "imports vllm.vllm_flash_attn's kernels",
-    "FLASH_ATTN_MLA": "imports vllm.vllm_flash_attn's kernels",
-    "FLASH_ATTN_MLA_SPARSE": "imports vllm.vllm_flash_attn's kernels",
-    "TURBOQUANT": "imports vllm.vllm_flash_attn's kernels",
-    "CUTLASS_MLA": "queries the CUDA device at import",
-}
+
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,10 @@ def runner(ref: str) -> Callable[..., ConformanceReport] | None:
     return None if missing else _unrunnable_run
 
 
-def _unrunnable_run(ref: str, *, platform: Any = None, allow_unchecked: bool = False, **_: Any) -> ConformanceReport:
+def _unrunnable_run(ref: str, *, platform: Any = None, allow_unchecked: bool = False, strict: bool = False,
+                    **_: Any) -> ConformanceReport:
     report = unrunnable(ref, platform)
-    report.allow_unchecked = allow_unchecked
+    report.allow_unchecked, report.strict = allow_unchecked, strict
     return report
 
 
