@@ -3,7 +3,7 @@
 One :class:`LaunchRow` per (kernel, vendor, arch family, head size, dtype); ``None``
 in ``head_size`` or ``dtype`` matches any value, and :func:`lookup` picks the most
 specific matching row. Settings that exist on one vendor only (AMD's
-``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``) live in that vendor's rows'
+``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``, NVIDIA's ``maxnreg``) live in that vendor's rows'
 ``extra`` and reach the launch as ``**row.launch_options``: the launcher never asks
 which vendor it runs on.
 
@@ -81,7 +81,7 @@ class LaunchRow:
     dot_precision: ``tl.dot`` input precision for fp32 operands (``"ieee"`` everywhere;
         ``"tf32x3"`` where the vendor offers it: fp32-accurate on tensor cores).
     extra: vendor-only launch options (HIP: ``waves_per_eu``, ``matrix_instr_nonkdim``,
-        ``kpack``); absent where they do not apply.
+        ``kpack``; CUDA: ``maxnreg``); absent where they do not apply.
     """
 
     kernel: str

@@ -247,10 +247,13 @@ def _clean_env() -> dict[str, str]:
 
 def _compile_check(*args: str, prelude: str = "", timeout: int = 1800) -> subprocess.CompletedProcess[str]:
     """``python -m attnhal_triton.compile_check ARGS`` without TRITON_INTERPRET; ``prelude``
-    runs first in that process (to plant a row)."""
-    code = prelude + "\nimport runpy, sys\nsys.argv[0] = 'compile_check'\n" \
-        "runpy.run_module('attnhal_triton.compile_check', run_name='__main__')\n"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+    runs first in that process (to plant a row; with ``--jobs 1``: the worker pool cannot
+    pickle a module run by runpy from ``-c``)."""
+    command = ["-m", "attnhal_triton.compile_check"]
+    if prelude:
+        command = ["-c", prelude + "\nimport runpy, sys\nsys.argv[0] = 'compile_check'\n"
+                   "runpy.run_module('attnhal_triton.compile_check', run_name='__main__')\n"]
+    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True,
                           env=_clean_env(), check=False, timeout=timeout)
 
 
