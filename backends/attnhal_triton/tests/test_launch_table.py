@@ -23,11 +23,18 @@ from attnhal.capabilities import Feature, Phase, SpecLimits  # noqa: E402
 from attnhal.platform import Fp8Flavor, parse  # noqa: E402
 from attnhal_triton import CAPABILITIES, FALLBACK, TABLE, UnknownArchWarning, lookup  # noqa: E402
 from attnhal_triton.compile_check import DEFAULT_TARGETS, DTYPES, HEAD_SIZES, VARIANTS, target_platform  # noqa: E402
-from attnhal_triton.launch_table import ALIASES, EXTEND_VARIANTS, KERNELS, LaunchRow, decode_launch, rows_for  # noqa: E402
+from attnhal_triton.launch_table import (  # noqa: E402
+    ALIASES,
+    EXTEND_VARIANTS,
+    KERNELS,
+    LaunchRow,
+    decode_launch,
+    rows_for,
+)
 
 HIP_ONLY = {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}
-KNOWN = {"cuda:sm80": "sm80", "cuda:sm90": "sm90", "cuda:sm120": "sm120", "hip:gfx90a": "gfx90", "hip:gfx942": "gfx94",
-         "hip:gfx950": "gfx95"}
+KNOWN = {"cuda:sm80": "sm80", "cuda:sm90": "sm90", "cuda:sm120": "sm120", "hip:gfx90a": "gfx90",
+         "hip:gfx942": "gfx94", "hip:gfx950": "gfx95"}
 
 
 # --- lookup ---------------------------------------------------------------------------
