@@ -28,6 +28,7 @@ __all__ = [
     "SpecConfig",
     "check_int",
     "check_type",
+    "draft_tree_tokens",
 ]
 
 #: Compute dtypes by their torch names (``torch.float16`` -> ``"float16"``).
@@ -50,6 +51,13 @@ def check_int(name: str, value: object, minimum: int, maximum: int | None = None
         bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
         raise ValueError(f"{name}={value} (supported: {bound})")
     return value
+
+
+def draft_tree_tokens(num_steps: int, topk: int) -> int:
+    """The most tokens an EAGLE tree of ``num_steps`` and ``topk`` can verify: its
+    ``topk + (num_steps - 1) * topk**2`` candidate nodes plus the root (see
+    :attr:`SpecConfig.max_draft_tokens`); ``num_steps + 1`` for a chain."""
+    return topk + (num_steps - 1) * topk ** 2 + 1
 
 
 def check_type(name: str, value: object, kind: type) -> None:
@@ -94,7 +102,8 @@ class SpecConfig:
     """Speculative decoding settings.
 
     ``num_draft_tokens`` defaults to ``num_steps + 1`` for a chain (``topk == 1``);
-    a tree (``topk > 1``) must give it, at most ``topk * num_steps + 1``.
+    a tree (``topk > 1``) must give it, at most ``topk + (num_steps - 1) * topk**2 + 1``
+    (:attr:`max_draft_tokens`: the candidates an EAGLE draft tree offers, plus the root).
     Bounds: ``num_steps <= 64``, ``topk <= 64``, ``num_draft_tokens <= 1024``.
     """
 
@@ -110,8 +119,8 @@ class SpecConfig:
         check_int("num_draft_tokens", self.num_draft_tokens, 0, MAX_DRAFT_TOKENS)
         if self.num_draft_tokens == 0:
             if self.topk > 1 and self.speculative:
-                raise ValueError(f"num_draft_tokens=0 (supported: 2..{self.max_draft_tokens} "
-                                 f"must be given when topk={self.topk} > 1)")
+                raise ValueError(f"num_draft_tokens=0 (supported: 2..{self.max_draft_tokens}; a tree, "
+                                 f"topk={self.topk} > 1, must give the tokens it verifies)")
             object.__setattr__(self, "num_draft_tokens", self.num_steps + 1)
         if not 2 <= self.num_draft_tokens <= self.max_draft_tokens:
             raise ValueError(f"num_draft_tokens={self.num_draft_tokens} "
@@ -124,8 +133,14 @@ class SpecConfig:
 
     @property
     def max_draft_tokens(self) -> int:
-        """The draft tree's size plus the root token."""
-        return min(self.topk * self.num_steps + 1, MAX_DRAFT_TOKENS)
+        """The draft tree's candidate nodes plus the root token.
+
+        The first step proposes ``topk`` tokens; each later step expands the ``topk`` best
+        branches by ``topk`` children each, so ``topk**2`` candidates. Verify takes the best
+        ``num_draft_tokens - 1`` of all candidates (SGLang 0.5.23: ``organize_draft_results``,
+        ``speculative/eagle_utils.py:100-110``), so a tree may verify more nodes than it keeps
+        branches (``topk * num_steps``)."""
+        return min(draft_tree_tokens(self.num_steps, self.topk), MAX_DRAFT_TOKENS)
 
     @property
     def draft_extend_len(self) -> int:

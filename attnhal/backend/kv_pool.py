@@ -68,7 +68,8 @@ def kv_storage_dtype(kv_dtype: str, fp8_flavor: Fp8Flavor) -> torch.dtype:
         except KeyError:
             raise ValueError(f"kv_dtype=fp8_e4m3 with fp8_flavor={fp8_flavor.value} (supported: "
                              f"fp8_flavor in {fmt_set(f.value for f in _E4M3)}; a platform without "
-                             "fp8 names no flavour, pass one explicitly)") from None
+                             "fp8 names no flavour: pass the flavour of the platform the cache is for, "
+                             "e.g. Fp8Flavor.OCP for CUDA sm89+, Fp8Flavor.FNUZ for gfx942)") from None
     for dtype, (name, _) in _STORAGE.items():
         if name == kv_dtype and dtype not in _E4M3.values():
             return dtype

@@ -11,6 +11,7 @@ which keys need which ``schema_version``). The reference is ``docs/descriptors.m
 from __future__ import annotations
 
 import json
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,7 +27,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-__all__ = ["SCHEMA_VERSION", "DescriptorError", "dump_descriptor", "load_descriptor", "parse_descriptor"]
+__all__ = ["MAX_FILE_BYTES", "SCHEMA_VERSION", "DescriptorError", "dump_descriptor", "load_descriptor",
+           "parse_descriptor"]
+
+#: The largest descriptor file read (the shipped examples are a few KiB).
+MAX_FILE_BYTES = 1 << 20
 
 
 def parse_descriptor(data: Mapping[str, Any]) -> BackendCapabilities:
@@ -40,6 +45,23 @@ def parse_descriptor(data: Mapping[str, Any]) -> BackendCapabilities:
         raise DescriptorError(str(exc)) from None
 
 
+def _read(path: Path) -> str:
+    """The file's text; a FIFO, a device or a file over :data:`MAX_FILE_BYTES` is refused before
+    reading (a FIFO would block forever, ``/dev/zero`` never end)."""
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file: a FIFO, socket or device"
+            raise DescriptorError(f"{path}: cannot read ({kind}; supported: a .json or .toml file)")
+        if info.st_size > MAX_FILE_BYTES:
+            raise DescriptorError(f"{path}: {info.st_size} bytes (supported: at most {MAX_FILE_BYTES})")
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DescriptorError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise DescriptorError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
+
+
 def load_descriptor(path: str | Path) -> BackendCapabilities:
     """Read a ``.json`` or ``.toml`` descriptor file; every failure is a :class:`DescriptorError` naming it."""
     if not isinstance(path, (str, Path)):
@@ -47,16 +69,14 @@ def load_descriptor(path: str | Path) -> BackendCapabilities:
     path = Path(path)
     if path.suffix not in (".json", ".toml"):
         raise DescriptorError(f"file={str(path)!r} (supported: .json or .toml)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise DescriptorError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise DescriptorError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
+    text = _read(path)
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise DescriptorError(f"{path}: {exc}") from None
+    except RecursionError:  # nesting deeper than the parser's recursion: no descriptor nests past 4
+        raise DescriptorError(f"{path}: nested too deeply (supported: tables and lists a few levels "
+                              "deep)") from None
     try:
         return parse_descriptor(data)
     except DescriptorError as exc:

@@ -5,6 +5,10 @@ value; unknown keys and bad values raise :class:`DescriptorError` naming the key
 :func:`converted` reads a whole top-level table into the keyword arguments of
 :class:`~attnhal.capabilities.BackendCapabilities`. The reference is ``docs/descriptors.md``.
 
+Bounds: a list holds at most :data:`MAX_ITEMS` entries, a head size is at most
+:data:`MAX_HEAD_SIZE` and a page size at most :data:`MAX_PAGE_SIZE`, so that a
+malformed or hostile file is refused at once instead of running for minutes.
+
 Schema versions: a file without ``schema_version`` is version 1 (the keys of
 attnhal 0.1) and keeps loading; the keys added by version 2 (``archs``,
 ``models``, ``run_limits``, ``phase_fill``, ``variants``) need
@@ -24,26 +28,49 @@ from attnhal.phases import Feature, Phase
 from attnhal.platform import ArchSet, Fp8Flavor, PlatformSpecError, Vendor
 from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, SpecAlgorithm
 
-__all__ = ["SCHEMA_VERSION", "DescriptorError", "converted"]
+__all__ = ["MAX_HEAD_SIZE", "MAX_ITEMS", "MAX_PAGE_SIZE", "SCHEMA_VERSION", "DescriptorError", "converted"]
 
 #: The newest descriptor schema this attnhal reads (and writes).
 SCHEMA_VERSION = 2
+#: The most entries of any list in a file (head sizes, page sizes, variants, ...): every real
+#: descriptor needs a few dozen at most.
+MAX_ITEMS = 256
+#: The largest head size a file may claim (the largest in use is 576, DeepSeek's MLA).
+MAX_HEAD_SIZE = 1024
+#: The largest page size a file may claim (the CLI's ``--page-size`` bound too).
+MAX_PAGE_SIZE = 4096
+#: How much of a rejected value a message repeats.
+_SHOWN = 60
 
 
 class DescriptorError(AttnhalError, ValueError):
     """A descriptor file with a missing, unknown or malformed key."""
 
 
+def _shown(value: object) -> str:
+    """``repr(value)``, cut short: a pasted megabyte stays one short line."""
+    text = repr(value)
+    return text[:_SHOWN] + "..." if len(text) > _SHOWN else text
+
+
 def _fail(key: str, value: object, allowed: str) -> DescriptorError:
-    return DescriptorError(f"{key}={value!r} (supported: {allowed})")
+    return DescriptorError(f"{key}={_shown(value)} (supported: {allowed})")
+
+
+def _list(key: str, value: Any, what: str) -> list[Any]:
+    """``value`` as a list of at most :data:`MAX_ITEMS` entries, else an error naming ``key``."""
+    if not isinstance(value, list):
+        raise _fail(key, value, what)
+    if len(value) > MAX_ITEMS:
+        raise DescriptorError(f"{key}: a list of {len(value)} entries (supported: at most {MAX_ITEMS})")
+    return value
 
 
 def _enum_list(enum: type[Enum], key: str) -> Callable[[Any], frozenset[Any]]:
     allowed = ", ".join(m.value for m in enum)
 
     def convert(value: Any) -> frozenset[Any]:
-        if not isinstance(value, list):
-            raise _fail(key, value, f"a list of {{{allowed}}}")
+        _list(key, value, f"a list of {{{allowed}}}")
         try:
             return frozenset(enum(str(v).lower()) for v in value)
         except ValueError:
@@ -52,10 +79,12 @@ def _enum_list(enum: type[Enum], key: str) -> Callable[[Any], frozenset[Any]]:
     return convert
 
 
-def _int_list(key: str) -> Callable[[Any], frozenset[int]]:
+def _int_list(key: str, high: int) -> Callable[[Any], frozenset[int]]:
+    """A list of integers in ``1..high``."""
     def convert(value: Any) -> frozenset[int]:
-        if not isinstance(value, list) or not all(_is_int(v) and v > 0 for v in value):
-            raise _fail(key, value, "a list of positive integers")
+        what = f"a list of integers 1..{high}"
+        if not all(_is_int(v) and 1 <= v <= high for v in _list(key, value, what)):
+            raise _fail(key, value, what)
         return frozenset(value)
     return convert
 
@@ -66,7 +95,7 @@ def _is_int(value: object) -> bool:
 
 def _str_list(key: str) -> Callable[[Any], frozenset[str]]:
     def convert(value: Any) -> frozenset[str]:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        if not all(isinstance(v, str) for v in _list(key, value, "a list of strings")):
             raise _fail(key, value, "a list of strings")
         return frozenset(value)
     return convert
@@ -121,8 +150,10 @@ def _by_vendor(key: str, convert: Callable[[Vendor, Any], Any], example: str,
 
 def _arch_set(vendor: Vendor, value: Any) -> ArchSet:
     items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
-        raise PlatformSpecError(f"archs={value!r} (supported: a list of archs or ranges like 'sm80..sm90')")
+    if (not isinstance(items, list) or not items or len(items) > MAX_ITEMS
+            or not all(isinstance(i, str) for i in items)):
+        raise PlatformSpecError(f"archs={_shown(value)} (supported: a list of at most {MAX_ITEMS} archs or "
+                                "ranges like 'sm80..sm90')")
     return ArchSet(vendor, tuple(items))
 
 
@@ -189,8 +220,8 @@ def _claim_keys(prefix: str, removable: bool) -> dict[str, Callable[[Any], Any]]
                                removable),
         "dtypes": _str_list(f"{p}dtypes"),
         "kv_dtypes": _str_list(f"{p}kv_dtypes"),
-        "head_sizes": _int_list(f"{p}head_sizes"),
-        "page_sizes": _int_list(f"{p}page_sizes"),
+        "head_sizes": _int_list(f"{p}head_sizes", MAX_HEAD_SIZE),
+        "page_sizes": _int_list(f"{p}page_sizes", MAX_PAGE_SIZE),
         "features": _enum_list(Feature, f"{p}features"),
         "seq_len_fill": lambda v: _seq_len_fill(f"{p}seq_len_fill", v),
         "needs_host_seq_lens": _bool(f"{p}needs_host_seq_lens"),
@@ -207,12 +238,13 @@ def _claim_keys(prefix: str, removable: bool) -> dict[str, Callable[[Any], Any]]
 def _int_set(key: str, value: Any) -> IntSet:
     if _is_int(value):
         return IntSet(frozenset((value,)))
-    if isinstance(value, list) and value and all(_is_int(v) for v in value):
+    if isinstance(value, list) and value and len(value) <= MAX_ITEMS and all(_is_int(v) for v in value):
         return IntSet(frozenset(value))
     if isinstance(value, Mapping) and value and not set(value) - {"min", "max"} and all(
             _is_int(v) for v in value.values()):
         return IntSet(min=value.get("min"), max=value.get("max"))
-    raise _fail(key, value, "an integer, a list of integers, or a range {min = int, max = int}")
+    raise _fail(key, value, f"an integer, a list of at most {MAX_ITEMS} integers, or a range "
+                            "{min = int, max = int}")
 
 
 def _choices(key: str, allowed: tuple[str, ...]) -> Callable[[Any], frozenset[str]]:
@@ -220,6 +252,7 @@ def _choices(key: str, allowed: tuple[str, ...]) -> Callable[[Any], frozenset[st
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not items:
             raise _fail(key, value, f"a value or a list from {{{', '.join(allowed)}}}")
+        _list(key, items, "a list")
         bad = [i for i in items if i not in allowed]
         if bad:
             raise _fail(key, bad[0], ", ".join(allowed))
@@ -290,8 +323,7 @@ def _variant(i: int, value: Any) -> Variant:
 
 
 def _variants(value: Any) -> tuple[Variant, ...]:
-    if not isinstance(value, list):
-        raise _fail("variants", value, "a list of tables ([[variants]] in TOML)")
+    _list("variants", value, "a list of tables ([[variants]] in TOML)")
     return tuple(_variant(i, v) for i, v in enumerate(value))
 
 

@@ -19,8 +19,8 @@ from attnhal.cli.args import flag_message
 from attnhal.cli.output import one_line
 from attnhal.errors import AttnhalError
 
-__all__ = ["BAD_INPUT", "BAD_USAGE", "BROKEN_PIPE", "INTERNAL_ERROR", "INTERRUPTED", "UsageError", "root_parser",
-           "run"]
+__all__ = ["BAD_INPUT", "BAD_USAGE", "BROKEN_PIPE", "INTERNAL_ERROR", "INTERRUPTED", "UsageError",
+           "installed_version", "root_parser", "run"]
 
 #: Bad input: an expected failure, told in one line.
 BAD_USAGE = 2
@@ -65,6 +65,23 @@ class _Parser(argparse.ArgumentParser):
         message = flag_message(message)  # "argument --topk: 99 (...)" -> "--topk=99 (...)"
         self.exit(BAD_USAGE, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # argparse reports a subcommand's unknown flag from the root parser ("attnhal: error",
+        # "see 'attnhal --help'"); the subcommand's own parser names the command the user typed.
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._command_parser(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The parser of the subcommand ``parsed`` ran (this parser when it has none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if isinstance(chosen, argparse.ArgumentParser):
+                    return chosen
+        return self
+
 
 class _CommandParser(_Parser):
     """A subcommand's parser: also takes ``--debug`` after the command name."""
@@ -87,8 +104,20 @@ def root_parser(epilog: str) -> tuple[argparse.ArgumentParser, Any]:
                      "CUDA, HIP and CPU.", epilog=epilog,
                      formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog))
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--version", action="version", version=f"attnhal {installed_version()}",
+                        help="show the installed attnhal version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     return parser, sub
+
+
+def installed_version() -> str:
+    """The version of the installed ``attnhal`` distribution (its metadata, the one truth)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("attnhal")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed: pip install -e .)"
 
 
 # --- the error boundary -------------------------------------------------------------------

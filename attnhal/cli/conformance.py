@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from attnhal.cli.app import UsageError
+from attnhal.cli.app import INTERRUPTED, UsageError
 from attnhal.cli.args import bounded, seconds
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import one_line
@@ -28,15 +28,24 @@ def register(sub: Any) -> None:
     p.add_argument("--thorough", action="store_true",
                    help="release check: more random examples and the costlier fixed ones (more long contexts)")
     p.add_argument("--allow-unchecked", action="store_true",
-                   help="exit 0 despite claims not checked here (e.g. device-only claims on a CPU machine); "
+                   help="exit 0 despite claims not checked here (e.g. graph claims on a platform without graphs); "
                         "the report still lists them")
+    p.add_argument("--strict", action="store_true",
+                   help="fail on vendor claims whose device is not here too (vendor[cuda] on a CPU machine); "
+                        "by default they are listed and do not fail the run")
     p.add_argument("--json", action="store_true", help="print the reports as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit 1 if a claim is falsified, hit a kit error, or was not checked here (unless waived)."""
-    from attnhal.testing.report import run_conformance
+    """Exit 1 if nothing was verified, a claim is falsified, hit a kit error, or was not checked
+    here (unless waived; vendor claims of devices elsewhere only with ``--strict``)."""
+    from attnhal.testing import missing_kit
+
+    missing = missing_kit()
+    if missing:
+        raise UsageError(missing)
+    from attnhal.testing.report import ConformanceInterrupted, run_conformance
 
     platform = resolve_platform(args.platform)
     names = [args.backend] if args.backend else [e.name for e in args.registry.ordered(platform)]
@@ -46,15 +55,23 @@ def run(args: argparse.Namespace) -> int:
         try:
             reports.append(run_conformance(name, max_examples=args.examples, platform=platform, budget=args.budget,
                                            thorough=args.thorough, allow_unchecked=args.allow_unchecked,
-                                           progress=progress))
+                                           strict=args.strict, progress=progress))
         except LookupError as exc:
             raise UsageError(f"backend={name}: {one_line(str(exc))}") from None
+        except ConformanceInterrupted as stop:  # Ctrl-C: the claims run so far are still reported
+            _print(args, [*reports, stop.report])
+            print("attnhal conformance: interrupted", file=sys.stderr)
+            return INTERRUPTED
+    _print(args, reports)
+    # nothing verified, falsified, a kit error, or a claim not checked here that is not waived: the run fails
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def _print(args: argparse.Namespace, reports: list[Any]) -> None:
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
         print("\n\n".join(r.format() for r in reports))
-    # falsified, a kit error, or a claim not checked here (unless waived): the run fails
-    return 0 if all(r.ok for r in reports) else 1
 
 
 class Progress:

@@ -102,13 +102,22 @@ def demo_config(args: argparse.Namespace) -> Any:
     if not spec.speculative:
         raise UsageError(f"--spec-steps=0 (supported: 1..{SPEC_STEPS.high}; the demo runs "
                          "speculative decoding)")
+    from attnhal.example_engine.worker import check_tree_size
+
+    try:
+        check_tree_size(spec)
+    except ValueError as exc:
+        raise UsageError(f"--draft-tokens: {exc}") from None
     from attnhal.backend.kv_pool import kv_storage_dtype
 
     platform = resolve_platform(args.platform)
     try:  # fp8_e4m3 needs the platform's flavour: never guessed
         kv_storage_dtype(args.kv_dtype, platform.fp8_flavor)
-    except ValueError as exc:
-        raise UsageError(f"--kv-dtype: {exc}") from None
+    except ValueError:  # the API's advice (pass a flavour) is not something a command line can do
+        raise UsageError(f"--kv-dtype={args.kv_dtype} on platform {platform.name}, which has no fp8 "
+                         "(supported: a platform with fp8, e.g. --platform cuda:sm90 for e4m3fn or "
+                         "--platform hip:gfx942 for e4m3fnuz; or --kv-dtype fp8_e5m2, which needs no "
+                         "flavour)") from None
     return DemoConfig(spec=spec, platform=platform, backend=args.backend,
                       batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, graphs=not args.no_graphs,
                       seed=args.seed, max_prompt_len=args.prompt_len, max_bs=args.max_bs,

@@ -20,8 +20,10 @@ from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import format_plan, print_json, table
 from attnhal.engines import sglang, vllm
 from attnhal.engines.flags import EngineArgError
+from attnhal.engines.sglang import engine_resolution
+from attnhal.engines.sglang.differs import engine_differs
 from attnhal.planner import GraphPlan
-from attnhal.platform import Platform
+from attnhal.platform import ENV_VAR, Platform
 from attnhal.spec import RequestContext, SpecConfig
 
 __all__ = ["OWN_FLAGS", "add_engine_flags", "register_catalog", "run_catalog", "run_explain", "run_plan",
@@ -29,16 +31,34 @@ __all__ = ["OWN_FLAGS", "add_engine_flags", "register_catalog", "run_catalog", "
 
 #: attnhal's own flags accepted among the engine's flags (after ``--``), as in
 #: ``attnhal plan --engine sglang -- --attention-backend aiter ... --platform hip:gfx942``.
-OWN_FLAGS = ("platform", "model")
+#: ``--trtllm-cubins yes|no`` (vLLM only): the assumption FlashInfer's graph level rests on.
+OWN_FLAGS = ("platform", "model", "trtllm-cubins")
 
 #: What an engine command does with (args, attnhal's own flags, the engine's flags).
 EngineCommand = Callable[[argparse.Namespace, dict[str, str | None], list[str]], int]
 
-
+#: Per engine, a planner field an adapter's error may name -> the engine flags its value comes
+#: from, in the adapter's order of precedence, each with how a message names it (the planner
+#: validates the spec and the graph policy; the user never typed ``num_steps=``).
+FIELD_FLAGS: Mapping[str, Mapping[str, tuple[tuple[str, str], ...]]] = {
+    "vllm": {"num_steps": (("--spec-tokens", "--spec-tokens"),
+                           ("--speculative-config", "--speculative-config num_speculative_tokens"))},
+    "sglang": {"max_batch_size": (("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-decode"),
+                                  ("--cuda-graph-max-bs", "--cuda-graph-max-bs"),
+                                  ("--cuda-graph-bs-decode", "the largest --cuda-graph-bs-decode"),
+                                  ("--cuda-graph-bs", "the largest --cuda-graph-bs")),
+               "batch_sizes": (("--cuda-graph-bs-decode", "--cuda-graph-bs-decode"),
+                               ("--cuda-graph-bs", "--cuda-graph-bs"))},
+}
+#: vLLM flags that ``--speculative-config`` can also set: flag -> its key there.
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """``--engine E`` and the engine's flags after ``--`` (for ``plan`` and ``explain``)."""
     p.add_argument("--engine", type=choice(("sglang", "vllm")),
                    help="read the engine's own flags after `--` (SGLang server / vLLM engine arguments)")
+    p.add_argument("--engine-resolution", type=choice(engine_resolution.RESOLUTIONS), default=None,
+                   help="with --engine sglang: resolve the flags with SGLang's own code (engine) or attnhal's "
+                        "(builtin); default: engine where SGLang is importable, the platform is this machine's "
+                        "and --model-path is given")
     p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
 
 
@@ -62,8 +82,8 @@ def split_own_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
 
 
 #: Namespace entries that are not plan/explain flags, or that --engine accepts.
-_NOT_MIXED = frozenset({"engine", "engine_args", "func", "parser", "json", "command", "argv", "registry", "debug",
-                        *OWN_FLAGS})
+_NOT_MIXED = frozenset({"engine", "engine_args", "engine_resolution", "func", "parser", "json", "command", "argv",
+                        "registry", "debug", *OWN_FLAGS})
 
 
 def _attnhal_flags_given(args: argparse.Namespace) -> list[str]:
@@ -86,8 +106,19 @@ def _run(args: argparse.Namespace, commands: Mapping[str, EngineCommand]) -> int
         # attnhal's --platform / --model may stand before `--` as well as among the engine's flags.
         own: dict[str, str | None] = {name: given.get(name) or getattr(args, name, None) for name in OWN_FLAGS}
         return commands[args.engine](args, own, engine_argv)
-    except (EngineArgError, ValueError) as exc:
+    except EngineArgError as exc:
         raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageError(engine_message(args.engine, str(exc), args.engine_args)) from None
+
+
+def engine_message(engine: str, message: str, argv: Sequence[str]) -> str:
+    """An adapter's ``field=value (supported: ...)`` in the engine's words: ``--flag=value (...)``,
+    naming the flag of :data:`FIELD_FLAGS` the user gave (``argv``); else the message as it is."""
+    field, eq, rest = message.partition("=")
+    given = {a.split("=")[0] for a in argv if a.startswith("--")}
+    shown = next((name for flag, name in FIELD_FLAGS.get(engine, {}).get(field, ()) if flag in given), None)
+    return f"{shown}={rest}" if eq and shown else message
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -121,11 +152,13 @@ def _fits(names: dict[str, list[str]], platform: Platform, spec: SpecConfig, con
 
 
 def _explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str],
-             names: dict[str, list[str]], platform: Platform, result: GraphPlan) -> int:
-    """Each backend's fit with the plan's request, then the plan (the engine's plan command prints it)."""
+             names: dict[str, list[str]], platform: Platform, result: GraphPlan,
+             extra: Mapping[str, object] | None = None) -> int:
+    """Each backend's fit with the plan's request, then the plan (the engine's plan command prints it);
+    ``extra``: the engine's own entries of the JSON report."""
     fits, report = _fits(names, platform, result.spec, result.context, args.json)
     if args.json:
-        print_json({"engine": args.engine, "backends": report, "plan": result.to_dict()})
+        print_json({"engine": args.engine, "backends": report, **(extra or {}), "plan": result.to_dict()})
     else:
         print()
         _PLANS[args.engine](args, own, argv)
@@ -133,39 +166,58 @@ def _explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[st
 
 
 def _sglang_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    config = _sglang_config(argv, own)
+    platform = resolve_platform(own["platform"])
+    config, choice = _sglang_config(args, argv, own, platform)
     names: dict[str, list[str]] = {}
     for role, name in config.roles.items():
         if name is not None:
             names.setdefault(f"sglang:{name}", []).append(role)
-    platform = resolve_platform(own["platform"])
-    return _explain(args, own, argv, names, platform, config.plan(platform))
+    return _explain(args, own, argv, names, platform, config.plan(platform), _sglang_json(config, platform, choice))
+
+
+def _cubins(own: Mapping[str, str | None]) -> bool:
+    value = own.get("trtllm-cubins") or "yes"
+    if value not in ("yes", "no"):
+        raise EngineArgError("--trtllm-cubins", f"--trtllm-cubins={value!r} (supported: yes, no)")
+    return value == "yes"
+
+
+def _vllm_config(own: Mapping[str, str | None], argv: list[str], platform: Platform,
+                 resolution: str | None = None) -> vllm.VllmConfig:
+    if resolution is not None:
+        raise EngineArgError("--engine-resolution", f"--engine-resolution={resolution} (supported: with --engine "
+                                                    "sglang; vLLM's flags are resolved by attnhal's adapter)")
+    return vllm.from_engine_args(vllm.parse_cli(argv), platform, trtllm_cubins=_cubins(own))
 
 
 def _vllm_explain(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    config = vllm.from_engine_args(vllm.parse_cli(argv))
     platform = resolve_platform(own["platform"])
+    config = _vllm_config(own, argv, platform, args.engine_resolution)
     return _explain(args, own, argv, {config.backend: ["every role"]}, platform, config.plan(platform, own["model"]))
 
 
 # --- plan ---------------------------------------------------------------------------------
 
 def _vllm_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    config = vllm.from_engine_args(vllm.parse_cli(argv))
-    result = config.plan(resolve_platform(own["platform"]), own["model"])
+    platform = resolve_platform(own["platform"])
+    config = _vllm_config(own, argv, platform, args.engine_resolution)
+    result = config.plan(platform, own["model"])
     entry = load(config.backend)
-    level = vllm.catalog_support(config.backend)
+    level = config.level or vllm.support_on(config.backend, platform)
     r = config.resolution
     if args.json:
         print_json({"engine": "vllm", "version": vllm.VLLM_VERSION, "backend": config.backend,
-                    "cg_support": level.name, "cg_conditions": entry.meta.get("cg_conditions"),
+                    "cg_support": level.support.name, "cg_level": level.to_dict(),
+                    "cg_conditions": entry.meta.get("cg_conditions"),
                     "cudagraph_mode": {"requested": r.requested.value, "resolved": r.mode.value if r.mode else None,
                                        "steps": list(r.steps), "error": r.error},
                     "ignored": list(config.ignored), "plan": result.to_dict()})
         return 0 if result.valid and r.error is None else 1
-    conditions = entry.meta.get("cg_conditions")
-    print(f"engine: vLLM {vllm.VLLM_VERSION} -> {config.backend}: AttentionCGSupport {level.name}"
-          + (f" ({conditions})" if conditions else ""))
+    why = level.because or entry.meta.get("cg_conditions")
+    print(f"engine: vLLM {vllm.VLLM_VERSION} -> {config.backend}: AttentionCGSupport {level.support.name}"
+          + (f" ({why})" if why else ""))
+    if level.assumes:
+        print(f"assumes: {level.assumes}")
     resolved = r.mode.value if r.mode else f"error: {r.error}"
     print(f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps))
     print(format_plan(result))
@@ -179,30 +231,48 @@ def _print_ignored(ignored: tuple[str, ...]) -> None:
               + ", ".join("--" + n.replace("_", "-") for n in ignored))
 
 
-def _sglang_config(argv: list[str], own: dict[str, str | None]) -> sglang.EngineConfig:
+def _sglang_config(args: argparse.Namespace, argv: list[str], own: dict[str, str | None],
+                   platform: Platform) -> tuple[sglang.EngineConfig, engine_resolution.Choice]:
+    """The adapter's config, resolved by SGLang's own code or attnhal's (:func:`engine_resolution.choose`)."""
+    if own.get("trtllm-cubins"):
+        raise EngineArgError("--trtllm-cubins", "--trtllm-cubins is vLLM's FlashInfer assumption (supported: "
+                                                "with --engine vllm)")
     env = {sglang.DRAFT_EXTEND_GRAPH_OFF: os.environ.get(sglang.DRAFT_EXTEND_GRAPH_OFF, "")}
-    return sglang.from_server_args(sglang.parse_cli(argv), env=env, model=own["model"])
+    server_args = sglang.parse_cli(argv)
+    local = own["platform"] is None and not os.environ.get(ENV_VAR)
+    choice = engine_resolution.choose(args.engine_resolution, local, server_args.get("model_path"))
+    if choice.used == "engine":
+        return engine_resolution.from_engine(server_args, env, own["model"], platform), choice
+    return sglang.from_server_args(server_args, env=env, model=own["model"]), choice
+
+
+def _sglang_json(config: sglang.EngineConfig, platform: Platform,
+                 choice: engine_resolution.Choice) -> dict[str, object]:
+    """What the SGLang adapter decided besides the plan: resolution, roles, page size, notes, engine differences."""
+    return {"version": sglang.SGLANG_VERSION, "resolution": choice.to_dict(), "roles": dict(config.roles),
+            "page_size": config.page_size(platform).to_dict(), "ignored": list(config.ignored),
+            "notes": list(config.notes), "engine_differs": [d.to_dict() for d in engine_differs(config, platform)]}
 
 
 def _sglang_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
-    config = _sglang_config(argv, own)
-    result = config.plan(resolve_platform(own["platform"]))
+    platform = resolve_platform(own["platform"])
+    config, choice = _sglang_config(args, argv, own, platform)
+    result = config.plan(platform)
     if args.json:
-        print_json({"engine": "sglang", "version": sglang.SGLANG_VERSION, "roles": dict(config.roles),
-                    "ignored": list(config.ignored), "notes": list(config.notes), "plan": result.to_dict()})
+        print_json({"engine": "sglang", **_sglang_json(config, platform, choice), "plan": result.to_dict()})
         return 0 if result.valid else 1
     roles = ", ".join(f"{role}={name}" for role, name in config.roles.items() if name is not None)
     print(f"engine: SGLang {sglang.SGLANG_VERSION} flags -> roles: {roles}")
-    print(format_plan(result))
+    print(choice)
+    print(format_plan(result, context_notes={"page_size": config.page_size(platform).note}))
     for phase, decision in result.phases.items():
         if decision.capture:
             print(f"why: {phase.value} is captured: {decision.backend} declares {phase.value} graphs and "
                   "their limits hold, the platform has a graph API and the policy allows them")
     for note in config.notes:
         print(f"note: {note}")
-    for name in dict.fromkeys(n for n in config.roles.values() if n is not None):
-        for differs in load(f"sglang:{name}").meta.get("engine_differs", ()):
-            print(f"engine differs (sglang:{name}): {differs}")
+    for differs in engine_differs(config, platform):
+        print(differs)
     _print_ignored(config.ignored)
     return 0 if result.valid else 1
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from attnhal.planner import GraphPlan
+from attnhal.reasons import ReasonCode
 
 __all__ = ["cell", "format_plan", "invalid_cause", "one_line", "print_json", "table", "yes_no"]
 
@@ -48,8 +49,19 @@ def invalid_cause(p: GraphPlan) -> str:
     return "a step count of the adaptive set does not fit"
 
 
-def format_plan(p: GraphPlan, verdict: bool = True) -> str:
-    """The plan as a table; ``verdict`` adds the closing ``plan: valid|INVALID`` line.
+def _graphs_line(p: GraphPlan) -> str:
+    """What the ``graphs:`` line says: disabled by policy, none (a platform without a graph
+    API captures nothing, so capture sizes would mislead), or the capture sizes."""
+    if not p.policy.enabled:
+        return "disabled"
+    if any(r.code is ReasonCode.NO_GRAPH_API for d in p.phases.values() for r in d.reasons):
+        return f"none (platform {p.platform} has no graph API)"
+    return "capture sizes " + ",".join(map(str, p.capture_sizes))
+
+
+def format_plan(p: GraphPlan, verdict: bool = True, context_notes: Mapping[str, str | None] | None = None) -> str:
+    """The plan as a table; ``verdict`` adds the closing ``plan: valid|INVALID`` line;
+    ``context_notes`` says where a context value came from (``{"page_size": "set by ..."}``).
 
     This is the table ``attnhal plan`` prints; an engine may print it when it refuses an
     invalid plan (``raise SystemExit(format_plan(graph_plan))``).
@@ -58,8 +70,10 @@ def format_plan(p: GraphPlan, verdict: bool = True) -> str:
     head = f"platform: {p.platform}    speculative: {spec.algorithm.value}"
     if spec.speculative:
         head += f" (num_steps={spec.num_steps}, topk={spec.topk}, num_draft_tokens={spec.num_draft_tokens})"
-    graphs = ("capture sizes " + ",".join(map(str, p.capture_sizes))) if p.policy.enabled else "disabled"
-    context = " ".join(f"{k}={getattr(v, 'value', v)}" for k, v in vars(p.context).items() if v is not None)
+    graphs = _graphs_line(p)
+    said = context_notes or {}
+    context = " ".join(f"{k}={getattr(v, 'value', v)}" + (f" ({said[k]})" if said.get(k) else "")
+                       for k, v in vars(p.context).items() if v is not None)
     if context:
         head += f"\ncontext: {context}"
     rows = []

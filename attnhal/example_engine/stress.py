@@ -7,8 +7,8 @@ with that command line, which reproduces it on its own.
 
 Workers are expensive to build (graph capture), cases are cheap: the run draws
 one *worker configuration* (platform, backend, spec config, graphs) per
-:data:`CASES_PER_WORKER` cases and reuses the built worker for them, drawing each
-case's batch size, prompt lengths, token count and seed afresh. Every case
+:func:`cases_per_worker` cases (at most :data:`CASES_PER_WORKER`) and reuses the
+built worker for them, drawing each case's batch size, prompt lengths, token count and seed afresh. Every case
 carries ``--max-bs`` and ``--model-seed`` so its reproduction builds the same
 capture sizes and model.
 
@@ -18,6 +18,7 @@ draw it), as ``page_size`` and ``kv_dtype`` are.
 
 from __future__ import annotations
 
+import math
 import random
 import shlex
 import time
@@ -37,9 +38,9 @@ from attnhal.platform import Fp8Flavor, parse
 from attnhal.registry import default_registry
 from attnhal.spec import SpecConfig
 
-__all__ = ["AXES", "Axis", "Case", "DrawnCase", "StressConfig", "StressSummary", "run_cases"]
+__all__ = ["AXES", "Axis", "Case", "DrawnCase", "StressConfig", "StressSummary", "cases_per_worker", "run_cases"]
 
-#: Cases that share one built worker (one draw of the worker axes).
+#: The most cases that share one built worker (one draw of the worker axes).
 CASES_PER_WORKER = 16
 #: Capture sizes of every worker in the run: 1, 2, 4 (batches above 4 run in chunks).
 MAX_BS = 4
@@ -56,7 +57,7 @@ class Axis:
 
     ``flag`` is the ``attnhal demo`` flag the drawn value becomes (``None`` leaves
     the flag out: the command's default); ``worker`` marks axes that need a new
-    worker (drawn once per :data:`CASES_PER_WORKER` cases).
+    worker (drawn once per :func:`cases_per_worker` cases).
     """
 
     flag: str
@@ -195,12 +196,20 @@ def _draw(rng: random.Random, index: int, choices: Mapping[str, Any],
     return DrawnCase(index, {name: values[name] for name in AXES})
 
 
+def cases_per_worker(cases: int) -> int:
+    """Cases that share one worker in a run of ``cases``: about the square root, at most
+    :data:`CASES_PER_WORKER`, so that a short run still draws several worker configurations
+    (16 cases: 4 workers of 4; 1000 cases: 63 workers of 16)."""
+    return max(1, min(CASES_PER_WORKER, math.isqrt(cases)))
+
+
 def draw_cases(cfg: StressConfig, choices: Mapping[str, Any]) -> Iterator[DrawnCase]:
     """The run's cases, worker by worker (reproducible from ``cfg.seed``)."""
     rng = random.Random(cfg.seed)
+    per_worker = cases_per_worker(cfg.cases)
     worker: Mapping[str, Any] | None = None
     for index in range(cfg.cases):
-        case = _draw(rng, index, choices, None if index % CASES_PER_WORKER == 0 else worker)
+        case = _draw(rng, index, choices, None if index % per_worker == 0 else worker)
         worker = case.values
         yield case
 
@@ -355,7 +364,7 @@ def run_cases(cfg: StressConfig, demo_config: Callable[[list[str]], DemoConfig],
     workers = _Workers()
     if progress is not None:
         offered = "; ".join(f"{p}: {', '.join(names)}" for p, names in backends.items())
-        print(f"reliability run: {cfg.cases} cases, seed {cfg.seed}, {CASES_PER_WORKER} cases per worker; "
+        print(f"reliability run: {cfg.cases} cases, seed {cfg.seed}, {cases_per_worker(cfg.cases)} cases per worker; "
               f"backends: {offered}", file=progress, flush=True)
     start = last = time.perf_counter()
     try:

@@ -51,7 +51,7 @@ from attnhal.platform import Platform, as_platform
 from attnhal.registry import BackendEntry, Registry, default_registry
 from attnhal.spec import SpecConfig
 
-__all__ = ["Generation", "PlanInvalid", "SpecWorker"]
+__all__ = ["Generation", "PlanInvalid", "SpecWorker", "check_tree_size"]
 
 BackendClass = type[AttentionBackend]
 
@@ -101,6 +101,20 @@ def _int(values: list[int], device: torch.device, dtype: torch.dtype = torch.int
     return torch.tensor(values, dtype=dtype, device=device)
 
 
+def check_tree_size(spec: SpecConfig) -> None:
+    """Raise ``ValueError`` if ``spec`` verifies more nodes than this worker's tree holds.
+
+    Engines such as SGLang pick the verified nodes among every candidate child
+    (:attr:`SpecConfig.max_draft_tokens`); this worker keeps only the ``topk`` branches of
+    each level (``tree.py``), so it verifies at most ``topk * num_steps + 1`` tokens.
+    """
+    limit = spec.topk * spec.num_steps + 1
+    if spec.speculative and spec.num_draft_tokens > limit:
+        raise ValueError(f"num_draft_tokens={spec.num_draft_tokens} (supported: 2..{limit} in the reference "
+                         f"worker for num_steps={spec.num_steps}, topk={spec.topk}: its tree keeps topk nodes "
+                         "per level)")
+
+
 class SpecWorker:
     """Greedy generation with (or, for ``SpecConfig()``, without) speculative decoding.
 
@@ -128,6 +142,7 @@ class SpecWorker:
                  policy: GraphPolicy | None = None, max_context_len: int = 512,
                  max_requests: int | None = None, registry: Registry | None = None, page_size: int = 1,
                  kv_dtype: str = "float32") -> None:
+        check_tree_size(spec)
         self.target, self.draft, self.spec = target, draft, spec
         self.platform = as_platform(platform)
         self.page_size, self.kv_dtype = page_size, kv_dtype

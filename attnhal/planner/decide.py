@@ -25,7 +25,7 @@ from attnhal.planner.result import GraphPlan, PhasePlan
 from attnhal.planner.roles import PhaseBackends
 from attnhal.platform import Platform, as_platform
 from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
-from attnhal.spec import RequestContext, SpecConfig, check_type
+from attnhal.spec import RequestContext, SpecConfig, check_type, draft_tree_tokens
 
 __all__ = ["plan", "plan_phase"]
 
@@ -201,14 +201,15 @@ def plan(spec: SpecConfig, platform: Platform | str, backends: PhaseBackends,
 
 def _unfit_step_count(spec: SpecConfig, num_steps: int) -> Reason | None:
     """None if ``spec`` can run at ``num_steps`` draft steps, else why not: a tree keeps its
-    ``num_draft_tokens``, which must fit the ``topk * num_steps + 1`` tokens of the smaller tree."""
-    fits = spec.topk * num_steps + 1
-    if spec.topk == 1 or spec.num_draft_tokens <= fits:
+    ``num_draft_tokens``, which must fit the candidates of the smaller tree
+    (:func:`~attnhal.spec.draft_tree_tokens`)."""
+    k = spec.topk
+    if k == 1 or spec.num_draft_tokens <= draft_tree_tokens(num_steps, k):
         return None
-    lowest = -(-(spec.num_draft_tokens - 1) // spec.topk)
+    lowest = 1 + -(-(spec.num_draft_tokens - 1 - k) // (k * k))
     return reason(ReasonCode.STEP_COUNT, "step_counts", num_steps,
-                  f">= {lowest}: num_draft_tokens={spec.num_draft_tokens} needs topk * num_steps + 1 "
-                  f">= {spec.num_draft_tokens} with topk={spec.topk}")
+                  f">= {lowest}: num_draft_tokens={spec.num_draft_tokens} needs topk + (num_steps - 1) * topk^2 + 1 "
+                  f">= {spec.num_draft_tokens} with topk={k}")
 
 
 def _plan_once(spec: SpecConfig, platform: Platform, backends: PhaseBackends, policy: GraphPolicy,

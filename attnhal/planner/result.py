@@ -50,7 +50,7 @@ class GraphPlan:
     With adaptive step counts (``GraphPolicy.step_counts``), ``adaptive`` holds
     the plan at each other step count; the plan is valid only if all are.
     ``unfit_steps`` holds the step counts the spec config cannot take at all (a
-    tree whose ``num_draft_tokens`` exceeds ``topk * num_steps + 1``), each with
+    tree whose ``num_draft_tokens`` exceeds ``draft_tree_tokens(num_steps, topk)``), each with
     its ``step_count`` reason; any makes the plan invalid.
     """
 

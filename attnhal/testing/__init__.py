@@ -13,7 +13,8 @@
 * :mod:`attnhal.testing.plugin` — the pytest plugin (``pytest --attnhal-backend NAME``).
 
 Importing ``attnhal.testing`` itself is light; its submodules need ``hypothesis`` and
-``torch`` (``pip install 'attnhal[test]'``). See docs/conformance.md.
+``torch``: ``pip install 'attnhal[kit]'`` (:data:`KIT_EXTRA`; :func:`missing_kit` says
+what is missing). See docs/conformance.md.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from attnhal.testing.report import ConformanceReport, run_conformance
 
 __all__ = [
+    "KIT_EXTRA",
     "BackendConformance",
     "Case",
     "CaseRecipe",
@@ -37,8 +39,31 @@ __all__ = [
     "ConformanceReport",
     "Status",
     "build_case",
+    "missing_kit",
     "run_conformance",
 ]
+
+#: The extra that installs what the kit runs with (hypothesis draws the examples; the mixins are pytest's).
+KIT_EXTRA = "attnhal[kit]"
+#: The modules the kit's checks import beyond attnhal's own dependencies.
+_KIT_MODULES = ("hypothesis",)
+
+
+def missing_kit() -> str | None:
+    """Why the conformance kit cannot run in this environment, or None when it can.
+
+    A plain ``pip install attnhal`` has no hypothesis; the kit then tells what to install
+    instead of failing with an import error deep inside a check.
+    """
+    import importlib
+
+    for module in _KIT_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return (f"the conformance kit needs {module}, which is not installed here "
+                    f"(install the kit's extra: pip install '{KIT_EXTRA}')")
+    return None
 
 _WHERE = {
     "BackendConformance": "conformance",

@@ -49,6 +49,9 @@ Settings, each a class attribute or a fixture of the same name (the attribute wi
     them); ``--attnhal-budget`` spreads its total over the checks of the class.
 ``allow_unchecked``
     a claim this process cannot check is skipped instead of failing; ``--attnhal-allow-unchecked``.
+    A vendor claim whose device is not here (``vendor[cuda]`` on a CPU machine) skips anyway.
+``strict``
+    such vendor claims fail unless waived; ``--attnhal-strict``.
 ``max_seq_len``, ``max_cost``
     bounds of drawn batches and fixed examples (small for an interpreter).
 ``backend_kwargs``
@@ -173,6 +176,7 @@ class _Conformance:
     thorough: ClassVar[bool | None] = None
     budget: ClassVar[float | None] = None
     allow_unchecked: ClassVar[bool | None] = None
+    strict: ClassVar[bool | None] = None
     max_seq_len: ClassVar[int | None] = None
     max_cost: ClassVar[int | None] = None
     #: The plugin's generated suite reads the backend from ``--attnhal-backend`` first.
@@ -311,7 +315,10 @@ def _claim(target: Target, request: pytest.FixtureRequest, claim: Claim) -> None
         pytest.skip(f"{claim.name} is not claimed by {target.caps.name!r}: not tested")
     why = not_checked_reason(target, claim)
     if why is not None:
-        _record(request, target, ClaimResult(claim, Status.NOT_CHECKED, why))
+        result = ClaimResult(claim, Status.NOT_CHECKED, why)
+        _record(request, target, result)
+        if result.device_elsewhere and not _flag(request, "strict"):
+            pytest.skip(f"not checked here: {claim.name}: {why}")
         _unchecked(request, f"{claim.name}: {why}")
         return
     if claim.kind is ClaimKind.VENDOR:  # where the claims ran: nothing to run for it

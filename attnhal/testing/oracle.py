@@ -22,6 +22,13 @@ positions ``< p - w`` (query position ``p``, see :func:`attended`); soft-cap map
 logit ``s`` to ``cap * tanh(s / cap)``; sinks append one logit column per head that
 carries no value. Written as a plain softmax over an explicit key list so that the
 tests can cross-check it against SDPA with an explicit mask and sink column.
+
+fp8 caches (:func:`quantize`): the new tokens' K/V are stored as ``x / scale`` (in fp32)
+**saturated** to the format's largest finite value and rounded to nearest, in every
+flavour — e4m3fn at ±448, e4m3fnuz at ±240, e5m2 at ±57344 — never as NaN or inf,
+whatever the bare conversion of the flavour does past its range (torch's e4m3fn
+conversion saturates, its e4m3fnuz one gives NaN, its e5m2 one inf). Attention reads
+``stored * scale`` with the layer's scale at the time of the forward.
 """
 
 from __future__ import annotations
@@ -35,8 +42,8 @@ import torch
 from attnhal.backend import PADDING_REQ, AttentionConfig, ForwardBatch, KVPool
 from attnhal.phases import Phase
 
-__all__ = ["LayerFeatures", "attended", "attended_slots", "batch_to_cpu", "query_tokens", "real_tokens",
-           "reference_attention", "reference_forward"]
+__all__ = ["LayerFeatures", "attended", "attended_slots", "batch_to_cpu", "quantize", "query_tokens", "real_tokens",
+           "reference_attention", "reference_forward", "store"]
 
 
 def query_tokens(batch: ForwardBatch) -> list[tuple[int, int, int]]:
@@ -186,8 +193,8 @@ def reference_forward(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor |
                       batch: ForwardBatch, pool: KVPool, scale: float,
                       config: AttentionConfig | None = None) -> torch.Tensor:
     """What ``AttentionBackend.forward(q, k, v, layer, batch)`` must return, without touching
-    ``pool``: the new K/V go into a copy of the pool's layer first (quantized as the pool
-    stores them), attention reads the dequantized cache.
+    ``pool``: the new K/V go into a copy of the pool's layer first (as :func:`store` expects
+    them stored: fp8 saturated), attention reads the dequantized cache.
 
     ``q``: ``[num_tokens, H, D]``; ``k``: ``[num_tokens, KV, D]``, ``v``: ``[num_tokens, KV, Dv]``
     or None (already in the pool). ``config``: the layer's window, soft-cap and sinks
@@ -195,10 +202,31 @@ def reference_forward(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor |
     """
     copy = pool.layer_copy(layer)
     if k is not None and v is not None:
-        copy.write(0, batch.out_cache_loc, k, v)
+        store(copy, 0, batch.out_cache_loc, k, v)
     k_cache, v_cache = copy.dequantized(0)
     features = LayerFeatures() if config is None else LayerFeatures.of(config, layer)
     return reference_attention(q, k_cache, v_cache, batch, pool.token_table(), scale, features)
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as a cache of ``dtype`` stores it: fp8 ``dtype``: ``x / scale`` in fp32, saturated
+    to ``±torch.finfo(dtype).max`` (the flavour's range: 448, 240, 57344), then rounded;
+    any other dtype: ``x`` converted."""
+    if dtype.itemsize != 1:
+        return x.to(dtype)
+    top = torch.finfo(dtype).max
+    return (x.float() / scale).clamp(-top, top).to(dtype)
+
+
+def store(pool: KVPool, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Write the new tokens' ``k``/``v`` at slots ``loc`` of ``layer`` as the oracle expects them
+    stored (:func:`quantize` with the layer's scales): what a forward must leave in the cache."""
+    for cache, x, scale in ((pool.k[layer], k, pool.k_scale[layer]), (pool.v[layer], v, pool.v_scale[layer])):
+        stored = quantize(x, scale, cache.dtype)
+        if cache.dtype.itemsize == 1:  # no fp8 index_copy on every device: move the bytes
+            cache.view(torch.uint8).index_copy_(0, loc, stored.view(torch.uint8))
+        else:
+            cache.index_copy_(0, loc, stored)
 
 
 def batch_to_cpu(batch: ForwardBatch) -> ForwardBatch:

@@ -19,8 +19,11 @@ nothing happens unless an option below is given.
 ``--attnhal-thorough``
     release check: more random examples and the costlier fixed ones.
 ``--attnhal-allow-unchecked``
-    claims this process cannot check (device-only ones on a CPU machine) are skipped;
-    without it they fail.
+    claims this process cannot check are skipped; without it they fail, except the
+    vendor claims whose device is not here (``vendor[cuda]`` on a CPU machine), which skip
+    with their reason.
+``--attnhal-strict``
+    those vendor claims fail too.
 
 At the end of a session that ran conformance tests it prints the claims table
 (claim | status | detail) of each backend.
@@ -55,6 +58,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="release check: more random examples and the costlier fixed ones")
     group.addoption("--attnhal-allow-unchecked", action="store_true", default=False,
                     help="skip (instead of failing) claims this process cannot check")
+    group.addoption("--attnhal-strict", action="store_true", default=False,
+                    help="fail (instead of skipping) vendor claims whose device is not here")
     group.addoption("--attnhal-platform", metavar="SPEC", default=None,
                     help="platform to run the conformance suite on, e.g. hip:gfx942 (simulated); "
                          "default: the detected one")

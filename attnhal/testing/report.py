@@ -7,8 +7,12 @@
 Each claim is *verified*, *falsified* (with the shrunk counterexample; *flaky* when it
 did not repeat), *not checked here* (with the reason: no device of that vendor, no
 graph API, ...) or a *kit error* (the kit failed on that claim; the others are still
-reported). Nothing passes silently: a report is ``ok`` only when every claim is
-verified, or not checked and waived with ``allow_unchecked``. No pytest is involved: the checks of
+reported). Nothing passes silently: a report is ``ok`` only when it verified at least
+one claim here, nothing was falsified or hit a kit error, and every claim not checked
+here is either waived with ``allow_unchecked`` or a vendor claim whose device this
+process lacks (``vendor[cuda]`` on a CPU machine: listed, not a failure unless
+``strict``). The last line of :meth:`ConformanceReport.format` is the verdict and says
+which of these decided it. No pytest is involved: the checks of
 :mod:`attnhal.testing.checks` are called directly, so a plain process (the
 ``attnhal conformance`` command) can run them.
 """
@@ -42,7 +46,7 @@ from attnhal.testing.checks import (
 #: ``progress(index, total, claim, result)``.
 Progress = Callable[[int, int, Claim, "ClaimResult | None"], None]
 
-__all__ = ["ConformanceReport", "format_results", "resolve_backend", "run_conformance"]
+__all__ = ["ConformanceInterrupted", "ConformanceReport", "format_results", "resolve_backend", "run_conformance"]
 
 
 def resolve_backend(backend: str | type[AttentionBackend]) -> type[AttentionBackend]:
@@ -68,6 +72,8 @@ class ConformanceReport:
     results: one :class:`~attnhal.testing.checks.ClaimResult` per claim, in report order.
     notes: facts about the run that are not claims (e.g. an unclaimed platform).
     allow_unchecked: claims not checked here are waived (``ok`` despite them).
+    strict: vendor claims whose device is not here fail the run too (by default they are
+        listed and do not).
     budget: seconds the run was given (spread over the claims), or None.
     thorough: the costlier fixed examples ran too.
     """
@@ -84,12 +90,35 @@ class ConformanceReport:
     allow_unchecked: bool = False
     budget: float | None = None
     thorough: bool = False
+    strict: bool = False
+    #: Stopped by Ctrl-C: ``results`` are the claims run so far, and the run does not pass.
+    interrupted: bool = False
 
     @property
     def ok(self) -> bool:
-        """Every claim verified: none falsified, no kit error, and none left unchecked unless
-        ``allow_unchecked`` waives those (device-only claims on a CPU machine)."""
-        return not self.falsified and not self.errors and (self.allow_unchecked or not self.unchecked)
+        """The run passes: something verified here, none falsified, no kit error, and no claim
+        left unchecked that fails the run (:attr:`failing_unchecked`)."""
+        return (bool(self.verified_here) and not self.falsified and not self.errors
+                and not self.failing_unchecked and not self.interrupted)
+
+    @property
+    def verified_here(self) -> list[ClaimResult]:
+        """Claims this run verified by running the backend (``vendor[V]`` only says where the
+        others ran: alone it verifies nothing)."""
+        return [r for r in self.results if r.status is Status.VERIFIED and r.claim.kind is not ClaimKind.VENDOR]
+
+    @property
+    def elsewhere(self) -> list[ClaimResult]:
+        """Vendor claims whose device this process lacks (see :attr:`ClaimResult.device_elsewhere`)."""
+        return [r for r in self.unchecked if r.device_elsewhere]
+
+    @property
+    def failing_unchecked(self) -> list[ClaimResult]:
+        """The claims not checked here that make the run fail: none when ``allow_unchecked``;
+        else every one, except the vendor claims of devices elsewhere unless ``strict``."""
+        if self.allow_unchecked:
+            return []
+        return [r for r in self.unchecked if self.strict or not r.device_elsewhere]
 
     @property
     def falsified(self) -> list[ClaimResult]:
@@ -123,24 +152,47 @@ class ConformanceReport:
         return drawn + " on top of the fixed ones" + (" (thorough)" if self.thorough else "")
 
     def _verdict(self) -> list[str]:
-        """Why the run fails, or which unchecked claims were waived."""
-        names = ", ".join(r.claim.name for r in self.unchecked)
-        if not self.unchecked:
-            out = []
-        elif self.allow_unchecked:
-            out = [f"not checked here, waived by --allow-unchecked: {names}"]
-        else:
-            out = [f"FAIL: not checked here (waive with --allow-unchecked): {names}"]
-        bad = [r.claim.name for r in self.falsified + self.errors]
-        return out + ([f"FAIL: {', '.join(bad)}"] if bad else [])
+        """What did not fail the run and why, then the verdict line (``PASS: ...`` / ``FAIL: ...``)."""
+        failing = self.failing_unchecked
+        out = []
+        if self.allow_unchecked and self.unchecked:
+            out.append(f"not checked here, waived by --allow-unchecked: {_names(self.unchecked)}")
+        elif self.elsewhere and not self.strict:
+            out.append(f"not checked here, needs a device this process lacks (not a failure; --strict fails on "
+                       f"it): {_names(self.elsewhere)}")
+        reasons = [_names(self.falsified + self.errors)] if self.falsified or self.errors else []
+        if self.interrupted:
+            reasons.append(f"interrupted after {len(self.results)} claims (the table shows those)")
+        if not self.verified_here:
+            reasons.append("nothing verified here (a run that checks no claim cannot pass)")
+        if failing:
+            reasons.append(f"not checked here (waive with --allow-unchecked): {_names(failing)}")
+        if reasons:
+            return out + ["FAIL: " + "; ".join(reasons)]
+        return out + [f"PASS: {len(self.verified_here)} claim{'' if len(self.verified_here) == 1 else 's'} "
+                      "verified here"]
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "backend_class": self.backend_class, "platform": self.platform,
                 "device": self.device, "graph_kind": self.graph_kind, "max_examples": self.max_examples,
                 "budget": self.budget, "thorough": self.thorough, "allow_unchecked": self.allow_unchecked,
-                "ok": self.ok, "counts": self.counts(), "notes": list(self.notes),
-                "unchecked": [r.claim.name for r in self.unchecked],
+                "strict": self.strict, "interrupted": self.interrupted, "ok": self.ok, "verdict": self._verdict()[-1], "counts": self.counts(),
+                "notes": list(self.notes), "unchecked": [r.claim.name for r in self.unchecked],
+                "device_elsewhere": [r.claim.name for r in self.elsewhere],
+                "failing_unchecked": [r.claim.name for r in self.failing_unchecked],
                 "seconds": round(self.seconds, 3), "claims": [r.to_dict() for r in self.results]}
+
+
+class ConformanceInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run_conformance`; ``report`` holds the claims run until then."""
+
+    def __init__(self, report: ConformanceReport) -> None:
+        super().__init__(f"interrupted after {len(report.results)} claims")
+        self.report = report
+
+
+def _names(results: Iterable[ClaimResult]) -> str:
+    return ", ".join(r.claim.name for r in results)
 
 
 def format_results(results: Iterable[ClaimResult], width: int = 120) -> str:
@@ -192,7 +244,7 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
                     platform: Platform | str | None = None, only: Iterable[str] | None = None,
                     backend_kwargs: Mapping[str, Any] | None = None, derandomize: bool = True,
                     budget: float | None = None, thorough: bool = False, allow_unchecked: bool = False,
-                    progress: Progress | None = None) -> ConformanceReport:
+                    strict: bool = False, progress: Progress | None = None) -> ConformanceReport:
     """Check every claim of ``backend``'s descriptor by running it, in this process.
 
     Parameters
@@ -214,9 +266,11 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
         its share is spent).
     thorough: also the costlier fixed examples (more long contexts), for release checks.
     allow_unchecked: claims not checked here do not make the report fail.
+    strict: vendor claims whose device is not here make the report fail (by default they do not).
     progress: called when each claim starts and when its result is known.
 
-    Raises ``LookupError`` when ``backend`` cannot be resolved (see :func:`resolve_backend`).
+    Raises ``LookupError`` when ``backend`` cannot be resolved (see :func:`resolve_backend`), and
+    :class:`ConformanceInterrupted` (a ``KeyboardInterrupt``) with the partial report on Ctrl-C.
     A backend that cannot run here (e.g. Triton on a CPU platform without
     ``TRITON_INTERPRET=1``) gives a report of claims "not checked here", not an error.
     """
@@ -228,20 +282,25 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
     report = ConformanceReport(cls.capabilities.name, f"{cls.__module__}.{cls.__qualname__}", target.platform.name,
                                target.platform.device_name or target.device, target.platform.graph_kind.value,
                                target.max_examples, notes=_notes(target), allow_unchecked=allow_unchecked,
-                               budget=budget, thorough=thorough)
+                               budget=budget, thorough=thorough, strict=strict)
     start = time.perf_counter()
     prefixes = tuple(only) if only is not None else None
     todo = [c for c in claims(cls.capabilities) if prefixes is None or c.name.startswith(prefixes)]
     done: dict[str, ClaimResult] = {}
-    for i, claim in enumerate(todo):
-        if progress is not None:
-            progress(i, len(todo), claim, None)
-        why = _depends_on(claim, done)
-        share = None if budget is None else max(0.0, budget - (time.perf_counter() - start)) / (len(todo) - i)
-        result = ClaimResult(claim, Status.NOT_CHECKED, why) if why else verify(replace(target, seconds=share), claim)
-        done[claim.name] = result
-        report.results.append(result)
-        if progress is not None:
-            progress(i, len(todo), claim, result)
+    try:
+        for i, claim in enumerate(todo):
+            if progress is not None:
+                progress(i, len(todo), claim, None)
+            why = _depends_on(claim, done)
+            share = None if budget is None else max(0.0, budget - (time.perf_counter() - start)) / (len(todo) - i)
+            result = (ClaimResult(claim, Status.NOT_CHECKED, why) if why
+                      else verify(replace(target, seconds=share), claim))
+            done[claim.name] = result
+            report.results.append(result)
+            if progress is not None:
+                progress(i, len(todo), claim, result)
+    except KeyboardInterrupt as exc:  # a long run stopped by hand keeps what it checked
+        report.seconds, report.interrupted = time.perf_counter() - start, True
+        raise ConformanceInterrupted(report) from exc
     report.seconds = time.perf_counter() - start
     return report

@@ -302,7 +302,9 @@ def ensure_built(entry: Entry, progress: Progress = report_to_stderr, timeout: f
     with _locked(entry, timeout, progress):
         if entry.library.exists():  # built by the process we waited for
             return False
-        progress("locked", "")
+        # A first build takes about a minute of compiling with no output of its own: say so up front.
+        progress("locked", f"building {entry.library.name} once, on first use (about a minute; later runs "
+                           f"load it from {entry.directory})")
         start = time.monotonic()
         try:
             _build(entry, timeout, progress)

@@ -32,7 +32,7 @@ from attnhal.capabilities import BackendCapabilities
 from attnhal.phases import Phase
 from attnhal.platform import Platform
 
-from .capabilities import CAPABILITIES
+from .descriptor import CAPABILITIES
 from .kernel import KVLayout, LayerParams, Workspace, paged_attention, reserve_graph_workspace
 from .layout import INDEX_BUDGET_BYTES, LayoutBuffers, fill_layout, fill_prefill_piece, set_draft_columns
 from .workers import host_workers

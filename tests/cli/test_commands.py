@@ -47,6 +47,15 @@ def test_no_graphs_flag(capsys):
     assert decode["reasons"][0]["code"] == "graphs_disabled"
 
 
+def test_plan_tree_takes_draft_tokens_up_to_every_candidate_node(capsys):
+    """3 steps, topk 4: 4 + 2 * 16 candidates, so up to 37 tokens verified (not 13)."""
+    tree = ("plan", "--backend", TRITON_LIKE, "--platform", "cuda:sm90", "--spec-steps", "3", "--topk", "4")
+    code, out, _ = run(capsys, *tree, "--draft-tokens", "16", "--json")
+    assert code == 0 and json.loads(out)["valid"]
+    code, _, err = run(capsys, *tree, "--draft-tokens", "38")
+    assert code == 2 and "--draft-tokens: num_draft_tokens=38 (supported: 2..37" in err
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["plan", "--platform", "rocm:gfx942"], "--platform"),
     (["plan", "--spec-steps", "-1"], "--spec-steps=-1"),
@@ -165,4 +174,31 @@ def test_demo_with_pages_and_fp8_in_the_platform_flavour(capsys):
 
 def test_demo_fp8_e4m3_without_a_platform_flavour_is_a_usage_error(capsys):
     code, _, err = run(capsys, "demo", "--platform", "cpu", "--kv-dtype", "fp8_e4m3")
-    assert code == 2 and "--kv-dtype: kv_dtype=fp8_e4m3 with fp8_flavor=none" in err
+    assert code == 2 and "--kv-dtype=fp8_e4m3 on platform cpu, which has no fp8 (supported: " in err
+    assert "--platform cuda:sm90" in err and "--kv-dtype fp8_e5m2" in err and "explicitly" not in err
+
+
+def test_demo_runs_on_the_default_backend_and_on_cpu(capsys):
+    """The demo model fits every shipped backend, so ``demo`` runs what ``info`` calls the default."""
+    from attnhal.example_engine.model import ModelConfig
+    from attnhal.platform import parse
+    from attnhal.registry import default_registry
+
+    registry = default_registry()
+    for name in ("torch", "triton", "cpu"):
+        assert ModelConfig().head_dim in registry.get(name).capabilities.head_sizes, name
+    default = registry.select(parse("cpu")).name
+    small = ("--platform", "cpu", "--spec-steps", "1", "--batch-size", "2", "--max-new-tokens", "4", "--json")
+    code, out, _ = run(capsys, "demo", *small)
+    data = json.loads(out)
+    assert code == 0 and data["lossless"] and set(data["backends"].values()) == {default}
+    if default == "cpu":  # the native kernel builds here
+        code, out, _ = run(capsys, "demo", "--backend", "cpu", *small)
+        assert code == 0 and json.loads(out)["backends"]["target"] == "cpu"
+
+
+def test_the_graphs_line_shows_no_capture_sizes_without_a_graph_api(capsys):
+    code, out, _ = run(capsys, "plan", "--backend", "torch", "--platform", "cpu,nographs", "--spec-steps", "1")
+    assert code == 0 and out.splitlines()[1] == "graphs: none (platform cpu,nographs has no graph API)"
+    code, out, _ = run(capsys, "plan", "--backend", "torch", "--platform", "cpu", "--spec-steps", "1")
+    assert code == 0 and out.splitlines()[1].startswith("graphs: capture sizes 1,2,4,")

@@ -59,11 +59,11 @@ def test_flags_at_their_defaults_beside_engine_are_not_mixed(capsys):
 
 
 SGLANG_NAMES = ("DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "FLAGS", "HARMLESS", "SGLANG_VERSION",
-                "EngineArgError", "EngineConfig", "capture_sizes", "from_server_args", "parse_cli", "plan_server_args",
-                "roles")
+                "EngineArgError", "EngineConfig", "PageSize", "capture_sizes", "from_server_args", "parse_cli",
+                "plan_server_args", "resolve_page_size", "roles")
 VLLM_NAMES = ("FLAGS", "HARMLESS", "VLLM_VERSION", "CGSupport", "EngineArgError", "GraphMode", "ModeResolution",
-              "VllmConfig", "catalog_support", "descriptor_for_level", "from_engine_args", "min_support", "parse_cli",
-              "resolve_mode", "support_level")
+              "VllmConfig", "Level", "catalog_support", "descriptor_for_level", "from_engine_args", "min_support",
+              "parse_cli", "resolve_mode", "support_level", "support_on")
 
 
 def test_each_adapter_package_keeps_its_public_names():
@@ -94,3 +94,31 @@ def test_the_old_plugin_module_names_the_same_objects():
 
     assert old.__all__ == plugins.__all__
     assert all(getattr(old, name) is getattr(plugins, name) for name in old.__all__)
+
+
+SPEC_CONFIG = '{"method": "mtp", "num_speculative_tokens": 2}'
+
+
+@pytest.mark.parametrize("engine, flags, message", [
+    ("vllm", ["--spec-method", "eagle", "--spec-tokens", "100"], "--spec-tokens=100 (supported: 1..64)"),
+    ("vllm", ["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 200}'],
+     "--speculative-config num_speculative_tokens=200 (supported: 1..64)"),
+    ("sglang", ["--cuda-graph-max-bs", "100000"], "--cuda-graph-max-bs=100000 (supported: 1..4096)"),
+    ("vllm", ["--spec-method", "eagle", "--spec-tokens", "2", "--speculative-config", SPEC_CONFIG],
+     "--spec-method=eagle contradicts --speculative-config method=mtp"),
+    ("vllm", ["--spec-tokens", "3", "--speculative-config", SPEC_CONFIG],
+     "--spec-tokens=3 contradicts --speculative-config num_speculative_tokens=2"),
+])
+def test_engine_flag_errors_name_the_flags_the_user_typed(engine, flags, message, capsys):
+    backend = "FLASH_ATTN" if engine == "vllm" else "fa3"
+    code = cli.main(["plan", "--engine", engine, "--", "--attention-backend", backend, *flags,
+                     "--platform", "cuda:sm90"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("attnhal plan: error: ") and message in err, err
+    assert "num_steps" not in err and "max_batch_size" not in err
+
+
+def test_agreeing_spec_flags_and_speculative_config_plan(capsys):
+    code = cli.main(["plan", "--engine", "vllm", "--", "--attention-backend", "FLASH_ATTN", "--spec-method", "mtp",
+                     "--spec-tokens", "2", "--speculative-config", SPEC_CONFIG, "--platform", "cuda:sm90"])
+    assert code == 0, capsys.readouterr().err

@@ -54,8 +54,11 @@ def bad_inputs(binary, folder, tmp):
         (["plan", "--backend", "no-such-backend"], "backend=no-such-backend"),
         (["plan", "--spec-steps", "2", "--topk", "2"], "--draft-tokens is required with --topk=2"),
         (["plan", "--spec-steps", "2", "--draft-tokens", "9"], "num_draft_tokens=9"),
-        (["plan", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-        (["plan", "--spec"], "unrecognized arguments: --spec"),  # no abbreviations
+        (["plan", "--no-such-flag"], "attnhal plan: error: unrecognized arguments: --no-such-flag "
+                                     "(see 'attnhal plan --help')"),
+        (["plan", "--spec"], "attnhal plan: error: unrecognized arguments: --spec"),  # no abbreviations
+        (["info", "--no-such-flag"], "attnhal info: error: unrecognized arguments: --no-such-flag"),
+        (["--debug", "conformance", "torch", "--nope"], "attnhal conformance: error: unrecognized arguments: --nope"),
         # explain
         (["explain", "--backend", TRITON_LIKE, "--head-size", "100000"], "--head-size=100000"),
         (["explain", "--backend", TRITON_LIKE, "--dtype", "float64"], "--dtype='float64'"),
@@ -71,6 +74,8 @@ def bad_inputs(binary, folder, tmp):
         (["demo", "--max-new-tokens", "0"], "--max-new-tokens=0"),
         (["demo", "--max-bs", "4096"], "--max-bs=4096 (supported: an integer 1..32)"),
         (["demo", "--topk", "4"], "--draft-tokens is required with --topk=4"),
+        (["demo", "--spec-steps", "3", "--topk", "4", "--draft-tokens", "16"],
+         "--draft-tokens: num_draft_tokens=16 (supported: 2..13 in the reference worker"),
         (["demo", "--spec-steps", "0"], "--spec-steps=0"),
         (["demo", "--backend", "no-such-backend", "--max-new-tokens", "1"], "backend=no-such-backend"),
         (["demo", "--seed", "-1"], "--seed=-1"),
@@ -190,3 +195,40 @@ def test_broken_pipe_is_silent():
     proc.stdout.close()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and err == b"", err
+
+
+DESCRIPTOR = '"name": "x", "vendors": ["cpu"], "phases": ["decode"]'
+
+
+@pytest.fixture
+def hostile_descriptors(tmp_path):
+    """Files a descriptor flag may be given by mistake or malice: (path, a substring of the message)."""
+    import os
+
+    nested = tmp_path / "nested.json"
+    nested.write_text("{" + DESCRIPTOR + ', "variants": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    long_list = tmp_path / "long.json"
+    long_list.write_text("{" + DESCRIPTOR + ', "head_sizes": [' + ", ".join(["64"] * 1000) + "]}")
+    huge_value = tmp_path / "huge.json"
+    huge_value.write_text("{" + DESCRIPTOR + ', "head_sizes": [64, 100000000000000000000]}')
+    big_page = tmp_path / "page.toml"
+    big_page.write_text('name = "x"\nvendors = ["cpu"]\nphases = ["decode"]\npage_sizes = [1, 1000000]\n')
+    big_file = tmp_path / "big.json"
+    big_file.write_text("{" + DESCRIPTOR + "}" + " " * (2 << 20))
+    return [(nested, "nested too deeply"), (fifo, "not a regular file"),
+            (long_list, "head_sizes: a list of 1000 entries (supported: at most 256)"),
+            (huge_value, "head_sizes=[64, 100000000000000000000] (supported: a list of integers 1..1024)"),
+            (big_page, "page_sizes=[1, 1000000] (supported: a list of integers 1..4096)"),
+            (big_file, "bytes (supported: at most 1048576)")]
+
+
+def test_hostile_descriptor_files_are_refused_at_once(hostile_descriptors, capsys):
+    for path, needle in hostile_descriptors:
+        start = time.perf_counter()
+        code = main(["plan", "--backend", str(path), "--platform", "cpu"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith("attnhal plan: error: --backend="), (path.name, code, err)
+        assert needle in err and len(err) < 400 and "\n" not in err, (path.name, err)
+        assert time.perf_counter() - start < BOUND_S, path.name

@@ -140,6 +140,23 @@ def test_the_repository_imports_no_former_module():
     hits = [f"{p.relative_to(ROOT)}" for tree in ("attnhal", "backends", "tests", "benchmarks")
             for p in (ROOT / tree).rglob("*.py") if p not in former and pattern.search(p.read_text())]
     assert hits == []
+    # a relative import (``from .capabilities import X`` in attnhal_torch) reaches them too
+    relative = [f"{p.relative_to(ROOT)}: {m}" for tree, base in (("attnhal", ROOT), ("backends", ROOT / "backends"))
+                for p in (ROOT / tree).rglob("*.py") if p not in former
+                for m in _relative_imports(p, base) if m in FORMER_MODULES]
+    assert relative == []
+
+
+def _relative_imports(path: Path, base: Path) -> list[str]:
+    """The absolute module names of ``path``'s relative ``from . import`` statements."""
+    package = list(path.relative_to(base).with_suffix("").parts)[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            parent = package[:len(package) - node.level + 1]
+            out += [".".join([*parent, node.module])] if node.module else [".".join([*parent, a.name])
+                                                                            for a in node.names]
+    return out
 
 
 def test_the_former_example_engine_paths_are_the_same_modules():

@@ -9,8 +9,10 @@ continued with a trailing backslash is joined. Commands other than ``attnhal`` (
 ``pip``) are not run here.
 """
 
+import ast
 import re
 import shlex
+import textwrap
 
 import pytest
 
@@ -59,9 +61,71 @@ def test_console_example(path, command, expected, capsys, monkeypatch):
     argv = shlex.split(command.split(" #")[0])[1:]
     code = main(argv)
     out = capsys.readouterr()
-    text = "".join(line.rstrip() + "\n" for line in (out.out + out.err).splitlines())
     shows_error = any(": error: " in line for line in expected)
+    # Progress on stderr (a first native build) is not part of the example unless it shows an error.
+    text = "".join(line.rstrip() + "\n" for line in (out.out + (out.err if shows_error else "")).splitlines())
     assert code in ((2,) if shows_error else (0, 1)), f"{path.name}: `{command}` exited {code}:\n{out.err}"
     if expected:
         assert pattern(expected).fullmatch(text), \
             f"{path.name}: `{command}` printed\n{text}\nexpected\n" + "\n".join(expected)
+
+
+# --- python examples: every module and attnhal name they use is imported ----------------------------
+
+#: Names the snippets use for objects the text around them describes, although a module of that
+#: name exists (``platform``: the Platform at hand, and a standard-library module).
+CONTEXT_NAMES = {"platform"}
+PY_BLOCKS = [(p, b) for p in FILES for b in re.findall(r"```python\n(.*?)```", p.read_text(encoding="utf-8"), re.S)]
+
+
+def _bound(tree):
+    """Names a block binds: imports, assignments, definitions, arguments, handlers, builtins."""
+    import builtins
+
+    names = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names
+
+
+def missing_imports(block):
+    """Names ``block`` uses without importing that name a module (``os``, ``torch``) or a name
+    ``attnhal`` exports (``Phase``); None when the block is not Python (a signature listing).
+
+    A snippet may lean on objects the text around it describes (``backend``, ``pool``), but
+    a reader who pastes it must not hit a NameError on an import the snippet left out."""
+    import importlib.util
+
+    import attnhal
+
+    try:
+        tree = ast.parse(textwrap.dedent(block))
+    except SyntaxError:
+        return None
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    free = used - _bound(tree) - CONTEXT_NAMES
+    return sorted(n for n in free if n in attnhal.__all__ or importlib.util.find_spec(n) is not None)
+
+
+def test_missing_imports_finds_an_unimported_module():
+    assert missing_imports("from attnhal.engines import sglang\nconfig = sglang.x(env=os.environ)\n") == ["os"]
+    assert missing_imports("import os\nprint(os.environ, backend, Phase.DECODE)\n") == ["Phase"]
+    assert missing_imports("def forward(self) -> Tensor\n") is None
+
+
+@pytest.mark.parametrize("path, block", PY_BLOCKS, ids=[f"{p.name}:{b[:30]}" for p, b in PY_BLOCKS])
+def test_python_example_imports_what_it_uses(path, block):
+    assert missing_imports(block) in ([], None), f"{path.name}: a python example uses names it does not import"
+
+
+def test_most_python_examples_are_checked():
+    assert sum(missing_imports(b) is not None for _, b in PY_BLOCKS) >= 10

@@ -10,7 +10,9 @@ The categories are the defects real kernels have had: sizes (block boundaries, l
 prefill extends, GQA groups of 8-16, MQA with many heads, head sizes, empty and length-1
 rows), inputs (explicit scale, large logits, narrow accumulators, bf16/fp16 mix-up,
 non-contiguous q/k/v), properties (determinism, inputs left unchanged, flaky failures),
-and graphs replayed with long contexts.
+graphs replayed with long contexts, features in combination (a window with tree verify,
+prefill tiles and wide GQA; sinks with a window and with KV splits), page-boundary
+contexts, and the fp8 life cycle (scales set late, saturation, fp8 inputs and determinism).
 
 Mutants run with ``host_workers=1``: several patch the kernel's module functions for the
 duration of their own call, which must not race with a worker thread.
@@ -23,13 +25,16 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
+from unittest import mock
 
 import torch
 
 import attnhal_torch.kernel as kernel
+import attnhal_torch.layout as torch_layout
 from attnhal.backend import AttentionConfig, ForwardBatch, KVPool
 from attnhal.capabilities import BackendCapabilities
 from attnhal.phases import Phase
+from attnhal.spec import SpecConfig
 from attnhal.testing.cases import CaseSpec
 from attnhal_torch import TorchBackend
 from attnhal_torch.backend import _Piece
@@ -58,15 +63,6 @@ class _OneDefect(TorchBackend):
         layout.mask_from = 0  # the defects below change which columns are blocked
         return layout
 
-
-@contextlib.contextmanager
-def _patched(name: str, value: object) -> Iterator[None]:
-    old = getattr(kernel, name)
-    setattr(kernel, name, value)
-    try:
-        yield
-    finally:
-        setattr(kernel, name, old)
 
 
 # --- sizes ------------------------------------------------------------------------------------------
@@ -237,7 +233,7 @@ class NoMaxSubtraction(_OneDefect):
     """The softmax skips subtracting the running max."""
 
     def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
-        with _patched("_softmax_segment", _softmax_without_max):
+        with mock.patch.object(kernel, "_softmax_segment", _softmax_without_max):
             return super().attend(q, layer, batch)
 
 
@@ -389,13 +385,234 @@ class ReplayCapsContext(_OneDefect):
         self._graph_layouts[self._graph_key(batch)].blocked[:, :, 256:] = True
 
 
+# --- features in combination ------------------------------------------------------------------
+
+_limits_verify = torch_layout._limits_verify
+
+
+def _verify_positions_by_index(buf: Any, batch: ForwardBatch, pool: KVPool, B: int) -> None:
+    """Verify's layout with a draft token's position ``prefix + index`` instead of ``prefix + depth``."""
+    _limits_verify(buf, batch, pool, B)
+    T = buf.tokens_per_row
+    torch.add(buf.prefix[:B].view(B, 1), buf.token_index.view(1, T), out=buf.qpos[:B])
+    buf.extra_pos[:B].copy_(buf.qpos[:B])
+
+
+class WindowVerifyByIndex(_OneDefect):
+    """Target verify places draft token ``j`` at ``prefix + j`` for the sliding window, as a
+    chain would (it sits at ``prefix + depth``): in a branching tree a window layer's
+    tokens past the first branch see the wrong keys. Right for chains and full layers."""
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        with mock.patch.object(torch_layout, "_limits_verify", _verify_positions_by_index):
+            super().init_forward_metadata(batch)
+
+    def build_capture_metadata(self, batch: ForwardBatch) -> None:
+        with mock.patch.object(torch_layout, "_limits_verify", _verify_positions_by_index):
+            super().build_capture_metadata(batch)
+
+    def init_replay_metadata(self, batch: ForwardBatch) -> None:
+        with mock.patch.object(torch_layout, "_limits_verify", _verify_positions_by_index):
+            super().init_replay_metadata(batch)
+
+
+class WindowTileFromLastQuery(_OneDefect):
+    """Prefill runs tiles of 64 queries and skips the KV blocks of 64 keys that lie wholly
+    before the window of the tile's *last* query: the first queries of a tile lose the keys
+    of the blocks their own windows start in."""
+
+    def _prefill_block(self) -> int:
+        return 64
+
+    def _prefill_pieces(self, batch: ForwardBatch) -> list[_Piece]:
+        pieces = super()._prefill_pieces(batch)
+        for piece in pieces:
+            last = int((~piece.layout.blocked[0, -1]).sum()) - 1  # the last query's position
+            for w, mask in piece.layout.windows.items():
+                mask[0, :, :max(0, last - w) // 64 * 64] = True
+        return pieces
+
+
+@contextlib.contextmanager
+def _layer_param(backend: TorchBackend, layer: int, **values: Any) -> Iterator[None]:
+    """``backend``'s parameters of ``layer`` with ``values`` for the block."""
+    params = backend.layer_params
+    backend.layer_params = [replace(p, **values) if i == layer else p for i, p in enumerate(params)]
+    try:
+        yield
+    finally:
+        backend.layer_params = params
+
+
+_MULTI_TOKEN = (Phase.PREFILL, Phase.TARGET_VERIFY, Phase.DRAFT_EXTEND)
+
+
+class WideGQASecondLaunchNoWindow(_OneDefect):
+    """Multi-token phases with more than 8 query heads per KV head run the heads past the
+    first 8 of each group in a second launch, which is not given the layer's window: those
+    heads attend the whole context. Decode (one token per row) takes another path."""
+
+    def attend(self, q: torch.Tensor, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        out = super().attend(q, layer, batch)
+        G = self.config.group_size
+        if G <= 8 or batch.phase not in _MULTI_TOKEN or self.layer_params[layer].window is None:
+            return out
+        with _layer_param(self, layer, window=None):
+            full = super().attend(q, layer, batch)
+        late = torch.arange(self.config.num_q_heads) % G >= 8
+        out[:, late] = full[:, late]
+        return out
+
+
+class SinksSkippedUnderWindow(_OneDefect):
+    """The sliding-window kernel variant has no sink term: a layer with both a window and
+    sinks runs without its sinks (full layers keep them)."""
+
+    def _layer_params(self, layer: int) -> LayerParams:
+        params = super()._layer_params(layer)
+        return replace(params, sinks=None) if params.window is not None else params
+
+
+class SinksPerKVSplit(_OneDefect):
+    """Splits the context into KV splits of 1024 keys (as many as the longest row needs)
+    and adds the sink term to every split's softmax denominator before merging them: a
+    context of several splits counts its sink once per split."""
+
+    SPLIT = 1024
+
+    def _run_piece(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: LayerParams, piece: _Piece,
+                   out: torch.Tensor, ws: Workspace | None) -> None:
+        splits = -(-piece.layout.num_chunks * piece.layout.chunk // self.SPLIT)
+        if params.sinks is None or splits == 1:
+            return super()._run_piece(q, k, v, params, piece, out, ws)
+        once = kernel._add_sinks
+
+        def per_split(*args: Any) -> None:
+            for _ in range(splits):
+                once(*args)
+
+        with mock.patch.object(kernel, "_add_sinks", per_split):
+            super()._run_piece(q, k, v, params, piece, out, ws)
+
+
+# --- pages ------------------------------------------------------------------------------------------
+
+class LastPageFullDropped(_OneDefect):
+    """Decode takes a row's last-page length as ``seq_len % page_size``: a context that is an
+    exact multiple of the page size (its last page full) reads that page as empty and
+    drops its keys. Right at every other length, and with page size 1."""
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        super().init_forward_metadata(batch)
+        P = self.pool.page_size
+        if P > 1 and batch.phase is Phase.DECODE:
+            layout = self._layout()
+            for r, seq in enumerate(batch.seq_lens.tolist()):
+                if seq and seq % P == 0:
+                    layout.blocked[r, :, seq - P:seq] = True
+
+
+# --- the fp8 life cycle ---------------------------------------------------------------------------
+
+class ScalesReadAtConstruction(_OneDefect):
+    """Copies the pool's fp8 scales when the backend is built: scales an engine loads from
+    its checkpoint afterwards are never seen (right whenever they were set first)."""
+
+    def _layer_params(self, layer: int) -> LayerParams:
+        params = super()._layer_params(layer)
+        if params.k_scale is None or params.v_scale is None:
+            return params
+        return replace(params, k_scale=params.k_scale.clone(), v_scale=params.v_scale.clone())
+
+
+class ScalesOfLayerZero(_OneDefect):
+    """Dequantizes every layer with layer 0's fp8 scales (one scale pair per model): right
+    while all layers share their scales, as a freshly built pool's do."""
+
+    def _layer_params(self, layer: int) -> LayerParams:
+        params = super()._layer_params(layer)
+        if params.k_scale is None or params.v_scale is None:
+            return params
+        return replace(params, k_scale=self.pool.k_scale[0], v_scale=self.pool.v_scale[0])
+
+
+class ScalesCopiedAtCapture(_OneDefect):
+    """Keeps the fp8 scales beside its other static graph metadata, copied when the first
+    graph is captured: eager forwards are right, a replay after the engine sets new scales
+    dequantizes with the old ones (nothing calls the backend when a scale changes)."""
+
+    def build_capture_metadata(self, batch: ForwardBatch) -> None:
+        super().build_capture_metadata(batch)
+        if self.pool.is_fp8 and not getattr(self, "_scales_copied", False):
+            self._scales_copied = True
+            self.layer_params = [p if p.k_scale is None or p.v_scale is None else
+                                 replace(p, k_scale=p.k_scale.clone(), v_scale=p.v_scale.clone())
+                                 for p in self.layer_params]
+
+
+class Fp8NoSaturation(_OneDefect):
+    """Writes fp8 K/V as ``(x / scale)`` converted without clamping, relying on the conversion
+    to saturate: torch's e4m3fn conversion does, its e4m3fnuz one gives NaN and its e5m2 one
+    inf past the range."""
+
+    _scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int,
+                batch: ForwardBatch) -> torch.Tensor:
+        if k is None or v is None or not self.pool.is_fp8:
+            return super().forward(q, k, v, layer, batch)
+        pool = self.pool
+        for cache, x, scale in ((pool.k[layer], k, pool.k_scale[layer]), (pool.v[layer], v, pool.v_scale[layer])):
+            wide, narrow = self._buffers(x.numel())
+            torch.div(x, scale, out=wide[:x.numel()].view(x.shape))  # the bug: no clamp to the range
+            fp8 = narrow[:x.numel()].view(x.shape)
+            fp8.copy_(wide[:x.numel()].view(x.shape))
+            cache.view(torch.uint8).index_copy_(0, batch.out_cache_loc, fp8.view(torch.uint8))
+        return super().forward(q, None, None, layer, batch)
+
+    def _buffers(self, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Kept and grown like the pool's own scratch: a replay reuses what its capture took.
+        if self._scratch is None or self._scratch[0].numel() < numel:
+            self._scratch = (torch.empty(numel, dtype=torch.float32, device=self.pool.device),
+                             torch.empty(numel, dtype=self.pool.dtype, device=self.pool.device))
+        return self._scratch
+
+
+class Fp8QuantizesInPlace(_OneDefect):
+    """Saves a buffer on fp8 caches by dividing the new k/v by the scales in place before
+    storing them: the cache and the output are right, the engine's k and v are not."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int,
+                batch: ForwardBatch) -> torch.Tensor:
+        if k is None or v is None or not self.pool.is_fp8:
+            return super().forward(q, k, v, layer, batch)
+        pool, top = self.pool, torch.finfo(self.pool.dtype).max
+        for cache, x, scale in ((pool.k[layer], k, pool.k_scale[layer]), (pool.v[layer], v, pool.v_scale[layer])):
+            x.div_(scale).clamp_(-top, top)  # the bug: in place, in the engine's tensor
+            cache.view(torch.uint8).index_copy_(0, batch.out_cache_loc, x.to(pool.dtype).view(torch.uint8))
+        return super().forward(q, None, None, layer, batch)
+
+
+class Fp8SplitsByCallCount(SplitsByCallCount):
+    """:class:`SplitsByCallCount`'s call-count heuristic, on the fp8 path only (the dequantizing
+    kernel has its own launch heuristics): plain caches are deterministic."""
+
+    def _run_piece(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: LayerParams, piece: _Piece,
+                   out: torch.Tensor, ws: Workspace | None) -> None:
+        if not self.pool.is_fp8:
+            return TorchBackend._run_piece(self, q, k, v, params, piece, out, ws)
+        super()._run_piece(q, k, v, params, piece, out, ws)
+
+
 # --- the table --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Mutant:
     """A one-defect backend, the claim the kit must falsify for it, and a trigger: a case
     where the defect shows (``kind``: ``output`` off the reference, ``inputs`` changed,
-    ``nondeterministic`` output, ``flaky``: wrong on some calls only)."""
+    ``nondeterministic`` output, ``flaky``: wrong on some calls only, ``graph``: off after
+    replay metadata, ``late_scales``: off with fp8 scales set after construction,
+    ``replay_scales``: off with fp8 scales set after the capture metadata)."""
 
     cls: type[TorchBackend]
     claim: str
@@ -453,4 +670,36 @@ MUTANTS: dict[str, Mutant] = {
                                      _decode(9), kind="flaky"),
     "replay_caps_context": Mutant(ReplayCapsContext, "graph[decode]", "graphs: long context replay",
                                   _decode(300), kind="graph"),
+    "window_verify_by_index": Mutant(
+        WindowVerifyByIndex, "feature[sliding_window]", "features: window x tree verify",
+        CaseSpec(Phase.TARGET_VERIFY, prefix_lens=(13,), spec=SpecConfig.eagle(2, 2, 4),
+                 tree_parents=((-1, 0, 0, 1),), sliding_window=2)),
+    "window_tile_from_last_query": Mutant(
+        WindowTileFromLastQuery, "feature[sliding_window]", "features: window x prefill tiles",
+        CaseSpec(Phase.PREFILL, prefix_lens=(0,), new_lens=(129,), sliding_window=32)),
+    "wide_gqa_second_launch_no_window": Mutant(
+        WideGQASecondLaunchNoWindow, "feature[sliding_window]", "features: window x wide GQA",
+        CaseSpec(Phase.PREFILL, num_q_heads=32, num_kv_heads=2, prefix_lens=(9,), new_lens=(3,), sliding_window=3)),
+    "sinks_skipped_under_window": Mutant(SinksSkippedUnderWindow, "feature[sinks]", "features: sinks x window",
+                                         _decode(9, sinks=True, sliding_window=3)),
+    "sinks_per_kv_split": Mutant(SinksPerKVSplit, "feature[sinks]", "features: sinks x KV splits",
+                                 _decode(2049, sinks=True)),
+    "last_page_full_dropped": Mutant(LastPageFullDropped, "page_size[16]", "pages: last page full",
+                                     _decode(32, 17, page_size=16)),
+    "scales_read_at_construction": Mutant(
+        ScalesReadAtConstruction, "kv_dtype[fp8_e4m3]", "fp8: scales set after construction",
+        _decode(9, kv_dtype="fp8_e4m3", kv_scale=0.25), kind="late_scales"),
+    "scales_of_layer_zero": Mutant(
+        ScalesOfLayerZero, "kv_dtype[fp8_e4m3]", "fp8: per-layer scales",
+        _decode(9, kv_dtype="fp8_e4m3", kv_scale=0.25, num_layers=2, layer=1), kind="late_scales"),
+    "scales_copied_at_capture": Mutant(
+        ScalesCopiedAtCapture, "kv_dtype[fp8_e4m3]", "fp8: scales set after capture",
+        _decode(9, kv_dtype="fp8_e4m3", kv_scale=0.25), kind="replay_scales"),
+    "fp8_no_saturation": Mutant(
+        Fp8NoSaturation, "kv_dtype[fp8_e4m3]", "fp8: values past the range",
+        _decode(9, kv_dtype="fp8_e4m3", fp8_flavor="e4m3fnuz", kv_scale=2.0**-4, v_magnitude=120.0)),
+    "fp8_quantizes_in_place": Mutant(Fp8QuantizesInPlace, "inputs_unchanged", "fp8: inputs unchanged",
+                                     _decode(9, kv_dtype="fp8_e4m3", kv_scale=0.25), kind="inputs"),
+    "fp8_splits_by_call_count": Mutant(Fp8SplitsByCallCount, "deterministic", "fp8: deterministic",
+                                       _decode(200, kv_dtype="fp8_e4m3", kv_scale=0.25), kind="nondeterministic"),
 }

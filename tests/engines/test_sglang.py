@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 
@@ -149,6 +150,21 @@ def test_cli_seed_scenario_captures_draft_extend(capsys: pytest.CaptureFixture[s
     assert data["plan"]["phases"]["draft_extend"]["capture"] is True and data["ignored"] == ["port"]
 
 
+def test_cli_tree_with_more_draft_tokens_than_branches_plans_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang verifies the best num_draft_tokens - 1 of topk + (steps - 1) * topk^2 candidates:
+    3 steps, topk 4 -> up to 37 tokens; 16 is valid, 38 is not (and says the bound)."""
+    tree = ["--attention-backend", "fa3", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "4"]
+    code, out, err = run(capsys, "plan", "--engine", "sglang", "--platform", "cuda:sm90", "--", *tree,
+                         "--speculative-num-draft-tokens", "16")
+    assert code == 0 and "plan: valid" in out, out + err
+    assert sglang.from_server_args(dict(sglang.parse_cli([*tree, "--speculative-num-draft-tokens", "37"]))
+                                   ).spec.num_draft_tokens == 37
+    code, _, err = run(capsys, "plan", "--engine", "sglang", "--platform", "cuda:sm90", "--", *tree,
+                       "--speculative-num-draft-tokens", "38")
+    assert code == 2 and "--speculative-num-draft-tokens" in err and "2..37" in err
+
+
 @pytest.mark.parametrize("extra,needle", [
     (["--attention-backend", "fa9"], "--attention-backend"),
     (["--enable-dp-attention"], "--enable-dp-attention"),
@@ -239,3 +255,152 @@ def test_cli_explain_with_engine_flags(capsys: pytest.CaptureFixture[str]) -> No
                        "--platform", "hip:gfx942")
     assert code == 0 and "fits this request" in out and "AttentionCGSupport UNIFORM_BATCH" in out
     assert run(capsys, "explain", "--platform", "cuda:sm90")[0] == 2
+
+
+TRTLLM_MLA = ["--attention-backend", "trtllm_mla", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+def test_cli_plans_with_the_page_size_sglang_sets_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "plan", "--engine", "sglang", "--platform", "cuda:sm100", "--", *TRTLLM_MLA)
+    assert code == 0 and "plan: valid" in out, out + err
+    assert "context: page_size=64 (set by SGLang for trtllm_mla)" in out
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--json", "--platform", "cuda:sm100", "--", *TRTLLM_MLA,
+                       "--page-size", "16")
+    data = json.loads(out)
+    assert code == 0 and data["page_size"] == {"value": 64, "given": 16, "set_by": "trtllm_mla"}
+    assert data["plan"]["context"]["page_size"] == 64
+
+
+@pytest.mark.parametrize("args,platform,model,page", [
+    ({"attention_backend": "flashmla"}, "cuda:sm90", "mla", (64, None, "flashmla")),
+    ({"attention_backend": "flashmla", "page_size": 32}, "cuda:sm90", "mla", (64, 32, "flashmla")),
+    ({"attention_backend": "trtllm_mla", "page_size": 32}, "cuda:sm100", "mla", (32, 32, None)),
+    ({"attention_backend": "fa3", "decode_attention_backend": "cutedsl_mla"}, "cuda:sm100", "mla", (64, None, "cutedsl_mla")),
+    ({"attention_backend": "trtllm_mha", "page_size": 8}, "cuda:sm90", "mha", (64, 8, "trtllm_mha")),
+    ({"attention_backend": "trtllm_mha", "page_size": 128}, "cuda:sm90", "mha", (128, 128, None)),
+    ({"attention_backend": "triton", "speculative_draft_attention_backend": "trtllm_mha"}, "cuda:sm90", "mha",
+     (64, None, "trtllm_mha")),
+    ({"attention_backend": "fa4"}, "cuda:sm100", "mha", (128, None, "fa4")),
+    ({"attention_backend": "fa4", "page_size": 16}, "cuda:sm100", "gqa", (128, 16, "fa4")),
+    ({"attention_backend": "fa4"}, "cuda:sm90", "mha", (1, None, None)),  # SM100 only
+    ({"attention_backend": "fa4"}, "cuda:sm100", "mla", (1, None, None)),  # non-MLA only
+    ({"attention_backend": "fa4"}, "cuda:sm100", None, (1, None, None)),  # model unknown: not applied, said
+    ({**EAGLE, "attention_backend": "fa4", "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 5},
+     "cuda:sm100", "mha", (1, None, None)),  # EAGLE trees keep the page size
+    ({"attention_backend": "triton", "page_size": 16}, "cuda:sm90", "mha", (16, 16, None)),
+    ({"attention_backend": "triton"}, "cuda:sm90", "mha", (1, None, None)),  # SGLang's default
+])
+def test_page_size_follows_sglang_resolution(args: dict[str, object], platform: str, model: str | None,
+                                             page: tuple[int, int | None, str | None]) -> None:
+    config = sglang.from_server_args(args, model=model)
+    got = config.page_size(platform)
+    assert (got.value, got.given, got.set_by) == page
+    assert config.plan(platform).context.page_size == page[0]
+
+
+def _differs(argv: list[str], platform: str, model: str | None = "mha") -> list[str]:
+    from attnhal.engines.sglang.differs import engine_differs
+
+    config = sglang.from_server_args(sglang.parse_cli(argv), model=model)
+    return [d.entry for d in engine_differs(config, platform)]
+
+
+SPEC_1 = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
+          "--speculative-num-draft-tokens", "2"]
+
+
+@pytest.mark.parametrize("argv,platform,model,entries", [
+    (["--attention-backend", "aiter"], "hip:gfx942", "mha", []),  # no speculation: no draft extend
+    (["--attention-backend", "aiter", *SPEC_1], "hip:gfx942", "mha", ["D1"]),
+    (["--attention-backend", "aiter", *SPEC_1, "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"],
+     "hip:gfx942", "mha", []),  # an aiter multi-step draft decode exists: SGLang captures draft extend
+    (["--attention-backend", "aiter", *SPEC_1], "cuda:sm90", "mha", []),  # the HIP branch only
+    (["--attention-backend", "triton", *SPEC_1], "hip:gfx942", "mha", ["D2"]),
+    (["--attention-backend", "triton", *SPEC_1], "cuda:sm90", "mha", []),
+    # split: draft extend runs on triton (prefill mode), aiter runs none of it: D7 only, once
+    (["--attention-backend", "triton", "--decode-attention-backend", "aiter", *SPEC_1], "hip:gfx942", "mha", ["D7"]),
+    (["--attention-backend", "triton", "--decode-attention-backend", "aiter", *SPEC_1, "--speculative-num-steps", "3",
+      "--speculative-num-draft-tokens", "4"], "hip:gfx942", "mha", []),
+    (["--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+      "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "3"], "cuda:sm90", "mla", ["D3"]),
+    (["--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+      "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "3"], "cuda:sm90", "mha", []),
+    (["--attention-backend", "dsa", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2",
+      "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "5"], "cuda:sm90", "mla", ["D4"]),
+    (["--attention-backend", "dsa", *SPEC_1], "cuda:sm90", "mla", []),  # a chain needs no tree mask
+    (["--attention-backend", "torch_native", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5",
+      "--speculative-ngram-max-bfs-breadth", "2"], "cuda:sm90", "mha", ["D6"]),
+    (["--attention-backend", "torch_native"], "cuda:sm90", "mha", []),
+])
+def test_engine_differs_notes_only_where_their_rule_applies(argv: list[str], platform: str, model: str,
+                                                            entries: list[str]) -> None:
+    assert _differs(argv, platform, model) == entries
+
+
+def test_every_catalogued_engine_note_has_a_rule_and_a_docs_entry() -> None:
+    from attnhal import catalog
+    from attnhal.engines.sglang.differs import RULES, entry_of
+    from repo import ROOT
+
+    headings = set(re.findall(r"^### (D\d+)\b", (ROOT / "docs" / "catalog.md").read_text(encoding="utf-8"),
+                              flags=re.MULTILINE))
+    for entry in catalog.entries("sglang"):
+        for note in entry.meta.get("engine_differs", ()):
+            assert entry_of(note) in RULES and entry_of(note) in headings, (entry.name, note)
+
+
+def test_cli_prints_and_reports_engine_differs_in_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--platform", "hip:gfx942", "--", "--attention-backend",
+                       "aiter")
+    assert code == 0 and "engine differs" not in out  # a plain aiter server: no D7, no D1
+    for command in ("plan", "explain"):
+        code, out, _ = run(capsys, command, "--engine", "sglang", "--json", *SEED)
+        data = json.loads(out)
+        assert [d["entry"] for d in data["engine_differs"]] == ["D1"], command
+        assert data["engine_differs"][0]["backend"] == "sglang:aiter"
+        assert "eagle_worker_v2.py:546-565" in data["engine_differs"][0]["text"]
+        assert data["page_size"] == {"value": 1, "given": None, "set_by": None}
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--", "--attention-backend", "triton",
+                       "--decode-attention-backend", "aiter", *SEED[3:])
+    said = [line for line in out.splitlines() if line.startswith("engine differs")]
+    assert len(said) == 1 and said[0].startswith("engine differs (sglang:triton): ") and said[0].endswith("D7"), out
+
+
+def test_resolution_choice_says_which_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnhal.engines.sglang import engine_resolution as er
+
+    monkeypatch.setattr(er, "importable", lambda: False)
+    assert er.choose(None, True, "/m") == er.Choice("builtin", "SGLang is not importable")
+    with pytest.raises(sglang.EngineArgError, match="--engine-resolution=engine cannot run here"):
+        er.choose("engine", True, "/m")
+    monkeypatch.setattr(er, "importable", lambda: True)
+    assert er.choose(None, True, "/m").used == "engine"
+    assert er.choose("engine", True, "/m").why == "--engine-resolution engine"
+    assert "--platform names another" in er.choose(None, False, "/m").why
+    assert "--model-path" in er.choose(None, True, None).why
+    assert er.choose("builtin", True, "/m").used == "builtin"
+    with pytest.raises(sglang.EngineArgError, match="--engine-resolution='x'"):
+        er.choose("x", True, "/m")
+
+
+def test_cli_says_which_resolution_it_used(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnhal.engines.sglang import engine_resolution as er
+
+    monkeypatch.setattr(er, "importable", lambda: False)  # as in the main suite's environment
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", *SEED)
+    assert code == 0 and "resolution: attnhal's built-in: SGLang is not importable" in out
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--json", "--engine-resolution", "builtin", *SEED)
+    assert json.loads(out)["resolution"] == {"used": "builtin", "why": "--engine-resolution builtin"}
+    code, _, err = run(capsys, "plan", "--engine", "sglang", "--engine-resolution", "engine", *SEED)
+    assert code == 2 and "--engine-resolution=engine cannot run here (SGLang is not importable" in err
+    code, _, err = run(capsys, "plan", "--engine", "vllm", "--engine-resolution", "builtin", "--",
+                       "--attention-backend", "TRITON_ATTN")
+    assert code == 2 and "with --engine sglang" in err
+
+
+def test_fa4_without_a_model_kind_says_the_page_size_rule_it_cannot_apply() -> None:
+    notes = sglang.from_server_args({"attention_backend": "fa4"}).notes
+    assert any(n.startswith("page size: SGLang sets 128 for fa4 on SM100") and "--model" in n for n in notes)
+    assert not any(n.startswith("page size:") for n in sglang.from_server_args({"attention_backend": "fa4"},
+                                                                                model="mha").notes)

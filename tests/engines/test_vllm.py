@@ -74,6 +74,15 @@ def test_full_with_never_is_an_error_and_piecewise_needs_a_piecewise_model() -> 
     assert resolve_mode(GraphMode.PIECEWISE, CGSupport.ALWAYS, piecewise_available=False).mode is GraphMode.NONE
 
 
+def test_resolve_mode_takes_names_and_refuses_other_values() -> None:
+    by_name = resolve_mode("FULL", "UNIFORM_BATCH", 4)
+    assert by_name == resolve_mode(GraphMode.FULL, CGSupport.UNIFORM_BATCH, 4)
+    with pytest.raises(ValueError, match=r"requested='full' \(supported: GraphMode or one of its names NONE, "):
+        resolve_mode("full", CGSupport.ALWAYS)
+    with pytest.raises(ValueError, match=r"support=3 \(supported: CGSupport or one of its names NEVER, "):
+        resolve_mode(GraphMode.FULL, 3)  # type: ignore[arg-type]
+
+
 def test_catalog_support_refuses_other_engines() -> None:
     with pytest.raises(catalog.CatalogError, match="vllm"):
         catalog_support("sglang:aiter")
@@ -102,6 +111,10 @@ def test_engine_args_resolve_the_mode_and_plan() -> None:
     ({"attention_backend": "FLASH_ATTN", "compilation_config": '{"cudagraph_mode": "ALL"}'},
      "--compilation-config.cudagraph_mode"),
     ({"attention_backend": "FLASH_ATTN", "kv_transfer_config": "{}"}, "--kv-transfer-config"),
+    ({"attention_backend": "FLASH_ATTN", "spec_method": "eagle", "spec_tokens": 3,
+      "speculative_config": '{"method": "mtp"}'}, "--spec-method"),
+    ({"attention_backend": "FLASH_ATTN", "spec_method": "eagle", "spec_tokens": 3,
+      "speculative_config": '{"num_speculative_tokens": 2}'}, "--spec-tokens"),
 ])
 def test_bad_engine_args_name_the_flag(args: dict[str, object], flag: str) -> None:
     with pytest.raises(EngineArgError) as info:
@@ -121,3 +134,48 @@ def test_cli_plan_with_vllm_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["cudagraph_mode"]["resolved"] == "PIECEWISE" and data["cg_support"] == "UNIFORM_SINGLE_TOKEN_DECODE"
     assert main(["plan", "--engine", "vllm", "--", "--attention-backend", "NOPE"]) == 2
     assert "--attention-backend" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend,platform,tokens,cubins,level,assumes", [
+    ("vllm:FLASH_ATTN", "cuda:sm80", 0, True, CGSupport.UNIFORM_BATCH, False),  # FA2
+    ("vllm:FLASH_ATTN", "cuda:sm90", 0, True, CGSupport.ALWAYS, False),  # FA3
+    ("vllm:FLASH_ATTN", "cuda:sm100", 0, True, CGSupport.ALWAYS, False),  # FA4
+    ("vllm:FLASH_ATTN", "cuda:sm120", 0, True, CGSupport.UNIFORM_BATCH, False),  # FA2 again
+    ("vllm:FLASHINFER", "cuda:sm80", 3, False, CGSupport.UNIFORM_BATCH, False),  # FA2 native decode
+    ("vllm:FLASHINFER", "cuda:sm90", 3, True, CGSupport.UNIFORM_BATCH, True),
+    ("vllm:FLASHINFER", "cuda:sm90", 3, False, CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, True),
+    ("vllm:FLASHINFER", "cuda:sm100", 0, False, CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, True),
+    ("vllm:HPC_ATTN", "cuda:sm90", 0, True, CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, False),
+    ("vllm:HPC_ATTN", "cuda:sm90", 2, True, CGSupport.UNIFORM_BATCH, False),
+    ("vllm:TRITON_ATTN", "cuda:sm90", 0, False, CGSupport.ALWAYS, False),  # no rule: the catalogue's level
+])
+def test_builder_level_per_configuration(backend: str, platform: str, tokens: int, cubins: bool,
+                                         level: CGSupport, assumes: bool) -> None:
+    from attnhal.engines.vllm import support_on
+    from attnhal.platform import parse
+
+    got = support_on(backend, parse(platform), tokens, cubins)
+    assert got.support is level and bool(got.assumes) == assumes
+    assert support_on(backend, None, tokens, cubins).support is catalog_support(backend)
+
+
+def test_cli_flash_attn_on_sm80_is_fa2_and_full_becomes_full_and_piecewise(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--engine", "vllm", "--platform", "cuda:sm80", "--", "--attention-backend", "FLASH_ATTN",
+            "--compilation-config", '{"cudagraph_mode": "FULL"}']
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "AttentionCGSupport UNIFORM_BATCH (FlashAttention 2 on sm80" in out
+    assert "cudagraph_mode: FULL -> FULL_AND_PIECEWISE" in out
+
+
+def test_cli_flashinfer_says_its_cubin_assumption_and_takes_the_other_one(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--engine", "vllm", "--json", "--platform", "cuda:sm90", "--", "--attention-backend", "FLASHINFER",
+            "--spec-method", "ngram", "--spec-tokens", "3"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cudagraph_mode"]["resolved"] == "FULL_AND_PIECEWISE" and "cubins" in data["cg_level"]["assumes"]
+    assert main([*argv, "--trtllm-cubins", "no"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cudagraph_mode"]["resolved"] == "PIECEWISE" and data["cg_support"] == "UNIFORM_SINGLE_TOKEN_DECODE"
+    assert main([*argv, "--trtllm-cubins", "maybe"]) == 2
+    assert "--trtllm-cubins='maybe' (supported: yes, no)" in capsys.readouterr().err

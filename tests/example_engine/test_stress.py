@@ -96,3 +96,9 @@ def test_an_interrupted_run_still_reports(monkeypatch, capsys):
     assert main(["demo", "--cases", "5", "--backend", "torch"]) == 130
     out = capsys.readouterr().out
     assert out.startswith("interrupted: the summary covers the cases run so far\n2 cases in ")
+
+
+def test_a_short_run_draws_several_worker_configurations():
+    cases = list(draw_cases(StressConfig(cases=16, seed=0), CHOICES))
+    assert stress.cases_per_worker(16) == 4 and len({c.worker_key() for c in cases}) >= 3
+    assert stress.cases_per_worker(1) == 1 and stress.cases_per_worker(10**5) == stress.CASES_PER_WORKER

@@ -232,12 +232,12 @@ def test_adaptive_step_counts_valid_for_each_and_say_which_are_captured():
 
 def test_adaptive_step_count_a_tree_cannot_take_is_an_invalid_plan_with_a_reason():
     caps = toml(ALL_GRAPHS)
-    spec = SpecConfig.eagle(3, topk=2, num_draft_tokens=7)  # 7 tokens need num_steps >= 3 with topk 2
+    spec = SpecConfig.eagle(3, topk=2, num_draft_tokens=8)  # 8 tokens need num_steps >= 3 with topk 2 (2 + 2*4 + 1)
     p = plan_with(caps, spec, policy=GraphPolicy(step_counts=(1, 2, 4)))
     assert not p.valid and set(p.unfit_steps) == {1, 2} and set(p.adaptive) == {4}
-    assert p.adaptive[4].valid and p.adaptive[4].spec.num_draft_tokens == 7
+    assert p.adaptive[4].valid and p.adaptive[4].spec.num_draft_tokens == 8
     assert p.unfit_steps[1].code is ReasonCode.STEP_COUNT
-    assert p.unfit_steps[2].message.startswith("step_counts=2 (supported: >= 3: num_draft_tokens=7")
+    assert p.unfit_steps[2].message.startswith("step_counts=2 (supported: >= 3: num_draft_tokens=8")
     assert p.to_dict()["adaptive"]["1"] == {"valid": False, "captured": [],
                                             "reasons": [p.unfit_steps[1].to_dict()]}
     assert plan_with(caps, spec, policy=GraphPolicy(step_counts=(3, 4))).valid

@@ -132,12 +132,23 @@ def test_capture_failure_is_recorded_for_that_phase_only():
     assert failed[Phase.TARGET_VERIFY] == p[Phase.TARGET_VERIFY] and failed.valid
 
 
+def test_tree_draft_tokens_reach_every_candidate_node_as_sglang_selects_them():
+    """Verify takes the best num_draft_tokens - 1 of topk + (num_steps - 1) * topk^2 candidates:
+    3 steps, topk 4 -> up to 4 + 2 * 16 + 1 = 37 tokens (16 is a common SGLang setting)."""
+    assert SpecConfig.eagle(3, topk=4, num_draft_tokens=16).num_draft_tokens == 16
+    assert SpecConfig.eagle(3, topk=4, num_draft_tokens=37).max_draft_tokens == 37
+    with pytest.raises(ValueError, match=r"num_draft_tokens=38 \(supported: 2..37 "):
+        SpecConfig.eagle(3, topk=4, num_draft_tokens=38)
+    assert SpecConfig.eagle(5).max_draft_tokens == 6  # a chain: num_steps + 1
+
+
 def test_spec_config_validation_names_fields():
     with pytest.raises(ValueError, match="num_steps=0"):
         SpecConfig.eagle(0)
-    with pytest.raises(ValueError, match="num_draft_tokens=0"):
+    with pytest.raises(ValueError, match=r"^num_draft_tokens=0 \(supported: 2\.\.\d+; a tree, topk=2 > 1, must give "
+                                         r"the tokens it verifies\)$"):
         SpecConfig.eagle(2, topk=2)
-    with pytest.raises(ValueError, match=r"num_draft_tokens=9 \(supported: 2..5"):
+    with pytest.raises(ValueError, match=r"num_draft_tokens=9 \(supported: 2..7"):
         SpecConfig.eagle(2, topk=2, num_draft_tokens=9)
     assert SpecConfig.eagle(3).num_draft_tokens == 4
     with pytest.raises(ValueError, match="batch_sizes"):

@@ -14,32 +14,56 @@ import pytest
 import torch
 from mutants import MUTANTS, Mutant
 
-from attnhal.testing.cases import build_case
+from attnhal.backend import KVPool
+from attnhal.testing.cases import Case, attention_config, build_case, make_pool
+from attnhal.testing.checks.fp8 import late_scales
 from attnhal.testing.oracle import real_tokens, reference_forward
 from attnhal.testing.report import run_conformance
 from attnhal_torch import TorchBackend
 
 #: The defect categories of tests/doubles/mutants.py: each must have a mutant.
-CATEGORIES = {"sizes", "inputs", "properties", "graphs"}
+CATEGORIES = {"sizes", "inputs", "properties", "graphs", "features", "pages", "fp8"}
+def _rescale(pool: KVPool) -> None:
+    """The fp8 scales an engine sets late, the kit's (neither the recipe's nor 1)."""
+    k, v = late_scales(pool.num_layers)
+    pool.k_scale.copy_(torch.tensor(k))
+    pool.v_scale.copy_(torch.tensor(v))
 
 
-def _run(cls: type[TorchBackend], mutant: Mutant, calls: int = 1) -> list[torch.Tensor]:
-    """The backend on the mutant's trigger case, ``calls`` forwards of one batch."""
+def _setup(cls: type[TorchBackend], mutant: Mutant) -> tuple[Case, TorchBackend]:
+    """The trigger case and a backend with its metadata built the way the mutant's kind needs."""
+    if mutant.kind == "late_scales":  # built first, then the engine loads scales and writes the cache
+        pool = make_pool(mutant.trigger)
+        backend = cls(attention_config(mutant.trigger), pool)
+        _rescale(pool)
+        case = build_case(mutant.trigger, pool=pool)
+        backend.init_forward_metadata(case.batch)
+        return case, backend
     case = build_case(mutant.trigger)
     backend = cls(case.config, case.pool)
-    if mutant.kind == "graph":  # what a replay runs: the static layout rewritten for this batch
+    if mutant.kind in ("graph", "replay_scales"):  # what a replay runs: the static layout rewritten
         backend.init_graph_state(case.batch.batch_size, case.batch.num_tokens)
         backend.init_capture_metadata(case.batch)
+        if mutant.kind == "replay_scales":
+            _rescale(case.pool)
         backend.init_replay_metadata(case.batch)
     else:
         backend.init_forward_metadata(case.batch)
-    return [backend.forward(case.q, case.k, case.v, case.layer, case.batch).clone() for _ in range(calls)]
+    return case, backend
 
 
-def _error(mutant: Mutant, out: torch.Tensor) -> float:
-    """Largest error of ``out`` on the trigger case against the fp64 reference (inf if not finite)."""
-    case = build_case(mutant.trigger)
-    ref = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale)
+def _run(cls: type[TorchBackend], mutant: Mutant, calls: int = 1) -> tuple[list[torch.Tensor], torch.Tensor, Case]:
+    """The backend on the mutant's trigger case: ``calls`` forwards of one batch, the fp64
+    reference (taken before them) and the case."""
+    case, backend = _setup(cls, mutant)
+    ref = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale,
+                            case.config)
+    outs = [backend.forward(case.q, case.k, case.v, case.layer, case.batch).clone() for _ in range(calls)]
+    return outs, ref, case
+
+
+def _error(case: Case, ref: torch.Tensor, out: torch.Tensor) -> float:
+    """Largest error of ``out`` on real tokens against the reference (inf if not finite)."""
     index = torch.tensor(real_tokens(case.batch))
     return float((out.double()[index] - ref[index]).abs().nan_to_num(float("inf")).max())
 
@@ -56,16 +80,19 @@ def test_trigger_shows_the_defect_by_hand(name: str) -> None:
     tol = TorchBackend.capabilities.tolerance(mutant.trigger.dtype)
     bound = 10 * (tol.atol + tol.rtol) * mutant.trigger.v_magnitude
     # the torch backend is right on the trigger: the defect is the mutant's own
-    assert _error(mutant, _run(TorchBackend, mutant)[0]) < bound
-    if mutant.kind in ("output", "graph"):
-        assert _error(mutant, _run(mutant.cls, mutant)[0]) > bound
+    (out,), ref, case = _run(TorchBackend, mutant)
+    assert _error(case, ref, out) < bound
+    if mutant.kind in ("output", "graph", "late_scales", "replay_scales"):
+        (out,), ref, case = _run(mutant.cls, mutant)
+        assert _error(case, ref, out) > bound
     elif mutant.kind == "nondeterministic":
-        first, second = _run(mutant.cls, mutant, calls=2)
+        (first, second), ref, case = _run(mutant.cls, mutant, calls=2)
         assert not torch.equal(first, second)
-        assert _error(mutant, first) < bound and _error(mutant, second) < bound  # both within tolerance
-        assert torch.equal(*_run(TorchBackend, mutant, calls=2))
+        assert _error(case, ref, first) < bound and _error(case, ref, second) < bound  # both within tolerance
+        assert torch.equal(*_run(TorchBackend, mutant, calls=2)[0])
     elif mutant.kind == "flaky":
-        errors = [_error(mutant, out) for out in _run(mutant.cls, mutant, calls=10)]
+        outs, ref, case = _run(mutant.cls, mutant, calls=10)
+        errors = [_error(case, ref, out) for out in outs]
         assert any(e > bound for e in errors) and any(e < bound for e in errors)
     else:
         assert mutant.kind == "inputs"
@@ -95,3 +122,13 @@ def test_full_default_run_flags_each_mutant(name: str) -> None:
     report = run_conformance(mutant.cls, platform="cpu", allow_unchecked=True)
     assert mutant.claim in {r.claim.name for r in report.falsified}, report.format()
     assert not report.errors, report.format()
+
+
+def test_a_defect_of_a_pair_falsifies_both_claims_and_no_third() -> None:
+    """Sinks dropped on window layers: each feature alone works, the pair fails, so both claims
+    are falsified; soft-cap's combinations fail too, but as well without the soft-cap: not its defect."""
+    cls = MUTANTS["sinks_skipped_under_window"].cls
+    report = run_conformance(cls, platform="cpu", max_examples=0,
+                             only=["feature[sinks]", "feature[sliding_window]", "feature[logit_softcap]"])
+    assert {r.claim.name for r in report.falsified} == {"feature[sinks]", "feature[sliding_window]"}, report.format()
+    assert [r.claim.name for r in report.results if r.status.value == "verified"] == ["feature[logit_softcap]"]

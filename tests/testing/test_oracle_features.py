@@ -18,7 +18,7 @@ from attnhal.phases import Feature, Phase
 from attnhal.platform import parse
 from attnhal.spec import SpecConfig
 from attnhal.testing.cases import Case, CaseRecipe, build_case
-from attnhal.testing.oracle import real_tokens, reference_forward
+from attnhal.testing.oracle import quantize, real_tokens, reference_forward, store
 from attnhal_torch import TorchBackend
 
 TREE = SpecConfig.eagle(3, topk=2, num_draft_tokens=4)
@@ -195,3 +195,25 @@ def test_triton_backend_refuses_what_its_descriptor_does_not_claim() -> None:
         cfg = AttentionConfig(num_q_heads=4, num_kv_heads=2, head_size=64, dtype=torch.float16, **fields)  # type: ignore[arg-type]
         with pytest.raises(UnsupportedFeature, match=f"feature={feature.value}"):
             TritonBackend(cfg, _pool(torch.float16, head=64), platform=parse("cuda:sm90"))
+
+
+@pytest.mark.parametrize("dtype, top", [(torch.float8_e4m3fn, 448.0), (torch.float8_e4m3fnuz, 240.0),
+                                        (torch.float8_e5m2, 57344.0)])
+def test_the_oracle_saturates_fp8_writes_in_every_flavour(dtype: torch.dtype, top: float) -> None:
+    """Past the range a write stores ±max, never NaN or inf, whatever the bare conversion does;
+    within it, x / scale rounded; and the pool stores the same bytes as the oracle expects."""
+    x = torch.tensor([[0.5, -3.0, 2 * top, -2 * top, 1e9]])
+    stored = quantize(x, 0.5, dtype)
+    assert stored.float().tolist() == [[1.0, -6.0, top, -top, top]]
+    bare = (x / 0.5).to(dtype).float()
+    assert dtype == torch.float8_e4m3fn or not torch.isfinite(bare).all()  # why the oracle says so
+    pool, want = (KVPool(num_layers=1, num_slots=8, num_kv_heads=1, head_dim=5, dtype=dtype, max_reqs=1,
+                         max_context_len=8) for _ in range(2))
+    for p in (pool, want):
+        p.k_scale.fill_(0.5)
+        p.v_scale.fill_(0.25)
+    loc = torch.tensor([3], dtype=torch.int64)
+    pool.write(0, loc, x.view(1, 1, 5), -x.view(1, 1, 5))
+    store(want, 0, loc, x.view(1, 1, 5), -x.view(1, 1, 5))
+    assert torch.equal(pool.k[0].view(torch.uint8), want.k[0].view(torch.uint8))
+    assert torch.equal(pool.v[0].view(torch.uint8), want.v[0].view(torch.uint8))

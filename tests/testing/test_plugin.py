@@ -54,11 +54,22 @@ def test_backend_option_runs_the_whole_suite_in_an_empty_directory(tmp_path: Pat
     assert "deterministic" in run.stdout and "inputs_unchanged" in run.stdout
 
 
-def test_unchecked_claims_fail_unless_waived(tmp_path: Path) -> None:
-    run = _pytest(tmp_path, "--attnhal-backend", "torch", "-k", "vendor")
-    assert run.returncode == 1, run.stdout + run.stderr
-    assert "2 failed, 1 passed" in run.stdout  # cuda and hip: no device here
+def test_vendor_claims_of_devices_elsewhere_skip_unless_strict(tmp_path: Path) -> None:
+    run = _pytest(tmp_path, "--attnhal-backend", "torch", "-k", "vendor", "-rs")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed, 5 skipped" in run.stdout  # cuda and hip: no device here (with the reason); 3 vendors unclaimed
     assert "not checked here: vendor[cuda]: no cuda device" in run.stdout
+    run = _pytest(tmp_path, "--attnhal-backend", "torch", "-k", "vendor", "--attnhal-strict")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "2 failed, 1 passed" in run.stdout
+    assert "not checked here: vendor[cuda]: no cuda device" in run.stdout
+    assert "waive with --attnhal-allow-unchecked" in run.stdout
+
+
+def test_unchecked_claims_fail_unless_waived(tmp_path: Path) -> None:
+    run = _pytest(tmp_path, "--attnhal-backend", "torch", "--attnhal-platform", "cpu,nographs", "-k", "graph")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "not checked here: graph[decode]: platform cpu,nographs has no graph API" in run.stdout
     assert "waive with --attnhal-allow-unchecked" in run.stdout
 
 

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import find, given, settings
+from hypothesis.errors import NoSuchExample
 from hypothesis import strategies as st
 
 import attnhal.testing.strategies as hst
 from attnhal.backend import validate_forward
 from attnhal.capabilities import SpecLimits
-from attnhal.phases import Phase
+from attnhal.phases import Feature, Phase
 from attnhal.spec import SpecConfig
 from attnhal.testing.cases import CaseRecipe, build_case, tree_mask
 from attnhal.testing.oracle import real_tokens, reference_forward
@@ -170,3 +171,41 @@ def test_input_variations_are_drawn_and_built() -> None:
     assert case.config.scale == spec.scale
     with pytest.raises(ValueError, match="qkv_layout=packed"):
         replace(spec, qkv_layout="packed")
+
+
+def test_context_lengths_reach_page_multiples_when_pages_are_claimed() -> None:
+    for x in (3 * 128 - 1, 3 * 128, 3 * 128 + 1):
+        assert _minimal(hst.context_lengths(page_size=128), lambda n, x=x: n == x) == x
+        with pytest.raises(NoSuchExample):  # no block edge: only the page size brings them
+            _minimal(hst.context_lengths(), lambda n, x=x: n == x)
+    assert _minimal(hst.context_lengths(page_size=128), lambda n: n > 300) == 3 * 128 - 1
+
+
+def test_feature_fields_combine_only_what_is_claimed() -> None:
+    caps = TorchBackend.capabilities
+    combined = _minimal(hst.feature_fields(caps, ("e4m3fnuz",)),
+                        lambda f: {"sliding_window", "sinks", "logit_softcap", "page_size", "kv_dtype"} <= set(f))
+    assert combined["fp8_flavor"] == "e4m3fnuz" if combined["kv_dtype"] == "fp8_e4m3" else True
+    assert combined["page_size"] in caps.page_sizes and combined["page_size"] > 1
+    assert _minimal(hst.feature_fields(caps), lambda f: True) == {}  # shrinks to none of them
+    mla = _minimal(hst.feature_fields(caps), lambda f: "head_size" in f)
+    assert mla == hst.MLA_FIELDS
+    # a descriptor that claims windows only draws windows only, in every shape
+    only_window = replace(caps, features=frozenset({Feature.SLIDING_WINDOW}), page_sizes=frozenset({1}),
+                          kv_dtypes=frozenset(caps.dtypes))
+
+    @settings(max_examples=40, deadline=None, database=None)
+    @given(hst.feature_fields(only_window))
+    def windows_only(fields: dict[str, Any]) -> None:
+        assert set(fields) <= {"sliding_window"}
+    windows_only()
+    wide = _minimal(hst.window_fields(), lambda f: f["sliding_window"] == (None, 1000))
+    assert wide == {"sliding_window": (None, 1000)}
+
+
+def test_page_sized_batches_are_drawn_at_page_multiples() -> None:
+    caps = TorchBackend.capabilities
+    full = _minimal(hst.case_specs(caps, Phase.DECODE, page_size=64), lambda s: any(
+        n % 64 == 0 and n > 0 for n in s.seq_lens()) and s.requests == 1)
+    assert full.page_size == 64 and full.seq_lens()[0] % 64 == 0
+    build_case(full)

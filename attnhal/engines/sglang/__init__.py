@@ -10,11 +10,13 @@ as ignored, never dropped silently. See ``docs/engine.md``.
 
 - :mod:`~attnhal.engines.sglang.flags`: SGLang's vocabulary (modelled flags, aliases, harmless flags).
 - :mod:`~attnhal.engines.sglang.resolution`: server arguments -> :class:`EngineConfig`.
+- :mod:`~attnhal.engines.sglang.pages`: the page size SGLang's resolution sets (:func:`resolve_page_size`).
 - :mod:`~attnhal.engines.sglang.plan`: :func:`plan_server_args`.
 """
 
 from attnhal.engines.flags import EngineArgError
 from attnhal.engines.sglang.flags import FLAGS, HARMLESS, SGLANG_VERSION, parse_cli
+from attnhal.engines.sglang.pages import PageSize, resolve_page_size
 from attnhal.engines.sglang.plan import plan_server_args
 from attnhal.engines.sglang.resolution import (
     DEFAULT_MAX_BS,
@@ -32,6 +34,7 @@ __all__ = [
     "DRAFT_EXTEND_GRAPH_OFF",
     "FLAGS",
     "HARMLESS",
+    "PageSize",
     "SGLANG_VERSION",
     "EngineArgError",
     "EngineConfig",
@@ -39,5 +42,6 @@ __all__ = [
     "from_server_args",
     "parse_cli",
     "plan_server_args",
+    "resolve_page_size",
     "roles",
 ]

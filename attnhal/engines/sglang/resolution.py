@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attnhal.capabilities import BackendCapabilities
@@ -17,9 +17,10 @@ from attnhal.catalog import load
 from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, model_kind
 from attnhal.engines.sglang.flags import ALGORITHMS, DTYPES, FLAGS, HARMLESS, KV_CACHE_DTYPES
+from attnhal.engines.sglang.pages import DEFAULT_PAGE_SIZE, PageSize, model_note, resolve_page_size
 from attnhal.phases import Phase, phases_run
 from attnhal.planner import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, phase_roles, plan
-from attnhal.platform import Platform
+from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind, RequestContext, SpecConfig
 
 __all__ = ["DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "EngineConfig", "capture_sizes",
@@ -28,8 +29,6 @@ __all__ = ["DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "Eng
 #: Backends whose draft extend and default prefill SGLang builds on another backend: cute-dsl MLA
 #: is decode-only; both run trtllm-gen (draft_utils.py:137-138; arg_groups/overrides.py:1233-1260).
 _EXTEND_ON = {"cutedsl_mla": "trtllm_mla"}
-#: SGLang's default page size on CUDA/HIP when none is given (arg_groups/overrides.py:1361-1362).
-DEFAULT_PAGE_SIZE = 1
 #: attnhal's capture limit when SGLang's is not given (SGLang sizes it from GPU memory).
 DEFAULT_MAX_BS = 32
 #: The environment variable that turns the draft-extend graph off (environ.py; eagle_worker_v2.py:627).
@@ -38,7 +37,11 @@ DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """SGLang arguments translated: what ``plan`` needs, and what was not used."""
+    """SGLang arguments translated: what ``plan`` needs, and what was not used.
+
+    ``context`` carries the page size SGLang sets whatever the platform; :meth:`plan` applies
+    the platform's rules too (fa4 on SM100), see :meth:`page_size`.
+    """
 
     spec: SpecConfig
     backends: PhaseBackends
@@ -47,9 +50,24 @@ class EngineConfig:
     roles: Mapping[str, str | None] = field(default_factory=dict)  # role -> SGLang backend name
     ignored: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    values: Mapping[str, Any] = field(default_factory=dict)  # the converted server arguments
+    resolved_by: str = "builtin"  # "engine": SGLang's own resolution made ``values``
+    page: PageSize | None = None  # the page size SGLang's own resolution settled on (engine only)
+
+    def page_size(self, platform: Platform | str | None = None) -> PageSize:
+        """The page size SGLang runs with on ``platform`` (``None``: the platform-independent rules)."""
+        if self.page is not None:
+            return self.page
+        where = as_platform(platform) if platform is not None else None
+        return resolve_page_size(self.values, self.context.model, where)
+
+    def context_on(self, platform: Platform | str) -> RequestContext:
+        """``context`` with the page size SGLang sets on ``platform``."""
+        return replace(self.context, page_size=self.page_size(platform).value)
 
     def plan(self, platform: Platform | str) -> GraphPlan:
-        return plan(self.spec, platform, self.backends, self.policy, self.context)
+        where = as_platform(platform)
+        return plan(self.spec, where, self.backends, self.policy, self.context_on(where))
 
 
 def _spec(values: Mapping[str, Any], notes: list[str]) -> SpecConfig:
@@ -163,9 +181,12 @@ def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[
     if not {"cuda_graph_max_bs", "cuda_graph_max_bs_decode", "cuda_graph_bs", "cuda_graph_bs_decode"} & set(values):
         notes.append(f"capture batch sizes up to {DEFAULT_MAX_BS}: SGLang sizes them from GPU memory; "
                      "give --cuda-graph-max-bs-decode to match a server")
-    context = RequestContext(model=model_kind(model), dtype=DTYPES.get(values.get("dtype", "auto")),
+    kind = model_kind(model)
+    if (open_page := model_note(values, kind)) is not None:
+        notes.append(open_page)
+    context = RequestContext(model=kind, dtype=DTYPES.get(values.get("dtype", "auto")),
                              kv_dtype=KV_CACHE_DTYPES.get(values.get("kv_cache_dtype", "auto")),
-                             page_size=values.get("page_size", DEFAULT_PAGE_SIZE))
+                             page_size=resolve_page_size(values, kind).value)
     return EngineConfig(spec=spec, backends=_backends(names, values.get("speculative_attention_mode", "prefill")),
                         policy=_policy(values, env or {}, spec), context=context, roles=names, ignored=ignored,
-                        notes=tuple(notes))
+                        notes=tuple(notes), values=values)

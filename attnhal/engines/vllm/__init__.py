@@ -26,11 +26,13 @@ of the backend); vLLM has no topk: a tree (``topk > 1``) is never uniform for it
 
 - :mod:`~attnhal.engines.vllm.flags`: vLLM's vocabulary (modelled arguments, harmless ones).
 - :mod:`~attnhal.engines.vllm.resolution`: support levels <-> descriptors, their minimum, the graph mode.
+- :mod:`~attnhal.engines.vllm.levels`: the level a builder reports for one configuration (platform, spec, cubins).
 - :mod:`~attnhal.engines.vllm.plan`: engine arguments -> :class:`VllmConfig` -> attnhal's plan.
 """
 
 from attnhal.engines.flags import EngineArgError
 from attnhal.engines.vllm.flags import FLAGS, HARMLESS, VLLM_VERSION, parse_cli
+from attnhal.engines.vllm.levels import Level, support_on
 from attnhal.engines.vllm.plan import VllmConfig, from_engine_args
 from attnhal.engines.vllm.resolution import (
     CGSupport,
@@ -50,6 +52,7 @@ __all__ = [
     "CGSupport",
     "EngineArgError",
     "GraphMode",
+    "Level",
     "ModeResolution",
     "VllmConfig",
     "catalog_support",
@@ -59,4 +62,5 @@ __all__ = [
     "parse_cli",
     "resolve_mode",
     "support_level",
+    "support_on",
 ]

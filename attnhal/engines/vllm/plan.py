@@ -9,9 +9,10 @@ from typing import Any
 from attnhal.catalog import load
 from attnhal.engines.flags import EngineArgError, check, model_kind
 from attnhal.engines.vllm.flags import FLAGS, HARMLESS, METHODS
-from attnhal.engines.vllm.resolution import GraphMode, ModeResolution, catalog_support, resolve_mode
+from attnhal.engines.vllm.levels import Level, support_on
+from attnhal.engines.vllm.resolution import GraphMode, ModeResolution, resolve_mode
 from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
-from attnhal.platform import Platform
+from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind, RequestContext, SpecConfig
 
 __all__ = ["VllmConfig", "from_engine_args"]
@@ -26,6 +27,7 @@ class VllmConfig:
     requested: GraphMode
     resolution: ModeResolution
     ignored: tuple[str, ...] = ()
+    level: Level | None = None  # the builder's level the resolution used (None: not resolved yet)
 
     def plan(self, platform: Platform | str, model: ModelKind | str | None = None) -> GraphPlan:
         """attnhal's plan with the backend's descriptor in every role; graphs off when vLLM's mode has
@@ -36,18 +38,37 @@ class VllmConfig:
                     RequestContext(model=model_kind(model)))
 
 
-def from_engine_args(args: Mapping[str, Any]) -> VllmConfig:
+#: The ``--spec-*`` flags and the ``--speculative-config`` keys they stand for.
+SPEC_FLAG_KEYS = {"spec_method": "method", "spec_tokens": "num_speculative_tokens"}
+
+
+def _refuse_contradictions(values: Mapping[str, Any], speculative: Mapping[str, Any]) -> None:
+    """A ``--spec-*`` flag that contradicts the same key of ``--speculative-config`` is an error:
+    vLLM's own merge of the two is not modelled, so neither is picked silently."""
+    for name, key in SPEC_FLAG_KEYS.items():
+        flag = "--" + name.replace("_", "-")
+        if name in values and key in speculative and values[name] != speculative[key]:
+            raise EngineArgError(flag, f"{flag}={values[name]} contradicts --speculative-config {key}="
+                                       f"{speculative[key]} (supported: one of them, or both with the same value)")
+
+
+def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = None,
+                     trtllm_cubins: bool = True) -> VllmConfig:
     """Translate vLLM engine arguments (``--attention-backend``, ``--spec-method``, ``--spec-tokens``,
     ``--speculative-config``, ``--compilation-config`` ``cudagraph_mode``, ``--enforce-eager``).
 
     The requested mode defaults to vLLM's ``FULL_AND_PIECEWISE`` (``config/vllm.py:311, 332``);
-    ``--enforce-eager`` makes it ``NONE``. Raises :class:`EngineArgError` naming the flag.
+    ``--enforce-eager`` makes it ``NONE``. The builder's level is the one it reports on
+    ``platform`` (:func:`~attnhal.engines.vllm.levels.support_on`; without a platform, the
+    catalogue's); ``trtllm_cubins`` is the assumption FlashInfer's level rests on.
+    Raises :class:`EngineArgError` naming the flag.
     """
     values, ignored = check(args, FLAGS, HARMLESS, "attnhal.engines.vllm.HARMLESS")
     if "attention_backend" not in values:
         raise EngineArgError("--attention-backend", "--attention-backend is required (vLLM picks one per "
                              "platform and model when omitted; attnhal does not model that choice)")
     speculative = values.get("speculative_config", {})
+    _refuse_contradictions(values, speculative)
     method = values.get("spec_method", speculative.get("method"))
     tokens = values.get("spec_tokens", speculative.get("num_speculative_tokens"))
     if (method is None) != (tokens is None):
@@ -62,5 +83,7 @@ def from_engine_args(args: Mapping[str, Any]) -> VllmConfig:
     if values.get("enforce_eager"):
         requested = GraphMode.NONE
     query_len = 1 + tokens if tokens else 1
-    resolution = resolve_mode(requested, catalog_support(values["attention_backend"]), query_len)
-    return VllmConfig(values["attention_backend"], spec, requested, resolution, ignored)
+    where = as_platform(platform) if platform is not None else None
+    level = support_on(values["attention_backend"], where, tokens or 0, trtllm_cubins)
+    resolution = resolve_mode(requested, level.support, query_len)
+    return VllmConfig(values["attention_backend"], spec, requested, resolution, ignored, level)

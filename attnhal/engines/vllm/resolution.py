@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from typing import Any
 
 from attnhal.capabilities import BackendCapabilities, SpecLimits
 from attnhal.catalog import CatalogError, load
@@ -125,15 +126,32 @@ class ModeResolution:
     error: str | None = None
 
 
-def resolve_mode(requested: GraphMode, support: CGSupport, uniform_decode_query_len: int = 1,
+def _named(enum: type[GraphMode] | type[CGSupport], field: str, value: object) -> Any:
+    """``value`` as a member of ``enum``: a member, or its name; else a ValueError listing the names."""
+    if isinstance(value, enum):
+        return value
+    if isinstance(value, str) and value in enum.__members__:
+        return enum.__members__[value]
+    raise ValueError(f"{field}={value!r} (supported: {enum.__name__} or one of its names "
+                     f"{', '.join(enum.__members__)})")
+
+
+def resolve_mode(requested: GraphMode | str, support: CGSupport | str, uniform_decode_query_len: int = 1,
                  attention_split: bool = True, piecewise_available: bool = True) -> ModeResolution:
     """vLLM's resolution of ``cudagraph_mode`` against the minimum support level.
 
     Follows ``config/compilation.py:1376-1490``. ``attention_split`` is
     ``splitting_ops_contain_attention()`` (the default VLLM_COMPILE setup splits the graph
     at attention, so attention runs between piecewise graphs); ``uniform_decode_query_len``
-    is ``1 + num_speculative_tokens``.
+    is ``1 + num_speculative_tokens``. ``requested`` and ``support`` may be given by name
+    (``"FULL"``, ``"UNIFORM_BATCH"``), as vLLM's configs spell them.
     """
+    return _resolve(_named(GraphMode, "requested", requested), _named(CGSupport, "support", support),
+                    uniform_decode_query_len, attention_split, piecewise_available)
+
+
+def _resolve(requested: GraphMode, support: CGSupport, uniform_decode_query_len: int, attention_split: bool,
+             piecewise_available: bool) -> ModeResolution:
     mode, steps = requested, []
 
     def downgrade(to: GraphMode, why: str) -> None:

@@ -14,6 +14,7 @@ import torch
 from attnhal.backend import KVPool
 from attnhal.phases import Phase
 from attnhal.testing.cases.recipe import CaseRecipe
+from attnhal.testing.oracle import quantize
 
 __all__ = ["PoolSize", "draw_qk", "draw_v", "fill_pool", "make_pool", "pool_size"]
 
@@ -63,13 +64,13 @@ def make_pool(recipe: CaseRecipe, size: PoolSize | None = None, device: str | to
 def fill_pool(pool: KVPool, gen: torch.Generator, qk_magnitude: int = 1, v_magnitude: float = 1.0) -> None:
     """Random K/V in every slot of every layer (the padding slot too), in place; K and V
     drawn as :func:`draw_qk` and :func:`draw_v` draw them (see ``CaseRecipe.qk_magnitude``,
-    ``v_magnitude``); fp8 caches store them divided by the layer's scale (they dequantize
-    to those values)."""
+    ``v_magnitude``); fp8 caches store them as the oracle quantizes a write (divided by the
+    layer's scale, saturated to the format's range)."""
     for caches, scales, draw in ((pool.k, pool.k_scale, partial(draw_qk, magnitude=qk_magnitude)),
                                  (pool.v, pool.v_scale, partial(draw_v, magnitude=v_magnitude))):
         for cache, scale in zip(caches, scales.tolist()):
             values = draw(cache.shape, gen)
-            cache.copy_((values / scale if pool.is_fp8 else values).to(cache.dtype))
+            cache.copy_(quantize(values, scale, cache.dtype))
 
 
 def draw_qk(shape: tuple[int, ...] | torch.Size, gen: torch.Generator, magnitude: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ from attnhal.capabilities import Tolerance
 from attnhal.testing.cases import Case, CaseRecipe
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.target import Target
-from attnhal.testing.oracle import real_tokens
+from attnhal.testing.oracle import real_tokens, store
 
 #: Random examples per round when a check runs for a time (``Target.seconds``).
 ROUND = 4
@@ -83,7 +83,7 @@ def _largest_logit(case: Case) -> float:
     if info is not None and info.draft_path is not None:
         slots |= set(info.draft_path.flatten().tolist())
     index = torch.tensor(sorted(slots), dtype=torch.int64)
-    keys = case.pool.k[case.layer].detach().cpu()[index].float()  # [S, KV, D], the new K written or not:
+    keys = case.pool.dequantized(case.layer)[0].detach().cpu()[index].float()  # [S, KV, D], the new K written or not:
     keys = torch.cat([keys, case.k.detach().cpu().float()])       # both bound the attended logits
     q = case.q.detach().cpu().float()
     n, h, d = q.shape
@@ -155,13 +155,13 @@ def check_output(claim: Claim, out: object, q: torch.Tensor, want: torch.Tensor,
 def check_cache(claim: Claim, pool: KVPool, layer: int, before: tuple[torch.Tensor, torch.Tensor],
                  batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor, what: str) -> None:
     """Only ``out_cache_loc`` (and the padding slot) of ``layer`` changed, to the new K/V
-    (quantized as the pool stores them)."""
+    (stored as :func:`~attnhal.testing.oracle.quantize` defines: fp8 saturates per flavour)."""
     expect = pool.layer_copy(layer)
     expect.k[0].copy_(before[0])
     expect.v[0].copy_(before[1])
-    expect.write(0, batch.out_cache_loc, k, v)
+    store(expect, 0, batch.out_cache_loc, k, v)
     for name, cache, want in (("K", pool.k[layer], expect.k[0]), ("V", pool.v[layer], expect.v[0])):
-        wrong = (_bits(cache) != _bits(want)).flatten(1).any(1)
+        wrong = (bits(cache) != bits(want)).flatten(1).any(1)
         wrong[0] = False  # the padding slot: padding tokens write there, in any order
         if wrong.any():
             slots = wrong.nonzero().flatten().tolist()
@@ -170,7 +170,7 @@ def check_cache(claim: Claim, pool: KVPool, layer: int, before: tuple[torch.Tens
 
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
+def bits(t: torch.Tensor) -> torch.Tensor:
     """``t`` comparable with ``!=``: fp8 tensors as their bytes (torch compares no fp8 on CPU)."""
     return t.view(torch.uint8) if t.dtype.itemsize == 1 else t
 

@@ -1,18 +1,21 @@
 """``feature[F]``, ``page_size[P]``, ``kv_dtype[D]`` and ``unclaimed_feature[F]``.
 
 A feature, page size or KV dtype is a *variant* of the phase cases: the canonical case
-of every claimed phase (and drawn ones) with the variant's :class:`CaseRecipe` fields set,
-run eagerly against the reference — which applies the same window, soft-cap, sinks,
-V head size, page table and KV quantization — and, for every claimed graph phase, one
-capture replayed against eager and the reference (the page table, the fp8 scales and
-the sink logits are replay metadata too). ``custom_mask`` is the tree of
+of every claimed phase with the variant's :class:`CaseRecipe` fields set, the fixed
+combinations where kernels break and drawn cases combining it with every other claimed
+feature (:mod:`attnhal.testing.checks.variants`, which also decides which claim a failing
+combination falsifies), run eagerly against the reference — which applies the same
+window, soft-cap, sinks, V head size, page table and KV quantization — and, for every
+claimed graph phase, one capture replayed against eager and the reference (the page
+table, the fp8 scales and the sink logits are replay metadata too). fp8 KV dtypes also
+run their life cycle (:mod:`attnhal.testing.checks.fp8`). ``custom_mask`` is the tree of
 ``target_verify``. An unclaimed feature must be refused with ``UnsupportedPhase``
 (``UnsupportedFeature`` is one), never computed as if it were absent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -20,14 +23,17 @@ from hypothesis import strategies as st
 
 import attnhal.testing.strategies as hst
 from attnhal.phases import GRAPH_PHASES, Feature, Phase
-from attnhal.platform import Fp8Flavor, GraphKind
+from attnhal.platform import GraphKind
 from attnhal.testing.cases import CaseRecipe
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
 from attnhal.testing.checks.common import plural, run_examples
 from attnhal.testing.checks.expected import resize
+from attnhal.testing.checks.fixed import fits
+from attnhal.testing.checks.fp8 import check_late_scales, saturation_fields
 from attnhal.testing.checks.graphs import in_limits, replay_fixed
 from attnhal.testing.checks.phases import canonical_cases, eager_body, expect_refusal
 from attnhal.testing.checks.target import Target, checkable_dtypes
+from attnhal.testing.checks.variants import combination_cases, drawn_cases, fp8_flavours, strip
 
 __all__ = ["FP8_K_SCALE", "MLA_HEAD_SIZE", "MLA_V_HEAD_SIZE", "check_feature", "check_kv_dtype", "check_page_size",
            "check_unclaimed_feature", "feature_not_checked"]
@@ -40,22 +46,14 @@ FP8_K_SCALE = 0.25
 
 Variant = Callable[[CaseRecipe], CaseRecipe]
 
-#: Per feature: the fixed variants (several, e.g. a window layer and a full layer next to
-#: it) and the drawn one.
+#: Per feature: the fixed variants of every phase's canonical case (several, e.g. a window
+#: layer and a full layer next to it); the first one is also captured in every graph phase.
 _FIXED: dict[Feature, list[dict[str, Any]]] = {
     Feature.SLIDING_WINDOW: [{"sliding_window": (None, 3)}, {"sliding_window": (3, None)}, {"sliding_window": 0}],
     Feature.LOGIT_SOFTCAP: [{"logit_softcap": 1.0}],
     Feature.SINKS: [{"sinks": True}],
     Feature.MLA: [{"head_size": MLA_HEAD_SIZE, "v_head_size": MLA_V_HEAD_SIZE, "num_kv_heads": 1}],
 }
-
-
-def _drawn(feature: Feature) -> st.SearchStrategy[dict[str, Any]]:
-    if feature is Feature.SLIDING_WINDOW:
-        return st.integers(0, 12).map(lambda w: {"sliding_window": w})
-    if feature is Feature.LOGIT_SOFTCAP:
-        return st.floats(0.25, 30.0).map(lambda c: {"logit_softcap": c})
-    return st.just(_FIXED[feature][0])
 
 
 def feature_not_checked(target: Target, claim: Claim) -> str | None:
@@ -76,27 +74,34 @@ def check_feature(target: Target, claim: Claim) -> tuple[str, int]:
     feature = Feature(claim.subject)
     if feature is Feature.CUSTOM_MASK:
         return _check_custom_mask(target, claim)
-    fixed = [_fields(f) for f in _FIXED[feature]]
-    return _check_variant(target, claim, fixed, _drawn(feature).map(_fields))
+    return _check_variant(target, claim, [_fields(f) for f in _FIXED[feature]])
 
 
 def check_page_size(target: Target, claim: Claim) -> tuple[str, int]:
-    page = {"page_size": int(claim.subject), "slot_seed": 7}
-    return _check_variant(target, claim, [_fields(page)], st.just(_fields(page)))
+    return _check_variant(target, claim, [_fields({"page_size": int(claim.subject), "slot_seed": 7})])
 
 
 def check_kv_dtype(target: Target, claim: Claim) -> tuple[str, int]:
     """Every flavour the platform may store ``fp8_e4m3`` in: its own, or both on a platform
-    without one (the CPU stores either; which one is the caller's explicit choice)."""
+    without one (the CPU stores either; which one is the caller's explicit choice). fp8
+    also runs its life cycle (:mod:`attnhal.testing.checks.fp8`): values past the range,
+    scales set after construction and after capture."""
     kv = claim.subject
-    flavours = [target.platform.fp8_flavor] if target.platform.fp8_flavor is not Fp8Flavor.NONE else [
-        Fp8Flavor.OCP, Fp8Flavor.FNUZ]
-    if kv != "fp8_e4m3":
-        flavours = flavours[:1]
-    fixed = [_fields({"kv_dtype": kv, "fp8_flavor": f.value, "kv_scale": FP8_K_SCALE}) for f in flavours]
-    detail, count = _check_variant(target, claim, fixed, st.sampled_from(fixed))
+    flavours = list(fp8_flavours(target)) if kv == "fp8_e4m3" else ["e4m3fn"]
+    variants = [{"kv_dtype": kv, "fp8_flavor": f, "kv_scale": FP8_K_SCALE} for f in flavours]
+    fp8 = kv.startswith("fp8")
+    extra = []
+    if fp8:  # every phase's canonical case with values past the range, in each flavour
+        caps, dtype = target.caps, checkable_dtypes(target)[0]
+        extra = [replace(c, **saturation_fields(kv, f)) for f in flavours for p in Phase if p in caps.phases
+                 for c in canonical_cases(caps, p, dtype, min(caps.head_sizes))]
+    detail, count = _check_variant(target, claim, [_fields(v) for v in variants], extra)
+    if fp8:
+        replayed = check_late_scales(target, claim, variants)
+        detail += "; saturated past the range; scales set late: eager" + (
+            f" and replays of {', '.join(p.value for p in replayed)}" if replayed else "")
     if kv == "fp8_e4m3":
-        detail = f"stored as {' and '.join(f.value for f in flavours)}; {detail}"
+        detail = f"stored as {' and '.join(flavours)}; {detail}"
     return detail, count
 
 
@@ -116,24 +121,48 @@ def _fields(values: dict[str, Any]) -> Variant:
 
 
 def _check_variant(target: Target, claim: Claim, fixed: list[Variant],
-                   drawn: st.SearchStrategy[Variant]) -> tuple[str, int]:
-    """Every claimed phase, eager (fixed variants of the canonical case, then drawn cases),
-    then every claimed graph phase captured once with the first variant."""
+                   extra: Sequence[CaseRecipe] = ()) -> tuple[str, int]:
+    """Every claimed phase, eager: the fixed variants of the canonical cases, ``extra``, the
+    claim's fixed combinations (:func:`~attnhal.testing.checks.variants.combination_cases`),
+    then drawn combinations; then every claimed graph phase captured once with the first
+    variant."""
     caps = target.caps
     dtypes = checkable_dtypes(target)
     phases = [p for p in Phase if p in caps.phases]
     head = min(caps.head_sizes)
     cases = [v(c) for p in phases for v in fixed for c in canonical_cases(caps, p, dtypes[0], head)]
-    strategy = st.tuples(st.sampled_from(phases), st.sampled_from(dtypes), drawn).flatmap(
-        lambda pdv: hst.case_specs(caps, pdv[0], dtype=pdv[1], max_requests=target.max_requests,
-                                   max_seq_len=target.max_seq_len).map(pdv[2]))
+    cases += [c for c in [*extra, *combination_cases(target, claim)]
+              if fits(c, target.max_seq_len, target.max_cost)]
     name = f"{claim.kind.value}_{claim.subject}"
-    count = run_examples(target, name, strategy, cases, eager_body(target, claim))
+    count = run_examples(target, name, drawn_cases(target, claim), cases, _attributed(target, claim))
     can_capture = target.platform.graph_kind is not GraphKind.NONE
     graphs = [p for p in GRAPH_PHASES if p in caps.graph and can_capture
               and _check_graph_variant(target, claim, p, fixed[0], dtypes[0], head)]
     return (f"phases {', '.join(p.value for p in phases)}; {plural(count, 'example')} eager"
             + (f"; graphs of {', '.join(p.value for p in graphs)}" if graphs else "")), count
+
+
+def _attributed(target: Target, claim: Claim) -> Callable[[CaseRecipe], None]:
+    """The eager check of ``claim``, blaming it only for what its subject makes fail: a case
+    that fails also without the subject (:func:`~attnhal.testing.checks.variants.strip`) is
+    another claim's counterexample, and that claim's own examples report the defect."""
+    body = eager_body(target, claim)
+    bare_body = eager_body(target, Claim(ClaimKind.PHASE, "without " + claim.name))
+
+    def run(recipe: CaseRecipe) -> None:
+        try:
+            body(recipe)
+        except ClaimFalsified:
+            bare = strip(target.caps, claim, recipe)
+            if bare is None or bare == recipe:
+                raise
+            try:
+                bare_body(bare)
+            except ClaimFalsified:
+                return  # fails without the subject too: not this claim's defect
+            raise
+
+    return run
 
 
 def _check_graph_variant(target: Target, claim: Claim, phase: Phase, variant: Variant, dtype: str,

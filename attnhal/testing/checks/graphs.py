@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
 from hypothesis import strategies as st
 
 import attnhal.testing.strategies as hst
+from attnhal.backend import KVPool
 from attnhal.phases import Phase
 from attnhal.reasons import ReasonCode
 from attnhal.testing.cases import CaseRecipe, build_case
@@ -105,11 +106,15 @@ def check_graph(target: Target, claim: Claim) -> tuple[str, int]:
             f"{plural(count, 'example')}"), count
 
 
-def replay_fixed(target: Target, claim: Claim, recipes: Sequence[CaseRecipe]) -> None:
+def replay_fixed(target: Target, claim: Claim, recipes: Sequence[CaseRecipe],
+                 after_capture: Callable[[KVPool], None] | None = None) -> None:
     """Capture ``claim``'s phase over ``recipes`` and replay each against eager and the
-    reference (the fixed cases of a feature, page size or KV dtype)."""
+    reference (the fixed cases of a feature, page size or KV dtype); ``after_capture``
+    changes the graph's pool in between (e.g. its fp8 scales), as an engine may."""
     multi = multi_step_graph(target, claim)
     graph = capture(target, claim, recipes, target.capture_sizes)
+    if after_capture is not None:
+        after_capture(graph.pool)
     for recipe in recipes:
         _replay(target, claim, graph, recipe, multi)
 

@@ -9,11 +9,11 @@ import torch
 
 import attnhal.testing.checks.fixed as fixed
 import attnhal.testing.strategies as hst
-from attnhal.backend import UnsupportedPhase
+from attnhal.backend import AttentionBackend, UnsupportedPhase
 from attnhal.capabilities import BackendCapabilities
 from attnhal.phases import Feature, Phase
 from attnhal.spec import DTYPES, SpecConfig
-from attnhal.testing.cases import CaseRecipe, build_case
+from attnhal.testing.cases import Case, CaseRecipe, build_case
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.common import (
     blame,
@@ -49,19 +49,28 @@ def canonical_cases(caps: BackendCapabilities, phase: Phase, dtype: str, head_si
 def eager_body(target: Target, claim: Claim) -> Callable[[CaseRecipe], None]:
     def body(recipe: CaseRecipe) -> None:
         case = build_case(recipe, device=target.device)
-        want = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale,
-                                 case.config)
-        before = case.pool.k[case.layer].clone(), case.pool.v[case.layer].clone()
-        what = f"head_size={recipe.head_size}, {heads(recipe)}"
-        with blame(claim, f"{what}: the backend"):
+        with blame(claim, f"head_size={recipe.head_size}, {heads(recipe)}: the backend"):
             backend = target.new_backend(case.config, case.pool)
-            backend.init_forward_metadata(case.batch)
-            out = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
-        tol = input_tolerance(target.caps.tolerance_for(recipe.dtype, recipe.kv_dtype), case)
-        check_output(claim, out, case.q, want, case.batch, tol, what + _inputs(recipe))
-        check_cache(claim, case.pool, case.layer, before, case.batch, case.k, case.v, what)
+        check_eager(target, claim, case, backend)
 
     return body
+
+
+def check_eager(target: Target, claim: Claim, case: Case, backend: AttentionBackend, how: str = "") -> None:
+    """One eager forward of ``case`` through ``backend`` against the reference (outputs within
+    the backend's tolerance, the cache written only at ``out_cache_loc``); ``how`` adds to a
+    failure's description."""
+    recipe = case.recipe
+    want = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale,
+                             case.config)
+    before = case.pool.k[case.layer].clone(), case.pool.v[case.layer].clone()
+    what = f"head_size={recipe.head_size}, {heads(recipe)}{how}"
+    with blame(claim, f"{what}: the backend"):
+        backend.init_forward_metadata(case.batch)
+        out = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
+    tol = input_tolerance(target.caps.tolerance_for(recipe.dtype, recipe.kv_dtype), case)
+    check_output(claim, out, case.q, want, case.batch, tol, what + _inputs(recipe))
+    check_cache(claim, case.pool, case.layer, before, case.batch, case.k, case.v, what)
 
 
 def _inputs(recipe: CaseRecipe) -> str:

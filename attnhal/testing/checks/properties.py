@@ -1,5 +1,7 @@
 """``deterministic`` and ``inputs_unchanged``: what every backend owes, claimed or not.
 
+Both run on the plain and on every claimed fp8 cache (fixed and drawn examples).
+
 * ``deterministic`` — one backend running the same batch twice gives bitwise-equal
   outputs (real tokens), and so do two replays of one captured graph: an engine compares
   and caches results, and a speculative step must accept the same tokens when re-run.
@@ -12,6 +14,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import torch
 from hypothesis import strategies as st
@@ -24,12 +28,13 @@ from attnhal.platform import GraphKind
 from attnhal.testing.cases import CaseRecipe, build_case
 from attnhal.testing.checks.capture import capture
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
-from attnhal.testing.checks.common import blame, check_cache, heads, plural, run_examples
+from attnhal.testing.checks.common import bits, blame, check_cache, heads, plural, run_examples
 from attnhal.testing.checks.expected import expected
 from attnhal.testing.checks.graphs import fixed_graph_cases
 from attnhal.testing.checks.limits import claim_spec_configs, multi_step_graph
 from attnhal.testing.checks.phases import canonical_cases
 from attnhal.testing.checks.target import Target, checkable_dtypes
+from attnhal.testing.checks.variants import fp8_flavours
 from attnhal.testing.oracle import real_tokens
 
 __all__ = ["check_deterministic", "check_inputs_unchanged"]
@@ -39,17 +44,28 @@ def _phases(target: Target) -> list[Phase]:
     return [p for p in Phase if p in target.caps.phases]
 
 
+def _fp8(target: Target) -> list[dict[str, Any]]:
+    """The claimed fp8 KV dtypes as recipe fields (the first e4m3 flavour checked here)."""
+    fields = hst.kv_fields(target.caps, fp8_flavours(target)[:1])
+    return [f for f in fields if f["kv_dtype"].startswith("fp8")]
+
+
 def _drawn(target: Target) -> st.SearchStrategy[CaseRecipe]:
-    """Any claimed phase and dtype, with input variations."""
+    """Any claimed phase and dtype, with input variations, in a plain or a claimed fp8 cache."""
     caps = target.caps
-    return st.sampled_from(_phases(target)).flatmap(lambda p: st.sampled_from(checkable_dtypes(target)).flatmap(
-        lambda d: hst.case_specs(caps, p, dtype=d, max_requests=target.max_requests, max_seq_len=target.max_seq_len,
-                                 max_cost=target.max_cost, inputs=True)))
+    kv = st.sampled_from([{}, *_fp8(target)])
+    return st.tuples(st.sampled_from(_phases(target)), st.sampled_from(checkable_dtypes(target)), kv).flatmap(
+        lambda pdk: hst.case_specs(caps, pdk[0], dtype=pdk[1], max_requests=target.max_requests,
+                                   max_seq_len=target.max_seq_len, max_cost=target.max_cost, inputs=True).map(
+            lambda r: replace(r, **pdk[2])))
 
 
 def _fixed(target: Target, pick: Callable[[CaseRecipe], list[CaseRecipe]]) -> list[CaseRecipe]:
+    """``pick`` of every claimed phase's canonical case, then the same in each claimed fp8 cache
+    (the first: the quantized write and the dequantized read are paths of their own)."""
     dtype, head = checkable_dtypes(target)[0], min(target.caps.head_sizes)
     out = [c for p in _phases(target) for c in pick(canonical_cases(target.caps, p, dtype, head)[0])]
+    out += [replace(c, **kv) for kv in _fp8(target)[:1] for c in out[:]]
     return [c for c in out if fixed.fits(c, target.max_seq_len, target.max_cost)]
 
 
@@ -144,7 +160,7 @@ def check_inputs_unchanged(target: Target, claim: Claim) -> tuple[str, int]:
             backend = target.new_backend(case.config, case.pool)
             backend.init_forward_metadata(case.batch)
             backend.forward(case.q, case.k, case.v, case.layer, case.batch)
-        changed = [name for name, t in tensors.items() if not torch.equal(t, before[name])]
+        changed = [name for name, t in tensors.items() if not torch.equal(bits(t), bits(before[name]))]
         if changed:
             raise ClaimFalsified(claim, f"{what}: forward changed {', '.join(changed)} (supported: only "
                                         "out_cache_loc of the forward's layer is written)")

@@ -7,10 +7,12 @@ Two families:
 * **unbound** — need no backend: :func:`platforms` (simulated), :func:`platform_specs`,
   :func:`spec_configs`, :func:`spec_limits`, :func:`graph_policies`, :func:`descriptors`,
   :func:`head_configs`, :func:`head_layouts`, :func:`context_lengths`,
-  :func:`input_variations`, :func:`tree_parents`, :func:`tree_masks`;
+  :func:`input_variations`, :func:`tree_parents`, :func:`tree_masks`, :func:`windows`,
+  :func:`window_fields`;
 * **bound to a descriptor** — draw only what a backend's
   :class:`~attnhal.capabilities.BackendCapabilities` claims: :func:`dtypes`,
-  :func:`head_sizes`, :func:`page_sizes`, :func:`spec_configs_for` (within a claim's
+  :func:`head_sizes`, :func:`page_sizes`, :func:`feature_fields` (claimed features, page
+  sizes and KV dtypes combined), :func:`kv_fields`, :func:`spec_configs_for` (within a claim's
   :class:`~attnhal.capabilities.SpecLimits`; :func:`graph_limits` gives a graph's), and the
   batches of each phase: :func:`case_specs` (a :class:`~attnhal.testing.cases.CaseRecipe`,
   readable when shrunk), :func:`cases` (built: config, pool with random K/V, ForwardBatch,
@@ -22,7 +24,8 @@ bounds each batch, so long contexts come with few requests. An interpreter run p
 smaller ``max_seq_len`` and ``max_cost``. :func:`input_variations` draws explicit scales,
 large magnitudes and non-contiguous q/k/v (``inputs=True``).
 
-:mod:`.configs` holds the configuration strategies, :mod:`.forwards` the forward ones.
+:mod:`.configs` holds the configuration strategies, :mod:`.features` the feature
+combinations, :mod:`.forwards` the forward ones.
 """
 
 from __future__ import annotations
@@ -39,6 +42,15 @@ from attnhal.testing.strategies.configs import (
     spec_configs,
     spec_configs_for,
     spec_limits,
+)
+from attnhal.testing.strategies.features import (
+    FP8_KV_SCALE,
+    MLA_FIELDS,
+    WINDOW_EDGES,
+    feature_fields,
+    kv_fields,
+    window_fields,
+    windows,
 )
 from attnhal.testing.strategies.forwards import (
     DEFAULT_MAX_COST,
@@ -59,12 +71,16 @@ from attnhal.testing.strategies.forwards import (
 __all__ = [
     "DEFAULT_MAX_COST",
     "DEFAULT_MAX_SEQ_LEN",
+    "FP8_KV_SCALE",
+    "MLA_FIELDS",
+    "WINDOW_EDGES",
     "batch_cost",
     "case_specs",
     "cases",
     "context_lengths",
     "descriptors",
     "dtypes",
+    "feature_fields",
     "graph_case_specs",
     "graph_limits",
     "graph_policies",
@@ -72,6 +88,7 @@ __all__ = [
     "head_layouts",
     "head_sizes",
     "input_variations",
+    "kv_fields",
     "multi_step_specs",
     "page_sizes",
     "platform_specs",
@@ -81,4 +98,6 @@ __all__ = [
     "spec_limits",
     "tree_masks",
     "tree_parents",
+    "window_fields",
+    "windows",
 ]

@@ -57,13 +57,17 @@ def head_layouts(max_q_heads: int = 64) -> st.SearchStrategy[tuple[int, int]]:
     return st.one_of(head_configs(), gqa, mqa, mha).filter(lambda c: c[0] <= max_q_heads)
 
 
-def context_lengths(max_len: int = DEFAULT_MAX_SEQ_LEN, low: int = 0) -> st.SearchStrategy[int]:
+def context_lengths(max_len: int = DEFAULT_MAX_SEQ_LEN, low: int = 0, page_size: int = 1) -> st.SearchStrategy[int]:
     """KV lengths in ``[low, max_len]``: small ones (shrink targets), then the block, chunk
     and split boundaries of real kernels, ``2^k - 1, 2^k, 2^k + 1`` for ``k = 4 .. 13``
-    (long contexts up to 8193)."""
+    (long contexts up to 8193); with ``page_size > 1`` also ``k P - 1, k P, k P + 1`` for
+    ``k = 1 .. 4`` (the last page full, one token short of full, one token on a new page)."""
     small = st.integers(low, max(low, min(max_len, 64)))
-    edges = sorted({x for k in range(4, 14) for x in (2**k - 1, 2**k, 2**k + 1) if low <= x <= max_len})
-    return st.one_of(small, st.sampled_from(edges)) if edges else small
+    edges = {x for k in range(4, 14) for x in (2**k - 1, 2**k, 2**k + 1)}
+    if page_size > 1:
+        edges |= {k * page_size + d for k in range(1, 5) for d in (-1, 0, 1)}
+    ordered = sorted(x for x in edges if low <= x <= max_len)
+    return st.one_of(small, st.sampled_from(ordered)) if ordered else small
 
 
 def input_variations(dtype: str, head_size: int) -> st.SearchStrategy[dict[str, Any]]:
@@ -108,14 +112,15 @@ def tree_masks(num_tokens: int) -> st.SearchStrategy[torch.Tensor]:
 class _Budget:
     """What is left of a batch's cost bound, in KV positions per query token."""
 
-    def __init__(self, max_cost: int, heads: int, head_size: int) -> None:
+    def __init__(self, max_cost: int, heads: int, head_size: int, page_size: int = 1) -> None:
         self.left = max(1, max_cost // (heads * head_size))
+        self.page_size = page_size
 
     def context(self, draw: st.DrawFn, queries: int, low: int, high: int) -> int:
         """A drawn KV length in ``[low, high]`` for a request of ``queries`` query tokens,
         within what is left (at least ``low``)."""
         top = max(low, min(high, self.left // max(queries, 1)))
-        length = draw(context_lengths(top, low))
+        length = draw(context_lengths(top, low, self.page_size))
         self.left -= queries * length
         return length
 
@@ -125,7 +130,7 @@ def case_specs(draw: st.DrawFn, caps: BackendCapabilities, phase: Phase, *, dtyp
                head_size: int | None = None, spec: SpecConfig | None = None, requests: int | None = None,
                max_requests: int = 3, max_seq_len: int = DEFAULT_MAX_SEQ_LEN, max_cost: int = DEFAULT_MAX_COST,
                tree: bool | None = None, multi_step: bool = False, max_kv_heads: int | None = None,
-               max_group: int | None = None, inputs: bool = False) -> CaseRecipe:
+               max_group: int | None = None, inputs: bool = False, page_size: int = 1) -> CaseRecipe:
     """A valid forward of ``phase`` that ``caps`` claims to run, as a :class:`CaseRecipe`.
 
     Draws the dtype and head size among the claimed ones (unless given), the head layout
@@ -137,7 +142,8 @@ def case_specs(draw: st.DrawFn, caps: BackendCapabilities, phase: Phase, *, dtyp
     (``target_verify`` with ``topk > 1``; ``tree=True`` forces one), accepted lengths
     (``draft_extend``), the draft path and step (``draft_decode``; ``multi_step=True``:
     step 0 with re-parenting between forwards), layers, a slot layout, and with
-    ``inputs=True`` the :func:`input_variations`.
+    ``inputs=True`` the :func:`input_variations`. ``page_size``: the recipe's page size, and
+    context lengths drawn around its multiples too (:func:`context_lengths`).
     """
     from attnhal.testing.cases import CaseRecipe
 
@@ -151,12 +157,12 @@ def case_specs(draw: st.DrawFn, caps: BackendCapabilities, phase: Phase, *, dtyp
         spec = draw(spec_configs_for(caps, phase).filter(lambda s: not tree or s.topk > 1))
     n = requests if requests is not None else draw(st.integers(1, max_requests))
     layers = draw(st.integers(1, 2))
-    budget = _Budget(max_cost, heads[0], size)
+    budget = _Budget(max_cost, heads[0], size, page_size)
     variation = draw(input_variations(kind, size)) if inputs else {}
     return CaseRecipe(phase, dtype=kind, num_q_heads=heads[0], num_kv_heads=heads[1],
                       head_size=size, spec=spec, num_layers=layers,
                       layer=draw(st.integers(0, layers - 1)), slot_seed=draw(st.integers(0, 2**16)),
-                      seed=draw(st.integers(0, 2**16)), host_seq_lens=caps.needs_host_seq_lens,
+                      seed=draw(st.integers(0, 2**16)), host_seq_lens=caps.needs_host_seq_lens, page_size=page_size,
                       **draw(_phase_fields(phase, spec, n, max_seq_len, multi_step, budget)), **variation)
 
 

@@ -297,3 +297,19 @@ def test_info_build_shows_the_cache_entry_and_its_state_in_text_and_json(capsys)
     main(["info", "--build"])
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("cpu ") and "attnhal_cpu_" in ln)
     assert f"cache {build.entry.directory}: built" in line, line
+
+
+def test_a_first_build_shows_its_progress_on_stderr(setup, monkeypatch, capsys) -> None:
+    """By default (no progress callback) a first build says it is one, what it compiles while it
+    runs, and when it is done; a build already in the cache says nothing."""
+    src, root, bin_dir, env = setup
+    (bin_dir / "slow-compile").touch()
+    monkeypatch.setattr(buildcache, "PROGRESS_EVERY_S", 1.0)
+    entry = entry_of(src, root, env, monkeypatch)
+    assert ensure_built(entry) is True
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"attnhal_cpu: building {entry.library.name} once, on first use (about a minute")
+    assert any(line.startswith("attnhal_cpu: compiling tiny.cpp for ") for line in lines), lines
+    assert any(line.startswith("attnhal_cpu: still compiling tiny.cpp") for line in lines), lines
+    assert lines[-1].startswith(f"attnhal_cpu: built {entry.library} in "), lines
+    assert ensure_built(entry) is False and capsys.readouterr().err == ""

@@ -7,22 +7,17 @@ and prints the differential grid's counts at the end of the run.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import warnings
 from pathlib import Path
 
-import pytest
-
 # The tier's own modules (harness, ...) by name; network_guard and tier_summary are in tests/helpers.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# Subprocesses an engine starts are outside the socket guard: the hubs' offline switches cover them.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import network_guard  # noqa: E402
+import engine_tier  # noqa: E402
+from engine_tier import no_network  # noqa: E402,F401  (autouse fixture)
 
-network_guard.install()
+engine_tier.isolate()
 # SGLang logs every override it makes and warns about missing GPU kernels: thousands of lines
 # over the grid. The decisions are read from its return values, not its log.
 logging.getLogger("sglang").setLevel(logging.ERROR)
@@ -33,19 +28,6 @@ import harness  # noqa: E402
 harness.import_engine()
 logging.getLogger("sglang").setLevel(logging.ERROR)
 
-from tier_summary import LINES as SUMMARY  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def no_network() -> object:
-    network_guard.take_attempts()
-    yield
-    attempts = network_guard.take_attempts()
-    assert not attempts, f"the test tried to reach the network: {attempts}"
-
 
 def pytest_terminal_summary(terminalreporter: object) -> None:
-    if SUMMARY:
-        terminalreporter.write_sep("=", "SGLang executed-engine grid")  # type: ignore[attr-defined]
-        for line in SUMMARY:
-            terminalreporter.write_line(line)  # type: ignore[attr-defined]
+    engine_tier.write_summary(terminalreporter, "SGLang executed-engine grid")

@@ -23,8 +23,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from platforms import emulate
+from sglang_grid import Case, View
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 
@@ -150,15 +152,6 @@ def import_engine() -> None:
         importlib.import_module(f"sglang.srt.speculative.{name}")
 
 
-@contextlib.contextmanager
-def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, old)
-
 
 @contextlib.contextmanager
 def skipped_backend_init(context_len: int) -> Iterator[None]:
@@ -172,7 +165,7 @@ def skipped_backend_init(context_len: int) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for cls in _attention_backend_classes():
             if "__init__" in vars(cls):
-                stack.enter_context(_patched(cls, "__init__", init))
+                stack.enter_context(mock.patch.object(cls, "__init__", init))
         yield
 
 
@@ -256,11 +249,11 @@ def draft_graphs(resolution: Resolution, platform: str, env: Mapping[str, str] |
         stack.enter_context(skipped_backend_init(runner.model_config.context_len))
         for name, value in (env or {}).items():
             stack.enter_context(_env(name, value))
-        stack.enter_context(_patched(module, "get_available_gpu_memory", lambda *a, **k: 0.0))
+        stack.enter_context(mock.patch.object(module, "get_available_gpu_memory", lambda *a, **k: 0.0))
         for phase, names in (("draft_decode", ("EAGLEDraftCudaGraphRunner", "EAGLEDraftNpuGraphRunner")),
                              ("draft_extend", ("EAGLEDraftExtendCudaGraphRunner", "EAGLEDraftExtendNpuGraphRunner"))):
             for name in names:
-                stack.enter_context(_patched(module, name, _Recorder(name, built, phase)))
+                stack.enter_context(mock.patch.object(module, name, _Recorder(name, built, phase)))
         draft = _draft_worker(server_args, runner, worker)
         try:
             draft.init_attention_backend()
@@ -331,11 +324,11 @@ def multi_layer_eagle_graphs(resolution: Resolution, platform: str,
         worker.draft_runner_list = [draft_runner(resolution.server_args) for _ in range(worker.speculative_num_steps)]
         stack.enter_context(skipped_backend_init(worker.draft_runner_list[0].model_config.context_len))
         _enter_env(stack, env)
-        stack.enter_context(_patched(module, "get_available_gpu_memory", lambda *a, **k: 0.0))
+        stack.enter_context(mock.patch.object(module, "get_available_gpu_memory", lambda *a, **k: 0.0))
         for name in ("MultiLayerEagleMultiStepDraftExtendCudaGraphRunner",
                      "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner",
                      "MultiLayerEagleMultiStepDraftExtendNpuGraphRunner"):
-            stack.enter_context(_patched(module, name, _Recorder(name, built, "draft_extend")))
+            stack.enter_context(mock.patch.object(module, name, _Recorder(name, built, "draft_extend")))
         try:
             worker.init_attention_backend()
         except Exception as exc:
@@ -352,9 +345,9 @@ def frozen_kv_mtp_graphs(resolution: Resolution, platform: str) -> DraftGraphs:
     built: dict[str, str] = {}
     with emulate(platform), _context(resolution), contextlib.ExitStack() as stack:
         worker = _worker_shell("frozen_kv_mtp_worker_v2", "FrozenKVMTPDraftWorker", resolution)
-        stack.enter_context(_patched(sys.modules["sglang.srt.speculative.frozen_kv_mtp_worker_v2"],
+        stack.enter_context(mock.patch.object(sys.modules["sglang.srt.speculative.frozen_kv_mtp_worker_v2"],
                                      "get_available_gpu_memory", lambda *a, **k: 0.0))
-        stack.enter_context(_patched(runners, "FrozenKVMTPCudaGraphRunner",
+        stack.enter_context(mock.patch.object(runners, "FrozenKVMTPCudaGraphRunner",
                                      _Recorder("FrozenKVMTPCudaGraphRunner", built, "draft_decode")))
         worker._capture_cuda_graphs()
         return DraftGraphs(runners=dict(built))
@@ -373,3 +366,30 @@ def _context(resolution: Resolution) -> Iterator[None]:
 def _enter_env(stack: contextlib.ExitStack, env: Mapping[str, str] | None) -> None:
     for name, value in (env or {}).items():
         stack.enter_context(_env(name, value))
+
+
+# --- a grid case, executed --------------------------------------------------------------------
+
+def engine_view(case: Case) -> View:
+    """SGLang's own decision, executed."""
+    resolution = resolve(case.args(), case.platform, case.model)
+    if not resolution.accepted:
+        return View(False, resolution.error or "", page_size=resolution.fields.get("page_size"))
+    page = resolution.fields["page_size"]
+    try:
+        target_backend(resolution, case.platform)
+    except Exception as exc:  # a backend creator's own check
+        return View(False, f"target backend: {type(exc).__name__}: {exc}", page_size=page, roles=resolution.roles)
+    if case.algorithm == "NGRAM":
+        verify = target_verify_graph(resolution, case.platform)
+        return View(True, page_size=page, roles=resolution.roles, runs=frozenset({"target_verify"}),
+                    captured=frozenset({"target_verify"} if verify else ()))
+    graphs = draft_graphs(resolution, case.platform, worker=WORKERS[case.algorithm])
+    if graphs.error is not None:
+        return View(False, graphs.error, page_size=page, roles=resolution.roles)
+    runs = {"draft_extend", "target_verify"} | ({"draft_decode"} if graphs.draft_decode_backend else set())
+    verify = target_verify_graph(resolution, case.platform)
+    captured = graphs.captured | ({"target_verify"} if verify else set())
+    return View(True, page_size=page, roles=resolution.roles, runs=frozenset(runs), captured=frozenset(captured),
+                extra={"draft_decode_backend": graphs.draft_decode_backend,
+                       "draft_extend_backend": graphs.draft_extend_backend, "runners": dict(graphs.runners)})

@@ -1,27 +1,30 @@
 """attnhal's SGLang adapter and plan against SGLang 0.5.23's own code, executed, cell by cell.
 
-Grids (``grid.py``): every catalogued CUDA/HIP backend x cuda:sm90 / cuda:sm100 / hip:gfx942
+Grids (``tests/helpers/sglang_grid.py``): every catalogued CUDA/HIP backend x cuda:sm90 / cuda:sm100 / hip:gfx942
 x num_steps {1, 2, 3, 5} x topk {1, 2, 4, 8} x page size {default, 16, 64} x the MHA / MLA
 model configs it serves (EAGLE); split prefill/decode backends under both
 --speculative-attention-mode values; EAGLE3, NEXTN and STANDALONE; NGRAM. Per cell: SGLang's
 acceptance (or its exception), resolved page size and (prefill, decode) roles, the draft
 runners it builds and whether the target's graph runner is built, against attnhal's
-``from_server_args`` / plan. ``expected.py`` explains every difference.
+``from_server_args`` / plan. ``sglang_expected.py`` explains every difference. The executed views
+are also the recording the main suite checks the adapter against (``sglang_recording.py``).
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import os
 from collections.abc import Iterator
 
-import grid
 import harness
 import platforms
 import pytest
+import sglang_grid as grid
+import sglang_recording
+from sglang_expected import RULES, Rule, check, rules_for
+from sglang_grid import Case, View
 from tier_summary import LINES as SUMMARY
-from expected import RULES, Rule, rules_for
-from grid import Case, View
 
 
 class AdapterDifference(AssertionError):
@@ -35,9 +38,8 @@ def _params(cases: list[Case]) -> Iterator[object]:
         yield pytest.param(case, id=str(case).replace(" ", ""), marks=marks)
 
 
-GRIDS = {"single": list(grid.single_cases()), "split": list(grid.split_cases()),
-         "algorithms": list(grid.algorithm_cases()), "ngram": list(grid.ngram_cases())}
-ALL_CASES = [case for cases in GRIDS.values() for case in cases]
+GRIDS = grid.grids()
+ALL_CASES = grid.all_cases()
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def views() -> dict[Case, tuple[View, View]]:
     for platform, cases in itertools.groupby(sorted(ALL_CASES, key=lambda c: c.platform), key=lambda c: c.platform):
         with platforms.emulate(platform):
             for case in cases:
-                out[case] = (grid.engine_view(case), grid.attnhal_view(case))
+                out[case] = (harness.engine_view(case), grid.attnhal_view(case))
     _summarise(out)
     return out
 
@@ -72,17 +74,9 @@ def _summarise(views: dict[Case, tuple[View, View]]) -> None:
 
 
 def _check(case: Case, engine: View, attnhal: View) -> None:
-    observed = grid.differences(engine, attnhal)
-    rules = rules_for(case)
-    unexplained = [label for label in observed if not any(r.explains(label) for r in rules)]
-    context = (f"\n  case: {case}\n  SGLang: {engine}\n  attnhal: {attnhal}\n  rules: {[r.cause for r in rules]}")
-    assert not unexplained, f"differences no rule of expected.py explains: {unexplained}{context}"
-    gone = [r.cause for r in rules if not any(r.explains(label) for label in observed)]
-    assert not gone, (f"rules that apply to this case explain no difference (fixed? remove or narrow the "
-                      f"rule in expected.py, and its entry in docs/catalog.md): {gone}{context}")
-    adapter = [r.cause for r in rules if r.adapter]
+    adapter = check(case, engine, attnhal)
     if adapter:
-        raise AdapterDifference(f"{adapter}: {sorted(observed)}{context}")
+        raise AdapterDifference(f"{adapter}: {sorted(grid.differences(engine, attnhal))}\n  case: {case}")
 
 
 @pytest.mark.parametrize("case", list(_params(ALL_CASES)))
@@ -103,6 +97,21 @@ def test_grid_covers_every_rule_and_every_catalogued_backend(views: dict[Case, t
     missing = {e.name for e in catalog.entries("sglang") if {v.value for v in e.descriptor.vendors} & vendors}
     assert missing <= backends, missing - backends
     assert len(views) > 2500, len(views)
+
+
+def test_recording_is_what_sglang_decides(views: dict[Case, tuple[View, View]]) -> None:
+    """The main suite checks the adapter against ``tests/engines/recorded/``: it must be today's
+    execution, case for case (``ATTNHAL_RECORD=1`` rewrites it)."""
+    executed = [(case, views[case][0]) for case in ALL_CASES]
+    if os.environ.get("ATTNHAL_RECORD") == "1":
+        sglang_recording.write(executed)
+    engine, recorded = sglang_recording.load()
+    assert engine == sglang_recording.ENGINE
+    stale = [str(case) for case, view in executed
+             if recorded.get(case) != sglang_recording.normal(view)]
+    assert not stale and len(recorded) == len(executed), (
+        f"{len(stale)} of {len(executed)} cases differ from {sglang_recording.PATH.name} (first: {stale[:3]}; "
+        f"{len(recorded)} recorded): rerun the SGLang tier with ATTNHAL_RECORD=1")
 
 
 # --- the seed bug and its relatives, in SGLang's own code ---------------------------------------------

@@ -24,19 +24,23 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 CAPABILITIES = {"cuda:sm90": (9, 0), "cuda:sm100": (10, 0)}
+#: Catalogued CUDA backends whose builder vLLM cannot import on a CPU-only machine, and why:
+#: their graph support is not checked here (the catalogue's citation stands alone). A failed
+#: import can leave a module half-imported that a second attempt then finds: the tier's tests
+#: never ask for these (test_vllm_executed checks that they still fail).
+NOT_REACHED = {
+    "FLASH_ATTN": "vllm.vllm_flash_attn (compiled FA2/FA3 extension) decides the FA version and the level",
+    "FLASH_ATTN_DIFFKV": "imports vllm.vllm_flash_attn's kernels",
+    "FLASH_ATTN_MLA": "imports vllm.vllm_flash_attn's kernels",
+    "FLASH_ATTN_MLA_SPARSE": "imports vllm.vllm_flash_attn's kernels",
+    "TURBOQUANT": "imports vllm.vllm_flash_attn's kernels",
+    "CUTLASS_MLA": "queries the CUDA device at import",
+}
 
-
-@contextlib.contextmanager
-def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, old)
 
 
 def _clear_caches() -> None:
@@ -64,14 +68,14 @@ def emulate(platform: str) -> Iterator[None]:
     major, minor = CAPABILITIES[platform]
     cls = type(current_platform)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_patched(cls, "get_device_capability",
+        stack.enter_context(mock.patch.object(cls, "get_device_capability",
                                      classmethod(lambda c, device_id=0: DeviceCapability(major, minor))))
-        stack.enter_context(_patched(cls, "is_cuda", lambda self: True))
-        stack.enter_context(_patched(cls, "is_cuda_alike", lambda self: True))
-        stack.enter_context(_patched(cls, "is_cpu", lambda self: False))
+        stack.enter_context(mock.patch.object(cls, "is_cuda", lambda self: True))
+        stack.enter_context(mock.patch.object(cls, "is_cuda_alike", lambda self: True))
+        stack.enter_context(mock.patch.object(cls, "is_cpu", lambda self: False))
         for name, module in list(sys.modules.items()):
             if name.startswith("vllm") and getattr(module, "has_nvidia_artifactory", None) is not None:
-                stack.enter_context(_patched(module, "has_nvidia_artifactory", lambda: False))
+                stack.enter_context(mock.patch.object(module, "has_nvidia_artifactory", lambda: False))
         _clear_caches()
         try:
             yield

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import harness
+from harness import NOT_REACHED
 import pytest
 from tier_summary import LINES as SUMMARY
 
@@ -25,16 +26,7 @@ PLATFORMS = ("cuda:sm90", "cuda:sm100")
 MODES = (None, "FULL", "FULL_DECODE_ONLY", "PIECEWISE")  # None: vLLM's default
 SPECS = (None, "ngram", "eagle")
 SPEC_TOKENS = 3
-#: Catalogued CUDA backends whose builder vLLM cannot import on a CPU-only machine, and why:
-#: their graph support is not checked here (the catalogue's citation stands alone).
-NOT_REACHED = {
-    "FLASH_ATTN": "vllm.vllm_flash_attn (compiled FA2/FA3 extension) decides the FA version and the level",
-    "FLASH_ATTN_DIFFKV": "imports vllm.vllm_flash_attn's kernels",
-    "FLASH_ATTN_MLA": "imports vllm.vllm_flash_attn's kernels",
-    "FLASH_ATTN_MLA_SPARSE": "imports vllm.vllm_flash_attn's kernels",
-    "TURBOQUANT": "imports vllm.vllm_flash_attn's kernels",
-    "CUTLASS_MLA": "queries the CUDA device at import",
-}
+
 
 
 @dataclass(frozen=True)
@@ -100,9 +92,11 @@ def attnhal_outcome(case: Case) -> Outcome:
         args["speculative_config"] = json.dumps({"method": case.spec, "num_speculative_tokens": SPEC_TOKENS})
     if case.mode is not None:
         args["compilation_config"] = json.dumps({"cudagraph_mode": case.mode})
-    config = vllm.from_engine_args(args)
+    # The harness answers FlashInfer's cubin check "no cubins": the same assumption, stated.
+    config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False)
     r = config.resolution
-    return Outcome(vllm.catalog_support(config.backend).name, r.mode.value if r.mode else None, r.error)
+    assert config.level is not None
+    return Outcome(config.level.support.name, r.mode.value if r.mode else None, r.error)
 
 
 def differences(engine: Outcome, attnhal: Outcome) -> frozenset[str]:
@@ -126,22 +120,9 @@ class Rule:
         return re.fullmatch(self.labels, label) is not None
 
 
-RULES: tuple[Rule, ...] = (
-    # FLASHINFER's builder grades UNIFORM_BATCH only where trtllm-gen attention can run, which
-    # needs its cubins (absent here: has_nvidia_artifactory answers no) on SM90/SM100; otherwise
-    # UNIFORM_SINGLE_TOKEN_DECODE, and spec decode's full decode graphs fall back to PIECEWISE.
-    # The catalogue records one level (with the condition in meta.cg_conditions, in words).
-    Rule("adapter: FLASHINFER's level depends on trtllm-gen cubins being present; the adapter "
-         "takes the catalogue's single UNIFORM_BATCH",
-         lambda c: c.backend == "FLASHINFER",
-         r"support: engine UNIFORM_SINGLE_TOKEN_DECODE, catalogue UNIFORM_BATCH|"
-         r"mode: engine PIECEWISE, attnhal (FULL_AND_PIECEWISE|FULL_DECODE_ONLY)"),
-    # HPC_ATTN's builder reports UNIFORM_BATCH under speculative decoding only.
-    Rule("adapter: HPC_ATTN's level depends on speculative decoding (UNIFORM_SINGLE_TOKEN_DECODE "
-         "without); the catalogue records UNIFORM_BATCH",
-         lambda c: c.backend == "HPC_ATTN" and c.spec is None,
-         r"support: engine UNIFORM_SINGLE_TOKEN_DECODE, catalogue UNIFORM_BATCH"),
-)
+#: Nothing differs: FLASHINFER's level (trtllm-gen cubins) and HPC_ATTN's (speculation) are
+#: decided per configuration by ``attnhal.engines.vllm.levels``. A new difference needs a rule.
+RULES: tuple[Rule, ...] = ()
 
 
 def rules_for(case: Case) -> tuple[Rule, ...]:

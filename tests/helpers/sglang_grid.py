@@ -1,10 +1,11 @@
-"""The SGLang differential grid: cases, SGLang's executed view, attnhal's view, their differences.
+"""The SGLang differential grid: cases, the two views of a case, their differences.
 
 A case is one command line a user could type (backend flags, speculative flags, page size,
-model kind) on one emulated platform. SGLang's view comes from executing its own code
-(:mod:`harness`); attnhal's from its public adapter (``attnhal.engines.sglang``). A
-difference is a short label; ``test_sglang_executed.py`` says which are catalogued engine
-discrepancies and which are adapter defects.
+model kind) on one emulated platform. SGLang's view comes from executing its own code (the
+SGLang tier's ``harness.engine_view``), or from the recording of that execution
+(:mod:`sglang_recording`) where SGLang is not installed; attnhal's from its public adapter
+(``attnhal.engines.sglang``). A difference is a short label; :mod:`sglang_expected` says which
+are catalogued engine discrepancies and which are adapter defects.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import harness
 
 #: Emulated platforms per catalogued vendor (intel_amx, the CPU backend, is outside this grid:
 #: SGLang on CPU captures no speculative graph, eagle_worker_v2's first check).
@@ -137,6 +136,16 @@ def ngram_cases() -> Iterator[Case]:
                             yield Case(name, platform, model, 1, breadth, page, algorithm="NGRAM")
 
 
+def grids() -> dict[str, list[Case]]:
+    """The grid's parts by name (their cases in a fixed order)."""
+    return {"single": list(single_cases()), "split": list(split_cases()),
+            "algorithms": list(algorithm_cases()), "ngram": list(ngram_cases())}
+
+
+def all_cases() -> list[Case]:
+    return [case for cases in grids().values() for case in cases]
+
+
 # --- the two views -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -152,31 +161,6 @@ class View:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-def engine_view(case: Case) -> View:
-    """SGLang's own decision, executed."""
-    resolution = harness.resolve(case.args(), case.platform, case.model)
-    if not resolution.accepted:
-        return View(False, resolution.error or "", page_size=resolution.fields.get("page_size"))
-    page = resolution.fields["page_size"]
-    try:
-        harness.target_backend(resolution, case.platform)
-    except Exception as exc:  # a backend creator's own check
-        return View(False, f"target backend: {type(exc).__name__}: {exc}", page_size=page, roles=resolution.roles)
-    if case.algorithm == "NGRAM":
-        verify = harness.target_verify_graph(resolution, case.platform)
-        return View(True, page_size=page, roles=resolution.roles, runs=frozenset({"target_verify"}),
-                    captured=frozenset({"target_verify"} if verify else ()))
-    graphs = harness.draft_graphs(resolution, case.platform, worker=harness.WORKERS[case.algorithm])
-    if graphs.error is not None:
-        return View(False, graphs.error, page_size=page, roles=resolution.roles)
-    runs = {"draft_extend", "target_verify"} | ({"draft_decode"} if graphs.draft_decode_backend else set())
-    verify = harness.target_verify_graph(resolution, case.platform)
-    captured = graphs.captured | ({"target_verify"} if verify else set())
-    return View(True, page_size=page, roles=resolution.roles, runs=frozenset(runs), captured=frozenset(captured),
-                extra={"draft_decode_backend": graphs.draft_decode_backend,
-                       "draft_extend_backend": graphs.draft_extend_backend, "runners": dict(graphs.runners)})
-
-
 def attnhal_view(case: Case) -> View:
     """attnhal's adapter and plan for the same flags (public API only)."""
     from attnhal.engines import sglang
@@ -190,7 +174,7 @@ def attnhal_view(case: Case) -> View:
     runs = frozenset(p for p in SPEC_PHASES if result[p].runs)
     captured = frozenset(p for p in SPEC_PHASES if result[p].capture)
     why = "; ".join(sorted({str(r) for d in result.phases.values() if d.blocking for r in d.reasons}))
-    return View(result.valid, why, page_size=config.context.page_size, roles=roles, runs=runs, captured=captured)
+    return View(result.valid, why, page_size=result.context.page_size, roles=roles, runs=runs, captured=captured)
 
 
 def differences(engine: View, attnhal: View) -> frozenset[str]:

@@ -1,0 +1,225 @@
+"""attnhal's vLLM plugin inside vLLM 0.33.0: loaded by vLLM's own ``load_general_plugins()`` from the
+entry point installed in this environment, then vLLM's real ``_check_and_update_cudagraph_mode``
+executed as in ``test_vllm_executed.py`` (emulated SM90/SM100)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from importlib.metadata import distribution, entry_points
+from pathlib import Path
+from typing import Any
+
+import harness
+from entry_point_overlay import overlay
+import pytest
+from tier_summary import LINES as SUMMARY
+
+from attnhal.engines.vllm import plugin
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def _target() -> tuple[type, str]:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return GPUModelRunner, plugin.TARGET[2]
+
+
+def _wrapped() -> bool:
+    cls, name = _target()
+    return bool(getattr(vars(cls)[name], "__attnhal_audit__", False))
+
+
+def _original() -> Any:
+    """vLLM's own method, under any wrapper of the plugin (vLLM itself loads its general plugins
+    while it builds a config, so the tier process has the plugin before these tests load it)."""
+    cls, name = _target()
+    method = vars(cls)[name]
+    while getattr(method, "__attnhal_audit__", False):
+        method = method.__wrapped__
+    return method
+
+
+@pytest.fixture(autouse=True, scope="module")
+def unwrapped() -> Iterator[None]:
+    """These tests compare vLLM with and without the plugin: vLLM's method unwrapped between loads."""
+    cls, name = _target()
+    current = vars(cls)[name]
+    setattr(cls, name, _original())
+    yield
+    setattr(cls, name, current)
+
+
+@contextlib.contextmanager
+def loaded(mode: str | None = None) -> Iterator[list[str]]:
+    """vLLM's ``load_general_plugins()`` with ``ATTNHAL_VLLM=mode`` (None: unset), only attnhal's
+    plugin allowed; yields the plugin's log lines; the wrapper and vLLM's load-once flag undone after."""
+    from vllm import plugins
+
+    cls, name = _target()
+    original = _original()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger(plugin.LOGGER)
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    old = {var: os.environ.get(var) for var in (plugin.ENV_VAR, "VLLM_PLUGINS")}
+    os.environ["VLLM_PLUGINS"] = "attnhal"
+    if mode is None:
+        os.environ.pop(plugin.ENV_VAR, None)
+    else:
+        os.environ[plugin.ENV_VAR] = mode
+    plugins.plugins_loaded = False
+    lines: list[str] = []
+    try:
+        with overlay():  # this clone's entry points, whoever reinstalled the shared environment last
+            plugins.load_general_plugins()
+        yield lines
+    finally:
+        lines.extend(r.getMessage() for r in records)
+        plugins.plugins_loaded = False
+        setattr(cls, name, original)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        for var, value in old.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+@contextlib.contextmanager
+def _platform(platform: str) -> Iterator[None]:
+    """attnhal.detect() answers the emulated platform (where the plugin reads attnhal's levels)."""
+    os.environ["ATTNHAL_PLATFORM"] = platform
+    try:
+        yield
+    finally:
+        os.environ.pop("ATTNHAL_PLATFORM", None)
+
+
+def _resolve(backend: str, model: str, speculative: dict[str, Any] | None, platform: str,
+             mode: str | None = None) -> harness.Resolution:
+    with _platform(platform):
+        return harness.resolve(harness.engine_config(backend, model, speculative, mode), backend, platform)
+
+
+def test_the_entry_point_is_installed_in_this_environment() -> None:
+    found = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "attnhal"]
+    where = distribution("attnhal")._path  # type: ignore[attr-defined]
+    assert found, (f"no attnhal entry point in group vllm.general_plugins; attnhal's metadata was read from {where} "
+                   "(a stale attnhal.egg-info in the clone shadows the environment's: delete it, or rerun "
+                   "tests/engines/setup.sh vllm)")
+    assert found[0].load() is plugin.register
+
+
+def test_load_general_plugins_wraps_the_mode_check_once_and_off_does_not() -> None:
+    with loaded():
+        assert _wrapped()
+        plugin.register()  # vLLM may load plugins again in the same process
+        cls, name = _target()
+        assert not getattr(vars(cls)[name].__wrapped__, "__attnhal_audit__", False)
+    assert not _wrapped()
+    with loaded("off"):
+        assert not _wrapped()
+
+
+def test_another_vllm_release_gets_one_warning_and_no_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plugin, "installed_vllm", lambda: "0.34.0")
+    with loaded() as lines:
+        assert not _wrapped()
+    assert lines == ["attnhal: vLLM 0.34.0 is installed; attnhal's plugin is written and tested against vLLM 0.33.0 "
+                     "only: it stays off (ATTNHAL_VLLM=off silences this)"]
+
+
+def test_flashinfer_with_speculation_on_sm90_names_the_downgrade_and_its_cause() -> None:
+    without = _resolve("FLASHINFER", "mha", NGRAM, "cuda:sm90")
+    with loaded() as lines:
+        with_plugin = _resolve("FLASHINFER", "mha", NGRAM, "cuda:sm90")
+    assert with_plugin == without and (without.support, without.mode) == ("UNIFORM_SINGLE_TOKEN_DECODE", "PIECEWISE")
+    assert lines[:4] == [
+        "attnhal: attention groups: FLASHINFER UNIFORM_SINGLE_TOKEN_DECODE (KV-cache group 0, FullAttentionSpec)",
+        "attnhal: level UNIFORM_SINGLE_TOKEN_DECODE, set by FLASHINFER (KV-cache group 0, FullAttentionSpec)",
+        "attnhal: cudagraph_mode: FULL_AND_PIECEWISE -> PIECEWISE",
+        "attnhal: downgrade FULL_AND_PIECEWISE -> PIECEWISE: spec decode (query len 4) needs UNIFORM_BATCH "
+        "(support: UNIFORM_SINGLE_TOKEN_DECODE)"]
+    assert lines[4].startswith("attnhal: differs: attnhal reads vllm:FLASHINFER as UNIFORM_BATCH (trtllm-gen decode "
+                               "on sm90; assumes trtllm-gen cubins available: flashinfer-cubin installed or NVIDIA's "
+                               "artifactory reachable")
+    assert len(lines) == 5, lines
+    SUMMARY.append("vLLM plugin, FLASHINFER + ngram (3 tokens), SM90:")
+    SUMMARY.extend(f"  {line}" for line in lines)
+
+
+def test_a_mode_vllm_refuses_is_explained_and_still_refused() -> None:
+    """CPU_ATTN's builder grades NEVER: vLLM refuses a requested FULL (ValueError) with the plugin too."""
+    without = _resolve("CPU_ATTN", "mha", None, "cuda:sm90", "FULL")
+    with loaded() as lines:
+        with_plugin = _resolve("CPU_ATTN", "mha", None, "cuda:sm90", "FULL")
+    assert with_plugin == without and without.error is not None and without.error.startswith("ValueError: ")
+    assert lines[:3] == ["attnhal: attention groups: CPU_ATTN NEVER (KV-cache group 0, FullAttentionSpec)",
+                         "attnhal: level NEVER, set by CPU_ATTN (KV-cache group 0, FullAttentionSpec)",
+                         f"attnhal: cudagraph_mode: FULL -> refused ({without.error.removeprefix('ValueError: ')})"]
+
+
+def test_an_error_inside_the_wrapper_leaves_vllms_resolution_and_is_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnhal.engines.vllm import audit
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("attnhal broke")
+
+    monkeypatch.setattr(audit, "audit_mode", broken)
+    without = _resolve("TRITON_ATTN", "mha", NGRAM, "cuda:sm90")
+    with loaded() as lines:
+        assert _resolve("TRITON_ATTN", "mha", NGRAM, "cuda:sm90") == without
+    assert lines == ["attnhal: explaining vLLM's cudagraph_mode failed; vLLM's resolution stands"]
+
+
+def _cells() -> list[tuple[str, str, str, str | None, str]]:
+    """(backend, model, speculation, requested mode, platform): every catalogued CUDA backend of vLLM
+    whose builder imports here (not ``harness.NOT_REACHED``) with eagle (3 tokens) and ngram, vLLM's
+    default mode and FULL, on SM90 and SM100."""
+    from attnhal import catalog
+
+    out = []
+    for entry in catalog.entries("vllm"):
+        if "cuda" not in {v.value for v in entry.descriptor.vendors} or entry.name in harness.NOT_REACHED:
+            continue
+        model = next(m.value for m in entry.descriptor.models if m.value in ("mha", "mla"))
+        for spec in ("eagle", "ngram"):
+            for mode in (None, "FULL"):
+                for platform in ("cuda:sm90", "cuda:sm100"):
+                    out.append((entry.name, model, spec, mode, platform))
+    return out
+
+
+def _outcome(backend: str, model: str, spec: str, mode: str | None, platform: str) -> harness.Resolution:
+    speculative: dict[str, Any] = dict(NGRAM) if spec == "ngram" else {
+        "method": "eagle", "num_speculative_tokens": 3, "model": harness.model_dir(model)}
+    return _resolve(backend, model, speculative, platform, mode)
+
+
+def test_no_vllm_decision_changes_on_the_grid() -> None:
+    cells = _cells()
+    without = {cell: _outcome(*cell) for cell in cells}
+    with loaded() as lines:
+        with_plugin = {cell: _outcome(*cell) for cell in cells}
+    changed = [cell for cell in cells if with_plugin[cell] != without[cell]]
+    assert not changed, changed
+    reached = len(cells)
+    assert sum(line.startswith("attnhal: cudagraph_mode: ") for line in lines) == reached >= 80, (reached, lines)
+    assert not any("failed" in line for line in lines), [line for line in lines if "failed" in line]
+    SUMMARY.append(f"vLLM plugin grid: {len(cells)} cells, no decision changed, "
+                   f"{sum(line.startswith('attnhal: differs') for line in lines)} differences logged")
+
+
+def test_the_docs_show_the_lines_these_tests_check() -> None:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "engines" / "vllm.md").read_text(encoding="utf-8")
+    assert ("attnhal: downgrade FULL_AND_PIECEWISE -> PIECEWISE: spec decode (query len 4) needs UNIFORM_BATCH "
+            "(support: UNIFORM_SINGLE_TOKEN_DECODE)") in text
+

@@ -1,1 +1,0 @@
-"""Hand transcriptions of real engines' decisions, each rule cited to the engine's source lines."""
