@@ -3,8 +3,8 @@
 One :class:`LaunchRow` per (kernel, vendor, arch family, head size, dtype); ``None``
 in ``head_size`` or ``dtype`` matches any value, and :func:`lookup` picks the most
 specific matching row. Settings that exist on one vendor only (AMD's
-``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``, NVIDIA's ``maxnreg``) live in that vendor's rows'
-``extra`` and reach the launch as ``**row.launch_options``: the launcher never asks
+``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``; NVIDIA's ``maxnreg``) live in
+that vendor's rows' ``extra`` and reach the launch as ``**row.launch_options``: the launcher never asks
 which vendor it runs on.
 
 An arch family with no row for a kernel takes the best :data:`FALLBACK` row
@@ -193,13 +193,15 @@ def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256:
             overrides: Iterable[tuple[Any, ...]] = ()) -> list[LaunchRow]:
     # fp32 operands take the FMA path (tf32 would break the fp32 tolerance, and
     # 3xTF32 needs more registers still): small tiles keep it spill-free.
-    # ``overrides`` are specs placed before the general extend rows (the first of
-    # equally specific rows wins) and after the decode and fp32 rows.
+    # Order matters where rows are equally specific (the first wins): the maxnreg fp32
+    # row before the shared fp32 rows, ``overrides`` after the decode and fp32 rows
+    # (so a head-size decode override leaves fp32 to its row) and before the general
+    # extend rows.
+    splits = 16
     big = {"BLOCK_M": 64, "BLOCK_N": 64}
     wide = [(kernel, head, None, prefill_verify, 8, 2) for kernel in ("extend_prefill", "extend_verify")
             for head in (None, 128)] if prefill_verify else []
-    # Before the shared fp32 rows: the first of equally specific rows wins.
-    fp32_256 = _rows("cuda", family, [_FP32_EXTEND_256], splits=16, extra={"maxnreg": 128})
+    fp32_256 = _rows("cuda", family, [_FP32_EXTEND_256], splits=splits, extra={"maxnreg": 128})
     return fp32_256 + _rows("cuda", family, [
         ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 2),
         ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 2),
@@ -211,7 +213,7 @@ def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256:
         ("extend", None, None, big, 8, 2),
         ("extend", 128, None, d128, 8, 2),
         ("extend", 256, None, d256, w256, 2),
-    ], splits=16)
+    ], splits=splits)
 
 
 def _amd(family: str, splits: int) -> list[LaunchRow]:
