@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -202,7 +202,7 @@ def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256:
     wide = [(kernel, head, None, prefill_verify, 8, 2) for kernel in ("extend_prefill", "extend_verify")
             for head in (None, 128)] if prefill_verify else []
     fp32_256 = _rows("cuda", family, [_FP32_EXTEND_256], splits=splits, extra={"maxnreg": 128})
-    return fp32_256 + _rows("cuda", family, [
+    return _uncapped_small_heads(fp32_256 + _rows("cuda", family, [
         ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 2),
         ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 2),
         ("decode", 256, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 2),
@@ -213,7 +213,32 @@ def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256:
         ("extend", None, None, big, 8, 2),
         ("extend", 128, None, d128, 8, 2),
         ("extend", 256, None, d256, w256, 2),
-    ], splits=splits)
+    ], splits=splits))
+
+
+#: Head sizes whose NVIDIA rows lift ptxas's register cap (see ``_uncapped_small_heads``).
+_SMALL_HEADS = (16, 32)
+
+
+def _uncapped_small_heads(rows: list[LaunchRow]) -> list[LaunchRow]:
+    """``rows`` plus, for head sizes 16 and 32, a copy of the general row of decode,
+    prefill, causal verify and draft extend with ``maxnreg`` 255.
+
+    Left to itself ptxas caps these small programs at 96-128 registers and spills 8-40
+    bytes (decode with fp8 on sm89; prefill, verify and draft extend on sm80..sm120);
+    uncapped they take 140-160 and spill nothing. The tree form keeps its cap: it does not
+    spill under it, and uncapped it reaches 255 and spills with fp8 on sm120. Appended
+    last, so fp32 keeps its own (equally specific, earlier) rows.
+    """
+    extra: list[LaunchRow] = []
+    for kernel in ("decode", "extend_prefill", "extend_verify", "extend_draft"):
+        for head in _SMALL_HEADS:
+            # As best_row (defined below) picks it for a 16-bit dtype.
+            general = max((r for r in rows if r.kernel == kernel and r.matches(head, "bfloat16")),
+                          key=lambda r: r.specificity)
+            if general.head_size is None:
+                extra.append(replace(general, head_size=head, extra={**general.extra, "maxnreg": 255}))
+    return rows + extra
 
 
 def _amd(family: str, splits: int) -> list[LaunchRow]:

@@ -277,10 +277,11 @@ def _assert_spill_free(done: subprocess.CompletedProcess[str], cells: set[tuple[
         assert not r["fallback"] and r["served_by"] == f"{platform.vendor.value}:{family}", r
 
 
-def _cells(targets: Iterable[str], dtypes: Iterable[str] = DTYPES) -> set[tuple[Any, ...]]:
+def _cells(targets: Iterable[str], dtypes: Iterable[str] = DTYPES,
+           head_sizes: Iterable[int] = HEAD_SIZES) -> set[tuple[Any, ...]]:
     """Every (form, target, dtype, head size) the check compiles: fp8 only where the
     target has an e4m3 flavour."""
-    return {(k, t, d, h) for k in VARIANTS for t in targets for d in dtypes for h in HEAD_SIZES
+    return {(k, t, d, h) for k in VARIANTS for t in targets for d in dtypes for h in head_sizes
             if d != "fp8" or target_platform(t).fp8_flavor is not Fp8Flavor.NONE}
 
 
@@ -301,10 +302,28 @@ def test_compile_check_one_target_per_vendor_is_spill_free(vendor: str) -> None:
 
 
 @pytest.mark.skipif(not os.environ.get("ATTNHAL_FULL_COMPILE_MATRIX"),
-                    reason="594 compiles, ~15 CPU-minutes: set ATTNHAL_FULL_COMPILE_MATRIX=1")
+                    reason="990 compiles, ~20 CPU-minutes: set ATTNHAL_FULL_COMPILE_MATRIX=1")
 def test_full_compile_matrix_is_spill_free() -> None:
-    """Every kernel form, dtype, head size and fp8 flavour on every default target."""
+    """Every kernel form, dtype and fp8 flavour on every default target, at every head size
+    the descriptor claims (the check's default 64/128/256, then 16/32)."""
     _assert_spill_free(_compile_check("--json", timeout=7200), _cells(DEFAULT_TARGETS))
+    small = sorted(set(CAPABILITIES.head_sizes) - set(HEAD_SIZES))
+    _assert_spill_free(_compile_check("--json", "--head-sizes", *map(str, small), timeout=7200),
+                       _cells(DEFAULT_TARGETS, head_sizes=small))
+
+
+def test_small_head_sizes_lift_the_register_cap_on_nvidia_only() -> None:
+    """ptxas caps the small head sizes' programs low and spills: their 16-bit NVIDIA rows
+    carry ``maxnreg`` 255, the larger head sizes', the fp32 and the tree form's rows do not."""
+    for spec in ("cuda:sm80", "cuda:sm89", "cuda:sm90", "cuda:sm100", "cuda:sm120"):
+        assert "maxnreg" not in lookup("extend_verify_tree", parse(spec), 32, "bfloat16").launch_options
+        for kernel in ("decode", "extend_prefill", "extend_verify", "extend_draft"):
+            for head in CAPABILITIES.head_sizes:
+                options = lookup(kernel, parse(spec), head, "bfloat16").launch_options
+                assert (options.get("maxnreg") == 255) == (head in (16, 32)), (spec, kernel, head)
+            assert "maxnreg" not in lookup(kernel, parse(spec), 16, "float32").launch_options
+    assert not any("maxnreg" in lookup("extend_prefill", parse("hip:gfx942"), h, "bfloat16").launch_options
+                   for h in CAPABILITIES.head_sizes)
 
 
 # Serve sm120 by the sm80 rows again: their decode row spills (44 bytes) there at head size 64.
