@@ -243,7 +243,7 @@ def _sglang_config(args: argparse.Namespace, argv: list[str], own: dict[str, str
     choice = engine_resolution.choose(args.engine_resolution, local, server_args.get("model_path"))
     if choice.used == "engine":
         return engine_resolution.from_engine(server_args, env, own["model"], platform), choice
-    return sglang.from_server_args(server_args, env=env, model=own["model"]), choice
+    return sglang.from_server_args(server_args, env=env, model=own["model"], platform=platform), choice
 
 
 def _sglang_json(config: sglang.EngineConfig, platform: Platform,

@@ -40,7 +40,7 @@ def test_dict_and_namespace_give_the_same_config() -> None:
     ({**EAGLE, "speculative_eagle_topk": 0}, "--speculative-eagle-topk"),
     ({**EAGLE, "speculative_eagle_topk": 2}, "--speculative-num-draft-tokens"),
     ({**EAGLE, "page_size": "x"}, "--page-size"),
-    ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 1}, "--attention-backend"),
+    ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 1}, "--model"),
     ({**EAGLE, "speculative_num_steps": None}, "--speculative-num-steps"),
 ])
 def test_bad_flags_name_the_flag(args: dict[str, object], flag: str) -> None:
@@ -85,8 +85,10 @@ def test_dtypes_reach_the_context() -> None:
     assert (config.context.dtype, config.context.kv_dtype) == ("float16", "fp8_e4m3")
     auto = sglang.from_server_args({**EAGLE, "dtype": "auto", "kv_cache_dtype": "auto"}).context
     assert (auto.dtype, auto.kv_dtype) == (None, None)
-    fa3 = sglang.plan_server_args({**EAGLE, "attention_backend": "fa3", "kv_cache_dtype": "fp8_e5m2"}, "cuda:sm90")
-    assert not fa3.valid and "kv_dtype=fp8_e5m2" in str(fa3[Phase.TARGET_VERIFY].reasons[0])
+    # SGLang swaps fa3 for triton with fp8 e5m2 KV (fa3 reads fp8 as e4m3 only), and says so.
+    fa3 = sglang.from_server_args({**EAGLE, "attention_backend": "fa3", "kv_cache_dtype": "fp8_e5m2"})
+    assert fa3.roles["decode"] == "triton" and fa3.plan("cuda:sm90")[Phase.TARGET_VERIFY].backend == "sglang:triton"
+    assert any(n.startswith("attention backend: triton (set by SGLang: fa3 takes fp8 KV") for n in fa3.notes)
 
 
 def test_graph_switches() -> None:
@@ -198,7 +200,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 _BACKENDS = st.sampled_from(["triton", "aiter", "fa3", "fa4", "flashinfer", "flashmla", "nsa", "torch_native", "wave",
-                             "cutedsl_mla", "trtllm_mha", "nope"])
+                             "cutedsl_mla", "trtllm_mha", "nope", None])  # None: SGLang's default
 _VALUES = {
     "decode_attention_backend": st.sampled_from(["triton", "aiter", "flashinfer", "trtllm_mla"]),
     "speculative_num_draft_tokens": st.integers(2, 20),
@@ -220,7 +222,7 @@ _VALUES = {
 def test_any_flags_give_a_plan_or_an_error_naming_a_flag(args: dict[str, object], platform: str,
                                                           model: str | None) -> None:
     try:
-        config = sglang.from_server_args(args, model=model)
+        config = sglang.from_server_args(args, model=model, platform=platform)
     except sglang.EngineArgError as exc:
         assert exc.flag.startswith("--") and str(exc).startswith(exc.flag)
         return
@@ -404,3 +406,59 @@ def test_fa4_without_a_model_kind_says_the_page_size_rule_it_cannot_apply() -> N
     assert any(n.startswith("page size: SGLang sets 128 for fa4 on SM100") and "--model" in n for n in notes)
     assert not any(n.startswith("page size:") for n in sglang.from_server_args({"attention_backend": "fa4"},
                                                                                 model="mha").notes)
+
+
+NO_BACKEND = {k: v for k, v in EAGLE.items() if k != "attention_backend"}
+
+
+@pytest.mark.parametrize("args,platform,model,roles,page", [
+    ({}, "cuda:sm90", "mha", ("fa3", "fa3"), 1),
+    ({**NO_BACKEND, "page_size": 16}, "cuda:sm90", "gqa", ("flashinfer", "flashinfer"), 16),  # page > 1: no fa3
+    ({**NO_BACKEND, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8}, "cuda:sm90", "mha",
+     ("flashinfer", "flashinfer"), 1),
+    (NO_BACKEND, "cuda:sm90", "mla", ("fa3", "fa3"), 1),
+    (NO_BACKEND, "cuda:sm100", "mha", ("trtllm_mha", "trtllm_mha"), 64),
+    ({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4}, "cuda:sm100", "mha",
+     ("flashinfer", "flashinfer"), 1),  # speculation without an EAGLE topk: no trtllm_mha
+    ({}, "cuda:sm100", "mla", ("trtllm_mla", "trtllm_mla"), 64),  # the DeepSeek override
+    ({**NO_BACKEND, "decode_attention_backend": "triton"}, "cuda:sm100", "mla", ("flashinfer", "triton"), 1),
+    (NO_BACKEND, "hip:gfx942", "mha", ("aiter", "aiter"), 1),
+    (NO_BACKEND, "hip:gfx942", "mla", ("aiter", "aiter"), 1),
+    ({"kv_cache_dtype": "fp8_e5m2"}, "cuda:sm90", "mha", ("triton", "triton"), 1),  # fa3's fp8 fallback
+    (NO_BACKEND, "cuda:sm80", "mha", ("flashinfer", "flashinfer"), 1),
+    (NO_BACKEND, "cuda:sm80", "mla", ("triton", "triton"), 1),
+])
+def test_default_attention_backend_follows_sglang(args: dict[str, object], platform: str, model: str,
+                                                  roles: tuple[str, str], page: int) -> None:
+    """No --attention-backend: SGLang's pick per model kind, GPU and spec settings (the SGLang
+    tier executes these choices over the grid's `default` part)."""
+    config = sglang.from_server_args(args, model=model, platform=platform)
+    assert (config.roles["prefill"], config.roles["decode"]) == roles
+    assert config.page_size(platform).value == page and config.plan(platform).context.page_size == page
+    assert any(n.startswith(f"attention backend: {roles[0]} (set by SGLang") for n in config.notes), config.notes
+
+
+def test_default_attention_backend_needs_the_model_and_the_platform_it_was_picked_for() -> None:
+    with pytest.raises(sglang.EngineArgError, match="^--model"):
+        sglang.from_server_args(NO_BACKEND, platform="cuda:sm90")
+    with pytest.raises(sglang.EngineArgError, match="^--attention-backend.*plan for a platform"):
+        sglang.from_server_args(NO_BACKEND, model="mha")
+    with pytest.raises(sglang.EngineArgError, match="^--attention-backend.*CUDA and HIP GPUs only"):
+        sglang.from_server_args(NO_BACKEND, model="mha", platform="cpu")
+    config = sglang.from_server_args(NO_BACKEND, model="mha", platform="cuda:sm90")
+    with pytest.raises(sglang.EngineArgError, match="^--platform: --platform='cuda:sm100'.*picked for cuda:sm90"):
+        config.plan("cuda:sm100")
+    assert sglang.plan_server_args(NO_BACKEND, "cuda:sm100", model="mha").valid
+
+
+def test_cli_says_sglang_picked_the_attention_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", "4"]
+    code, out, err = run(capsys, "plan", "--engine", "sglang", "--platform", "cuda:sm100", "--model", "mla",
+                         "--engine-resolution", "builtin", "--", *flags)
+    assert code == 0 and "plan: valid" in out, out + err
+    assert "roles: prefill=trtllm_mla, decode=trtllm_mla" in out
+    assert "note: attention backend: trtllm_mla (set by SGLang: SM100, DeepSeek-V3-family MLA model" in out
+    assert "page_size=64 (set by SGLang for trtllm_mla)" in out
+    code, _, err = run(capsys, "plan", "--engine", "sglang", "--platform", "cuda:sm100", "--", *flags)
+    assert code == 2 and "--model" in err

@@ -28,7 +28,7 @@ SPEC_PHASES = ("draft_decode", "draft_extend", "target_verify")
 
 @dataclass(frozen=True)
 class Case:
-    backend: str  # --attention-backend
+    backend: str | None  # --attention-backend (None: not given, SGLang picks its default)
     platform: str
     model: str
     num_steps: int
@@ -36,11 +36,12 @@ class Case:
     page_size: int | None = None
     decode_backend: str | None = None  # --decode-attention-backend (split)
     attention_mode: str | None = None  # --speculative-attention-mode
-    algorithm: str = "EAGLE"
+    algorithm: str | None = "EAGLE"  # None: no speculation
 
     @property
     def label(self) -> str:
-        return self.backend if self.decode_backend is None else f"{self.backend}/{self.decode_backend}"
+        base = self.backend or "(default)"
+        return base if self.decode_backend is None else f"{base}/{self.decode_backend}"
 
     @property
     def vendor(self) -> str:
@@ -48,12 +49,15 @@ class Case:
 
     def args(self) -> dict[str, Any]:
         """The server arguments, as ``ServerArgs`` field names (the adapter takes the same)."""
-        args: dict[str, Any] = {"attention_backend": self.backend, "speculative_algorithm": self.algorithm}
+        args: dict[str, Any] = {}
+        if self.backend is not None:
+            args["attention_backend"] = self.backend
         if self.algorithm == "NGRAM":
-            args.update(speculative_num_draft_tokens=self.num_steps * self.topk + 1,
+            args.update(speculative_algorithm=self.algorithm, speculative_num_draft_tokens=self.num_steps * self.topk + 1,
                         speculative_ngram_max_bfs_breadth=self.topk)
-        else:
-            args.update(speculative_num_steps=self.num_steps, speculative_eagle_topk=self.topk,
+        elif self.algorithm is not None:
+            args.update(speculative_algorithm=self.algorithm, speculative_num_steps=self.num_steps,
+                        speculative_eagle_topk=self.topk,
                         speculative_num_draft_tokens=self.num_steps * self.topk + 1)
         if self.page_size is not None:
             args["page_size"] = self.page_size
@@ -136,10 +140,26 @@ def ngram_cases() -> Iterator[Case]:
                             yield Case(name, platform, model, 1, breadth, page, algorithm="NGRAM")
 
 
+#: Speculative settings of the default-backend grid: (algorithm, num_steps, topk); SGLang's pick
+#: reads whether speculation is on, the EAGLE topk and the page size.
+DEFAULT_SPECS = ((None, 1, 1), ("EAGLE", 1, 1), ("EAGLE", 3, 1), ("EAGLE", 3, 4), ("NGRAM", 1, 1), ("NGRAM", 1, 4))
+
+
+def default_cases() -> Iterator[Case]:
+    """No --attention-backend: SGLang's default per model, platform, spec settings and page size,
+    and with only a decode backend given (SGLang fills the base one)."""
+    for platform in (p for platforms in VENDOR_PLATFORMS.values() for p in platforms):
+        for model in MODELS:
+            for algorithm, steps, topk in DEFAULT_SPECS:
+                for page in (None, 16):
+                    yield Case(None, platform, model, steps, topk, page, algorithm=algorithm)
+            yield Case(None, platform, model, 3, 1, None, "triton", algorithm="EAGLE")
+
+
 def grids() -> dict[str, list[Case]]:
     """The grid's parts by name (their cases in a fixed order)."""
-    return {"single": list(single_cases()), "split": list(split_cases()),
-            "algorithms": list(algorithm_cases()), "ngram": list(ngram_cases())}
+    return {"single": list(single_cases()), "split": list(split_cases()), "algorithms": list(algorithm_cases()),
+            "ngram": list(ngram_cases()), "default": list(default_cases())}
 
 
 def all_cases() -> list[Case]:
@@ -166,7 +186,7 @@ def attnhal_view(case: Case) -> View:
     from attnhal.engines import sglang
 
     try:
-        config = sglang.from_server_args(case.args(), model=case.model)
+        config = sglang.from_server_args(case.args(), model=case.model, platform=case.platform)
     except ValueError as exc:
         return View(False, f"adapter: {exc}")
     result = config.plan(case.platform)

@@ -10,6 +10,7 @@ as ignored, never dropped silently. See ``docs/engine.md``.
 
 - :mod:`~attnhal.engines.sglang.flags`: SGLang's vocabulary (modelled flags, aliases, harmless flags).
 - :mod:`~attnhal.engines.sglang.resolution`: server arguments -> :class:`EngineConfig`.
+- :mod:`~attnhal.engines.sglang.defaults`: the attention backend SGLang picks when none is given.
 - :mod:`~attnhal.engines.sglang.pages`: the page size SGLang's resolution sets (:func:`resolve_page_size`).
 - :mod:`~attnhal.engines.sglang.plan`: :func:`plan_server_args`.
 """

@@ -122,8 +122,13 @@ def from_engine(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[str, 
     if values.get("speculative_algorithm") is None:  # no speculation: SGLang's speculative defaults are moot
         values = {k: v for k, v in values.items() if not k.startswith("speculative_")}
     config = from_server_args(values, env, model)
+    if converted.get("attention_backend") != resolved["attention_backend"]:
+        config = replace(config, notes=(f"attention backend: {resolved['attention_backend']} (set by SGLang's own "
+                                        "resolution)", *config.notes))
     where = as_platform(platform) if platform is not None else None
-    before = resolve_page_size(converted, model_kind(model), where)  # the built-in rules name the backend
+    # The built-in rules name the backend that set the page size (the one SGLang resolved).
+    before = resolve_page_size({**converted, "attention_backend": resolved["attention_backend"]}, model_kind(model),
+                               where)
     asked = int(given["page_size"]) if "page_size" in given else None
     changed = resolved["page_size"] != (asked if asked is not None else DEFAULT_PAGE_SIZE)
     page = PageSize(resolved["page_size"], asked, before.set_by if before.value == resolved["page_size"] else None,

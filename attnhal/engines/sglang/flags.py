@@ -13,7 +13,8 @@ from attnhal.catalog import ENGINES, CatalogError, entries, load
 from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, Flag, one_of, positive, positive_list, truth
 
-__all__ = ["ALGORITHMS", "ALIASES", "DTYPES", "FLAGS", "HARMLESS", "KV_CACHE_DTYPES", "SGLANG_VERSION", "parse_cli"]
+__all__ = ["ALGORITHMS", "ALIASES", "DTYPES", "FLAGS", "HARMLESS", "KV_CACHE_DTYPES", "SGLANG_VERSION", "UNMODELLED",
+           "parse_cli"]
 
 SGLANG_VERSION = ENGINES["sglang"]
 
@@ -50,11 +51,29 @@ def _backend(flag: str, value: Any) -> str:
     return name
 
 
+#: SGLang 0.5.23 algorithms attnhal refuses, and why (speculative/spec_info.py). The block
+#: drafters' draft is one forward over a whole block of draft positions, not attnhal's draft
+#: decode steps or draft extend, and whether it is captured reads the GPU memory free at startup.
+UNMODELLED = {
+    "DFLASH": ("its draft is one non-causal forward over a block of --speculative-num-draft-tokens positions, "
+               "conditioned on the target's hidden states (no draft decode steps, no draft extend), and SGLang "
+               "captures that forward only with >= 1 GB of GPU memory free after the target is loaded on CUDA "
+               "(dflash_worker_v2.py init_cuda_graphs): attnhal's phases cannot state either"),
+    "DSPARK": ("a block drafter like DFLASH (one draft forward per block; captured only with >= 1 GB of GPU memory "
+               "free on CUDA and ROCm, dspark_components/dspark_worker_v2.py): attnhal's phases cannot state it"),
+    "UNO": ("it drafts with the target model and a LoRA adapter on FA3 only, capturing its own tree-draft graph "
+            "(uno_worker_v2.py): no attnhal phase runs a LoRA draft on the target"),
+    "FROZEN_KV_MTP": "its one draft-loop graph over the frozen target KV is not an attnhal phase",
+}
+
+
 def _algorithm(flag: str, value: Any) -> str:
     name = str(value).upper()
+    if name in UNMODELLED:
+        raise EngineArgError(flag, f"{flag}={value!r} is not modelled: {UNMODELLED[name]} "
+                                   f"(supported: {', '.join(ALGORITHMS)})")
     if name not in ALGORITHMS:
-        raise EngineArgError(flag, f"{flag}={value!r} (supported: {', '.join(ALGORITHMS)}; "
-                                   "DFLASH, DSPARK, UNO and FROZEN_KV_MTP are not modelled)")
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: {', '.join(ALGORITHMS)})")
     return name
 
 

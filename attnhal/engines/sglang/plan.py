@@ -16,5 +16,5 @@ __all__ = ["plan_server_args"]
 
 def plan_server_args(args: Mapping[str, Any] | argparse.Namespace, platform: Platform | str,
                      env: Mapping[str, str] | None = None, model: ModelKind | str | None = None) -> GraphPlan:
-    """``from_server_args(args, env, model).plan(platform)``."""
-    return from_server_args(args, env, model).plan(platform)
+    """``from_server_args(args, env, model, platform).plan(platform)``."""
+    return from_server_args(args, env, model, platform).plan(platform)

@@ -17,6 +17,7 @@ from attnhal.catalog import load
 from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, model_kind
 from attnhal.engines.sglang.flags import ALGORITHMS, DTYPES, FLAGS, HARMLESS, KV_CACHE_DTYPES
+from attnhal.engines.sglang.defaults import base_backend, needs_default
 from attnhal.engines.sglang.pages import DEFAULT_PAGE_SIZE, PageSize, model_note, resolve_page_size
 from attnhal.phases import Phase, phases_run
 from attnhal.planner import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, phase_roles, plan
@@ -53,6 +54,7 @@ class EngineConfig:
     values: Mapping[str, Any] = field(default_factory=dict)  # the converted server arguments
     resolved_by: str = "builtin"  # "engine": SGLang's own resolution made ``values``
     page: PageSize | None = None  # the page size SGLang's own resolution settled on (engine only)
+    default_for: str | None = None  # the platform SGLang's default attention backend was picked for
 
     def page_size(self, platform: Platform | str | None = None) -> PageSize:
         """The page size SGLang runs with on ``platform`` (``None``: the platform-independent rules)."""
@@ -67,6 +69,11 @@ class EngineConfig:
 
     def plan(self, platform: Platform | str) -> GraphPlan:
         where = as_platform(platform)
+        if self.default_for is not None and where.name != self.default_for:
+            # SGLang's default backend is per GPU: a config picked for one cannot plan another.
+            raise EngineArgError("--platform", f"--platform={where.name!r}: the default attention backend was "
+                                               f"picked for {self.default_for} (supported: {self.default_for}; "
+                                               "translate the flags again for another platform)")
         return plan(self.spec, where, self.backends, self.policy, self.context_on(where))
 
 
@@ -166,22 +173,29 @@ def _policy(values: Mapping[str, Any], env: Mapping[str, str], spec: SpecConfig)
 
 
 def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[str, str] | None = None,
-                     model: ModelKind | str | None = None) -> EngineConfig:
+                     model: ModelKind | str | None = None, platform: Platform | str | None = None) -> EngineConfig:
     """Translate SGLang server arguments (names as in ``ServerArgs``) into planner inputs.
 
     ``env`` may carry ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH`` (eagle_worker_v2.py:627);
-    ``model`` is the model's attention kind, which SGLang reads from the checkpoint.
+    ``model`` is the model's attention kind, which SGLang reads from the checkpoint;
+    ``platform`` the GPU, which SGLang's default attention backend depends on (needed only
+    when no backend flag is given: the config then plans for that platform only).
     Raises :class:`EngineArgError` naming the flag for anything attnhal cannot take.
     """
     raw = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
     values, ignored = _flags.check(raw, FLAGS, HARMLESS, "attnhal.engines.sglang.HARMLESS")
     notes: list[str] = []
+    kind = model_kind(model)
+    where = as_platform(platform) if platform is not None else None
+    default_for = where.name if where is not None and needs_default(values) else None
+    if (base := base_backend(values, kind, where)) is not None:
+        values = {**values, "attention_backend": base.name}
+        notes.append(str(base))
     spec = _spec(values, notes)
     names = roles(values, spec)
     if not {"cuda_graph_max_bs", "cuda_graph_max_bs_decode", "cuda_graph_bs", "cuda_graph_bs_decode"} & set(values):
         notes.append(f"capture batch sizes up to {DEFAULT_MAX_BS}: SGLang sizes them from GPU memory; "
                      "give --cuda-graph-max-bs-decode to match a server")
-    kind = model_kind(model)
     if (open_page := model_note(values, kind)) is not None:
         notes.append(open_page)
     context = RequestContext(model=kind, dtype=DTYPES.get(values.get("dtype", "auto")),
@@ -189,4 +203,4 @@ def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[
                              page_size=resolve_page_size(values, kind).value)
     return EngineConfig(spec=spec, backends=_backends(names, values.get("speculative_attention_mode", "prefill")),
                         policy=_policy(values, env or {}, spec), context=context, roles=names, ignored=ignored,
-                        notes=tuple(notes), values=values)
+                        notes=tuple(notes), values=values, default_for=default_for)

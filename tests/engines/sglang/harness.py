@@ -62,7 +62,8 @@ def model_dir(model: str) -> str:
 def server_args_fields(args: Mapping[str, Any], model: str) -> dict[str, Any]:
     """``ServerArgs`` keyword arguments: the caller's, plus a local model (and draft) and no tokenizer."""
     fields = {"model_path": model_dir(model), "skip_tokenizer_init": True, "device": "cuda", **args}
-    if fields.get("speculative_algorithm") not in (None, "NGRAM") and "speculative_draft_model_path" not in fields:
+    # NGRAM drafts from the prompt, UNO with the target model: neither takes a draft model.
+    if fields.get("speculative_algorithm") not in (None, "NGRAM", "UNO") and "speculative_draft_model_path" not in fields:
         fields["speculative_draft_model_path"] = fields["model_path"]
     return fields
 
@@ -113,7 +114,7 @@ class _Recorder:
     def __init__(self, name: str, built: dict[str, str], phase: str) -> None:
         self.name, self.built, self.phase = name, built, phase
 
-    def __call__(self, worker: Any) -> "_Recorder":
+    def __call__(self, worker: Any, **kwargs: Any) -> "_Recorder":
         self.built[self.phase] = self.name
         return self
 
@@ -148,7 +149,7 @@ def import_engine() -> None:
     for name in _BACKEND_MODULES:
         importlib.import_module(f"sglang.srt.layers.attention.{name}")
     for name in ("eagle_worker_v2", "draft_utils", "multi_layer_eagle_worker_v2", "frozen_kv_mtp_worker_v2",
-                 "dflash_worker_v2", "ngram_worker", "standalone_worker_v2"):
+                 "dflash_worker_v2", "ngram_worker", "standalone_worker_v2", "dspark_components.dspark_worker_v2"):
         importlib.import_module(f"sglang.srt.speculative.{name}")
 
 
@@ -353,6 +354,119 @@ def frozen_kv_mtp_graphs(resolution: Resolution, platform: str) -> DraftGraphs:
         return DraftGraphs(runners=dict(built))
 
 
+class _DraftGraphSwitch:
+    """Stands in for the draft ``TpModelWorker`` of DFLASH / DSPARK: records the decision its
+    ``init_cuda_graphs(capture_decode_cuda_graph=...)`` receives (the worker's whole graph choice)."""
+
+    def __init__(self, built: dict[str, str]) -> None:
+        self.built = built
+
+    def init_cuda_graphs(self, capture_decode_cuda_graph: bool) -> None:
+        if capture_decode_cuda_graph:
+            self.built["draft"] = "draft model runner decode graph"
+
+
+def _block_draft_shell(module: Any, class_name: str, available_gb: float, built: dict[str, str]) -> Any:
+    """A DFLASH / DSPARK worker made by ``object.__new__`` with what ``init_cuda_graphs`` reads:
+    the free GPU memory its tensor-parallel sync reports is ``available_gb`` (answered, not measured)."""
+    worker = object.__new__(getattr(module, class_name))
+    worker.device, worker.gpu_id, worker._target_tp_rank = "cuda", 0, 0
+    worker.draft_parallel_layout = types.SimpleNamespace(tp_group=None, disable_cp=False)
+    worker._tp_sync = types.SimpleNamespace(available_memory_gb=lambda *a, **k: available_gb)
+    worker._maybe_build_draft_sampler = lambda: None  # a sampler head folded into the graph: not a graph decision
+    worker._draft_sampler, worker.selector = None, None
+    worker._draft_worker = _DraftGraphSwitch(built)
+    return worker
+
+
+def _graph_capture_platform(capture: bool) -> Any:
+    """An out-of-tree SGLang platform that does (not) support device graph capture."""
+    return types.SimpleNamespace(is_out_of_tree=lambda: True, capabilities=types.SimpleNamespace(graph_capture=capture))
+
+
+def dflash_graphs(resolution: Resolution, platform: str, available_gb: float = 40.0,
+                  out_of_tree_capture: bool | None = None) -> DraftGraphs:
+    """``DFlashWorkerV2.init_cuda_graphs`` (dflash_worker_v2.py): whether the draft's block
+    forward is captured. ``out_of_tree_capture``: run on an out-of-tree platform that does (not)
+    capture graphs (``None``: the emulated in-tree one)."""
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.speculative import dflash_worker_v2 as module
+
+    built: dict[str, str] = {}
+    with emulate(platform), _context(resolution), contextlib.ExitStack() as stack:
+        worker = _block_draft_shell(module, "DFlashWorkerV2", available_gb, built)
+        stack.enter_context(mock.patch.object(module, "draft_pp_context", contextlib.nullcontext))
+        # The memory query is reduced over the TP group: one rank here (SGLang's own override API).
+        stack.enter_context(get_parallel().override(tp_group=types.SimpleNamespace(world_size=get_parallel().tp_size, cpu_group=None)))
+        if out_of_tree_capture is not None:
+            stack.enter_context(mock.patch.object(module, "current_platform",
+                                                  _graph_capture_platform(out_of_tree_capture)))
+        worker.init_cuda_graphs()
+    return DraftGraphs(runners=dict(built))
+
+
+def dspark_graphs(resolution: Resolution, platform: str, available_gb: float = 40.0) -> DraftGraphs:
+    """``DSparkWorkerV2.init_cuda_graphs`` (dspark_components/dspark_worker_v2.py): the draft's
+    graph, on the last pipeline rank. ``_decode_graph_allowed`` is set by the worker's
+    ``__init__`` from the resolved decode graph backend (and not a PD prefill server): the shell
+    takes that from the resolution."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.runtime_context import get_exec
+    from sglang.srt.speculative.dspark_components import dspark_worker_v2 as module
+
+    built: dict[str, str] = {}
+    with emulate(platform), _context(resolution), contextlib.ExitStack() as stack:
+        worker = _block_draft_shell(module, "DSparkWorkerV2", available_gb, built)
+        worker._hosts_draft, worker._draft_graph_group = True, None
+        worker._decode_graph_allowed = get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED
+        worker._proposer = types.SimpleNamespace(attach_draft_sampler=lambda sampler: None)
+        worker._verify_epilogue = None
+        stack.enter_context(mock.patch.object(module, "draft_pp_context", contextlib.nullcontext))
+        worker.init_cuda_graphs()
+    return DraftGraphs(runners=dict(built))
+
+
+def _uno_module() -> Any:
+    """``speculative/uno_worker_v2.py``, imported with a stand-in ``flashinfer`` (its tree kernel
+    module imports ``flashinfer.top_k`` unguarded). The stand-in is in ``sys.modules`` only
+    during the import: SGLang's flashinfer probes elsewhere keep seeing no flashinfer."""
+    import importlib
+
+    name = "sglang.srt.speculative.uno_worker_v2"
+    if name in sys.modules:
+        return sys.modules[name]
+    stand_in = types.ModuleType("flashinfer")
+    stand_in.top_k = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("flashinfer stand-in"))  # type: ignore[attr-defined]
+    with mock.patch.dict(sys.modules, {"flashinfer": stand_in}):
+        module = importlib.import_module(name)
+    return module
+
+
+def uno_graphs(resolution: Resolution, platform: str) -> DraftGraphs:
+    """``UnoWorkerV2.init_cuda_graphs`` (uno_worker_v2.py): its private tree-draft graph, built in
+    tree mode when the target model runner has a decode graph runner. Tree mode is the resolved
+    ``topk > 1`` (as ``UnoWorkerV2.__init__`` sets it); the target's runner exists when decode
+    graphs are on (:func:`target_verify_graph`)."""
+    from sglang.srt.runtime_context import get_spec
+
+    module = _uno_module()
+    built: dict[str, str] = {}
+    target_graph = target_verify_graph(resolution, platform)
+    with emulate(platform), _context(resolution), contextlib.ExitStack() as stack:
+        worker = object.__new__(module.UnoWorkerV2)
+        worker.tree_mode = int(get_spec().speculative_eagle_topk or 1) > 1
+        worker.device, worker.gpu_id, worker.forward_width = "cuda", 0, int(get_spec().speculative_num_steps or 1) + 1
+        worker.model_runner = types.SimpleNamespace(decode_cuda_graph_runner=object() if target_graph else None)
+        worker._uno_draft_attn_backend = object()  # built by init_attention_backends in tree mode
+        worker._bind_uno_draft_runtime = contextlib.nullcontext
+        worker._additional_graph_memory_usage, worker._additional_graph_time_usage = {}, {}
+        stack.enter_context(mock.patch.object(module, "get_available_gpu_memory", lambda *a, **k: 0.0))
+        stack.enter_context(mock.patch.object(module, "UnoDecodeCudaGraphRunner",
+                                              _Recorder("UnoDecodeCudaGraphRunner", built, "draft_decode")))
+        worker.init_cuda_graphs()
+    return DraftGraphs(runners=dict(built))
+
+
 @contextlib.contextmanager
 def _context(resolution: Resolution) -> Iterator[None]:
     from sglang.srt import runtime_context
@@ -380,6 +494,8 @@ def engine_view(case: Case) -> View:
         target_backend(resolution, case.platform)
     except Exception as exc:  # a backend creator's own check
         return View(False, f"target backend: {type(exc).__name__}: {exc}", page_size=page, roles=resolution.roles)
+    if case.algorithm is None:  # no speculation: no speculative phase runs
+        return View(True, page_size=page, roles=resolution.roles)
     if case.algorithm == "NGRAM":
         verify = target_verify_graph(resolution, case.platform)
         return View(True, page_size=page, roles=resolution.roles, runs=frozenset({"target_verify"}),

@@ -38,7 +38,7 @@ def test_engine_resolution_plans_as_the_builtin_one_over_the_grid() -> None:
                     counts["SGLang refuses"] += 1
                     assert str(exc).startswith("sglang: SGLang's own resolution refuses these flags: "), exc
                     continue
-                builtin = sglang.from_server_args(case.args(), model=case.model)
+                builtin = sglang.from_server_args(case.args(), model=case.model, platform=platform)
                 if _outcome(engine, platform) != _outcome(builtin, platform):
                     differ.append(f"{case}: engine {_outcome(engine, platform)}, builtin {_outcome(builtin, platform)}")
                 counts["same plan"] += 1
@@ -68,3 +68,16 @@ def test_engine_resolution_fills_what_sglang_picks_and_the_builtin_cannot() -> N
     with platforms.emulate("cuda:sm90"):
         config = engine_resolution.from_engine(args, model="mha", platform="cuda:sm90")
     assert config.spec.speculative and config.spec.num_steps >= 1 and config.plan("cuda:sm90").valid
+
+
+def test_engine_resolution_says_sglang_picked_the_attention_backend() -> None:
+    """No --attention-backend: SGLang's own pick (the DeepSeek override on SM100), said in a note,
+    and the page size its backend sets named as in the built-in resolution."""
+    args = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 4, "model_path": harness.model_dir("mla")}
+    with platforms.emulate("cuda:sm100"):
+        config = engine_resolution.from_engine(args, model="mla", platform="cuda:sm100")
+    assert config.roles["decode"] == "trtllm_mla"
+    assert "attention backend: trtllm_mla (set by SGLang's own resolution)" in config.notes
+    page = config.page_size("cuda:sm100")
+    assert (page.value, page.set_by) == (64, "trtllm_mla")

@@ -22,7 +22,7 @@ import platforms
 import pytest
 import sglang_grid as grid
 import sglang_recording
-from sglang_expected import RULES, Rule, check, rules_for
+from sglang_expected import RULES, Rule, as_resolved, check, rules_for
 from sglang_grid import Case, View
 from tier_summary import LINES as SUMMARY
 
@@ -54,8 +54,8 @@ def views() -> dict[Case, tuple[View, View]]:
     return out
 
 
-def _outcome(case: Case, observed: frozenset[str]) -> str:
-    causes = sorted({r.cause for r in rules_for(case) for label in observed if r.explains(label)})
+def _outcome(case: Case, engine: View, observed: frozenset[str]) -> str:
+    causes = sorted({r.cause for r in rules_for(as_resolved(case, engine)) for label in observed if r.explains(label)})
     return ", ".join(causes) if causes else ("agree" if not observed else "UNEXPLAINED")
 
 
@@ -63,7 +63,7 @@ def _summarise(views: dict[Case, tuple[View, View]]) -> None:
     SUMMARY.append(f"grid: {len(views)} cases (" + ", ".join(f"{k} {len(v)}" for k, v in GRIDS.items()) + ")")
     per_backend: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for case, (engine, attnhal) in views.items():
-        outcome = _outcome(case, grid.differences(engine, attnhal))
+        outcome = _outcome(case, engine, grid.differences(engine, attnhal))
         per_backend[case.label][outcome] += 1
         per_backend[case.label]["SGLang refuses" if not engine.accepted else "SGLang runs"] += 1
     for label, counts in sorted(per_backend.items()):
@@ -187,3 +187,15 @@ def test_every_catalogued_cause_is_an_entry_of_catalog_md_marked_as_shown() -> N
             continue
         assert rule.cause in entries, rule.cause
         assert "**Shown in the engine's executed code**" in entries[rule.cause], rule.cause
+
+
+@pytest.mark.parametrize("backend", ["fa3", None])
+def test_fa3_with_fp8_e5m2_kv_runs_on_triton_in_sglang_and_in_the_adapter(backend: str | None) -> None:
+    """fa3 reads fp8 KV as e4m3 only: SGLang swaps it for triton, given or picked by default."""
+    from attnhal.engines import sglang
+
+    args = {"kv_cache_dtype": "fp8_e5m2", **({"attention_backend": backend} if backend else {})}
+    resolution = harness.resolve(args, "cuda:sm90", "mha")
+    assert resolution.accepted and resolution.roles == ("triton", "triton"), resolution.error
+    config = sglang.from_server_args(args, model="mha", platform="cuda:sm90")
+    assert (config.roles["prefill"], config.roles["decode"]) == resolution.roles

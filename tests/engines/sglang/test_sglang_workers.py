@@ -1,12 +1,12 @@
 """The graph decisions of SGLang 0.5.23's other speculative workers, executed on each emulated platform.
 
-attnhal has no algorithm yet for multi-layer EAGLE or frozen-KV MTP (the adapter refuses
-them by name): these tests record what SGLang's own code decides, so the algorithms added to
-attnhal can be compared with it. EAGLE, EAGLE3, NEXTN and STANDALONE are in the
-differential grid (``test_sglang_executed.py``); NGRAM builds no draft runner (its only
-graph is the target's verify graph, also in the grid). DFLASH is not executed here: its
-decision (``DFlashWorkerV2.init_cuda_graphs``) reads the live GPU memory and the draft
-worker's state, which a shell worker cannot give without inventing them.
+attnhal has no algorithm for multi-layer EAGLE, frozen-KV MTP or the block drafters (the
+adapter refuses them by name, saying why: ``attnhal.engines.sglang.flags.UNMODELLED``): these
+tests record what SGLang's own code decides, so an algorithm added to attnhal can be compared
+with it. EAGLE, EAGLE3, NEXTN and STANDALONE are in the differential grid
+(``test_sglang_executed.py``); NGRAM builds no draft runner (its only graph is the target's
+verify graph, also in the grid). DFLASH and DSPARK read the GPU memory free after the target
+is loaded: the harness answers their TP-sync query with a given number of GB.
 """
 
 from __future__ import annotations
@@ -59,3 +59,95 @@ def test_frozen_kv_mtp_captures_its_draft_loop_on_cuda_and_hip_alike(platform: s
         assert graphs.runners == {"draft_decode": "FrozenKVMTPCudaGraphRunner"}
     disabled = _resolve(platform, backend, 3, disable_cuda_graph=True)
     assert harness.frozen_kv_mtp_graphs(disabled, platform).runners == {}
+
+
+# --- the block drafters (DFLASH, DSPARK) and UNO ------------------------------------------------
+
+DP_ATTENTION = {"enable_dp_attention": True, "tp_size": 2, "dp_size": 2, "enable_dp_lm_head": True}
+DRAFT = {"draft": "draft model runner decode graph"}
+
+
+def _resolve_algorithm(platform: str, algorithm: str, backend: str = "triton", **extra: object) -> harness.Resolution:
+    resolution = harness.resolve({"attention_backend": backend, "speculative_algorithm": algorithm, **extra},
+                                 platform, "mha")
+    assert resolution.accepted, resolution.error
+    return resolution
+
+
+def test_dflash_resolution_forces_one_step_topk_1_and_a_block_of_draft_tokens() -> None:
+    """DFLASH's phases in SGLang's resolution: one draft forward per block (steps and topk forced
+    to 1), verified as a chain of the block's tokens (16 without a draft config saying otherwise)."""
+    fields = _resolve_algorithm("cuda:sm90", "DFLASH", speculative_num_steps=3, speculative_eagle_topk=4).fields
+    assert (fields["speculative_num_steps"], fields["speculative_eagle_topk"]) == (1, 1)
+    assert fields["speculative_num_draft_tokens"] == 16
+    assert fields["speculative_draft_attention_backend"] == "triton"
+
+
+@pytest.mark.parametrize("platform", ["cuda:sm90", "cuda:sm100"])
+def test_dflash_captures_its_draft_on_cuda_only_with_a_gigabyte_free(platform: str) -> None:
+    resolution = _resolve_algorithm(platform, "DFLASH")
+    assert harness.dflash_graphs(resolution, platform, available_gb=40.0).runners == DRAFT
+    assert harness.dflash_graphs(resolution, platform, available_gb=1.0).runners == DRAFT
+    assert harness.dflash_graphs(resolution, platform, available_gb=0.99).runners == {}
+    assert harness.target_verify_graph(resolution, platform)  # the target's graph runner captures the verify
+
+
+def test_dflash_on_hip_skips_the_memory_check() -> None:
+    """The memory rule is behind ``is_cuda()``: on ROCm the draft graph is captured whatever is free."""
+    resolution = _resolve_algorithm("hip:gfx942", "DFLASH")
+    assert harness.dflash_graphs(resolution, "hip:gfx942", available_gb=0.0).runners == DRAFT
+
+
+@pytest.mark.parametrize("platform", ["cuda:sm90", "hip:gfx942"])
+def test_dflash_no_draft_graph_with_decode_graphs_off_or_dp_attention(platform: str) -> None:
+    disabled = _resolve_algorithm(platform, "DFLASH", disable_cuda_graph=True)
+    assert harness.dflash_graphs(disabled, platform).runners == {}
+    assert not harness.target_verify_graph(disabled, platform)
+    dp = _resolve_algorithm(platform, "DFLASH", **DP_ATTENTION)
+    assert harness.dflash_graphs(dp, platform).runners == {}
+    assert harness.target_verify_graph(dp, platform)  # only the draft runs eager under dp attention
+
+
+def test_dflash_out_of_tree_platform_captures_only_if_it_can() -> None:
+    resolution = _resolve_algorithm("cuda:sm90", "DFLASH")
+    assert harness.dflash_graphs(resolution, "cuda:sm90", out_of_tree_capture=False).runners == {}
+    assert harness.dflash_graphs(resolution, "cuda:sm90", out_of_tree_capture=True).runners == DRAFT
+
+
+@pytest.mark.parametrize("platform", ["cuda:sm90", "hip:gfx942"])
+def test_dspark_needs_a_gigabyte_free_on_cuda_and_hip_alike_and_keeps_its_graph_under_dp(platform: str) -> None:
+    """dspark_components/dspark_worker_v2.py (a shipped worker: ``SpeculativeAlgorithm.DSPARK``):
+    its memory rule is behind ``is_cuda_alike()``, unlike DFLASH's; dp attention leaves it on."""
+    resolution = _resolve_algorithm(platform, "DSPARK")
+    assert harness.dspark_graphs(resolution, platform, available_gb=40.0).runners == DRAFT
+    assert harness.dspark_graphs(resolution, platform, available_gb=0.5).runners == {}
+    assert harness.dspark_graphs(_resolve_algorithm(platform, "DSPARK", **DP_ATTENTION), platform).runners == DRAFT
+    disabled = _resolve_algorithm(platform, "DSPARK", disable_cuda_graph=True)
+    assert harness.dspark_graphs(disabled, platform).runners == {}
+
+
+UNO = {"uno_lora_path": harness.model_dir("mha"), "speculative_num_steps": 3}
+
+
+def test_uno_requires_fa3_and_captures_its_tree_draft_only_in_tree_mode() -> None:
+    """uno_worker_v2.py (a shipped worker: ``SpeculativeAlgorithm.UNO``): FA3 only (its
+    resolution refuses the rest); the private tree-draft graph exists for ``topk > 1`` when the
+    target has decode graphs, none for a linear (topk 1) UNO."""
+    refused = harness.resolve({"attention_backend": "triton", "speculative_algorithm": "UNO", **UNO,
+                               "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 6}, "cuda:sm90", "mha")
+    assert not refused.accepted and "UNO requires FA3" in (refused.error or "")
+    tree = _resolve_algorithm("cuda:sm90", "UNO", "fa3", **UNO, speculative_eagle_topk=2, speculative_num_draft_tokens=6)
+    assert harness.uno_graphs(tree, "cuda:sm90").runners == {"draft_decode": "UnoDecodeCudaGraphRunner"}
+    linear = _resolve_algorithm("cuda:sm90", "UNO", "fa3", **UNO, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    assert harness.uno_graphs(linear, "cuda:sm90").runners == {}
+    off = _resolve_algorithm("cuda:sm90", "UNO", "fa3", **UNO, speculative_eagle_topk=2, speculative_num_draft_tokens=6,
+                             disable_cuda_graph=True)
+    assert harness.uno_graphs(off, "cuda:sm90").runners == {}
+
+
+@pytest.mark.parametrize("algorithm", ["DFLASH", "DSPARK", "UNO"])
+def test_the_adapter_refuses_the_algorithms_these_workers_run_saying_why(algorithm: str) -> None:
+    from attnhal.engines import sglang
+
+    with pytest.raises(sglang.EngineArgError, match=f"^--speculative-algorithm: .*{algorithm}'? is not modelled: "):
+        sglang.from_server_args({"attention_backend": "fa3", "speculative_algorithm": algorithm})
