@@ -38,10 +38,11 @@ from typing import Any
 from attnhal.platform import Platform, parse
 from attnhal_triton.launch_table import LaunchRow, UnknownArchWarning, fallback_row, lookup
 
-__all__ = ["DEFAULT_TARGETS", "VARIANTS", "format_table", "main", "run_compile_check"]
+__all__ = ["DEFAULT_TARGETS", "VARIANTS", "format_table", "main", "run_compile_check", "served_by",
+           "serving_lines", "target_platform"]
 
 #: ``"cuda:<capability>"`` or ``"hip:<gfx arch>"``; the warp size follows the platform.
-#: cuda:86/89/100/120 take aliased sm80/sm90 rows (``launch_table.ALIASES``).
+#: cuda:86/89/100 take aliased sm80/sm90 rows (``launch_table.ALIASES``).
 DEFAULT_TARGETS = ("cuda:80", "cuda:86", "cuda:89", "cuda:90", "cuda:100", "cuda:120",
                    "hip:gfx90a", "hip:gfx942", "hip:gfx950")
 #: ``fp8``: a bf16 model over an fp8 KV cache in the target's e4m3 flavour
@@ -105,6 +106,12 @@ _ALIGNED = frozenset({"stride_qt", "stride_qh", "stride_kt", "stride_kh", "strid
                       "stride_ob", "stride_oh", "stride_os", "stride_outt", "stride_outh"})
 
 
+def target_platform(target: str) -> Platform:
+    """The platform of a target spec: ``"cuda:86"`` -> ``cuda:sm86``, ``"hip:gfx942"`` as is."""
+    vendor, _, arch = target.partition(":")
+    return parse(f"{vendor}:{'sm' + arch if arch.isdigit() else arch}")
+
+
 @dataclass(frozen=True)
 class Job:
     variant: str
@@ -114,8 +121,7 @@ class Job:
     fallback: bool
 
     def platform(self) -> Platform:
-        vendor, _, arch = self.target.partition(":")
-        return parse(f"{vendor}:{'sm' + arch if arch.isdigit() else arch}")
+        return target_platform(self.target)
 
     @property
     def compute_dtype(self) -> str:
@@ -228,6 +234,11 @@ def _usage(compiled: Any, target: Any) -> dict[str, int]:
     return {"registers": -1, "spills": -1, "scratch": -1}
 
 
+def served_by(row: LaunchRow) -> str:
+    """The row set a row belongs to: ``"cuda:sm80"``, ``"hip:gfx94"`` or ``"fallback"``."""
+    return f"{row.vendor}:{row.arch_family}" if row.vendor else "fallback"
+
+
 def _compile_one(job: Job) -> dict[str, Any]:
     """Compile one job; never raises (errors are reported in the row)."""
     import triton
@@ -235,7 +246,7 @@ def _compile_one(job: Job) -> dict[str, Any]:
     variant = VARIANTS[job.variant]
     row = job.row(variant.table_kernel)
     result: dict[str, Any] = {**asdict(job), "kernel": job.variant, "row": row.key(),
-                              "fp8_flavor": job.fp8_flavor,
+                              "served_by": served_by(row), "fp8_flavor": job.fp8_flavor,
                               "ok": False, "registers": None, "spills": None, "scratch": None,
                               "shared": None, "error": "", "seconds": 0.0}
     del result["variant"]
@@ -279,8 +290,10 @@ def run_compile_check(kernels: Sequence[str] | None = None, targets: Sequence[st
                       fallback: bool = False, jobs: int | None = None) -> list[dict[str, Any]]:
     """Compile the kernel variants for the targets; one dict per compile.
 
-    Each dict: ``kernel, target, dtype, head_size, fallback, row, ok, registers,
-    spills, scratch, shared, error, seconds``. Runs in a child process when this
+    Each dict: ``kernel, target, dtype, head_size, fallback, row`` (the launch row's
+    key), ``served_by`` (its row set: ``"cuda:sm80"`` for ``cuda:86``, which aliases it,
+    or ``"fallback"``), ``fp8_flavor, ok, registers, spills, scratch, shared, error,
+    seconds``. Runs in a child process when this
     process has ``TRITON_INTERPRET`` set.
     """
     kernels = list(kernels or VARIANTS)
@@ -332,9 +345,21 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     out += [fmt.format(*line) for line in lines]
     failed = sum(not r["ok"] for r in rows)
     spilled = sum(bool(r["ok"] and r["spills"]) for r in rows)
+    out += serving_lines(rows)
     out.append(f"{len(rows)} compiles: {len(rows) - failed} ok, {failed} failed, {spilled} with spills "
                "(CUDA: ptxas registers/thread, spill bytes; HIP: VGPR+AGPR/lane, spill count)")
     return "\n".join(out)
+
+
+def serving_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per target naming the row set(s) its compiles used, so an alias
+    (``cuda:86: rows of cuda:sm80``) is visible next to the spills it is checked for."""
+    by_target: dict[str, list[str]] = {}
+    for r in rows:
+        sets = by_target.setdefault(r["target"], [])
+        if r["served_by"] not in sets:
+            sets.append(r["served_by"])
+    return [f"{target}: rows of {', '.join(sets)}" for target, sets in by_target.items()]
 
 
 def _num(value: int | None) -> str:

@@ -3,8 +3,8 @@
 One :class:`LaunchRow` per (kernel, vendor, arch family, head size, dtype); ``None``
 in ``head_size`` or ``dtype`` matches any value, and :func:`lookup` picks the most
 specific matching row. Settings that exist on one vendor only (AMD's
-``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``) live in that vendor's rows'
-``extra`` and reach the launch as ``**row.launch_options``: the launcher never asks
+``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``; NVIDIA's ``maxnreg``) live in
+that vendor's rows' ``extra`` and reach the launch as ``**row.launch_options``: the launcher never asks
 which vendor it runs on.
 
 An arch family with no row for a kernel takes the best :data:`FALLBACK` row
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -51,11 +51,10 @@ EXTEND_VARIANTS = KERNELS[2:]
 #: Arch families served by another family's rows (the rows compile spill-free for
 #: them, checked by the compile check): sm86/sm89 (consumer Ampere/Ada, less shared
 #: memory than sm80 but the sm80 rows fit), sm100 (datacenter Blackwell) takes the sm90
-#: rows, sm120 (consumer Blackwell: mma.sync and ~100 KB shared memory like sm89) the
-#: sm80 rows — the sm90 128x64 extend tiles spill there.
+#: rows. sm120 (consumer Blackwell) has rows of its own: the sm90 128x64 extend tiles
+#: spill under its ptxas, and so does the sm80 decode row at head size 64.
 ALIASES: Mapping[tuple[str, str], str] = MappingProxyType({
-    ("cuda", "sm86"): "sm80", ("cuda", "sm89"): "sm80",
-    ("cuda", "sm100"): "sm90", ("cuda", "sm120"): "sm80",
+    ("cuda", "sm86"): "sm80", ("cuda", "sm89"): "sm80", ("cuda", "sm100"): "sm90",
 })
 
 
@@ -82,7 +81,7 @@ class LaunchRow:
     dot_precision: ``tl.dot`` input precision for fp32 operands (``"ieee"`` everywhere;
         ``"tf32x3"`` where the vendor offers it: fp32-accurate on tensor cores).
     extra: vendor-only launch options (HIP: ``waves_per_eu``, ``matrix_instr_nonkdim``,
-        ``kpack``); absent where they do not apply.
+        ``kpack``; CUDA: ``maxnreg``); absent where they do not apply.
     """
 
     kernel: str
@@ -166,6 +165,10 @@ _FP32_EXTEND = (
     ("extend", 128, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 4, 1),
     ("extend", 256, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 4, 1),
 )
+# NVIDIA fp32 extend at head size 256: left to itself ptxas caps these programs' registers
+# (128 at 4 warps, 64-80 at 8) and spills 8-48 bytes; 8 warps under an explicit
+# ``maxnreg`` of 128 take 80-108 registers and spill nothing on sm80..sm120.
+_FP32_EXTEND_256 = ("extend", 256, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 8, 1)
 
 
 def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...]],
@@ -186,23 +189,56 @@ def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...
 
 
 def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256: int,
-            prefill_verify: Mapping[str, int] | None = None) -> list[LaunchRow]:
+            prefill_verify: Mapping[str, int] | None = None,
+            overrides: Iterable[tuple[Any, ...]] = ()) -> list[LaunchRow]:
     # fp32 operands take the FMA path (tf32 would break the fp32 tolerance, and
     # 3xTF32 needs more registers still): small tiles keep it spill-free.
+    # Order matters where rows are equally specific (the first wins): the maxnreg fp32
+    # row before the shared fp32 rows, ``overrides`` after the decode and fp32 rows
+    # (so a head-size decode override leaves fp32 to its row) and before the general
+    # extend rows.
+    splits = 16
     big = {"BLOCK_M": 64, "BLOCK_N": 64}
     wide = [(kernel, head, None, prefill_verify, 8, 2) for kernel in ("extend_prefill", "extend_verify")
             for head in (None, 128)] if prefill_verify else []
-    return _rows("cuda", family, [
+    fp32_256 = _rows("cuda", family, [_FP32_EXTEND_256], splits=splits, extra={"maxnreg": 128})
+    return _uncapped_small_heads(fp32_256 + _rows("cuda", family, [
         ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 2),
         ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 2),
         ("decode", 256, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 2),
         ("decode_reduce", None, None, {}, 4, 1),
         *_FP32_EXTEND,
-        *wide,  # before the general extend rows: the first of equally specific rows wins
+        *overrides,
+        *wide,
         ("extend", None, None, big, 8, 2),
         ("extend", 128, None, d128, 8, 2),
         ("extend", 256, None, d256, w256, 2),
-    ], splits=16)
+    ], splits=splits))
+
+
+#: Head sizes whose NVIDIA rows lift ptxas's register cap (see ``_uncapped_small_heads``).
+_SMALL_HEADS = (16, 32)
+
+
+def _uncapped_small_heads(rows: list[LaunchRow]) -> list[LaunchRow]:
+    """``rows`` plus, for head sizes 16 and 32, a copy of the general row of decode,
+    prefill, causal verify and draft extend with ``maxnreg`` 255.
+
+    Left to itself ptxas caps these small programs at 96-128 registers and spills 8-40
+    bytes (decode with fp8 on sm89; prefill, verify and draft extend on sm80..sm120);
+    uncapped they take 140-160 and spill nothing. The tree form keeps its cap: it does not
+    spill under it, and uncapped it reaches 255 and spills with fp8 on sm120. Appended
+    last, so fp32 keeps its own (equally specific, earlier) rows.
+    """
+    extra: list[LaunchRow] = []
+    for kernel in ("decode", "extend_prefill", "extend_verify", "extend_draft"):
+        for head in _SMALL_HEADS:
+            # As best_row (defined below) picks it for a 16-bit dtype.
+            general = max((r for r in rows if r.kernel == kernel and r.matches(head, "bfloat16")),
+                          key=lambda r: r.specificity)
+            if general.head_size is None:
+                extra.append(replace(general, head_size=head, extra={**general.extra, "maxnreg": 255}))
+    return rows + extra
 
 
 def _amd(family: str, splits: int) -> list[LaunchRow]:
@@ -215,25 +251,40 @@ def _amd(family: str, splits: int) -> list[LaunchRow]:
             ("decode", 256, "float32", {"BLOCK_N": 16, "BLOCK_H": 16}, 4, 1),
             ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 1),
             ("decode", 256, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 1),
-            # The tree mask's word loads and depths cost registers: 64x32 spills.
+            # The tree mask's word loads and depths cost registers: 64x32 spills, and
+            # so does 32x32 in fp32 at head size 256 (3 VGPRs on gfx942).
             ("extend_verify_tree", None, None, {"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1),
             ("extend_verify_tree", 256, None, {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
+            ("extend_verify_tree", 256, "float32", {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
             ("extend", 256, "float32", {"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1),
             ("extend", None, None, {"BLOCK_M": 64, "BLOCK_N": 32}, 4, 1),
-            ("extend", 256, None, {"BLOCK_M": 64, "BLOCK_N": 32}, 8, 1),
+            # 64x32 at head size 256 fills all 256 VGPRs with an fp8 cache (split forms
+            # spill one); 64x16 needs ~190.
+            ("extend", 256, None, {"BLOCK_M": 64, "BLOCK_N": 16}, 8, 1),
         ], splits=splits, extra=_HIP),
         *_rows("hip", family, [("decode_reduce", None, None, {}, 4, 1)]),
     ]
 
 
+# Ampere's shapes: head size 128 and 256 need narrower tiles; the tree form at 256
+# narrower still (32x32 takes all 255 registers on sm89 and spills on sm120 with fp8).
+_SM80: dict[str, Any] = {
+    "d128": {"BLOCK_M": 32, "BLOCK_N": 64}, "d256": {"BLOCK_M": 32, "BLOCK_N": 32}, "w256": 4,
+    "overrides": [("extend_verify_tree", 256, None, {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 2)],
+}
+
 TABLE: tuple[LaunchRow, ...] = (
-    # Ampere (A100): 108 SMs, 64K registers per SM; head size 128 and 256 need narrower tiles.
-    *_nvidia("sm80", d128={"BLOCK_M": 32, "BLOCK_N": 64}, d256={"BLOCK_M": 32, "BLOCK_N": 32},
-             w256=4),
+    # Ampere (A100): 108 SMs, 64K registers per SM.
+    *_nvidia("sm80", **_SM80),
     # Hopper (H100/H200): 132 SMs, more shared memory per SM; prefill and causal verify
     # take the anchors' 128x64 tiles up to head size 128.
     *_nvidia("sm90", d128={"BLOCK_M": 64, "BLOCK_N": 64}, d256={"BLOCK_M": 64, "BLOCK_N": 32},
              w256=8, prefill_verify={"BLOCK_M": 128, "BLOCK_N": 64}),
+    # Consumer Blackwell (RTX 50): mma.sync and ~100 KB shared memory like sm89, so
+    # Ampere's shapes, except decode at head size 64: 64-position blocks in 2 stages
+    # spill 44 bytes under sm_120's ptxas (capped at 64 registers), 32 do not.
+    *_nvidia("sm120", **{**_SM80, "overrides": [
+        *_SM80["overrides"], ("decode", 64, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 2)]}),
     *_amd("gfx90", splits=16),  # CDNA2 (MI200): 110 CUs
     *_amd("gfx94", splits=32),  # CDNA3 (MI300X): 304 CUs, more KV splits at small batch
     *_amd("gfx95", splits=32),  # CDNA4 (MI350): as CDNA3 until measured

@@ -100,6 +100,22 @@ def test_kv_cache_dtype_differs_from_query_dtype(phase: Phase) -> None:
     assert_close(half, got, expected(case, half, write=False))
 
 
+@pytest.mark.parametrize("platform,phase,head_size,dtype,kernel,blocks", [
+    ("cuda:sm80", Phase.TARGET_VERIFY, 256, "float16", "extend_verify_tree", (32, 16)),
+    ("cuda:sm120", Phase.DECODE, 64, "bfloat16", "decode", (32, 16)),
+    ("hip:gfx942", Phase.PREFILL, 256, "float16", "extend_prefill", (64, 16)),
+    ("hip:gfx942", Phase.TARGET_VERIFY, 256, "float32", "extend_verify_tree", (32, 16)),
+], ids=["sm80-tree-d256", "sm120-decode-d64", "gfx942-prefill-d256", "gfx942-tree-d256-fp32"])
+def test_rows_narrowed_so_as_not_to_spill(platform: str, phase: Phase, head_size: int, dtype: str, kernel: str,
+                                          blocks: tuple[int, int]) -> None:
+    """The rows whose tiles were narrowed to compile spill-free, run on their own blocks and
+    split counts (the interpreter ignores warps, stages and ``maxnreg``)."""
+    case = shape(phase, head_size=head_size, dtype=dtype, platform=platform, lens=(40,), news=(3,), kv_heads=1)
+    built, backend = build(case)
+    assert tuple(backend.rows[kernel].blocks.values()) == blocks
+    assert_close(backend, run(built, backend), expected(built, backend))
+
+
 def test_fallback_row_runs() -> None:
     """An unknown arch's fallback blocks (BLOCK_N 32, 8 splits) give the same answers."""
     with pytest.warns(UserWarning, match="gfx1100"):

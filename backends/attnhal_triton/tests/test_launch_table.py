@@ -7,23 +7,34 @@ import os
 # Before triton or any kernel module is imported: triton reads it at decoration time.
 os.environ["TRITON_INTERPRET"] = "1"
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
+from collections.abc import Iterable  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from attnhal.backend import AttentionConfig, KVPool  # noqa: E402
 from attnhal.capabilities import Feature, Phase, SpecLimits  # noqa: E402
-from attnhal.platform import parse  # noqa: E402
+from attnhal.platform import Fp8Flavor, parse  # noqa: E402
 from attnhal_triton import CAPABILITIES, FALLBACK, TABLE, UnknownArchWarning, lookup  # noqa: E402
-from attnhal_triton.launch_table import EXTEND_VARIANTS, KERNELS, LaunchRow, decode_launch, rows_for  # noqa: E402
+from attnhal_triton.compile_check import DEFAULT_TARGETS, DTYPES, HEAD_SIZES, VARIANTS, target_platform  # noqa: E402
+from attnhal_triton.launch_table import (  # noqa: E402
+    ALIASES,
+    EXTEND_VARIANTS,
+    KERNELS,
+    LaunchRow,
+    decode_launch,
+    rows_for,
+)
 
 HIP_ONLY = {"waves_per_eu", "matrix_instr_nonkdim", "kpack"}
-KNOWN = {"cuda:sm80": "sm80", "cuda:sm90": "sm90", "hip:gfx90a": "gfx90", "hip:gfx942": "gfx94",
-         "hip:gfx950": "gfx95"}
+KNOWN = {"cuda:sm80": "sm80", "cuda:sm90": "sm90", "cuda:sm120": "sm120", "hip:gfx90a": "gfx90",
+         "hip:gfx942": "gfx94", "hip:gfx950": "gfx95"}
 
 
 # --- lookup ---------------------------------------------------------------------------
@@ -86,12 +97,28 @@ def test_most_specific_row_wins() -> None:
 
 
 @pytest.mark.parametrize("spec,family", [("cuda:sm86", "sm80"), ("cuda:sm89", "sm80"),
-                                         ("cuda:sm100", "sm90"), ("cuda:sm120", "sm80")])
+                                         ("cuda:sm100", "sm90")])
 def test_aliased_archs_take_a_compiled_familys_rows(spec: str, family: str) -> None:
     """Aliases are table data: no warning, the rows of the aliased family."""
     for kernel in KERNELS:
         row = _no_warning(kernel, spec)
         assert (row.vendor, row.arch_family) == ("cuda", family)
+
+
+def test_sm120_has_its_own_rows_where_the_sm80_rows_spill_there() -> None:
+    """sm120 keeps Ampere's shapes except decode at head size 64 (the sm80 row spills under
+    sm_120's ptxas); the override does not reach fp32, whose own row stays first."""
+    sm80, sm120 = parse("cuda:sm80"), parse("cuda:sm120")
+    assert _no_warning("decode", "cuda:sm120").arch_family == "sm120"
+    assert lookup("decode", sm120, 64, "float16").blocks["BLOCK_N"] == 32
+    assert lookup("decode", sm80, 64, "float16").blocks["BLOCK_N"] == 64
+    assert lookup("decode", sm120, 64, "float32") == dataclasses.replace(
+        lookup("decode", sm80, 64, "float32"), arch_family="sm120")
+    for kernel in EXTEND_VARIANTS:
+        for head in CAPABILITIES.head_sizes:
+            for dtype in CAPABILITIES.dtypes:
+                assert lookup(kernel, sm120, head, dtype) == dataclasses.replace(
+                    lookup(kernel, sm80, head, dtype), arch_family="sm120")
 
 
 def test_one_row_set_per_kernel_variant() -> None:
@@ -225,27 +252,105 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 
-def test_compile_check_compiles_for_every_target_without_spills() -> None:
-    """One decode and one tree-verify kernel per target (fp8 in the target's flavour where it
-    has one), in a process without TRITON_INTERPRET. CI compiles one target per fp8 flavour
-    and vendor; ``ATTNHAL_SLOW=1`` adds the pre-fp8 ones (sm80, gfx90a)."""
-    targets = ["cuda:90", "hip:gfx942", "hip:gfx950"]
-    if os.environ.get("ATTNHAL_SLOW"):
-        targets += ["cuda:80", "hip:gfx90a"]
-    done = subprocess.run(
-        [sys.executable, "-m", "attnhal_triton.compile_check", "--json", "--kernels", "decode",
-         "extend_verify_tree", "--dtypes", "bfloat16", "fp8", "--head-sizes", "128", "--targets", *targets],
-        capture_output=True, text=True, env=_clean_env(), check=False, timeout=300)
+def _compile_check(*args: str, prelude: str = "", timeout: int = 1800) -> subprocess.CompletedProcess[str]:
+    """``python -m attnhal_triton.compile_check ARGS`` without TRITON_INTERPRET; ``prelude``
+    runs first in that process (to plant a row; with ``--jobs 1``: the worker pool cannot
+    pickle a module run by runpy from ``-c``)."""
+    command = ["-m", "attnhal_triton.compile_check"]
+    if prelude:
+        command = ["-c", prelude + "\nimport runpy, sys\nsys.argv[0] = 'compile_check'\n"
+                   "runpy.run_module('attnhal_triton.compile_check', run_name='__main__')\n"]
+    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True,
+                          env=_clean_env(), check=False, timeout=timeout)
+
+
+def _assert_spill_free(done: subprocess.CompletedProcess[str], cells: set[tuple[Any, ...]]) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(done.stdout)
-    assert {(r["kernel"], r["target"], r["dtype"]) for r in rows} == {
-        (k, t, d) for k in ("decode", "extend_verify_tree") for t in targets
-        for d in ("bfloat16", "fp8") if d != "fp8" or t in ("cuda:90", "hip:gfx942", "hip:gfx950")}
-    flavours = {r["target"]: r["fp8_flavor"] for r in rows if r["dtype"] == "fp8"}
-    assert flavours == {"cuda:90": "e4m3fn", "hip:gfx942": "e4m3fnuz", "hip:gfx950": "e4m3fn"}
-    for row in rows:
-        assert row["ok"] and row["spills"] == 0 and row["registers"] > 0, row
-        assert not row["fallback"] and "fallback" not in row["row"]
+    assert {(r["kernel"], r["target"], r["dtype"], r["head_size"]) for r in rows} == cells
+    bad = [f"{r['row']} on {r['target']} {r['dtype']}: {r['spills']} spills {r['error']}"
+           for r in rows if not r["ok"] or r["spills"] != 0 or r["registers"] <= 0]
+    assert not bad, bad
+    for r in rows:
+        platform = target_platform(r["target"])
+        family = ALIASES.get((platform.vendor.value, platform.arch_family), platform.arch_family)
+        assert not r["fallback"] and r["served_by"] == f"{platform.vendor.value}:{family}", r
+
+
+def _cells(targets: Iterable[str], dtypes: Iterable[str] = DTYPES,
+           head_sizes: Iterable[int] = HEAD_SIZES) -> set[tuple[Any, ...]]:
+    """Every (form, target, dtype, head size) the check compiles: fp8 only where the
+    target has an e4m3 flavour."""
+    return {(k, t, d, h) for k in VARIANTS for t in targets for d in dtypes for h in head_sizes
+            if d != "fp8" or target_platform(t).fp8_flavor is not Fp8Flavor.NONE}
+
+
+#: One target per vendor, at every form, dtype and head size, and each fp8 flavour of
+#: that vendor: e4m3fn on sm90, e4m3fnuz on gfx942, e4m3fn on gfx950 (fp8 only).
+CI_TARGETS = {"cuda": [("cuda:90", DTYPES)], "hip": [("hip:gfx942", DTYPES), ("hip:gfx950", ("fp8",))]}
+
+
+@pytest.mark.parametrize("vendor", sorted(CI_TARGETS))
+def test_compile_check_one_target_per_vendor_is_spill_free(vendor: str) -> None:
+    """The launch rows of one target per vendor compile with 0 spills for every kernel form,
+    dtype, head size and fp8 flavour. The other targets: the full-matrix test below."""
+    for target, dtypes in CI_TARGETS[vendor]:
+        done = _compile_check("--json", "--targets", target, "--dtypes", *dtypes)
+        _assert_spill_free(done, _cells([target], dtypes))
+        flavours = {r["fp8_flavor"] for r in json.loads(done.stdout) if r["dtype"] == "fp8"}
+        assert flavours == {target_platform(target).fp8_flavor.value}
+
+
+@pytest.mark.skipif(not os.environ.get("ATTNHAL_FULL_COMPILE_MATRIX"),
+                    reason="990 compiles, ~20 CPU-minutes: set ATTNHAL_FULL_COMPILE_MATRIX=1")
+def test_full_compile_matrix_is_spill_free() -> None:
+    """Every kernel form, dtype and fp8 flavour on every default target, at every head size
+    the descriptor claims (the check's default 64/128/256, then 16/32)."""
+    _assert_spill_free(_compile_check("--json", timeout=7200), _cells(DEFAULT_TARGETS))
+    small = sorted(set(CAPABILITIES.head_sizes) - set(HEAD_SIZES))
+    _assert_spill_free(_compile_check("--json", "--head-sizes", *map(str, small), timeout=7200),
+                       _cells(DEFAULT_TARGETS, head_sizes=small))
+
+
+def test_small_head_sizes_lift_the_register_cap_on_nvidia_only() -> None:
+    """ptxas caps the small head sizes' programs low and spills: their 16-bit NVIDIA rows
+    carry ``maxnreg`` 255, the larger head sizes', the fp32 and the tree form's rows do not."""
+    for spec in ("cuda:sm80", "cuda:sm89", "cuda:sm90", "cuda:sm100", "cuda:sm120"):
+        assert "maxnreg" not in lookup("extend_verify_tree", parse(spec), 32, "bfloat16").launch_options
+        for kernel in ("decode", "extend_prefill", "extend_verify", "extend_draft"):
+            for head in CAPABILITIES.head_sizes:
+                options = lookup(kernel, parse(spec), head, "bfloat16").launch_options
+                assert (options.get("maxnreg") == 255) == (head in (16, 32)), (spec, kernel, head)
+            assert "maxnreg" not in lookup(kernel, parse(spec), 16, "float32").launch_options
+    assert not any("maxnreg" in lookup("extend_prefill", parse("hip:gfx942"), h, "bfloat16").launch_options
+                   for h in CAPABILITIES.head_sizes)
+
+
+# Serve sm120 by the sm80 rows again: their decode row spills (44 bytes) there at head size 64.
+_PLANT_SPILLING_ALIAS = """
+import types
+from attnhal_triton import launch_table
+launch_table.ALIASES = types.MappingProxyType({**launch_table.ALIASES, ("cuda", "sm120"): "sm80"})
+"""
+_SM120_DECODE = ("--kernels", "decode", "--targets", "cuda:120", "--dtypes", "float16", "--head-sizes", "64",
+                 "--jobs", "1")
+
+
+def test_a_spilling_row_fails_the_check_and_the_check_names_the_row_serving_the_target() -> None:
+    ours = _compile_check(*_SM120_DECODE)
+    assert ours.returncode == 0, ours.stdout + ours.stderr
+    assert "decode@cuda:sm120[d=64,*]" in ours.stdout and "cuda:120: rows of cuda:sm120" in ours.stdout
+    planted = _compile_check(*_SM120_DECODE, prelude=_PLANT_SPILLING_ALIAS)
+    assert planted.returncode == 1, planted.stdout + planted.stderr
+    assert "decode@cuda:sm80[d=*,*]" in planted.stdout and "cuda:120: rows of cuda:sm80" in planted.stdout
+    assert "1 compiles: 1 ok, 0 failed, 1 with spills" in planted.stdout
+
+
+def test_the_attnhal_command_exits_1_on_a_spill() -> None:
+    cli = "\nimport sys\nfrom attnhal.cli import main\nsys.exit(main(['compile-check', *sys.argv[1:]]))\n"
+    done = subprocess.run([sys.executable, "-c", _PLANT_SPILLING_ALIAS + cli, *_SM120_DECODE],
+                          capture_output=True, text=True, env=_clean_env(), check=False, timeout=600)
+    assert done.returncode == 1 and "1 with spills" in done.stdout, done.stdout + done.stderr
 
 
 def test_run_compile_check_leaves_an_interpreter_process_for_a_clean_one() -> None:
