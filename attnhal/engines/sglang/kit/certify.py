@@ -22,7 +22,7 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
-from attnhal import catalog
+import attnhal.catalog as catalog
 from attnhal.capabilities import BackendCapabilities
 from attnhal.engines.sglang.kit.adapter import SGLangAttention, adapter_class
 from attnhal.engines.sglang.kit.runtime import TRITON_KERNELS, engine_reasons
