@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attnhal.platform import Platform, parse
+from attnhal_triton.compile_usage import resource_usage
 from attnhal_triton.launch_table import LaunchRow, UnknownArchWarning, fallback_row, lookup
 
 __all__ = ["DEFAULT_TARGETS", "VARIANTS", "format_table", "main", "run_compile_check", "served_by",
@@ -189,51 +188,6 @@ def _source(job: Job, variant: Variant, row: LaunchRow) -> Any:
     return ASTSource(fn, signature, constexprs, attrs)
 
 
-_PTXAS = re.compile(r"Used (\d+) registers")
-_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-
-
-def _cuda_usage(compiled: Any, capability: int) -> dict[str, int]:
-    """Registers and spills from ``ptxas -v`` on the PTX (the cache may skip triton's own run)."""
-    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
-
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        with open(ptx, "w") as f:
-            f.write(compiled.asm["ptx"])
-        log = subprocess.run(
-            [get_ptxas(capability).path, "-v", "--regAllocOptLevel=2",
-             f"--gpu-name={sm_arch_from_capability(capability)}", ptx, "-o", os.path.join(tmp, "k.o")],
-            check=True, capture_output=True, text=True).stderr
-    regs, spill = _PTXAS.search(log), _SPILL.search(log)
-    return {"registers": int(regs.group(1)) if regs else -1,
-            "spills": int(spill.group(2)) + int(spill.group(3)) if spill else -1,
-            "scratch": int(spill.group(1)) if spill else -1}
-
-
-def _hip_usage(compiled: Any) -> dict[str, int]:
-    """VGPRs (+AGPRs), spill counts and scratch from the code object's metadata."""
-    text = compiled.asm["amdgcn"]
-
-    def meta(key: str) -> int:
-        m = re.search(rf"\.{key}:\s+(\d+)", text)
-        return int(m.group(1)) if m else -1
-
-    return {"registers": meta("vgpr_count") + max(meta("agpr_count"), 0),
-            "spills": meta("vgpr_spill_count") + meta("sgpr_spill_count"),
-            "scratch": meta("private_segment_fixed_size")}
-
-
-def _usage(compiled: Any, target: Any) -> dict[str, int]:
-    """Resource usage, read from whichever binary form the target's compiler produced."""
-    readers = {"ptx": lambda: _cuda_usage(compiled, int(target.arch)),
-               "amdgcn": lambda: _hip_usage(compiled)}
-    for stage, read in readers.items():
-        if stage in compiled.asm:
-            return read()
-    return {"registers": -1, "spills": -1, "scratch": -1}
-
-
 def served_by(row: LaunchRow) -> str:
     """The row set a row belongs to: ``"cuda:sm80"``, ``"hip:gfx94"`` or ``"fallback"``."""
     return f"{row.vendor}:{row.arch_family}" if row.vendor else "fallback"
@@ -258,7 +212,7 @@ def _compile_one(job: Job) -> dict[str, Any]:
             warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
             compiled = triton.compile(_source(job, variant, row), target=target,
                                       options=row.launch_options)
-        usage = _usage(compiled, target)
+        usage = resource_usage(compiled, target)
         result.update(usage, shared=int(compiled.metadata.shared), ok=True)
         limit = SHARED_LIMIT.get(job.target.partition(":")[2])
         if limit is not None and result["shared"] > limit:

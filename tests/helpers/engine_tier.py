@@ -36,3 +36,15 @@ def write_summary(terminalreporter: Any, title: str) -> None:
         terminalreporter.write_sep("=", title)
         for line in LINES:
             terminalreporter.write_line(line)
+
+
+def installed_entry_point(group: str, engine: str) -> Any:
+    """attnhal's entry point in ``group`` as this environment's metadata lists it (asserts one is there)."""
+    from importlib.metadata import distribution, entry_points
+
+    found = [ep for ep in entry_points(group=group) if ep.name == "attnhal"]
+    where = distribution("attnhal")._path  # type: ignore[attr-defined]
+    assert found, (f"no attnhal entry point in group {group}; attnhal's metadata was read from {where} "
+                   "(a stale attnhal.egg-info in the clone shadows the environment's: delete it, or rerun "
+                   f"tests/engines/setup.sh {engine})")
+    return found[0]

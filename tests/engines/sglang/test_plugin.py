@@ -18,12 +18,12 @@ import dataclasses
 import logging
 import os
 from collections.abc import Iterator
-from importlib.metadata import distribution, entry_points
 from pathlib import Path
 from typing import Any
 
 import sglang_grid as grid
 import harness
+from engine_tier import installed_entry_point
 from entry_point_overlay import overlay
 import pytest
 from sglang_grid import Case
@@ -143,12 +143,7 @@ def lines(caplog: pytest.LogCaptureFixture) -> Any:
 # --- installed, loaded by SGLang's loader -------------------------------------------------------------
 
 def test_the_entry_point_is_installed_in_this_environment() -> None:
-    found = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "attnhal"]
-    where = distribution("attnhal")._path  # type: ignore[attr-defined]
-    assert found, (f"no attnhal entry point in group sglang.srt.plugins; attnhal's metadata was read from {where} "
-                   "(a stale attnhal.egg-info in the clone shadows the environment's: delete it, or rerun "
-                   "tests/engines/setup.sh sglang)")
-    assert found[0].load() is plugin.register
+    assert installed_entry_point("sglang.srt.plugins", "sglang").load() is plugin.register
 
 
 def test_load_plugins_registers_the_hooks_and_off_registers_none() -> None:

@@ -1,0 +1,60 @@
+"""What a compiled Triton kernel uses: registers, spills and scratch, per vendor's binary form.
+
+CUDA: ``ptxas -v`` run again on the PTX (Triton's cache may skip its own run), registers per
+thread and spill bytes; HIP: the code object's metadata, VGPRs + AGPRs per lane and spill counts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any
+
+__all__ = ["resource_usage"]
+
+_PTXAS = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def _cuda_usage(compiled: Any, capability: int) -> dict[str, int]:
+    """Registers and spills from ``ptxas -v`` on the PTX (the cache may skip triton's own run)."""
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        log = subprocess.run(
+            [get_ptxas(capability).path, "-v", "--regAllocOptLevel=2",
+             f"--gpu-name={sm_arch_from_capability(capability)}", ptx, "-o", os.path.join(tmp, "k.o")],
+            check=True, capture_output=True, text=True).stderr
+    regs, spill = _PTXAS.search(log), _SPILL.search(log)
+    return {"registers": int(regs.group(1)) if regs else -1,
+            "spills": int(spill.group(2)) + int(spill.group(3)) if spill else -1,
+            "scratch": int(spill.group(1)) if spill else -1}
+
+
+def _hip_usage(compiled: Any) -> dict[str, int]:
+    """VGPRs (+AGPRs), spill counts and scratch from the code object's metadata."""
+    text = compiled.asm["amdgcn"]
+
+    def meta(key: str) -> int:
+        m = re.search(rf"\.{key}:\s+(\d+)", text)
+        return int(m.group(1)) if m else -1
+
+    return {"registers": meta("vgpr_count") + max(meta("agpr_count"), 0),
+            "spills": meta("vgpr_spill_count") + meta("sgpr_spill_count"),
+            "scratch": meta("private_segment_fixed_size")}
+
+
+def resource_usage(compiled: Any, target: Any) -> dict[str, int]:
+    """``registers``, ``spills`` and ``scratch`` of a compiled kernel (``-1``: not reported), read
+    from whichever binary form the target's compiler produced (PTX for CUDA, AMDGCN for HIP)."""
+    readers = {"ptx": lambda: _cuda_usage(compiled, int(target.arch)),
+               "amdgcn": lambda: _hip_usage(compiled)}
+    for stage, read in readers.items():
+        if stage in compiled.asm:
+            return read()
+    return {"registers": -1, "spills": -1, "scratch": -1}
