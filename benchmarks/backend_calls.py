@@ -17,7 +17,7 @@ from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVP
 from attnhal.phases import Phase
 from attnhal.registry import default_registry
 
-__all__ = ["PagedCase", "paged_case"]
+__all__ = ["PagedCase", "paged_case", "tree_mask"]
 
 
 @dataclass
@@ -38,13 +38,27 @@ class PagedCase:
         return forward[self.batch.phase](self.q, 0, self.batch)
 
 
-def _batch(phase: Phase, bs: int, ctx: int, draft_tokens: int, device: torch.device) -> ForwardBatch:
-    """Rows 1..bs hold ``ctx`` tokens each in contiguous slots; the last ``T`` are the new tokens."""
+def tree_mask(tokens: int, topk: int = 2) -> torch.Tensor:
+    """``[T, T]`` bool mask of a draft tree: token ``i``'s parent is ``(i - 1) // topk``
+    (a ``topk``-ary tree in breadth-first order); ``i`` attends itself and its ancestors."""
+    mask = torch.eye(tokens, dtype=torch.bool)
+    for i in range(1, tokens):
+        mask[i] |= mask[(i - 1) // topk]
+    return mask
+
+
+def _batch(phase: Phase, bs: int, ctx: int, draft_tokens: int, device: torch.device,
+           tree: bool = False) -> ForwardBatch:
+    """Rows 1..bs hold ``ctx`` tokens each in contiguous slots; the last ``T`` are the new
+    tokens (a branching draft tree of them with ``tree``)."""
     t = {Phase.DECODE: 1, Phase.TARGET_VERIFY: draft_tokens, Phase.PREFILL: ctx}[phase]
     rows = torch.arange(1, bs + 1, device=device)
     last = (rows - 1)[:, None] * ctx + 1 + torch.arange(ctx - t, ctx, device=device)  # slots of new tokens
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device=device)
-    spec = SpecInfo(num_draft_tokens=t, draft_extend_len=t) if phase is Phase.TARGET_VERIFY else None
+    spec = None
+    if phase is Phase.TARGET_VERIFY:
+        mask = tree_mask(t).to(device).expand(bs, t, t).contiguous() if tree else None
+        spec = SpecInfo(topk=2 if tree else 1, num_draft_tokens=t, draft_extend_len=t, custom_mask=mask)
     extend = torch.full((bs,), t, dtype=torch.int32, device=device) if phase is Phase.PREFILL else None
     return ForwardBatch(phase, rows, seq_lens, last.flatten(), extend_lens=extend,
                         extend_lens_cpu=[t] * bs if extend is not None else None,
@@ -53,21 +67,28 @@ def _batch(phase: Phase, bs: int, ctx: int, draft_tokens: int, device: torch.dev
 
 def paged_case(backend: str, phase: Phase, bs: int, ctx: int, *, q_heads: int = 32, kv_heads: int = 8,
                head: int = 128, dtype: torch.dtype = torch.bfloat16, draft_tokens: int = 4,
-               device: str | torch.device = "cuda") -> PagedCase:
-    """``bs`` requests of ``ctx`` tokens, page size 1, random K/V, backend ``backend`` (registered name)."""
+               device: str | torch.device = "cuda", kv_dtype: torch.dtype | None = None,
+               tree: bool = False) -> PagedCase:
+    """``bs`` requests of ``ctx`` tokens, page size 1, random K/V, backend ``backend`` (registered
+    name); ``kv_dtype`` an fp8 storage dtype for a scaled fp8 cache; ``tree`` a branching
+    verify tree."""
     device = torch.device(device)
     config = AttentionConfig(num_q_heads=q_heads, num_kv_heads=kv_heads, head_size=head, dtype=dtype)
-    pool = KVPool(num_layers=1, num_slots=bs * ctx, num_kv_heads=kv_heads, head_dim=head, dtype=dtype,
+    store = kv_dtype or dtype
+    pool = KVPool(num_layers=1, num_slots=bs * ctx, num_kv_heads=kv_heads, head_dim=head, dtype=store,
                   max_reqs=bs, max_context_len=ctx, device=device)
     for cache in (pool.k[0], pool.v[0]):
-        cache.normal_()
+        cache.copy_(torch.randn(cache.shape, device=device).to(store))
+    if kv_dtype is not None:
+        pool.k_scale.fill_(0.5)
+        pool.v_scale.fill_(0.25)
     slots = 1 + torch.arange(bs * ctx, device=device, dtype=torch.int32).view(bs, ctx)
     pool.req_to_token[1:bs + 1, :ctx] = slots
     cls = default_registry().get(backend).backend
     if cls is None:
         raise RuntimeError(f"backend={backend} could not be loaded")
-    batch = _batch(phase, bs, ctx, draft_tokens, device)
+    batch = _batch(phase, bs, ctx, draft_tokens, device, tree)
     q = torch.randn(batch.out_cache_loc.numel(), q_heads, head, dtype=dtype, device=device)
     attn = cls(config, pool)
     attn.init_forward_metadata(batch)
-    return PagedCase(attn, batch, q, kv_bytes=2 * bs * ctx * kv_heads * head * dtype.itemsize)
+    return PagedCase(attn, batch, q, kv_bytes=2 * bs * ctx * kv_heads * head * store.itemsize)

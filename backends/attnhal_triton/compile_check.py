@@ -36,6 +36,7 @@ from typing import Any
 from attnhal.platform import Platform, parse
 from attnhal_triton.compile_usage import resource_usage
 from attnhal_triton.launch_table import LaunchRow, UnknownArchWarning, fallback_row, lookup
+from attnhal_triton.work import head_block
 
 __all__ = ["DEFAULT_TARGETS", "VARIANTS", "format_table", "main", "run_compile_check", "served_by",
            "serving_lines", "target_platform"]
@@ -155,10 +156,9 @@ def _constexprs(job: Job, variant: Variant, row: LaunchRow) -> dict[str, Any]:
         return values
     values.update(GROUP=GROUP, DOT_F32=False, KV_SCALED=job.dtype == "fp8", **row.constexprs)
     if variant.function == "extend_kernel":
-        values.update(MAX_SPLITS=row.kv_splits, NUM_Q_HEADS=GROUP * 8)  # 8 KV heads
+        values.update(NUM_Q_HEADS=GROUP * 8)  # 8 KV heads
     if variant.table_kernel == "decode":
-        # As ops.decode_partial: the group padded to >= 16 rows, capped by the row.
-        values["BLOCK_H"] = min(row.blocks["BLOCK_H"], max(16, 1 << (GROUP - 1).bit_length()))
+        values["BLOCK_H"] = head_block(row, GROUP)  # as the backend launches it
     return values
 
 

@@ -2,45 +2,38 @@
 # (Triton kernels take untyped tensors/pointers; their types live in the signatures triton infers.)
 """Triton attention kernels over a paged KV cache.
 
-Imported lazily (first forward, or the compile check): importing this module
-imports triton. ``TRITON_INTERPRET=1`` must be set before this import for the
-kernels to run on CPU, since triton reads it when ``@triton.jit`` decorates.
+Imported lazily (first forward, or the compile check). ``TRITON_INTERPRET=1`` must be set
+before this import for the kernels to run on CPU (triton reads it at decoration).
 
 Kernels
 -------
 ``decode_partial_kernel``
-    split-KV stage 1 of ``decode`` and ``draft_decode``. Grid
-    ``(rows, num_kv_heads * head_blocks, max_splits)``: one program per row, KV
-    head (all of its query heads, padded to ``BLOCK_H >= 16`` so ``tl.dot`` applies)
-    and KV split. Row ``r`` uses ``NumSplits[r]`` splits (sized on the device by the
-    metadata step); programs past that count do nothing. Writes the split's
-    normalised partial output and its base-2 log-sum-exp.
+    split-KV stage 1 of ``decode`` and ``draft_decode``. Grid ``(rows, num_kv_heads *
+    head_blocks, max_splits)``: one program per row, KV head (its query heads padded to
+    ``BLOCK_H >= 16`` for ``tl.dot``) and KV split. Row ``r`` uses ``NumSplits[r]`` splits;
+    programs past that count do nothing. Writes normalised partials and base-2 log-sum-exps.
 ``decode_reduce_kernel``
     stage 2 of decode and of the split extend: merges the non-empty splits of one
     (row, query head) with their log-sum-exp (and the head's sink logit).
 ``extend_kernel``
-    ``prefill``, ``target_verify`` and ``draft_extend``. Grid
-    ``(m_blocks, rows, num_kv_heads * splits)``: one program per block of
-    ``BLOCK_M`` flattened (query token, query head of the group) pairs, row, KV head
-    and KV split (m-blocks on axis 0, whose limit is 2**31 - 1, not 65535). With
-    ``SPLIT`` it writes (o, lse) partials for ``decode_reduce_kernel``; without, the output.
+    ``prefill``, ``target_verify`` and ``draft_extend``. Grid ``(m_blocks, rows,
+    num_kv_heads * splits)``: one program per block of ``BLOCK_M`` flattened (query token,
+    query head of the group) pairs, row, KV head and KV split (m-blocks on axis 0, whose
+    limit is 2**31 - 1). ``SPLIT``: (o, lse) partials for the reduce; else the output.
 
 Paging: position ``p`` of a row lives in slot ``page * PAGE_SIZE + p % PAGE_SIZE`` with
 ``page = req_to_page[row, p // PAGE_SIZE]``.
 
-All softmax arithmetic is fp32 in base 2 (scores are pre-multiplied by
-``sm_scale * log2(e)``; with a soft-cap, ``cap * tanh(s / cap)`` is taken first).
-Masked scores are ``-inf``; a row with nothing to attend yields 0, never NaN
-(padded graph rows may have any length). Sliding window: a query at KV position
-``qpos`` attends positions ``>= qpos - window`` (``window < 0``: no window).
+Softmax arithmetic is fp32 in base 2 (scores pre-multiplied by ``sm_scale * log2(e)``; with
+a soft-cap, ``cap * tanh(s / cap)`` first). Masked scores are ``-inf``; a row with nothing to
+attend yields 0, never NaN (padded graph rows may have any length). Sliding window: a query
+at KV position ``qpos`` attends positions ``>= qpos - window`` (``window < 0``: none).
 
-``DOT_F32`` casts the dot operands to fp32: the interpreter computes bf16 ``tl.dot``
-on raw bit patterns (triton-lang/triton#11584), so bf16 runs through this path
-under the interpreter only. ``tl.dot`` uses ``input_precision="ieee"`` so that
-fp32 inputs are not rounded to tf32. ``KV_SCALED``: the cache stores fp8, read as
-``stored.float() * scale`` (per-layer K and V scales): the stored values, exact in
-fp16/bf16, enter the dots and the scales are applied to the scores (K) and the
-accumulator (V), which is the same by linearity.
+``DOT_F32`` casts the dot operands to fp32: the interpreter computes bf16 ``tl.dot`` on raw
+bit patterns (triton-lang/triton#11584), so bf16 takes this path under the interpreter only.
+``DOT_PRECISION`` (``"ieee"``) keeps fp32 inputs from being rounded to tf32. ``KV_SCALED``:
+an fp8 cache read as ``stored * scale`` (per-layer K and V scales): the stored values, exact
+in fp16/bf16, enter the dots and the scales multiply the scores (K) and the accumulator (V).
 """
 
 from __future__ import annotations
@@ -270,10 +263,10 @@ def _tree_depth(Tree, row, tok, ok, q_per_row, MASK_WORDS: tl.constexpr):
 def extend_kernel(
     Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
     Tree, KScale, VScale, Sinks,
-    qk_scale, softcap, window, q_per_row,
+    qk_scale, softcap, window, q_per_row, max_splits,
     stride_qt, stride_qh, stride_req,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PACKED: tl.constexpr, HAS_EXT_LENS: tl.constexpr,
     USE_MASK: tl.constexpr, MASK_WORDS: tl.constexpr, SPLIT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALED: tl.constexpr,
@@ -290,9 +283,11 @@ def extend_kernel(
     ``Tree[r, i, j // 32]`` is set (``Tree`` ``[rows, T, MASK_WORDS + 1]`` int32; the last
     word of token ``i`` is its depth); then ``qpos = prefix + depth[i]`` and draft key
     ``j`` sits at ``prefix + depth[j]``. ``SPLIT``: the block's KV range is cut into
-    ``NumSplits[r]`` (<= ``MAX_SPLITS``) chunks whose (o, lse) partials go to MidO
-    ``[tokens, Hq, MAX_SPLITS, D]`` / MidLse ``[tokens, Hq, MAX_SPLITS]`` for
-    ``decode_reduce_kernel`` (which adds the sinks); otherwise Out is written. Out and the
+    ``NumSplits[r]`` (<= ``max_splits``, the batch's cap) chunks whose (o, lse) partials go
+    to MidO ``[tokens, Hq, max_splits, D]`` / MidLse ``[tokens, Hq, max_splits]`` for
+    ``decode_reduce_kernel`` (which adds the sinks); otherwise Out is written. The cap is a
+    run-time argument, not a constexpr: it follows the batch size, and a constexpr would
+    compile one kernel per batch size. Out and the
     partials are contiguous: their strides follow from the constexpr shapes, which keeps
     scalar registers free (the tree form ran out of SGPRs on CDNA).
     """
@@ -300,8 +295,8 @@ def extend_kernel(
     KV_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * HEAD_DIM
     m_block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    kv_head = tl.program_id(2) // MAX_SPLITS
-    split = tl.program_id(2) % MAX_SPLITS
+    kv_head = tl.program_id(2) // max_splits
+    split = tl.program_id(2) % max_splits
 
     req_row = ReqToPage + tl.load(ReqIdx + row).to(tl.int64) * stride_req
     kv_len = tl.load(SeqLens + row)
@@ -319,16 +314,21 @@ def extend_kernel(
 
     # KV ranges this block needs: [lo, shared) seen by every query but for the window,
     # [shared, hi) masked per query; both empty when the block holds no query of this row.
-    has_rows = m_block * BLOCK_M // GROUP < n_q
+    first_tok = m_block * BLOCK_M // GROUP
+    has_rows = first_tok < n_q
     if USE_MASK:
         qpos = prefix + _tree_depth(Tree, row, tok, m_ok, q_per_row, MASK_WORDS)
         hi = kv_len
+        seen_by_all = prefix  # draft keys follow the tree
     else:
         qpos = tl.minimum(prefix + tok, kv_len - 1)
         last_tok = tl.minimum(((m_block + 1) * BLOCK_M - 1) // GROUP, n_q - 1)
         hi = tl.minimum(prefix + last_tok + 1, kv_len)
+        # Causal: every query of the block sees the positions before its first query, so
+        # only the block's diagonal tiles pay for the mask (most of a long prefill).
+        seen_by_all = prefix + first_tok
     hi = tl.where(has_rows, hi, 0)
-    shared = tl.minimum(tl.maximum(prefix, 0), hi)
+    shared = tl.minimum(tl.maximum(seen_by_all, 0), hi)
     lo_q = tl.where(window >= 0, qpos - window, 0)  # [M] first position each query sees
     lo = tl.minimum(tl.maximum(tl.min(tl.where(m_ok, lo_q, hi), 0), 0), hi)
     if SPLIT:
@@ -377,7 +377,7 @@ def extend_kernel(
     if SPLIT:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         token = q_start + tok
-        cell = (token * NUM_Q_HEADS + heads) * MAX_SPLITS + split  # [M] (token, head, split)
+        cell = (token * NUM_Q_HEADS + heads) * max_splits + split  # [M] (token, head, split)
         tl.store(MidO + cell[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None],
                  mask=(m_ok & (tok * 0 + s_lo < s_hi))[:, None])
         tl.store(MidLse + cell, m_i + tl.log2(l_safe),

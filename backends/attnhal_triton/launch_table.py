@@ -29,8 +29,10 @@ __all__ = [
     "ALIASES",
     "EXTEND_VARIANTS",
     "FALLBACK",
+    "PROGRAMS_PER_UNIT",
     "KERNELS",
     "TABLE",
+    "UNITS",
     "LaunchRow",
     "UnknownArchWarning",
     "best_row",
@@ -74,10 +76,13 @@ class LaunchRow:
     head_size, dtype: ``None`` matches any.
     blocks: the kernel's block-size constexprs (upper-case names, e.g. ``BLOCK_N``).
     num_warps, num_stages: passed to every launch.
-    kv_splits: most KV splits of a row (decode and split extend); the buffers are sized
-        for it, so it is fixed when a graph is captured.
+    kv_splits: most KV splits of a row (decode and split extend).
     split_len: positions per split at least: row ``r`` takes
-        ``clamp(ceil(seq_len[r] / split_len), 1, kv_splits)`` splits, computed on the device.
+        ``clamp(ceil(seq_len[r] / split_len), 1, S)`` splits, computed on the device, where
+        ``S`` is the batch's split cap (:func:`attnhal_triton.work.batch_splits`).
+    fill_programs: programs that keep every SM/CU of the family busy: a batch whose
+        launch has fewer programs per split is split until it reaches this (at most
+        ``kv_splits``); a batch that already fills the device is not split at all.
     dot_precision: ``tl.dot`` input precision for fp32 operands (``"ieee"`` everywhere;
         ``"tf32x3"`` where the vendor offers it: fp32-accurate on tensor cores).
     extra: vendor-only launch options (HIP: ``waves_per_eu``, ``matrix_instr_nonkdim``,
@@ -92,6 +97,7 @@ class LaunchRow:
     num_stages: int = 1
     kv_splits: int = 1
     split_len: int = 256
+    fill_programs: int = 0
     head_size: int | None = None
     dtype: str | None = None
     dot_precision: str = "ieee"
@@ -172,11 +178,11 @@ _FP32_EXTEND_256 = ("extend", 256, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 8,
 
 
 def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...]],
-          splits: int = 1, split_len: int = 256, **common: Any) -> list[LaunchRow]:
+          splits: int = 1, split_len: int = 256, fill: int = 0, **common: Any) -> list[LaunchRow]:
     """Rows from ``(kernel, head_size, dtype, blocks, num_warps, num_stages)`` tuples.
 
-    ``splits``/``split_len`` go to the rows of the split kernels (decode and the split
-    extend variants); ``"extend"`` expands to one row per extend variant.
+    ``splits``/``split_len``/``fill`` go to the rows of the split kernels (decode and the
+    split extend variants); ``"extend"`` expands to one row per extend variant.
     """
     rows = []
     for kernel, head, dtype, blocks, warps, stages in specs:
@@ -184,8 +190,26 @@ def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...
             split = name == "decode" or name in _SPLIT_EXTEND
             rows.append(LaunchRow(name, vendor, family, blocks, num_warps=warps, num_stages=stages,
                                   head_size=head, dtype=dtype, kv_splits=splits if split else 1,
-                                  split_len=split_len, **common))
+                                  split_len=split_len, fill_programs=fill if split else 0,
+                                  **common))
     return rows
+
+
+#: SMs (NVIDIA) or CUs (AMD) of each family's reference part: A100, H100/H200, RTX 5090,
+#: MI250X (one GCD), MI300X, MI355X. The split rows fill :data:`PROGRAMS_PER_UNIT` programs
+#: on each; a part with fewer units is filled sooner, one with more a little later.
+UNITS: Mapping[str, int] = MappingProxyType({
+    "sm80": 108, "sm90": 132, "sm120": 170, "gfx90": 110, "gfx94": 304, "gfx95": 256,
+})
+#: Resident programs per SM/CU that the split rows aim for (a few per unit hide memory latency).
+PROGRAMS_PER_UNIT = 4
+#: Most KV splits of a row on a GPU: the partial buffers are sized by the work
+#: (:func:`attnhal_triton.work.partial_slots`), not by this, so it can be generous.
+_GPU_SPLITS = 64
+
+
+def _fill(family: str) -> int:
+    return UNITS[family] * PROGRAMS_PER_UNIT
 
 
 def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256: int,
@@ -197,11 +221,12 @@ def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256:
     # row before the shared fp32 rows, ``overrides`` after the decode and fp32 rows
     # (so a head-size decode override leaves fp32 to its row) and before the general
     # extend rows.
-    splits = 16
+    splits, fill = _GPU_SPLITS, _fill(family)
     big = {"BLOCK_M": 64, "BLOCK_N": 64}
     wide = [(kernel, head, None, prefill_verify, 8, 2) for kernel in ("extend_prefill", "extend_verify")
             for head in (None, 128)] if prefill_verify else []
-    fp32_256 = _rows("cuda", family, [_FP32_EXTEND_256], splits=splits, extra={"maxnreg": 128})
+    fp32_256 = _rows("cuda", family, [_FP32_EXTEND_256], splits=splits, fill=fill,
+                     extra={"maxnreg": 128})
     return _uncapped_small_heads(fp32_256 + _rows("cuda", family, [
         ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 2),
         ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 2),
@@ -213,7 +238,7 @@ def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256:
         ("extend", None, None, big, 8, 2),
         ("extend", 128, None, d128, 8, 2),
         ("extend", 256, None, d256, w256, 2),
-    ], splits=splits))
+    ], splits=splits, fill=fill))
 
 
 #: Head sizes whose NVIDIA rows lift ptxas's register cap (see ``_uncapped_small_heads``).
@@ -241,7 +266,7 @@ def _uncapped_small_heads(rows: list[LaunchRow]) -> list[LaunchRow]:
     return rows + extra
 
 
-def _amd(family: str, splits: int) -> list[LaunchRow]:
+def _amd(family: str) -> list[LaunchRow]:
     # One stage: the AMD stream pipeliner gains little here and costs LDS; 16x16
     # MFMA with kpack=2 suits these fp16/bf16 tiles; fp32 runs on fp32 MFMA.
     return [
@@ -261,7 +286,7 @@ def _amd(family: str, splits: int) -> list[LaunchRow]:
             # 64x32 at head size 256 fills all 256 VGPRs with an fp8 cache (split forms
             # spill one); 64x16 needs ~190.
             ("extend", 256, None, {"BLOCK_M": 64, "BLOCK_N": 16}, 8, 1),
-        ], splits=splits, extra=_HIP),
+        ], splits=_GPU_SPLITS, fill=_fill(family), extra=_HIP),
         *_rows("hip", family, [("decode_reduce", None, None, {}, 4, 1)]),
     ]
 
@@ -285,29 +310,30 @@ TABLE: tuple[LaunchRow, ...] = (
     # spill 44 bytes under sm_120's ptxas (capped at 64 registers), 32 do not.
     *_nvidia("sm120", **{**_SM80, "overrides": [
         *_SM80["overrides"], ("decode", 64, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 2)]}),
-    *_amd("gfx90", splits=16),  # CDNA2 (MI200): 110 CUs
-    *_amd("gfx94", splits=32),  # CDNA3 (MI300X): 304 CUs, more KV splits at small batch
-    *_amd("gfx95", splits=32),  # CDNA4 (MI350): as CDNA3 until measured
+    *_amd("gfx90"),  # CDNA2 (MI200)
+    *_amd("gfx94"),  # CDNA3 (MI300X)
+    *_amd("gfx95"),  # CDNA4 (MI350): as CDNA3 until measured
     # The Triton interpreter on CPU: options are ignored; BLOCK_N >= 64 and few
     # splits keep the number of sequentially interpreted programs small, and a short
-    # split length makes the tests' short rows use several splits.
+    # split length with a fill no test batch reaches makes the tests' short rows use
+    # several splits.
     *_rows("cpu", "cpu", [
         ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 1),
         ("decode_reduce", None, None, {}, 4, 1),
         ("extend", None, None, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 1),
-    ], splits=4, split_len=64),
+    ], splits=4, split_len=64, fill=1 << 20),
 )
 
 #: Rows for an arch family the table does not know (``vendor`` and ``arch_family``
 #: None): small tiles, 1 stage, IEEE dots and no vendor-only options, so that they
-#: compile spill-free on every target the compile check knows.
+#: compile spill-free on every target the compile check knows; the fill of a ~128-unit part.
 FALLBACK: tuple[LaunchRow, ...] = tuple(_rows(None, None, [
     ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 1),
     ("decode", None, None, {"BLOCK_N": 16, "BLOCK_H": 16}, 4, 1),
     ("decode_reduce", None, None, {}, 4, 1),
     *_FP32_EXTEND,
     ("extend", None, None, {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
-], splits=8))
+], splits=16, fill=512))
 
 
 def rows_for(kernel: str, vendor: str, arch_family: str,
