@@ -8,8 +8,9 @@ contract and the validators both read it, and it reads neither.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
+from typing import Any
 
 import torch
 
@@ -70,6 +71,9 @@ class AttentionConfig:
 
     :attr:`features` lists what a backend must claim to serve this config; MLA is a
     ``v_head_size`` different from ``head_size``.
+
+    A config may be built on any device (a checkpoint loads on the host); a backend keeps
+    :meth:`on_device` of it for its pool's device (the base contract does, once).
     """
 
     num_q_heads: int
@@ -97,6 +101,17 @@ class AttentionConfig:
         if self.sinks is not None and (self.sinks.dim() != 2 or self.sinks.shape[1] != self.num_q_heads):
             raise ValueError(f"sinks shape={tuple(self.sinks.shape)} "
                              f"(supported: [num_layers, num_q_heads={self.num_q_heads}])")
+
+    def on_device(self, device: torch.device) -> AttentionConfig:
+        """This config with every tensor field (``sinks``) on ``device``: ``self`` when all
+        already are, else a copy whose tensors were moved (one host-to-device copy each).
+
+        Kernels take these tensors as launch arguments, and a GPU kernel cannot read a host
+        tensor: a backend moves them once at construction, never per forward.
+        """
+        moved: dict[str, Any] = {f.name: value.to(device) for f in fields(self)
+                 if isinstance(value := getattr(self, f.name), torch.Tensor) and value.device != device}
+        return replace(self, **moved) if moved else self
 
     @property
     def sm_scale(self) -> float:

@@ -72,7 +72,10 @@ class AttentionBackend:
     * returns ``[num_tokens, num_q_heads, v_head_size]`` in ``q``'s dtype
 
     The base ``__init__`` refuses (:class:`UnsupportedFeature`) a config feature, page
-    size or KV dtype the descriptor does not claim; subclasses call it first. For graphs,
+    size or KV dtype the descriptor does not claim; subclasses call it first. It keeps
+    ``self.config`` with every config tensor (``sinks``) on ``pool.device``
+    (:meth:`AttentionConfig.on_device`), so kernels never get a host tensor beside a
+    device pool. For graphs,
     a backend overrides :meth:`build_capture_metadata`, not :meth:`init_capture_metadata`,
     which refuses prefill for every backend before calling it.
     """
@@ -83,7 +86,7 @@ class AttentionBackend:
         reasons = config_reasons(self.capabilities, config, pool)
         if reasons:
             raise UnsupportedFeature(f"backend {self.capabilities.name!r}: " + "; ".join(r.message for r in reasons))
-        self.config = config
+        self.config = config.on_device(pool.device)  # kernels read config tensors beside the pool's
         self.pool = pool
 
     @classmethod

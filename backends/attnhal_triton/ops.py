@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 import torch
 
+from attnhal_triton.arg_devices import on_one_device
 from attnhal_triton.launch_table import decode_launch
 
 __all__ = ["decode_partial", "decode_reduce", "extend"]
@@ -87,6 +88,7 @@ def _kv_scale_args(k_cache: torch.Tensor, k_scale: Optional[torch.Tensor],
 # --- decode, stage 1 ----------------------------------------------------------------
 
 @torch.library.custom_op("attnhal_triton::decode_partial", mutates_args=("mid_o", "mid_lse"))
+@on_one_device("q")
 def decode_partial(
     mid_o: torch.Tensor, mid_lse: torch.Tensor, q: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_page: torch.Tensor,
@@ -138,6 +140,7 @@ def decode_partial(
 
 
 @decode_partial.register_fake
+@on_one_device("q", "decode_partial")
 def _(mid_o, mid_lse, q, k_cache, v_cache, req_to_page, req_pool_indices, seq_lens,  # type: ignore[no-untyped-def]
       num_splits, extra_slots, k_scale, v_scale, num_extra, page_size, sm_scale, softcap, window,
       launch) -> None:
@@ -147,6 +150,7 @@ def _(mid_o, mid_lse, q, k_cache, v_cache, req_to_page, req_pool_indices, seq_le
 # --- stage 2: merge the splits ---------------------------------------------------------
 
 @torch.library.custom_op("attnhal_triton::decode_reduce", mutates_args=("out",))
+@on_one_device("out")
 def decode_reduce(out: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor, num_splits: torch.Tensor,
            sinks: Optional[torch.Tensor], rows_per_entry: int, launch: str) -> None:
     """Merge the splits: ``out`` ``[rows, Hq, D]`` from ``mid_o``/``mid_lse`` (first ``rows``).
@@ -170,6 +174,7 @@ def decode_reduce(out: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
 
 
 @decode_reduce.register_fake
+@on_one_device("out", "decode_reduce")
 def _(out, mid_o, mid_lse, num_splits, sinks, rows_per_entry, launch) -> None:  # type: ignore[no-untyped-def]
     return None
 
@@ -177,6 +182,7 @@ def _(out, mid_o, mid_lse, num_splits, sinks, rows_per_entry, launch) -> None:  
 # --- extend ---------------------------------------------------------------------------
 
 @torch.library.custom_op("attnhal_triton::extend", mutates_args=("out", "mid_o", "mid_lse"))
+@on_one_device("q")
 def extend(
     out: torch.Tensor, mid_o: Optional[torch.Tensor], mid_lse: Optional[torch.Tensor],
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -244,6 +250,7 @@ def extend(
 
 
 @extend.register_fake
+@on_one_device("q", "extend")
 def _(out, mid_o, mid_lse, q, k_cache, v_cache, req_to_page, req_pool_indices,  # type: ignore[no-untyped-def]
       seq_lens, num_splits, qo_indptr, ext_lens, tree, k_scale, v_scale, sinks,
       q_per_row, max_q, page_size, sm_scale, softcap, window, launch) -> None:

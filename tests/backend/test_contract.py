@@ -17,6 +17,7 @@ from attnhal.backend import (
     AttentionConfig,
     BatchValidationError,
     ForwardBatch,
+    KVPool,
     UnsupportedPhase,
     compute_dtype,
     dtype_name,
@@ -233,3 +234,29 @@ def test_unknown_dtypes_name_the_field_and_the_choices() -> None:
         compute_dtype("fp16")
     with pytest.raises(ValueError, match="dtype=torch.float64"):
         AttentionConfig(2, 1, 16, dtype=torch.float64)
+
+
+# --- config tensors live beside the pool ------------------------------------------------
+
+def test_on_device_moves_every_tensor_once() -> None:
+    """A moved copy when a tensor is elsewhere (the caller's config untouched); the very same
+    config when all are there already, so a backend built on it copies nothing."""
+    config = AttentionConfig(8, 2, 64, sinks=torch.randn(2, 8))
+    moved = config.on_device(torch.device("meta"))
+    assert moved.sinks is not None and moved.sinks.device == torch.device("meta")
+    assert config.sinks is not None and config.sinks.device == torch.device("cpu")
+    assert moved == config  # the shapes and features are the same model
+    assert moved.on_device(torch.device("meta")) is moved
+    assert config.on_device(torch.device("cpu")) is config
+
+
+@pytest.mark.parametrize("name", [n for n in MAKERS if n != "cpu"])  # the cpu kernel refuses sinks
+def test_every_backend_keeps_config_tensors_on_the_pools_device(name: str) -> None:
+    """Sinks given on the host, a pool on another device (``meta``): the backend's config
+    holds them on the pool's device (on a GPU, a host tensor handed to a kernel fails)."""
+    case = _case(Phase.DECODE)
+    config = dataclasses.replace(case.config, sinks=torch.randn(1, case.config.num_q_heads))
+    pool = KVPool(num_layers=1, num_slots=8, num_kv_heads=config.num_kv_heads, head_dim=config.head_size,
+                  dtype=config.dtype, max_reqs=2, max_context_len=8, device="meta")
+    backend = MAKERS[name](dataclasses.replace(case, config=config, pool=pool))
+    assert backend.config.sinks is not None and backend.config.sinks.device == pool.device

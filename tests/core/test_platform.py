@@ -1,4 +1,5 @@
 import pytest
+from doubles import attnhal_warnings, signature_drift
 
 from attnhal.platform import Fp8Flavor, GraphKind, PlatformSpecError, Vendor, arch_at_least, detect, parse
 
@@ -113,7 +114,7 @@ def test_unknown_well_formed_archs_warn_and_get_conservative_facts(spec, warp):
 def test_known_archs_do_not_warn(recwarn):
     for spec in ("cuda:sm80", "cuda:sm120", "hip:gfx90a", "hip:gfx1201", "xpu:pvc", "npu:910b", "musa:mp21"):
         parse(spec)
-    assert not recwarn.list
+    assert not attnhal_warnings(recwarn.list)  # torch or Python may warn of their own
 
 
 def test_parse_and_current_refuse_non_strings():
@@ -145,6 +146,27 @@ def test_arch_sets_and_unknown_arch_ordering():
         assert not arch_at_least(Vendor.XPU, "xe9", "pvc") and arch_at_least(Vendor.XPU, "xe9", "xe9")
 
 
+#: What detection calls on ``torch.npu`` / ``torch.musa`` / ``torch.xpu``.
+VENDOR_API = ("is_available", "current_device", "get_device_name")
+
+
+def fake_vendor_api(device_name: str) -> type:
+    """A stand-in for what torch_npu / torch_musa / torch.xpu expose: one device named
+    ``device_name``, with torch.xpu's signatures (checked below)."""
+    class FakeApi:
+        is_available = staticmethod(lambda: True)
+        current_device = staticmethod(lambda: 0)
+        get_device_name = staticmethod(lambda device=None: device_name)
+
+    return FakeApi
+
+
+def test_the_fake_vendor_api_follows_torch_xpu():
+    import torch
+
+    assert signature_drift(fake_vendor_api("x"), torch.xpu, VENDOR_API) == []
+
+
 @pytest.mark.parametrize("module, name, expected", [
     ("npu", "Ascend910B3", "npu:910b"),
     ("musa", "MTT S4000", "musa:mp22"),
@@ -153,13 +175,8 @@ def test_arch_sets_and_unknown_arch_ordering():
 def test_detect_reads_out_of_tree_vendors_only_through_torch(monkeypatch, module, name, expected):
     import torch
 
-    class FakeApi:  # what torch_npu / torch_musa / torch.xpu expose
-        is_available = staticmethod(lambda: True)
-        current_device = staticmethod(lambda: 0)
-        get_device_name = staticmethod(lambda index: name)
-
     monkeypatch.delenv("ATTNHAL_PLATFORM", raising=False)
-    monkeypatch.setattr(torch, module, FakeApi, raising=False)
+    monkeypatch.setattr(torch, module, fake_vendor_api(name), raising=False)
     p = detect()
     assert p.name == expected and p.graph_kind is GraphKind.DEVICE and not p.simulated
     assert p.torch_device == f"{module}:0" and p.device_name == name
@@ -168,12 +185,7 @@ def test_detect_reads_out_of_tree_vendors_only_through_torch(monkeypatch, module
 def test_detect_names_the_fix_for_an_unknown_device(monkeypatch):
     import torch
 
-    class FakeNpu:
-        is_available = staticmethod(lambda: True)
-        current_device = staticmethod(lambda: 0)
-        get_device_name = staticmethod(lambda index: "Mystery 1")
-
     monkeypatch.delenv("ATTNHAL_PLATFORM", raising=False)
-    monkeypatch.setattr(torch, "npu", FakeNpu, raising=False)
+    monkeypatch.setattr(torch, "npu", fake_vendor_api("Mystery 1"), raising=False)
     with pytest.raises(PlatformSpecError, match="device name='Mystery 1' names no known npu arch.*ATTNHAL_PLATFORM"):
         detect()

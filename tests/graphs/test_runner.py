@@ -20,6 +20,7 @@ from broken_backends import (
     make_pool,
     release,
 )
+from doubles import attnhal_warnings, stand_in
 from graph_steps import (
     ALL_GRAPHS,
     CFG,
@@ -323,7 +324,7 @@ def test_failed_capture_falls_back_for_that_phase_only() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         runner = GraphRunner(p, CPU, steps)
-    assert [type(w.message) for w in caught] == [GraphCaptureWarning]
+    assert attnhal_warnings(caught) == [GraphCaptureWarning]
     assert runner.plan.captured == (Phase.DRAFT_DECODE, Phase.TARGET_VERIFY)
     why = runner.plan[Phase.DRAFT_EXTEND].reasons[-1]
     assert why.code is ReasonCode.CAPTURE_FAILED and why.message.startswith("CaptureError: ")
@@ -359,8 +360,6 @@ def test_malformed_batches_are_errors_not_silent_broadcasts() -> None:
 
 
 def test_graph_kind_and_pool_follow_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[str, object]] = []
-
     class PoolGraph(EmulatedGraph):
         def __init__(self) -> None:
             super().__init__()
@@ -370,17 +369,15 @@ def test_graph_kind_and_pool_follow_the_platform(monkeypatch: pytest.MonkeyPatch
         def pool(self) -> object:
             return self.handle
 
-    def fake_new_graph(kind: str, pool: object | None = None, **_: object) -> EmulatedGraph:
-        calls.append((kind, pool))
-        return PoolGraph()
-
-    monkeypatch.setattr(runner_module, "new_graph", fake_new_graph)
+    # Bound to new_graph's own signature: the runner's call must be one new_graph accepts.
+    bound = stand_in(monkeypatch, runner_module, "new_graph", lambda _: PoolGraph())
     hip = parse("hip:gfx942")
     assert hip.graph_kind is GraphKind.EMULATED
     pool = make_pool(CFG)
     cuda_plan, hip_plan = decode_plan(ToyDecode.capabilities, parse("cuda:sm90")), decode_plan(ToyDecode.capabilities, hip)
     assert cuda_plan.to_dict()["phases"] == hip_plan.to_dict()["phases"]  # vendor symmetry
     GraphRunner(hip_plan, hip, {Phase.DECODE: attention_step(ToyDecode(CFG, pool))})
+    calls = [(c.arguments["kind"], c.arguments["pool"]) for c in bound]
     assert [kind for kind, _ in calls] == ["emulated"] * len(SIZES)
     first = calls[0][1]
     assert first is None and len({id(p) for _, p in calls[1:]}) == 1 and calls[1][1] is not None
@@ -400,7 +397,7 @@ def test_device_kind_without_a_device_falls_back_to_eager() -> None:
 
 
 def test_platform_without_graph_api_captures_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_module, "new_graph", lambda *a, **k: pytest.fail("captured"))
+    stand_in(monkeypatch, runner_module, "new_graph", lambda _: pytest.fail("captured"))
     nographs = parse("hip:gfx942,nographs")
     p = decode_plan(ToyDecode.capabilities, nographs)
     assert not p[Phase.DECODE].capture and p[Phase.DECODE].reasons[0].code is ReasonCode.NO_GRAPH_API
