@@ -189,6 +189,20 @@ def choose(shapes: list[Shape], results: dict[str, dict[str, Any]]) -> dict[str,
     return chosen
 
 
+def encoded(platform: Any, units: int, chosen: dict[str, Any]) -> dict[str, str]:
+    """``{kernel: LaunchRow.encode() + ",fill_programs=N"}`` of the chosen rows; draft
+    extend takes causal verify's (the same kernel form and query shape)."""
+    from attnhal_triton.launch_table import lookup
+
+    out = {}
+    for kernel, c in chosen.items():
+        row = apply(lookup(kernel, platform, HEAD, "bfloat16"), c["cand"], units)
+        out[kernel] = f"{row.encode()},fill_programs={row.fill_programs}"
+    if "extend_verify" in out:
+        out["extend_draft"] = out["extend_verify"]
+    return out
+
+
 def warm(args: argparse.Namespace, shapes: list[Shape]) -> None:
     """Compile every candidate in ``--warm-workers`` processes (round-robin over shapes)."""
     n = min(args.warm_workers, len(shapes))
@@ -250,7 +264,9 @@ def main() -> int:
         print(f"chosen {kernel}: {c['label']} (geomean {c['score']:.2f} of each shape's best)")
     if args.json:
         Path(args.json).write_text(json.dumps({"platform": str(platform), "units": units,
-                                               "results": results, "chosen": chosen}, indent=1))
+                                               "results": results, "chosen": chosen,
+                                               "launch": encoded(platform, units, chosen)},
+                                              indent=1))
     failed = any(not e.get("ok") and "error" not in e for r in results.values() for e in r.values())
     return 1 if failed and args.tiny else 0
 
