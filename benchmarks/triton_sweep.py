@@ -79,17 +79,27 @@ TINY = (Shape("decode 3x200", "decode", Phase.DECODE, 3, 200),
         Shape("prefill 1x130", "extend_prefill", Phase.PREFILL, 1, 130))
 
 
+#: Candidate rows per kernel at head size 128: (blocks, warps, stages, programs per SM/CU
+#: of the split fill; 0 keeps the row's). Each compiles with 0 spills for sm90 in bf16 and
+#: with an fp8 cache (``python -m attnhal_triton.compile_check``); verify's BLOCK_M is the
+#: table row's upper bound (launches shrink it to draft tokens x group).
+CANDIDATES: dict[str, list[tuple[dict[str, int], int, int, int]]] = {
+    "decode": [({"BLOCK_N": n}, w, s, u) for n, w, s in ((64, 4, 2), (64, 4, 3), (128, 4, 2),
+                                                         (128, 8, 3), (256, 8, 3))
+               for u in (2, 4)],
+    "extend_verify": [({"BLOCK_N": n}, w, s, u) for n, w, s in ((64, 4, 2), (64, 8, 2), (64, 4, 3))
+                      for u in (1, 2)],
+    "extend_verify_tree": [({"BLOCK_N": n}, w, s, u) for n, w, s in ((128, 8, 3), (64, 4, 2), (64, 8, 2))
+                           for u in (1, 2)],
+    "extend_prefill": [({"BLOCK_M": m, "BLOCK_N": n}, w, s, 0)
+                       for m, n, w, s in ((128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3),
+                                          (64, 64, 8, 3), (64, 64, 4, 2))],
+}
+
+
 def candidates(kernel: str, tiny: bool) -> list[dict[str, Any]]:
     """Overrides of the table's row: blocks, warps, stages and fill (programs per unit)."""
-    if kernel == "extend_prefill":
-        tiles = [{"BLOCK_M": m, "BLOCK_N": n} for m, n in ((128, 64), (128, 128), (64, 64), (64, 128))]
-        grid = [dict(blocks=t, num_warps=w, num_stages=s, per_unit=0)
-                for t in tiles for w in (4, 8) for s in (2, 3)]
-    else:
-        sizes = (64, 128) if kernel == "decode" else (32, 64, 128)
-        grid = [dict(blocks={"BLOCK_N": n}, num_warps=w, num_stages=s, per_unit=u)
-                for n in sizes for w in (4, 8) for s in ((2, 3, 4) if kernel == "decode" else (2, 3))
-                for u in (2, 4, 8)]
+    grid = [dict(blocks=b, num_warps=w, num_stages=s, per_unit=u) for b, w, s, u in CANDIDATES[kernel]]
     return grid[:2] if tiny else grid
 
 

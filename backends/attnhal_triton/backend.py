@@ -87,7 +87,7 @@ class TritonBackend(AttentionBackend):
         return []
 
     @property
-    def num_kvmay_split(self) -> int:
+    def num_kv_splits(self) -> int:
         """Most KV splits of a row (decode and split extend)."""
         return max(row.kv_splits for row in self.rows.values())
 

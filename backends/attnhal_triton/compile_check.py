@@ -154,7 +154,8 @@ def _constexprs(job: Job, variant: Variant, row: LaunchRow) -> dict[str, Any]:
         splits = job.row("decode").kv_splits
         values["BLOCK_S"] = 1 << max(0, splits - 1).bit_length()
         return values
-    values.update(GROUP=GROUP, DOT_F32=False, KV_SCALED=job.dtype == "fp8", **row.constexprs)
+    fp8 = job.dtype == "fp8"  # a bf16 query over the cache, as the ops launch it
+    values.update(GROUP=GROUP, DOT_F32=False, KV_SCALED=fp8, KV_F16=fp8, **row.constexprs)
     if variant.function == "extend_kernel":
         values.update(NUM_Q_HEADS=GROUP * 8)  # 8 KV heads
     if variant.table_kernel == "decode":

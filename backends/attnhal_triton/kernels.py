@@ -32,15 +32,14 @@ at KV position ``qpos`` attends positions ``>= qpos - window`` (``window < 0``: 
 ``DOT_F32`` casts the dot operands to fp32: the interpreter computes bf16 ``tl.dot`` on raw
 bit patterns (triton-lang/triton#11584), so bf16 takes this path under the interpreter only.
 ``DOT_PRECISION`` (``"ieee"``) keeps fp32 inputs from being rounded to tf32. ``KV_SCALED``:
-an fp8 cache read as ``stored * scale`` (per-layer K and V scales): the stored values, exact
-in fp16/bf16, enter the dots and the scales multiply the scores (K) and the accumulator (V).
+an fp8 cache read as ``stored * scale`` (per-layer scales): the stored values, exact in fp16,
+enter the dots and the scales multiply the scores (K) and the accumulator (V) (``_kv_scaled``).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
 from triton.runtime.interpreter import InterpretedFunction
 
 __all__ = ["INTERPRETED", "decode_partial_kernel", "extend_kernel", "decode_reduce_kernel"]
@@ -108,31 +107,34 @@ def _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
 
 
 @triton.jit
-def _kv_scaled(qk_scale, KScale, VScale, KV_SCALED: tl.constexpr):
-    """(score scale with K's dequantisation scale folded in, V's scale) of an fp8 cache."""
+def _kv_scaled(q, qk_scale, KScale, VScale, KV_SCALED: tl.constexpr, KV_F16: tl.constexpr):
+    """(q, score scale, V's scale): an fp8 cache folds K's scale into the score scale. With
+    ``KV_F16`` (fp8 cache, 16-bit q) q enters the dots pre-scaled in fp16, so the cache widens
+    to fp16 in one instruction per pair (three to bf16); exact while ``|q * scale| < 65504``."""
+    v_scale = 1.0
     if KV_SCALED:
-        return qk_scale * tl.load(KScale), tl.load(VScale)
-    return qk_scale, 1.0
+        qk_scale = qk_scale * tl.load(KScale)
+        v_scale = tl.load(VScale)
+    if KV_F16:
+        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+        qk_scale = 1.0
+    return q, qk_scale, v_scale
 
 
 @triton.jit
 def decode_partial_kernel(
     Q, K, V, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, Extra, KScale, VScale,
-    qk_scale, softcap, window, num_extra,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-    stride_req, stride_extra,
+    qk_scale, softcap, window, num_extra, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+    stride_vh, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_req, stride_extra,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, KV_SCALED: tl.constexpr,
-    DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_F16: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Stage 1: partial attention of one (row, KV head, head block, split).
 
-    Q ``[rows, Hq, D]``; K, V ``[slots, Hkv, D]``; MidO ``[rows, Hq, S, D]`` fp32;
-    MidLse ``[rows, Hq, S]`` fp32 (base 2); ReqToPage ``[reqs, pages]``; ReqIdx, SeqLens,
-    NumSplits ``[rows]``; Extra ``[rows, >= num_extra]`` slots attended after the prefix
-    (``draft_decode``'s draft path; ``num_extra == 0`` for ``decode``).
-    """
+    Q ``[rows, Hq, D]``; K, V ``[slots, Hkv, D]``; MidO ``[rows, Hq, S, D]`` fp32; MidLse
+    ``[rows, Hq, S]`` fp32 (base 2); ReqToPage ``[reqs, pages]``; ReqIdx, SeqLens, NumSplits
+    ``[rows]``; Extra ``[rows, >= num_extra]`` slots attended after the prefix (draft path)."""
     row = tl.program_id(0).to(tl.int64)
     head_blocks: tl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
     kv_head = tl.program_id(1) // head_blocks
@@ -157,7 +159,7 @@ def decode_partial_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=head_ok[:, None], other=0.0)
-    qk_scale, v_scale = _kv_scaled(qk_scale, KScale, VScale, KV_SCALED)
+    q, qk_scale, v_scale = _kv_scaled(q, qk_scale, KScale, VScale, KV_SCALED, KV_F16)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -185,8 +187,8 @@ def decode_partial_kernel(
         s = tl.where(ok[None, :], s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
 
-    # (Scalar conditions are broadcast to the block: the interpreter rejects a 0-d mask term.)
-    # An empty split stores only lse = -inf: the reduce neither weighs nor reads its output.
+    # An empty split stores only lse = -inf: the reduce neither weighs nor reads its output
+    # (scalar conditions are broadcast to the block: the interpreter rejects 0-d mask terms).
     acc = acc * v_scale
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o_ptrs = MidO + row * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
@@ -270,7 +272,7 @@ def extend_kernel(
     PAGE_SIZE: tl.constexpr, PACKED: tl.constexpr, HAS_EXT_LENS: tl.constexpr,
     USE_MASK: tl.constexpr, MASK_WORDS: tl.constexpr, SPLIT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALED: tl.constexpr,
-    DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_F16: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Extend attention of one (block of flattened query rows, row, KV head, split).
 
@@ -310,7 +312,7 @@ def extend_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = (q_start + tok) * stride_qt + heads * stride_qh
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
-    qk_scale, v_scale = _kv_scaled(qk_scale, KScale, VScale, KV_SCALED)
+    q, qk_scale, v_scale = _kv_scaled(q, qk_scale, KScale, VScale, KV_SCALED, KV_F16)
 
     # KV ranges this block needs: [lo, shared) seen by every query but for the window,
     # [shared, hi) masked per query; both empty when the block holds no query of this row.
@@ -396,5 +398,4 @@ def extend_kernel(
                  (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=m_ok[:, None])
 
 
-#: True when the kernels above run in the Triton interpreter (TRITON_INTERPRET=1 at import).
-INTERPRETED: bool = isinstance(extend_kernel, InterpretedFunction)
+INTERPRETED: bool = isinstance(extend_kernel, InterpretedFunction)  #: TRITON_INTERPRET=1 at import

@@ -178,7 +178,8 @@ _FP32_EXTEND_256 = ("extend", 256, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 8,
 
 
 def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...]],
-          splits: int = 1, split_len: int = 256, fill: int = 0, **common: Any) -> list[LaunchRow]:
+          splits: int = 1, split_len: int = 256, fill: Mapping[str, int] = MappingProxyType({}),
+          **common: Any) -> list[LaunchRow]:
     """Rows from ``(kernel, head_size, dtype, blocks, num_warps, num_stages)`` tuples.
 
     ``splits``/``split_len``/``fill`` go to the rows of the split kernels (decode and the
@@ -190,7 +191,7 @@ def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...
             split = name == "decode" or name in _SPLIT_EXTEND
             rows.append(LaunchRow(name, vendor, family, blocks, num_warps=warps, num_stages=stages,
                                   head_size=head, dtype=dtype, kv_splits=splits if split else 1,
-                                  split_len=split_len, fill_programs=fill if split else 0,
+                                  split_len=split_len, fill_programs=fill.get(name, 0),
                                   **common))
     return rows
 
@@ -201,15 +202,20 @@ def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...
 UNITS: Mapping[str, int] = MappingProxyType({
     "sm80": 108, "sm90": 132, "sm120": 170, "gfx90": 110, "gfx94": 304, "gfx95": 256,
 })
-#: Resident programs per SM/CU that the split rows aim for (a few per unit hide memory latency).
-PROGRAMS_PER_UNIT = 4
+#: Programs per SM/CU that each split kernel is split up to. Measured on an H200
+#: (benchmarks/triton_sweep.py, docs/triton.md): decode's small programs want 4 per SM;
+#: the split extend's larger ones 2 (4 and 8 were slower at bs 8 x 8192). Other families
+#: take the same counts unmeasured.
+PROGRAMS_PER_UNIT: Mapping[str, int] = MappingProxyType({
+    "decode": 4, "extend_verify": 2, "extend_verify_tree": 2, "extend_draft": 2,
+})
 #: Most KV splits of a row on a GPU: the partial buffers are sized by the work
 #: (:func:`attnhal_triton.work.partial_slots`), not by this, so it can be generous.
 _GPU_SPLITS = 64
 
 
-def _fill(family: str) -> int:
-    return UNITS[family] * PROGRAMS_PER_UNIT
+def _fill(family: str) -> dict[str, int]:
+    return {kernel: UNITS[family] * n for kernel, n in PROGRAMS_PER_UNIT.items()}
 
 
 def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256: int,
@@ -302,9 +308,16 @@ TABLE: tuple[LaunchRow, ...] = (
     # Ampere (A100): 108 SMs, 64K registers per SM.
     *_nvidia("sm80", **_SM80),
     # Hopper (H100/H200): 132 SMs, more shared memory per SM; prefill and causal verify
-    # take the anchors' 128x64 tiles up to head size 128.
+    # take the anchors' 128x64 tiles up to head size 128. At head size 128 (16-bit) the
+    # rows measured fastest on an H200 (benchmarks/triton_sweep.py, 2026-12-04): 4 warps
+    # everywhere; prefill 3 stages; the tree's 128-position K/V blocks in 3 stages. Draft
+    # extend takes causal verify's row (the same kernel form and query shape), unmeasured.
     *_nvidia("sm90", d128={"BLOCK_M": 64, "BLOCK_N": 64}, d256={"BLOCK_M": 64, "BLOCK_N": 32},
-             w256=8, prefill_verify={"BLOCK_M": 128, "BLOCK_N": 64}),
+             w256=8, prefill_verify={"BLOCK_M": 128, "BLOCK_N": 64}, overrides=[
+                 ("extend_prefill", 128, None, {"BLOCK_M": 128, "BLOCK_N": 64}, 8, 3),
+                 ("extend_verify", 128, None, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2),
+                 ("extend_draft", 128, None, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2),
+                 ("extend_verify_tree", 128, None, {"BLOCK_M": 32, "BLOCK_N": 128}, 8, 3)]),
     # Consumer Blackwell (RTX 50): mma.sync and ~100 KB shared memory like sm89, so
     # Ampere's shapes, except decode at head size 64: 64-position blocks in 2 stages
     # spill 44 bytes under sm_120's ptxas (capped at 64 registers), 32 do not.
@@ -321,7 +334,7 @@ TABLE: tuple[LaunchRow, ...] = (
         ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 1),
         ("decode_reduce", None, None, {}, 4, 1),
         ("extend", None, None, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 1),
-    ], splits=4, split_len=64, fill=1 << 20),
+    ], splits=4, split_len=64, fill=dict.fromkeys(PROGRAMS_PER_UNIT, 1 << 20)),
 )
 
 #: Rows for an arch family the table does not know (``vendor`` and ``arch_family``
@@ -333,7 +346,7 @@ FALLBACK: tuple[LaunchRow, ...] = tuple(_rows(None, None, [
     ("decode_reduce", None, None, {}, 4, 1),
     *_FP32_EXTEND,
     ("extend", None, None, {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
-], splits=16, fill=512))
+], splits=16, fill=dict.fromkeys(PROGRAMS_PER_UNIT, 512)))
 
 
 def rows_for(kernel: str, vendor: str, arch_family: str,

@@ -134,7 +134,8 @@ def decode_partial(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         req_to_page.stride(0), extra.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_N=constexprs["BLOCK_N"],
-        PAGE_SIZE=page_size, HAS_SOFTCAP=cap > 0, KV_SCALED=scaled, DOT_F32=_dot_f32(q.dtype),
+        PAGE_SIZE=page_size, HAS_SOFTCAP=cap > 0, KV_SCALED=scaled,
+        KV_F16=scaled and q.element_size() == 2, DOT_F32=_dot_f32(q.dtype),
         DOT_PRECISION=constexprs["DOT_PRECISION"], **options,
     )
 
@@ -244,7 +245,8 @@ def extend(
         BLOCK_M=block_m, BLOCK_N=constexprs["BLOCK_N"], PAGE_SIZE=page_size,
         PACKED=qo_indptr is not None, HAS_EXT_LENS=ext_lens is not None,
         USE_MASK=tree is not None, MASK_WORDS=words, SPLIT=split, HAS_SOFTCAP=cap > 0,
-        HAS_SINKS=sinks is not None, KV_SCALED=scaled, DOT_F32=_dot_f32(q.dtype),
+        HAS_SINKS=sinks is not None, KV_SCALED=scaled,
+        KV_F16=scaled and q.element_size() == 2, DOT_F32=_dot_f32(q.dtype),
         DOT_PRECISION=constexprs["DOT_PRECISION"], **options,
     )
 

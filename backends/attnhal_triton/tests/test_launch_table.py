@@ -25,6 +25,7 @@ from attnhal_triton import CAPABILITIES, FALLBACK, TABLE, UnknownArchWarning, lo
 from attnhal_triton.compile_check import DEFAULT_TARGETS, DTYPES, HEAD_SIZES, VARIANTS, target_platform  # noqa: E402
 from attnhal_triton.launch_table import (  # noqa: E402
     ALIASES,
+    UNITS,
     EXTEND_VARIANTS,
     KERNELS,
     LaunchRow,
@@ -112,27 +113,31 @@ def test_sm120_has_its_own_rows_where_the_sm80_rows_spill_there() -> None:
     assert _no_warning("decode", "cuda:sm120").arch_family == "sm120"
     assert lookup("decode", sm120, 64, "float16").blocks["BLOCK_N"] == 32
     assert lookup("decode", sm80, 64, "float16").blocks["BLOCK_N"] == 64
-    assert lookup("decode", sm120, 64, "float32") == dataclasses.replace(
-        lookup("decode", sm80, 64, "float32"), arch_family="sm120")
+    def as_sm120(row: LaunchRow) -> LaunchRow:  # the same shapes; the fill follows the SM count
+        fill = row.fill_programs * UNITS["sm120"] // UNITS["sm80"]
+        return dataclasses.replace(row, arch_family="sm120", fill_programs=fill)
+
+    assert lookup("decode", sm120, 64, "float32") == as_sm120(lookup("decode", sm80, 64, "float32"))
     for kernel in EXTEND_VARIANTS:
         for head in CAPABILITIES.head_sizes:
             for dtype in CAPABILITIES.dtypes:
-                assert lookup(kernel, sm120, head, dtype) == dataclasses.replace(
-                    lookup(kernel, sm80, head, dtype), arch_family="sm120")
+                assert lookup(kernel, sm120, head, dtype) == as_sm120(lookup(kernel, sm80, head, dtype))
 
 
 def test_one_row_set_per_kernel_variant() -> None:
-    """Each extend form has its own rows: sm90 prefill / causal verify take the anchors'
-    128x64 tiles, the tree and draft forms 64x64; HIP tree verify its own smaller tiles."""
+    """Each extend form has its own rows: at head size 128 on sm90 the rows measured on an
+    H200 (prefill 128x64; the split forms' BLOCK_M an upper bound the launch shrinks to
+    draft tokens x group); HIP tree verify its own smaller tiles."""
     sm90 = parse("cuda:sm90")
     blocks = {k: dict(lookup(k, sm90, 128, "bfloat16").blocks) for k in EXTEND_VARIANTS}
-    assert blocks["extend_prefill"] == blocks["extend_verify"] == {"BLOCK_M": 128, "BLOCK_N": 64}
-    assert blocks["extend_verify_tree"] == blocks["extend_draft"] == {"BLOCK_M": 64, "BLOCK_N": 64}
+    assert blocks["extend_prefill"]["BLOCK_M"] == 128
+    assert blocks["extend_verify"] == blocks["extend_draft"]
+    assert blocks["extend_verify_tree"]["BLOCK_M"] <= blocks["extend_verify"]["BLOCK_M"]
     gfx = parse("hip:gfx942")
     assert lookup("extend_verify_tree", gfx, 128, "float16").blocks["BLOCK_M"] == 32
     assert lookup("extend_verify", gfx, 128, "float16").blocks["BLOCK_M"] == 64
     # Split forms carry the family's split settings; prefill does not split.
-    assert lookup("extend_verify", gfx, 128, "float16").kv_splits == 32
+    assert lookup("extend_verify", gfx, 128, "float16").kv_splits == 64
     assert lookup("extend_prefill", gfx, 128, "float16").kv_splits == 1
 
 
@@ -172,7 +177,7 @@ def test_backend_takes_its_rows_from_the_platform() -> None:
 
     hip = TritonBackend(cfg, pool, platform=parse("hip:gfx942"))
     assert hip.rows["extend_verify"] == lookup("extend_verify", parse("hip:gfx942"), 64, "float16")
-    assert hip.num_kv_splits == 32
+    assert hip.num_kv_splits == 64
     with pytest.warns(UnknownArchWarning, match="gfx1100"):
         TritonBackend(cfg, pool, platform=parse("hip:gfx1100"))
 
