@@ -1,0 +1,79 @@
+"""benchmarks/gpu_peers.py --tiny under the Triton interpreter: the plumbing of every contender.
+
+attnhal and SDPA always run; the engines' kernels run when their files are in the peer
+cache (``$ATTNHAL_PEER_KERNELS``, or ``.peer-kernels`` at the repository root, filled by
+``benchmarks/fetch_peer_kernels.py``), else they must report "not available" with the
+reason and the test says they were skipped. Never fetches anything. About 20-30 s on
+2 cores (fewer shapes with the peers absent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from repo import ROOT
+
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+from peer_kernels import PEERS  # noqa: E402
+
+
+def _peers_dir() -> Path:
+    env = os.environ.get("ATTNHAL_PEER_KERNELS")
+    return Path(env) if env else ROOT / ".peer-kernels"
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ATTNHAL_PLATFORM")}
+    out = tmp_path / "peers.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_peers.py"), "--tiny", "--json", str(out), *args],
+                          env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, json.loads(out.read_text())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a device is present: the run would time, not check")
+def test_tiny_run_checks_every_contender_against_fp32(tmp_path: Path) -> None:
+    peers_dir = _peers_dir()
+    cached = [n for n, spec in PEERS.items() if all((peers_dir / spec.cache_name / f).is_file() for f in spec.files)]
+    # every tiny shape with the peers; without them attnhal and SDPA on two
+    proc, report = _run(tmp_path, "--peers-dir", str(peers_dir), *([] if cached else ["--shapes", "decode:2x32,tree8:2x32"]))
+    assert "interpreter: plumbing only, no speed" in proc.stdout
+    assert report["timed"] is False and report["dtype"] == "fp32"
+    rows = {row["key"]: row["results"] for row in report["rows"]}
+    for key, results in rows.items():
+        assert results["attnhal"]["status"] == "ok" and results["attnhal"]["err"] < 2e-4, (key, results)
+        assert results["attnhal"]["seconds"] is None  # no speed without a device
+        sdpa = results["sdpa"]
+        assert (sdpa["status"], key.startswith("fp8")) in (("ok", False), ("n/a", True)), (key, sdpa)
+    for name in PEERS:
+        source = report["peers"][name]
+        if name not in cached:
+            assert source.startswith("not available:") or source.startswith("installed engine"), source
+            continue
+        assert source.startswith(("cache ", "installed engine")), source
+        statuses = {key: results[name]["status"] for key, results in rows.items()}
+        assert "ok" in statuses.values() and not {"WRONG", "FAILED"} & set(statuses.values()), statuses
+    assert rows["tree8:2x32"]["vllm"]["note"].startswith("ran causal") or "vllm" not in cached
+    if len(cached) < len(PEERS):
+        pytest.skip(f"peer kernels not in {peers_dir}: {', '.join(sorted(set(PEERS) - set(cached)))} "
+                    "(run benchmarks/fetch_peer_kernels.py --dir DIR); attnhal and SDPA checked")
+
+
+def test_bad_input_names_the_flag_and_what_is_allowed(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import gpu_peers
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # what --tiny sets without a device; restored after
+    for args, words in ((["--shapes", "decode:2x100"], "multiple of 16"),
+                        (["--shapes", "verify:2x64"], "supported: decode, chain4, tree8, fp8, prefill"),
+                        (["--contenders", "attnhal,flashinfer"], "supported: a comma list of attnhal"),
+                        (["--launch", "decode"], "supported: KERNEL:ENCODED")):
+        assert gpu_peers.main(["--tiny", *args]) == 2, args
+        assert words in capsys.readouterr().err, args
