@@ -176,10 +176,10 @@ def prepare_vllm(case: Case, peer: LoadedPeer) -> Prepared:
                     keep=[cache, block_table, cu_q, segm_out, segm_max, segm_sum])
 
 
-def _flash(on_gpu: bool) -> Any:
-    """Flash forced on a GPU; the CPU's default choice otherwise (no speed is read there)."""
+def _forced_flash(flash: bool) -> Any:
+    """Flash forced on a GPU with 16-bit inputs; SDPA's own choice otherwise."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel(SDPBackend.FLASH_ATTENTION) if on_gpu else contextlib.nullcontext()
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else contextlib.nullcontext()
 
 
 def prepare_sdpa(case: Case) -> Prepared:
@@ -188,15 +188,15 @@ def prepare_sdpa(case: Case) -> Prepared:
         raise NotApplicable("SDPA reads no fp8 K/V")
     bs, t, group = s.bs, s.tokens, HEADS // KV_HEADS
     k, v = (gather(c, case.slots).permute(0, 2, 1, 3).contiguous() for c in (case.pool.k[0], case.pool.v[0]))
-    on_gpu = case.device.type != "cpu"
+    flash = case.device.type != "cpu" and case.dtype.itemsize == 2  # flash: 16-bit inputs on a GPU
     if s.phase is Phase.PREFILL:  # causal per token: heads unfolded, K/V repeated per query head
         q = case.q.view(t, HEADS, HEAD).transpose(0, 1)[None].contiguous()
         k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))
 
         def prefill() -> torch.Tensor:
-            with _flash(on_gpu):
+            with _forced_flash(flash):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return Prepared(prefill, lambda o: o[0].transpose(0, 1), note="flash" if on_gpu else "",
+        return Prepared(prefill, lambda o: o[0].transpose(0, 1), note="flash" if flash else "",
                         keep=[q, k, v])
     # query heads of one KV head folded into the query length: row g * T + i is head g, token i
     q = case.q.view(bs, t, KV_HEADS, group, HEAD).permute(0, 2, 3, 1, 4).reshape(bs, KV_HEADS, group * t, HEAD)
@@ -204,9 +204,9 @@ def prepare_sdpa(case: Case) -> Prepared:
         lambda o: o.view(bs, KV_HEADS, group, t, HEAD).permute(0, 3, 1, 2, 4).reshape(bs * t, HEADS, HEAD))
     if s.phase is Phase.DECODE:
         def decode() -> torch.Tensor:
-            with _flash(on_gpu):
+            with _forced_flash(flash):
                 return F.scaled_dot_product_attention(q, k, v)
-        return Prepared(decode, unfold, note="flash" if on_gpu else "", keep=[q, k, v])
+        return Prepared(decode, unfold, note="flash" if flash else "", keep=[q, k, v])
     mask = allowed(case, slice(None), case.draft_mask).repeat(group, 1)  # [group * T, ctx]
     return Prepared(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), unfold, note="masked",
                     keep=[q, k, v, mask])
