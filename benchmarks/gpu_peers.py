@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -162,11 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     peers = {name: load_peer(name, args.peers_dir) for name in ENGINES if name in settings.contenders}
     for name, peer in peers.items():
         print(f"  {name}: {peer.source}", flush=True)
-    rows = []
+    rows, start = [], time.perf_counter()
     for i, shape in enumerate(shapes, 1):
         print(f"[{i}/{len(shapes)}] {shape.title}", flush=True)
         rows.append(run_shape(shape, peers, settings))
-    print("\n" + markdown(rows, settings.contenders, settings.timed))
+    print(f"\n{len(shapes)} shapes in {time.perf_counter() - start:.0f} s (compiles included)\n")
+    print(markdown(rows, settings.contenders, settings.timed))
     speedup = fp8_speedup(rows)
     if speedup is not None:
         print(f"\nattnhal fp8 / bf16 decode tokens/s at {speedup[0]}: {speedup[1]:.2f}x")

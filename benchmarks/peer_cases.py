@@ -24,9 +24,10 @@ from attnhal.backend import (
 )
 from attnhal.phases import Phase
 from attnhal.platform import Fp8Flavor, detect
+from attnhal.testing.cases import tree_mask
 
-__all__ = ["CALLS", "DEFAULT_SHAPES", "KINDS", "REPLAYS", "TINY_SHAPES", "Case", "Shape", "allowed", "build_case", "gather",
-           "parse_shapes", "reference", "time_graph", "tree_mask"]
+__all__ = ["CALLS", "DEFAULT_SHAPES", "KINDS", "REPLAYS", "TINY_SHAPES", "Case", "Shape", "allowed", "build_case",
+           "fp8_storage", "gather", "parse_shapes", "reference", "time_graph"]
 
 HEADS, KV_HEADS, HEAD = 32, 8, 128
 CALLS, REPLAYS = 20, 5
@@ -110,17 +111,6 @@ def parse_shapes(text: str) -> tuple[Shape, ...]:
     return tuple(shapes)
 
 
-def tree_mask(tokens: int, device: torch.device) -> torch.Tensor:
-    """``[T, T]`` bool: token ``i`` sees its ancestors and itself (:data:`TREE_PARENTS`)."""
-    mask = torch.zeros(tokens, tokens, dtype=torch.bool)
-    for i in range(tokens):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = TREE_PARENTS[j]
-    return mask.to(device)
-
-
 @dataclass
 class Case:
     """One shape's inputs, shared by every contender.
@@ -167,7 +157,7 @@ def _batch(shape: Shape, device: torch.device) -> tuple[ForwardBatch, torch.Tens
     rows = torch.arange(1, bs + 1, device=device)
     new = (rows - 1)[:, None] * ctx + 1 + torch.arange(ctx - t, ctx, device=device)  # slots of new tokens
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device=device)
-    mask = tree_mask(t, device) if shape.tree else None
+    mask = tree_mask(TREE_PARENTS[:t]).to(device) if shape.tree else None
     spec = None
     if shape.phase is Phase.TARGET_VERIFY:
         custom = None if mask is None else mask.expand(bs, t, t).contiguous()

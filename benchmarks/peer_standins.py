@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from peer_cases import fp8_storage
 
-from attnhal.backend import kv_storage_dtype
-from attnhal.platform import Fp8Flavor, detect
+from attnhal.platform import detect
 
 __all__ = ["SGLANG_MAX_KV_SPLITS", "install"]
 
@@ -43,12 +43,6 @@ def _core_count(device_id: int = 0) -> int:
     if not torch.cuda.is_available():
         return 0
     return int(torch.cuda.get_device_properties(device_id).multi_processor_count)
-
-
-def _fp8_dtype() -> torch.dtype:
-    """The platform's e4m3 storage dtype; the OCP one where the platform has none (CPU)."""
-    flavor = detect().fp8_flavor
-    return kv_storage_dtype("fp8_e4m3", flavor if flavor is not Fp8Flavor.NONE else Fp8Flavor.OCP)
 
 
 #: SGLang's default ``--triton-attention-num-kv-splits``: 8, and 16 on AMD (its platform hook).
@@ -98,7 +92,7 @@ class _VllmPlatform:
 
     @staticmethod
     def fp8_dtype() -> torch.dtype:
-        return _fp8_dtype()
+        return fp8_storage()
 
     @staticmethod
     def is_device_capability_family(major: int) -> bool:

@@ -21,7 +21,7 @@ from repo import ROOT
 
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
-from peer_kernels import PEERS  # noqa: E402
+from peer_kernels import PEERS
 
 
 def _peers_dir() -> Path:
@@ -33,7 +33,7 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ATTNHAL_PLATFORM")}
     out = tmp_path / "peers.json"
     proc = subprocess.run([sys.executable, str(BENCH / "gpu_peers.py"), "--tiny", "--json", str(out), *args],
-                          env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+                          check=False, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc, json.loads(out.read_text())
 
@@ -55,7 +55,7 @@ def test_tiny_run_checks_every_contender_against_fp32(tmp_path: Path) -> None:
     for name in PEERS:
         source = report["peers"][name]
         if name not in cached:
-            assert source.startswith("not available:") or source.startswith("installed engine"), source
+            assert source.startswith(("not available:", "installed engine")), source
             continue
         assert source.startswith(("cache ", "installed engine")), source
         statuses = {key: results[name]["status"] for key, results in rows.items()}
