@@ -40,6 +40,7 @@ from peer_cases import (
     build_case,
     parse_shapes,
     reference,
+    time_graph,
 )
 from peer_contenders import CONTENDERS, ENGINES, NotApplicable, prepare
 from peer_kernels import LoadedPeer, default_peers_dir, load_peer
@@ -63,8 +64,6 @@ class Settings:
 def measure(name: str, case: Case, peers: dict[str, LoadedPeer], settings: Settings,
             references: dict[bool, torch.Tensor]) -> Result:
     """Prepare, check against fp32, then time (on a GPU) one contender over ``case``."""
-    from peer_cases import time_graph
-
     try:
         prepared = prepare(name, case, peers, settings.launch if name == "attnhal" else None)
     except NotApplicable as exc:

@@ -57,7 +57,7 @@ class LoadedPeer:
     """One peer's modules, or why it is not available (``modules`` empty then)."""
 
     spec: PeerSpec
-    source: str  # "installed engine sglang 0.5.23", "cache DIR", or "not available: <reason>"
+    source: str  # "loaded from installed engine sglang 0.5.23", "loaded from cache DIR", "not available: <reason>"
     modules: dict[str, ModuleType] = field(default_factory=dict)
 
     @property
@@ -95,7 +95,7 @@ def load_peer(name: str, peers_dir: Path | None = None) -> LoadedPeer:
     if version is not None:
         note = "" if version == spec.version else f" (benchmark written for {spec.version})"
         try:
-            return LoadedPeer(spec, f"installed engine {spec.engine} {version}{note}", _import_all(spec))
+            return LoadedPeer(spec, f"loaded from installed engine {spec.engine} {version}{note}", _import_all(spec))
         except Exception as exc:  # noqa: BLE001 - reported
             return LoadedPeer(spec, f"not available: installed {spec.engine} {version}: "
                                     f"{type(exc).__name__}: {exc}")
@@ -108,7 +108,7 @@ def load_peer(name: str, peers_dir: Path | None = None) -> LoadedPeer:
 
     try:
         install(spec.engine, root)
-        return LoadedPeer(spec, f"cache {root}", _import_all(spec))
+        return LoadedPeer(spec, f"loaded from cache {root}", _import_all(spec))
     except Exception as exc:  # noqa: BLE001 - reported
         for module in [m for m in sys.modules if m == spec.engine or m.startswith(spec.engine + ".")]:
             del sys.modules[module]
