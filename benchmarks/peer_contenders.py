@@ -20,6 +20,7 @@ whose ``run()`` is the one call an engine makes per layer:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ from peer_standins import SGLANG_MAX_KV_SPLITS
 
 from attnhal.phases import Phase
 
-__all__ = ["CONTENDERS", "ENGINES", "NotApplicable", "Prepared", "override_launch", "prepare"]
+__all__ = ["CONTENDERS", "ENGINES", "NotApplicable", "Prepared", "launch_row", "override_launch", "prepare"]
 
 #: The engines' kernels (a ratio's denominator is the faster of them); SDPA is a baseline.
 ENGINES = ("sglang", "vllm")
@@ -64,23 +65,36 @@ class Prepared:
     keep: list[Any] = field(default_factory=list)  # buffers the run reads, kept alive with it
 
 
-def override_launch(backend: Any, settings: Mapping[str, Any]) -> None:
-    """Swap launch settings into a constructed ``TritonBackend`` (for tuning sweeps).
+def launch_row(base: Any, encoded: str) -> Any:
+    """``base`` (a ``LaunchRow``) with the settings of ``encoded`` (``LaunchRow.encode()`` form)."""
+    from attnhal_triton.launch_table import decode_launch
 
-    ``settings``: kernel name -> a ``LaunchRow`` (replaces ``backend.rows[kernel]`` and its
-    encoding, so split counts follow it) or an encoded string (``"BLOCK_N=64,num_warps=4,..."``,
-    replaces the launch arguments only). Run ``init_forward_metadata`` after it.
+    constexprs, options = decode_launch(encoded)
+    precision = constexprs.pop("DOT_PRECISION", base.dot_precision)
+    return dataclasses.replace(base, blocks=constexprs, dot_precision=precision,
+                               num_warps=options.pop("num_warps", base.num_warps),
+                               num_stages=options.pop("num_stages", base.num_stages), extra=options)
+
+
+def override_launch(backend: Any, settings: Mapping[str, Any]) -> None:
+    """Serve kernels of a constructed ``TritonBackend`` with other launch rows (tuning sweeps).
+
+    ``settings``: kernel name -> a ``LaunchRow``, or an encoded string
+    (``"BLOCK_N=64,num_warps=4,..."``) applied to the backend's row for that kernel (its split
+    settings kept). Through the backend's ``use_launch_rows`` where it has one; older backends
+    get ``rows``/``_launch`` swapped. Run ``init_forward_metadata`` after it.
     """
-    for kernel, setting in settings.items():
-        if kernel not in backend._launch:
-            raise ValueError(f"launch kernel={kernel!r} (supported: {', '.join(sorted(backend._launch))})")
-        if isinstance(setting, str):
-            backend._launch[kernel] = setting
-        else:
-            backend.rows[kernel] = setting
-            backend._launch[kernel] = setting.encode()
-    if hasattr(backend, "_eager_mid"):
-        backend._eager_mid = None  # partial buffers are sized by the rows' split counts
+    unknown = sorted(set(settings) - set(backend.rows))
+    if unknown:
+        raise ValueError(f"launch kernels {unknown} (supported: {', '.join(sorted(backend.rows))})")
+    rows = {k: launch_row(backend.rows[k], s) if isinstance(s, str) else s for k, s in settings.items()}
+    use = getattr(backend, "use_launch_rows", None)
+    if use is not None:
+        use(rows)
+        return
+    backend.rows.update(rows)
+    backend._launch.update({k: row.encode() for k, row in rows.items()})
+    backend._eager_mid = None  # partial buffers are sized by the rows' split counts
 
 
 def prepare_attnhal(case: Case, launch: Mapping[str, Any] | None = None) -> Prepared:
