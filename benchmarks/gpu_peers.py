@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": where, "dtype": args.dtype, "timed": settings.timed,
             "peers": {n: p.source for n, p in peers.items()},
             "fp8_vs_bf16_tokens_per_s": speedup[1] if speedup else None,
-            "rows": [asdict(r) for r in rows]}, indent=1))
+            "rows": [{**asdict(r), "speeds": {n: r.speed(n) for n in r.results}} for r in rows]}, indent=1))
     bad = [f"{r.key} {n}" for r in rows for n, res in r.results.items() if res.status in ("WRONG", "FAILED")]
     if bad:
         print(f"\nWRONG or FAILED: {', '.join(bad)}")

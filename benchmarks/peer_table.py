@@ -65,9 +65,10 @@ def markdown(rows: list[Row], contenders: tuple[str, ...], timed: bool) -> str:
     head = ["shape (bs x context)", "unit", *contenders, "vs", "attnhal / vs"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        versus = row.versus + (" (causal)" if row.versus == "vllm" and row.key.startswith("tree") else "")
+        value, versus = ratio(row)
+        versus += " (causal)" if versus == "vllm" and row.key.startswith("tree") else ""
         cells = [row.title, row.unit, *(row.cell(n, timed) for n in contenders), versus or "-",
-                 f"{row.ratio:.2f}x" if row.ratio is not None else "-"]
+                 f"{value:.2f}x" if value is not None else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     if not timed:
         lines.append("\ninterpreter: plumbing only, no speed (cells: agreement with the fp32 reference)")

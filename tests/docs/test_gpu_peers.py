@@ -77,3 +77,25 @@ def test_bad_input_names_the_flag_and_what_is_allowed(monkeypatch: pytest.Monkey
                         (["--launch", "decode"], "supported: KERNEL:ENCODED")):
         assert gpu_peers.main(["--tiny", *args]) == 2, args
         assert words in capsys.readouterr().err, args
+
+
+def test_ratios_take_the_faster_engine_and_leave_wrong_outputs_out() -> None:
+    from peer_table import Result, Row, fp8_speedup, markdown, ratio
+
+    def row(key: str, kv_bytes: int, **seconds: float | str) -> Row:
+        r = Row(key, key, "TFLOP/s" if key.startswith("prefill") else "GB/s of K/V", kv_bytes, 1e12)
+        for name, s in seconds.items():
+            r.results[name] = Result("WRONG", err=1.0) if s == "WRONG" else Result("ok", err=0.0, seconds=float(s))
+        return r
+
+    decode = row("decode:256x1024", 2_000_000_000, attnhal=1.0, sglang=2.0, vllm=0.5, sdpa=0.1)
+    assert ratio(decode) == (0.5, "vllm")  # SDPA is a baseline, not an engine kernel
+    wrong = row("chain4:8x8192", 10**9, attnhal=1.0, sglang=2.0, vllm="WRONG")
+    assert ratio(wrong) == (2.0, "sglang")
+    assert ratio(row("prefill:1x8192", 10**9, attnhal=2.0, vllm=1.0, sdpa=4.0)) == (2.0, "sdpa")
+    assert ratio(row("tree8:8x8192", 10**9, attnhal=1.0, sdpa=1.0)) == (None, "")
+    fp8 = row("fp8:256x1024", 1_000_000_000, attnhal=0.5)
+    assert fp8_speedup([decode, fp8]) == ("256x1024", 2.0)  # tokens/s: half the time
+    table = markdown([decode, wrong], ("attnhal", "sglang", "vllm", "sdpa"), timed=True)
+    assert "| decode:256x1024 | GB/s of K/V | 2 | 1 | 4 | 20 | vllm | 0.50x |" in table
+    assert "| chain4:8x8192 | GB/s of K/V | 1 | 0 | WRONG (err 1.0e+00) | - | sglang | 2.00x |" in table
