@@ -99,3 +99,14 @@ def test_ratios_take_the_faster_engine_and_leave_wrong_outputs_out() -> None:
     table = markdown([decode, wrong], ("attnhal", "sglang", "vllm", "sdpa"), timed=True)
     assert "| decode:256x1024 | GB/s of K/V | 2 | 1 | 4 | 20 | vllm | 0.50x |" in table
     assert "| chain4:8x8192 | GB/s of K/V | 1 | 0 | WRONG (err 1.0e+00) | - | sglang | 2.00x |" in table
+
+
+def test_warm_up_workers_run_their_share_of_the_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the workers fill Triton's cache before timing; here their command line runs."""
+    import gpu_peers
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # each worker switches it on by itself
+    args = gpu_peers.parser().parse_args(["--tiny", "--dtype", "fp32", "--contenders", "attnhal",
+                                          "--peers-dir", "/nonexistent", "--warm-workers", "2"])
+    summary = gpu_peers.warm_up(gpu_peers.parse_shapes("decode:1x32,fp8:1x32"), args)
+    assert summary.startswith("warm-up: 2 processes compiled the kernels in") and "rc=" not in summary, summary
