@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from peer_cases import HEAD, HEADS, KV_HEADS, Case, allowed, gather
 from peer_kernels import LoadedPeer
-from peer_standins import SGLANG_MAX_KV_SPLITS
+from peer_standins import sglang_max_kv_splits
 
 from attnhal.phases import Phase
 
@@ -113,7 +113,7 @@ def prepare_sglang(case: Case, peer: LoadedPeer) -> Prepared:
         raise NotApplicable("SGLang's decode kernel serves decode only")
     attention = peer.module("sglang.kernels.ops.attention.decode_attention")
     metadata = peer.module("sglang.kernels.ops.attention.metadata")
-    dev, bs, splits = case.device, s.bs, SGLANG_MAX_KV_SPLITS()
+    dev, bs, splits = case.device, s.bs, sglang_max_kv_splits()
     seq_lens = case.batch.seq_lens
     kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
     torch.cumsum(seq_lens, 0, dtype=torch.int32, out=kv_indptr[1:])

@@ -27,7 +27,7 @@ from peer_cases import fp8_storage
 
 from attnhal.platform import detect
 
-__all__ = ["SGLANG_MAX_KV_SPLITS", "install"]
+__all__ = ["install", "sglang_max_kv_splits"]
 
 
 def _vendor() -> str:
@@ -45,8 +45,8 @@ def _core_count(device_id: int = 0) -> int:
     return int(torch.cuda.get_device_properties(device_id).multi_processor_count)
 
 
-#: SGLang's default ``--triton-attention-num-kv-splits``: 8, and 16 on AMD (its platform hook).
-def SGLANG_MAX_KV_SPLITS() -> int:
+def sglang_max_kv_splits() -> int:
+    """SGLang's default ``--triton-attention-num-kv-splits``: 8, and 16 on AMD (its platform hook)."""
     return 16 if _vendor() == "hip" else 8
 
 

@@ -3,8 +3,8 @@
 attnhal and SDPA always run; the engines' kernels run when their files are in the peer
 cache (``$ATTNHAL_PEER_KERNELS``, or ``.peer-kernels`` at the repository root, filled by
 ``benchmarks/fetch_peer_kernels.py``), else they must report "not available" with the
-reason and the test says they were skipped. Never fetches anything. About 20-30 s on
-2 cores (fewer shapes with the peers absent).
+reason and the test says they were skipped. Never fetches anything. About 40 s of CPU
+(fewer shapes with the peers absent).
 """
 
 from __future__ import annotations
