@@ -6,8 +6,8 @@
 # the README's venv exists, else python3; installs nothing. A whole run is capped at 8
 # minutes: a part that would start past the cap is skipped with a line saying so.
 # Without a CUDA/HIP device it runs the parts a CPU can (platform info, the graph tests,
-# which skip there, the device seam's unit tests, the benchmark's call sites against SDPA
-# under the Triton interpreter) and prints one SKIP line per device part.
+# which skip there, the device seam's unit tests, the benchmarks' call sites against SDPA
+# and the engines' kernels under the Triton interpreter) and prints one SKIP line per device part.
 set -u
 OUT=${1:?usage: bash benchmarks/gpu_session.sh OUT}
 mkdir -p "$OUT"
@@ -16,6 +16,9 @@ cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
 elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3; fi
+# The engines' kernel files for gpu_peers.py (benchmarks/fetch_peer_kernels.py --dir .peer-kernels
+# fills it where there is a network; without them the peers are reported "not available").
+PEERS_DIR=${ATTNHAL_PEER_KERNELS:-.peer-kernels}
 # The test suite's interpreter switch and platform simulation must not leak into device runs.
 unset TRITON_INTERPRET ATTNHAL_PLATFORM
 BUDGET_S=470
@@ -64,6 +67,7 @@ if [ $DEVICE = 1 ]; then
             --spec-steps 3 --topk 2 --draft-tokens 4 --batch-size 8 --max-bs 8 --max-new-tokens 32 --json
     done
     part "decode graph replay vs eager" replay.txt 120 "$PY" benchmarks/graph_replay.py
+    part "engines' kernels (gpu_peers)" bandwidth.txt 240 "$PY" benchmarks/gpu_peers.py --peers-dir "$PEERS_DIR"
     part "triton bandwidth + prefill" bandwidth.txt 150 "$PY" benchmarks/gpu_bandwidth.py --check
     for backend in torch triton; do
         part "conformance $backend (real graphs)" conformance.txt 90 "$PY" -m attnhal conformance "$backend"
@@ -74,6 +78,8 @@ else
     skip "decode graph replay vs eager"
     TRITON_INTERPRET=1 part "benchmark call sites vs sdpa (cpu)" bandwidth.txt 60 \
         "$PY" benchmarks/gpu_bandwidth.py --check
+    TRITON_INTERPRET=1 part "engines' kernels plumbing (cpu)" bandwidth.txt 120 \
+        "$PY" benchmarks/gpu_peers.py --tiny --shapes decode:2x32,tree8:2x32 --peers-dir "$PEERS_DIR"
     skip "triton bandwidth + prefill"
     skip "conformance torch, triton (real graphs)"
 fi
