@@ -179,17 +179,17 @@ class Advice:
 
 
 def summarize(current: Option, option: Option) -> list[str]:
-    """The facts by which ``option`` ranks above ``current``."""
+    """The facts by which ``option`` ranks above ``current``: the phases it captures that the user's
+    flags leave eager (grouped by why they are eager) or do not run, then the costs it avoids."""
     if current.blocked is not None:
         return [f"yours: {current.blocked}"]
-    out = []
+    gained: dict[str, list[str]] = {}
     for phase in PRIORITY:
-        if phase in option.captured and phase not in current.captured and phase in current.runs:
-            out.append(f"captures {phase.value} (yours: eager, {current.eager.get(phase, 'not captured')})")
-        elif phase in option.captured and phase not in current.runs:
-            out.append(f"captures {phase.value} (yours does not run it)")
-    dropped = [c for c in current.costs if c not in option.costs]
-    out.extend(f"avoids: {c}" for c in dropped)
+        if phase in option.captured and phase not in current.captured:
+            why = f"eager, {current.eager.get(phase, 'not captured')}" if phase in current.runs else "does not run it"
+            gained.setdefault(why, []).append(phase.value)
+    out = [f"captures {', '.join(phases)} (yours: {why})" for why, phases in gained.items()]
+    out.extend(f"avoids: {c}" for c in current.costs if c not in option.costs)
     if not out and len(option.costs) < len(current.costs):
         out.append("fewer speed costs")
     return out or ["ranks level with yours"]

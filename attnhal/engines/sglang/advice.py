@@ -184,7 +184,7 @@ def _evaluate(flags: Mapping[str, Any], given: Mapping[str, Any], env: Mapping[s
         return Option(**base, blocked=why), shown, identity
     applicable = engine_differs(config, platform)
     captured, eager = set(), {}
-    for phase in runs:
+    for phase in (p for p in PRIORITY if p in runs):
         decision = result[phase]
         found = explain(phase, Direction.ATTNHAL_CAPTURES, applicable) if decision.capture else None
         if decision.capture and found is None:

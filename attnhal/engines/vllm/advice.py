@@ -55,7 +55,7 @@ def _evaluate(flags: Mapping[str, Any], given: Mapping[str, Any], platform: Plat
     full = not any(r.code is ReasonCode.GRAPHS_DISABLED for p in runs for r in result[p].reasons)
     eager = {p: "; ".join(str(r) for r in result[p].reasons) if full
              else f"cudagraph_mode resolves to {mode} with AttentionCGSupport {level}: attention runs eagerly"
-             for p in runs if not result[p].capture}
+             for p in PRIORITY if p in runs and not result[p].capture}
     return Option(flags=flags, label=f"{config.backend.split(':', 1)[1]} (AttentionCGSupport {level}, "
                                      f"cudagraph_mode {mode})",
                   changes=changes(given, flags, ("attention_backend",)), runs=runs,
