@@ -116,7 +116,7 @@ def model_of(given: ModelKind | None, backends: Iterable[BackendCapabilities]) -
     """The model kind: given, or the one kind every backend of the user's flags serves."""
     if given is not None:
         return given
-    served = [frozenset(caps.models) for caps in backends]
+    served = [frozenset(caps.models or ModelKind) for caps in backends]  # None: every kind
     kinds = frozenset.intersection(*served) if served else frozenset()
     if len(kinds) == 1:
         return next(iter(kinds))
@@ -129,7 +129,7 @@ def served_kinds(engine: str, platform: Platform) -> str:
     from attnhal.catalog import entries
 
     kinds = {m.value for e in entries(engine) if not e.descriptor.platform_reasons(platform)
-             for m in e.descriptor.models}
+             for m in e.descriptor.models or ()}
     return ", ".join(f"--model {k}" for k in sorted(kinds)) or f"no model kind on {platform.name}"
 
 

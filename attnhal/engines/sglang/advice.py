@@ -175,13 +175,13 @@ def _evaluate(flags: Mapping[str, Any], given: Mapping[str, Any], env: Mapping[s
     config = from_server_args(flags, env, model, platform)
     result = config.plan(platform)
     runs = frozenset(p for p in PRIORITY if result[p].runs)
-    base = dict(flags=flags, label=_label(config), changes=changes(given, flags, _SHOWN_FLAGS), runs=runs,
-                costs=_costs(flags, config, platform),
-                changes_speculation=flags.get("speculative_num_steps") != given.get("speculative_num_steps"))
+    base = Option(flags=flags, label=_label(config), changes=changes(given, flags, _SHOWN_FLAGS), runs=runs,
+                  costs=_costs(flags, config, platform),
+                  changes_speculation=flags.get("speculative_num_steps") != given.get("speculative_num_steps"))
     identity = (tuple(config.roles.items()), config.page_size(platform).value, config.spec)
     if not result.valid:
         why, shown = _blocked(config, result, platform)
-        return Option(**base, blocked=why), shown, identity
+        return replace(base, blocked=why), shown, identity
     applicable = engine_differs(config, platform)
     captured, eager = set(), {}
     for phase in (p for p in PRIORITY if p in runs):
@@ -192,7 +192,7 @@ def _evaluate(flags: Mapping[str, Any], given: Mapping[str, Any], env: Mapping[s
         else:
             eager[phase] = (f"{_ENGINE} runs it eagerly: {found}" if found is not None
                             else "; ".join(str(r) for r in decision.reasons) or "not captured")
-    return Option(**base, captured=frozenset(captured), eager=eager), False, identity
+    return replace(base, captured=frozenset(captured), eager=eager), False, identity
 
 
 def _current(given: Mapping[str, Any], env: Mapping[str, str], model: ModelKind,
