@@ -32,7 +32,7 @@ from attnhal.phases import Phase, phases_run
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind
 
-__all__ = ["VARIED", "advise"]
+__all__ = ["VARIED", "advise", "every_phase_line"]
 
 #: The flags advise may change (``vary``), in the order they are enumerated.
 VARIED = ("attention_backend", "decode_attention_backend", "speculative_draft_attention_backend",
@@ -279,3 +279,19 @@ def _notes(current: Option) -> tuple[str, ...]:
         return ("or keep these flags and install attnhal's SGLang plugin with ATTNHAL_SGLANG_GRAPHS=enforce: it builds "
                 "the graph runner SGLang's rule leaves out (docs/engines/sglang.md)",)
     return ()
+
+
+def every_phase_line(args: Mapping[str, Any], platform: Platform | str, model: ModelKind | str | None,
+                     env: Mapping[str, str] | None = None) -> str | None:
+    """The plugins' start-up line: the flag changes that capture every phase here, or that none
+    does (``None``: the flags already do). ``args`` may be a server's whole resolved argument set:
+    the line names only what changes."""
+    advice = advise(args, platform, model, env, top=1)
+    best = advice.every_phase
+    if best is advice.current:
+        return None
+    if best is None:
+        return "no combination of attention-backend flags captures every phase here (attnhal advise --engine sglang)"
+    new = " ".join(f"{c.flag} {c.new}" if c.new is not None else f"no {c.flag}" for c in best.changes)
+    old = " ".join(f"{c.flag} {c.old}" for c in best.changes if c.old is not None)
+    return f"a combination that captures every phase here: {new} (instead of {old}; attnhal advise --engine sglang)"
