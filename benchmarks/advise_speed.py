@@ -74,15 +74,16 @@ def timed(engine: str, args: dict[str, Any], platform: str, model: str) -> tuple
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=("sglang", "vllm", "both"), default="both")
-    engines = ("sglang", "vllm") if parser.parse_args().engine == "both" else (parser.parse_args().engine,)
+    chosen = parser.parse_args().engine
+    engines = ("sglang", "vllm") if chosen == "both" else (chosen,)
     for engine in engines:
         results = [(timed(*case), case) for case in inputs(engine)]
         seconds = [s for (s, _), _ in results]
         (worst, outcome), case = max(results, key=lambda r: r[0][0])
         refused = sum(1 for (_, o), _ in results if o.startswith("refused"))
-        print(f"{engine}: {len(results)} inputs ({refused} refused as bad input), median {statistics.median(seconds):.4f} s, "
-              f"worst {worst:.4f} s ({outcome}: {case[2]} {case[3]} {case[1]}), "
-              f"{len(results) / sum(seconds):.0f} answers/s")
+        print(f"{engine}: {len(results)} inputs ({refused} refused as bad input), "
+              f"median {statistics.median(seconds):.4f} s, worst {worst:.4f} s "
+              f"({outcome}: {case[2]} {case[3]} {case[1]}), {len(results) / sum(seconds):.0f} answers/s")
 
 
 if __name__ == "__main__":

@@ -85,7 +85,8 @@ def _phases(option: Option) -> str:
 def format_advice(advice: Advice) -> str:
     """The advice as text: the user's flags, each recommendation with what it changes and why, the blocked ones."""
     current = advice.current
-    lines = [f"advise: {advice.engine} on {advice.platform}, model {advice.model}: {advice.considered} flag sets planned",
+    lines = [f"advise: {advice.engine} on {advice.platform}, model {advice.model}: "
+             f"{advice.considered} flag sets planned",
              f"yours: {current.command() or '(no flags)'}"]
     lines.append(f"  {current.label}: " + (current.blocked or _phases(current)))
     if not advice.recommended:

@@ -105,8 +105,8 @@ def _role_sets(given: Mapping[str, Any], choices: Mapping[str, list[Any]],
                 split = decode not in (None, prefill)
                 if split and draft not in (None, given.get("speculative_draft_attention_backend")) and not decode_runs:
                     continue
-                for mode in choices["speculative_attention_mode"] if split else [given.get("speculative_attention_mode")]:
-                    out.append((prefill, decode if split else None, mode, draft))
+                modes = choices["speculative_attention_mode"] if split else [given.get("speculative_attention_mode")]
+                out.extend((prefill, decode if split else None, mode, draft) for mode in modes)
     return out
 
 
