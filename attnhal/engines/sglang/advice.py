@@ -98,7 +98,7 @@ def _role_sets(given: Mapping[str, Any], choices: Mapping[str, list[Any]],
     matters while the draft model has no backend of its own or plain decode runs: with
     ``--speculative-draft-attention-backend`` under speculation the decode backend runs nothing
     the unsplit set does not (its flags would only add changes)."""
-    out = []
+    out: list[tuple[Any, Any, Any, Any]] = []
     for draft in choices["speculative_draft_attention_backend"]:
         for prefill in choices["attention_backend"]:
             for decode in choices["decode_attention_backend"]:
