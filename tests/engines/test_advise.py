@@ -155,3 +155,25 @@ def test_the_command_prints_the_flags_to_paste_and_json_for_tools(capsys) -> Non
     report = json.loads(capsys.readouterr().out)
     assert report["every_phase"] == report["recommended"][0]["flags"]
     assert report["current"]["eager"]["draft_extend"].startswith("SGLang 0.5.23 runs it eagerly")
+
+
+@pytest.mark.parametrize("args,platform,model,cause", [
+    ({"attention_backend": "flashinfer", "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 3},
+     "cuda:sm90", "mla", "docs/catalog.md D3"),
+    ({"speculative_eagle_topk": 2, "speculative_num_draft_tokens": 3}, "hip:gfx942", "mha", "Late failures"),
+])
+def test_a_late_failure_or_engine_bug_is_shown_never_recommended(args: dict[str, object], platform: str, model: str,
+                                                                 cause: str) -> None:
+    advice = advise("sglang", {**SEED, **args}, platform, model, top=20)
+    assert advice.current.blocked is not None and cause in advice.current.blocked
+    assert "starts with it" in advice.current.blocked  # SGLang accepts these flags at startup
+    assert advice.recommended and all(o.blocked is None for o in advice.recommended)
+    assert advice.why_better(advice.recommended[0]) == [f"yours: {advice.current.blocked}"]
+
+
+def test_candidates_that_fail_late_are_listed_apart_with_their_cause() -> None:
+    args = {**SEED, "attention_backend": "triton", "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 3}
+    advice = advise("sglang", args, "hip:gfx942", "mha")
+    late = [o for o in advice.blocked if "Late failures" in (o.blocked or "")]
+    assert late and late[0].flags["attention_backend"] == "aiter"
+    assert not any(o.flags == late[0].flags for o in advice.recommended)
