@@ -1,4 +1,4 @@
-"""``attnhal`` command line: info | plan | explain | conformance | demo | catalog | docs, plus plugin commands.
+"""``attnhal`` command line: info | plan | explain | conformance | demo | catalog | advise | docs, plus plugin commands.
 
 Exit status: 0 yes; 1 a valid question with a negative answer (an invalid plan, a
 backend that does not fit, a falsified claim, a stale file); 2 bad input, with one
@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from attnhal.cli import app, conformance, demo, docs, engine, explain, info, plan
+from attnhal.cli import advise, app, conformance, demo, docs, engine, explain, info, plan
 from attnhal.cli.app import BAD_USAGE, INTERNAL_ERROR, UsageError
 from attnhal.cli.demo import demo_config, parsed_demo_config
 from attnhal.cli.output import format_plan
@@ -39,6 +39,7 @@ BUILTIN: Mapping[str, Callable[[Any], None]] = {
     "conformance": conformance.register,
     "demo": demo.register,
     "catalog": engine.register_catalog,
+    "advise": advise.register,
     "docs": docs.register,
 }
 #: Names a plugin command may not take.

@@ -262,6 +262,20 @@ def test_a_draft_worker_is_planned_from_its_backend_classes_and_arguments(monkey
     assert state.plan.spec.num_steps == 1 and [e.entry for e in state.applicable] == ["D1"]
 
 
+def test_the_start_up_line_names_flags_that_capture_every_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where SGLang leaves a phase eager, the hook adds one line: ``attnhal advise``'s best flag set."""
+    from attnhal.engines.sglang.advice import every_phase_line
+
+    monkeypatch.setenv("ATTNHAL_PLATFORM", "hip:gfx942")
+    planned = plugin.plan_draft_worker(_worker(), graphs_enabled=True, env={})
+    line = every_phase_line(planned.args, planned.platform, planned.model, env={})
+    assert line == ("a combination that captures every phase here: --speculative-num-steps 2 "
+                    "--speculative-num-draft-tokens 3 (instead of --speculative-num-steps 1 "
+                    "--speculative-num-draft-tokens 2; attnhal advise --engine sglang)")
+    three = plugin.plan_draft_worker(_worker(steps=3), graphs_enabled=True, env={})
+    assert every_phase_line(three.args, three.platform, three.model, env={}) is None  # aiter's 3 steps: all captured
+
+
 @pytest.mark.parametrize("worker,platform,says", [
     (_worker(extend="my_platform.attention.Mystery"), "hip:gfx942", "draft_extend backend class=my_platform"),
     (_worker(kv_cache_dtype="mxfp8"), "hip:gfx942", "server argument --kv-cache-dtype='mxfp8' (supported: "),

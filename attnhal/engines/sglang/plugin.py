@@ -123,6 +123,8 @@ class DraftPlan:
     names: Mapping[Any, str | None]  # Phase -> SGLang backend name of the phase
     applicable: tuple[Any, ...]  # the catalogued engine decisions that apply (differs.EngineDiffers)
     platform: str
+    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the server arguments planned
+    model: str | None = None
 
 
 def _resolved_args(server_args: Any) -> dict[str, Any]:
@@ -196,7 +198,7 @@ def plan_draft_worker(worker: Any, graphs_enabled: bool, env: Mapping[str, str] 
     policy = config.policy if graphs_enabled else dataclasses.replace(config.policy, enabled=False)
     context = dataclasses.replace(config.context, page_size=config.page_size(platform).value)
     result = plan(config.spec, platform, backends, policy, context)
-    return DraftPlan(result, names, engine_differs(config, platform), platform.name)
+    return DraftPlan(result, names, engine_differs(config, platform), platform.name, args, config.context.model)
 
 
 # --- the hooks ---------------------------------------------------------------------------------
@@ -294,6 +296,20 @@ class EagleDraftHook:
         for row in audit(planned.plan, sglang, names=planned.names, applicable=planned.applicable):
             action = self._act(module, worker, row, refused)
             self.log.info(f"{head}: {row.line()}" + (f"; enforce: {action}" if action else ""))
+        if Verdict.EAGER in sglang.values():
+            self._advise(head, planned)
+
+    def _advise(self, head: str, planned: DraftPlan) -> None:
+        """One line: the flags that capture every phase here (``attnhal advise``), where SGLang left one eager."""
+        from attnhal.engines.sglang.advice import every_phase_line
+
+        try:
+            line = every_phase_line(planned.args, planned.platform, planned.model, env=os.environ)
+        except Exception:  # the advice is extra: SGLang's decision and the lines above stand
+            log.exception("attnhal: advising on %s failed", head)
+            return
+        if line is not None:
+            self.log.info(f"{head}: {line}")
 
     def _act(self, module: Any, worker: Any, row: Any, refused: Mapping[str, str]) -> str:
         """enforce: what attnhal changed for this phase (empty: nothing)."""

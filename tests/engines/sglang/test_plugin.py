@@ -34,6 +34,9 @@ from attnhal.engines.sglang import plugin
 EXTEND_RUNNER = "EAGLEDraftExtendCudaGraphRunner"
 DECODE_RUNNER = "EAGLEDraftCudaGraphRunner"
 SEED = Case("aiter", "hip:gfx942", "mha", 1, 1)
+#: The start-up line of ``attnhal advise`` (``every_phase_line``), where SGLang leaves a phase eager.
+ADVICE = "a combination that captures every phase here: "
+NO_ADVICE = "no combination of attention-backend flags captures every phase here"
 #: The seed's difference, as the plugin logs it: docs/catalog.md's entry and the catalogue's note.
 D1 = ("differs: docs/catalog.md D1 (sglang:aiter): draft_extend on HIP with num_steps 1: SGLang 0.5.23 runs it "
       "eagerly, its HIP branch reads the draft-decode backend (speculative/eagle_worker_v2.py:546-565; "
@@ -185,7 +188,10 @@ def test_seed_audit_changes_nothing_and_names_d1(lines: Any) -> None:
         "attnhal: audit: EagleDraftWorker on hip:gfx942: draft_decode: SGLang not run, attnhal not run "
         "([phase_not_run] " + found[0].split("([phase_not_run] ", 1)[1],
         f"attnhal: audit: EagleDraftWorker on hip:gfx942: draft_extend: SGLang eager, attnhal captured "
-        f"(sglang:aiter); {D1}"]
+        f"(sglang:aiter); {D1}",
+        "attnhal: audit: EagleDraftWorker on hip:gfx942: a combination that captures every phase here: "
+        "--speculative-num-steps 2 --speculative-num-draft-tokens 3 (instead of --speculative-num-steps 1 "
+        "--speculative-num-draft-tokens 2; attnhal advise --engine sglang)"]
     assert found[0].endswith("; agree")
     SUMMARY.append("plugin, seed, audit:")
     SUMMARY.extend(f"  {line}" for line in found)
@@ -199,7 +205,7 @@ def test_seed_enforce_builds_sglangs_own_draft_extend_runner(lines: Any) -> None
         recorder_class = eagle_worker_v2.EAGLEDraftExtendCudaGraphRunner
         assert runners(SEED) == {"draft_extend": EXTEND_RUNNER}
         built.append(recorder_class)
-    found = lines()
+    found = [line for line in lines() if ADVICE not in line]
     assert found[-1].endswith(f"{D1}; enforce: built {EXTEND_RUNNER} (SGLang's draft_extend runner on device 'cuda')")
     SUMMARY.append("plugin, seed, enforce:")
     SUMMARY.append(f"  {found[-1]}")
@@ -383,8 +389,12 @@ def test_audit_changes_no_decision_on_the_grid_and_its_lines_name_the_phases(dec
         assert seen["audit"] == seen["sglang"], case
         if seen["sglang"] is None:
             continue
-        found, rules = seen["audit-lines"], rules_for(case)
+        found = [line for line in seen["audit-lines"] if ADVICE not in line and NO_ADVICE not in line]
+        rules = rules_for(case)
         assert [line.split(": ")[3] for line in found] == ["draft_decode", "draft_extend"], (case, found)
+        # The advice line comes where SGLang leaves a phase eager, and only there.
+        eager = any("SGLang eager" in line for line in found)
+        assert eager == any(ADVICE in line or NO_ADVICE in line for line in seen["audit-lines"]), (case, found)
         assert _entries(found) == {r.cause for r in rules} & DRAFT_ENTRIES, (case, found)
         if any("not catalogued" in line for line in found):  # only where the adapter is known to differ
             assert any(r.adapter for r in rules), (case, found)

@@ -1,0 +1,104 @@
+"""``attnhal advise --engine vllm``: the ``--attention-backend`` that captures the most, before the engine starts.
+
+vLLM 0.33.0 runs the target and its drafter on one attention backend, so the choice is one
+flag: each catalogued backend that fits the platform and model kind (pruned before planning)
+goes through the adapter (:func:`~attnhal.engines.vllm.from_engine_args`: the builder's level on
+this platform, the graph mode vLLM resolves) and the planner. A backend for which vLLM's mode
+resolution raises is refused at startup and not proposed; each downgrade of the requested
+``cudagraph_mode`` is a cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from attnhal.capabilities import AttentionRequest, not_supported_reasons
+from attnhal.catalog import entries, load
+from attnhal.engines.advice import (MAX_COMBINATIONS, PRIORITY, Advice, Option, changes, check_size, frontier,
+                                    model_of, rank_key, served_kinds)
+from attnhal.engines.flags import EngineArgError, check, model_kind
+from attnhal.engines.vllm.flags import FLAGS, HARMLESS, VLLM_VERSION
+from attnhal.engines.vllm.plan import from_engine_args
+from attnhal.platform import Platform, as_platform
+from attnhal.reasons import ReasonCode
+from attnhal.spec import ModelKind
+
+__all__ = ["advise"]
+
+_ENGINE = f"vLLM {VLLM_VERSION}"
+_NOT_GIVEN = ("--attention-backend not given: vLLM picks one per platform and model, which attnhal does not model "
+              "(every catalogued backend that fits is compared)")
+
+
+def _fitting(model: ModelKind, platform: Platform, named: str | None,
+             among: Collection[str] | None) -> list[str]:
+    """The catalogued backends serving ``model`` on ``platform``; a model-specific one only where named."""
+    request = AttentionRequest(model=model)
+    return [e.qualified_name for e in entries("vllm")
+            if (among is None or e.name in among) and (not e.meta.get("model_specific") or e.qualified_name == named)
+            and not not_supported_reasons(e.descriptor, request, platform)]
+
+
+def _evaluate(flags: Mapping[str, Any], given: Mapping[str, Any], platform: Platform, model: ModelKind,
+              trtllm_cubins: bool) -> Option | None:
+    """The option (``None``: vLLM raises resolving its graph mode, or attnhal cannot plan it)."""
+    config = from_engine_args(flags, platform, trtllm_cubins)
+    if config.resolution.error is not None:
+        return None
+    result = config.plan(platform, model)
+    if not result.valid:
+        return None
+    runs = frozenset(p for p in PRIORITY if result[p].runs)
+    level = config.level.support.name if config.level is not None else "?"
+    mode = config.resolution.mode.value if config.resolution.mode else "-"
+    full = not any(r.code is ReasonCode.GRAPHS_DISABLED for p in runs for r in result[p].reasons)
+    eager = {p: "; ".join(str(r) for r in result[p].reasons) if full
+             else f"cudagraph_mode resolves to {mode} with AttentionCGSupport {level}: attention runs eagerly"
+             for p in PRIORITY if p in runs and not result[p].capture}
+    return Option(flags=flags, label=f"{config.backend.split(':', 1)[1]} (AttentionCGSupport {level}, "
+                                     f"cudagraph_mode {mode})",
+                  changes=changes(given, flags, ("attention_backend",)), runs=runs,
+                  captured=frozenset(p for p in runs if result[p].capture), eager=eager,
+                  costs=tuple(f"cudagraph_mode downgrade: {step}" for step in config.resolution.steps))
+
+
+def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind | str | None = None, *,
+           trtllm_cubins: bool = True, top: int = 3, among: Collection[str] | None = None,
+           limit: int = MAX_COMBINATIONS) -> Advice:
+    """The vLLM ``--attention-backend`` values that capture the most on ``platform`` for this model,
+    ranked (:func:`attnhal.engines.advice.rank_key`), against the user's engine arguments ``args``.
+
+    ``among``: the backend names it may propose (``FLASH_ATTN``; default every catalogued one that
+    fits); ``trtllm_cubins``: FlashInfer's assumption (:func:`~attnhal.engines.vllm.support_on`).
+    Raises :class:`EngineArgError` naming the flag for bad arguments, as the adapter does.
+    """
+    where = as_platform(platform)
+    raw = {k: v for k, v in dict(args).items() if v is not None}
+    converted, _ = check(raw, FLAGS, HARMLESS, "attnhal.engines.vllm.HARMLESS")
+    given = raw  # vLLM's values convert to other forms (``vllm:NAME``, parsed JSON): the flags stay as typed
+    named = converted.get("attention_backend")
+    kind = model_of(model_kind(model), [load(named).descriptor] if named else [])
+    names = _fitting(kind, where, named, among)
+    if not names:
+        raise EngineArgError("--model", f"--model={kind.value} on platform={where.name}: no catalogued vLLM backend "
+                                        f"serves it (supported: {served_kinds('vllm', where)})")
+    check_size(len(names), ("attention_backend",), limit)
+    current = Option(flags=given, label="(vLLM's pick)", blocked=_NOT_GIVEN)
+    if named:
+        current = _evaluate(given, given, where, kind, trtllm_cubins) or Option(
+            flags=given, label=named, blocked=f"refused: {_refusal(given, where, kind, trtllm_cubins)}")
+    options = [o for name in names if name != named
+               for o in [_evaluate({**given, "attention_backend": name.split(":", 1)[1]}, given, where, kind,
+                                   trtllm_cubins)] if o]
+    ranked = sorted(options, key=rank_key)
+    recommended = frontier(o for o in ranked if rank_key(o) < rank_key(current))[:top]
+    return Advice(_ENGINE, where.name, kind.value, current, recommended, (), len(names))
+
+
+def _refusal(given: Mapping[str, Any], platform: Platform, model: ModelKind, trtllm_cubins: bool) -> str:
+    config = from_engine_args(given, platform, trtllm_cubins)
+    if config.resolution.error is not None:
+        return f"vLLM raises resolving cudagraph_mode: {config.resolution.error}"
+    result = config.plan(platform, model)
+    return "; ".join(sorted({str(r) for d in result.phases.values() if d.blocking for r in d.reasons}))
