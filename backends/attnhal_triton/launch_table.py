@@ -203,11 +203,11 @@ UNITS: Mapping[str, int] = MappingProxyType({
     "sm80": 108, "sm90": 132, "sm120": 170, "gfx90": 110, "gfx94": 304, "gfx95": 256,
 })
 #: Programs per SM/CU that each split kernel is split up to. Measured on an H200
-#: (benchmarks/triton_sweep.py, docs/triton.md): decode's small programs want 4 per SM;
-#: the split extend's larger ones 2 (4 and 8 were slower at bs 8 x 8192). Other families
-#: take the same counts unmeasured.
+#: (benchmarks/triton_sweep.py, docs/triton.md): decode's small programs want 4 per SM, causal
+#: verify's 2, the tree's (more work per position) 1. Draft extend takes verify's count, and
+#: other families take these counts, unmeasured.
 PROGRAMS_PER_UNIT: Mapping[str, int] = MappingProxyType({
-    "decode": 4, "extend_verify": 2, "extend_verify_tree": 2, "extend_draft": 2,
+    "decode": 4, "extend_verify": 2, "extend_verify_tree": 1, "extend_draft": 2,
 })
 #: Most KV splits of a row on a GPU: the partial buffers are sized by the work
 #: (:func:`attnhal_triton.work.partial_slots`), not by this, so it can be generous.
@@ -309,15 +309,17 @@ TABLE: tuple[LaunchRow, ...] = (
     *_nvidia("sm80", **_SM80),
     # Hopper (H100/H200): 132 SMs, more shared memory per SM; prefill and causal verify
     # take the anchors' 128x64 tiles up to head size 128. At head size 128 (16-bit) the
-    # rows measured fastest on an H200 (benchmarks/triton_sweep.py, 2026-12-04): 4 warps
-    # everywhere; prefill 3 stages; the tree's 128-position K/V blocks in 3 stages. Draft
-    # extend takes causal verify's row (the same kernel form and query shape), unmeasured.
+    # spill-free rows measured fastest on an H200 (benchmarks/triton_sweep.py, 2026-12-04,
+    # docs/triton.md): decode's 128-position blocks (an fp8 cache reads 1.4x faster than
+    # with 64, bf16 within 12 %), 4 warps and 2 stages for the split forms, prefill 8 warps
+    # and 3 stages. Draft extend takes causal verify's row (the same kernel form), unmeasured.
     *_nvidia("sm90", d128={"BLOCK_M": 64, "BLOCK_N": 64}, d256={"BLOCK_M": 64, "BLOCK_N": 32},
              w256=8, prefill_verify={"BLOCK_M": 128, "BLOCK_N": 64}, overrides=[
+                 ("decode", 128, None, {"BLOCK_N": 128, "BLOCK_H": 16}, 4, 2),
                  ("extend_prefill", 128, None, {"BLOCK_M": 128, "BLOCK_N": 64}, 8, 3),
                  ("extend_verify", 128, None, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2),
                  ("extend_draft", 128, None, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2),
-                 ("extend_verify_tree", 128, None, {"BLOCK_M": 32, "BLOCK_N": 128}, 8, 3)]),
+                 ("extend_verify_tree", 128, None, {"BLOCK_M": 32, "BLOCK_N": 64}, 4, 2)]),
     # Consumer Blackwell (RTX 50): mma.sync and ~100 KB shared memory like sm89, so
     # Ampere's shapes, except decode at head size 64: 64-position blocks in 2 stages
     # spill 44 bytes under sm_120's ptxas (capped at 64 registers), 32 do not.
