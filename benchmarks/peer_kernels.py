@@ -24,7 +24,7 @@ __all__ = ["PEERS", "LoadedPeer", "PeerSpec", "default_peers_dir", "load_peer"]
 class PeerSpec:
     """A released engine and the kernel files the benchmark runs from it.
 
-    modules: what the benchmark imports (the first is the kernel's entry point);
+    modules: what the benchmark imports from the engine (kernels, and vLLM's quant-mode enum);
     files: the wheel members those modules need (the modules and what they import).
     """
 

@@ -70,7 +70,8 @@ def format_demo(report: Any) -> str:
          r["verify_steps"], f"{r['capture_s']:.2f}", yes_no(r["lossless"])) for mode, r in report.runs.items()]
     rows.insert(0, ("greedy (no speculation, eager)", f"{greedy:.1f}", "1.00x", "-", "-", "-", "reference"))
     lines += ["", table(("run", "tokens/s", "vs greedy", "mean accepted length", "verify steps", "setup s",
-                         "lossless"), rows)]
+                         "lossless"), rows),
+              "(tokens/s: each run timed after an untimed identical run, so no first-call cost is in it)"]
     lines += ["", f"lossless: {yes_no(report.lossless)} (speculative tokens == plain greedy tokens of the target)"]
     return "\n".join(lines)
 
