@@ -65,36 +65,35 @@ class Prepared:
     keep: list[Any] = field(default_factory=list)  # buffers the run reads, kept alive with it
 
 
+#: Row fields a tuning setting may carry beside the launch (benchmarks/triton_sweep.py adds them).
+_SPLIT_FIELDS = ("kv_splits", "split_len", "fill_programs")
+
+
 def launch_row(base: Any, encoded: str) -> Any:
-    """``base`` (a ``LaunchRow``) with the settings of ``encoded`` (``LaunchRow.encode()`` form)."""
+    """``base`` (a ``LaunchRow``) with the settings of ``encoded``: ``LaunchRow.encode()``
+    form, plus the split fields ``kv_splits``, ``split_len`` and ``fill_programs``."""
     from attnhal_triton.launch_table import decode_launch
 
     constexprs, options = decode_launch(encoded)
     precision = constexprs.pop("DOT_PRECISION", base.dot_precision)
+    split = {k: int(options.pop(k)) for k in _SPLIT_FIELDS if k in options}
     return dataclasses.replace(base, blocks=constexprs, dot_precision=precision,
                                num_warps=options.pop("num_warps", base.num_warps),
-                               num_stages=options.pop("num_stages", base.num_stages), extra=options)
+                               num_stages=options.pop("num_stages", base.num_stages), extra=options,
+                               **split)
 
 
 def override_launch(backend: Any, settings: Mapping[str, Any]) -> None:
     """Serve kernels of a constructed ``TritonBackend`` with other launch rows (tuning sweeps).
 
-    ``settings``: kernel name -> a ``LaunchRow``, or an encoded string
-    (``"BLOCK_N=64,num_warps=4,..."``) applied to the backend's row for that kernel (its split
-    settings kept). Through the backend's ``use_launch_rows`` where it has one; older backends
-    get ``rows``/``_launch`` swapped. Run ``init_forward_metadata`` after it.
+    ``settings``: kernel name -> a ``LaunchRow``, or an encoded string applied to the
+    backend's row for that kernel (:func:`launch_row`). Run ``init_forward_metadata`` after it.
     """
     unknown = sorted(set(settings) - set(backend.rows))
     if unknown:
         raise ValueError(f"launch kernels {unknown} (supported: {', '.join(sorted(backend.rows))})")
-    rows = {k: launch_row(backend.rows[k], s) if isinstance(s, str) else s for k, s in settings.items()}
-    use = getattr(backend, "use_launch_rows", None)
-    if use is not None:
-        use(rows)
-        return
-    backend.rows.update(rows)
-    backend._launch.update({k: row.encode() for k, row in rows.items()})
-    backend._eager_mid = None  # partial buffers are sized by the rows' split counts
+    backend.use_launch_rows({k: launch_row(backend.rows[k], s) if isinstance(s, str) else s
+                             for k, s in settings.items()})
 
 
 def prepare_attnhal(case: Case, launch: Mapping[str, Any] | None = None) -> Prepared:

@@ -110,3 +110,20 @@ def test_warm_up_workers_run_their_share_of_the_shapes(monkeypatch: pytest.Monke
                                           "--peers-dir", "/nonexistent", "--warm-workers", "2"])
     summary = gpu_peers.warm_up(gpu_peers.parse_shapes("decode:1x32,fp8:1x32"), args)
     assert summary.startswith("warm-up: 2 processes compiled the kernels in") and "rc=" not in summary, summary
+
+
+def test_the_sweeps_chosen_rows_reach_the_backend_with_their_split_fill() -> None:
+    """benchmarks/triton_sweep.py hands its chosen rows to gpu_peers as ``--launch
+    KERNEL:ENCODED`` with ``fill_programs`` appended: the row the backend serves carries it
+    (the second H200 run lost its table when the split fill was read as a launch option)."""
+    from peer_contenders import launch_row
+
+    from attnhal.platform import parse
+    from attnhal_triton.launch_table import lookup
+
+    base = lookup("extend_verify", parse("cuda:sm90"), 128, "bfloat16")
+    row = launch_row(base, "BLOCK_M=64,BLOCK_N=32,DOT_PRECISION=ieee,num_warps=8,num_stages=3,"
+                           "fill_programs=132")
+    assert (dict(row.blocks), row.num_warps, row.num_stages, row.fill_programs, dict(row.extra)) == \
+        ({"BLOCK_M": 64, "BLOCK_N": 32}, 8, 3, 132, {})
+    assert row.kv_splits == base.kv_splits
