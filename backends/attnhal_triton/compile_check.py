@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attnhal.platform import Platform, parse
-from attnhal_triton.compile_usage import resource_usage
+from attnhal_triton.compile_usage import dot_operand_types, resource_usage
 from attnhal_triton.launch_table import LaunchRow, UnknownArchWarning, fallback_row, lookup
 from attnhal_triton.work import head_block
 
@@ -203,7 +203,7 @@ def _compile_one(job: Job) -> dict[str, Any]:
     result: dict[str, Any] = {**asdict(job), "kernel": job.variant, "row": row.key(),
                               "served_by": served_by(row), "fp8_flavor": job.fp8_flavor,
                               "ok": False, "registers": None, "spills": None, "scratch": None,
-                              "shared": None, "error": "", "seconds": 0.0}
+                              "shared": None, "dot_types": None, "error": "", "seconds": 0.0}
     del result["variant"]
     start = time.perf_counter()
     try:
@@ -214,7 +214,11 @@ def _compile_one(job: Job) -> dict[str, Any]:
             compiled = triton.compile(_source(job, variant, row), target=target,
                                       options=row.launch_options)
         usage = resource_usage(compiled, target)
-        result.update(usage, shared=int(compiled.metadata.shared), ok=True)
+        dots = dot_operand_types(compiled)
+        result.update(usage, shared=int(compiled.metadata.shared), dot_types=sorted(dots), ok=True)
+        if job.compute_dtype != "float32" and "f32" in dots:
+            result.update(ok=False, error=f"fp32 tl.dot in a {job.dtype} kernel (operands {sorted(dots)}): "
+                                          "16-bit inputs belong on the tensor cores")
         limit = SHARED_LIMIT.get(job.target.partition(":")[2])
         if limit is not None and result["shared"] > limit:
             result.update(ok=False, error=f"shared memory {result['shared']} B > {limit} B of the target")

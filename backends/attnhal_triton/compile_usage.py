@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 from typing import Any
 
-__all__ = ["resource_usage"]
+__all__ = ["dot_operand_types", "resource_usage"]
 
 _PTXAS = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -58,3 +58,16 @@ def resource_usage(compiled: Any, target: Any) -> dict[str, int]:
         if stage in compiled.asm:
             return read()
     return {"registers": -1, "spills": -1, "scratch": -1}
+
+
+_DOT = re.compile(r"=\s*(?:tt\.dot|ttng\.warp_group_dot)\s[^:]*:(.*?)->")
+_ELEMENT = re.compile(r"(?:tensor|memdesc)<(?:\d+x)+([a-zA-Z0-9]+)")
+
+
+def dot_operand_types(compiled: Any) -> set[str]:
+    """Element types of every dot operand in the kernel's TTGIR (``"bf16"``, ``"f32"``, ...):
+    an fp32 operand in a 16-bit kernel means the FMA path on tensor-core hardware."""
+    types: set[str] = set()
+    for operands in _DOT.findall(compiled.asm.get("ttgir", "")):
+        types.update(_ELEMENT.findall(operands))
+    return types

@@ -351,6 +351,29 @@ def test_a_spilling_row_fails_the_check_and_the_check_names_the_row_serving_the_
     assert "1 compiles: 1 ok, 0 failed, 1 with spills" in planted.stdout
 
 
+def _compile_jobs(plant: str, jobs: str) -> list[dict[str, Any]]:
+    """``compile_check._compile_one`` of each ``Job(...)`` in ``jobs`` (a Python list), in a
+    process without TRITON_INTERPRET, after ``plant`` ran there."""
+    code = ("import json\nfrom attnhal_triton import compile_check as cc\n" + plant +
+            f"\nprint(json.dumps([cc._compile_one(j) for j in {jobs}]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=_clean_env(), check=True, timeout=600)
+    return list(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_an_fp32_dot_in_a_16_bit_kernel_fails_the_check() -> None:
+    """16-bit and fp8 kernels keep their dots on the tensor cores: the check reads every dot's
+    operand types in the TTGIR (bf16; f16 over an fp8 cache) and fails a planted fp32 cast."""
+    jobs = ("[cc.Job(k, t, d, 128, False) for k in ('decode', 'extend_verify') "
+            "for t in ('cuda:90', 'hip:gfx942') for d in ('bfloat16', 'fp8')]")
+    ours = _compile_jobs("", jobs)
+    assert {(r["dtype"], tuple(r["dot_types"])) for r in ours} == {("bfloat16", ("bf16",)), ("fp8", ("f16",))}
+    assert all(r["ok"] for r in ours), ours
+    plant = "_c = cc._constexprs\ncc._constexprs = lambda *a: {**_c(*a), 'DOT_F32': True}"
+    planted = _compile_jobs(plant, jobs)
+    assert all(not r["ok"] and "fp32 tl.dot in a" in r["error"] for r in planted), planted
+
+
 def test_the_attnhal_command_exits_1_on_a_spill() -> None:
     cli = "\nimport sys\nfrom attnhal.cli import main\nsys.exit(main(['compile-check', *sys.argv[1:]]))\n"
     done = subprocess.run([sys.executable, "-c", _PLANT_SPILLING_ALIAS + cli, *_SM120_DECODE],
