@@ -21,9 +21,11 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
 
-from attnhal.capabilities.claims import FillTerm, SeqLenFill, SpecLimits, Tolerance
+from attnhal.bounds import Bound, FloatBound
+from attnhal.capabilities.claims import FILL_BOUND, LIMIT_BOUNDS, TOLERANCE_BOUND, FillTerm, SeqLenFill, SpecLimits, \
+    Tolerance
 from attnhal.capabilities.conditions import VARIANT_FIELDS, IntSet, Variant, When
-from attnhal.errors import AttnhalError
+from attnhal.errors import AttnhalError, InvalidValue
 from attnhal.phases import Feature, Phase
 from attnhal.platform import ArchSet, Fp8Flavor, PlatformSpecError, Vendor
 from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, SpecAlgorithm
@@ -39,6 +41,12 @@ MAX_ITEMS = 256
 MAX_HEAD_SIZE = 1024
 #: The largest page size a file may claim (the CLI's ``--page-size`` bound too).
 MAX_PAGE_SIZE = 4096
+#: The longest backend name (a name is shown in tables and terminals) and variant note.
+MAX_NAME = 64
+MAX_NOTE = 200
+#: Integers a variant's ``when`` compares (head size, page size, steps, ...): the largest
+#: bound of any of them (:data:`MAX_PAGE_SIZE`).
+WHEN_BOUND = Bound("when", 0, MAX_PAGE_SIZE)
 #: How much of a rejected value a message repeats.
 _SHOWN = 60
 
@@ -66,11 +74,13 @@ def _list(key: str, value: Any, what: str) -> list[Any]:
     return value
 
 
-def _enum_list(enum: type[Enum], key: str) -> Callable[[Any], frozenset[Any]]:
+def _enum_list(enum: type[Enum], key: str, non_empty: bool = False) -> Callable[[Any], frozenset[Any]]:
     allowed = ", ".join(m.value for m in enum)
 
     def convert(value: Any) -> frozenset[Any]:
         _list(key, value, f"a list of {{{allowed}}}")
+        if non_empty and not value:
+            raise _fail(key, value, f"a non-empty list of {{{allowed}}} (an empty one claims nothing)")
         try:
             return frozenset(enum(str(v).lower()) for v in value)
         except ValueError:
@@ -110,8 +120,7 @@ def _limits(key: str, value: Any) -> SpecLimits:
     for k, v in value.items():
         if k not in _LIMIT_KEYS:
             raise _fail(f"{key}.{k}", v, f"keys {{{', '.join(_LIMIT_KEYS)}}}")
-        if not _is_int(v) or v < 1:
-            raise _fail(f"{key}.{k}", v, "an integer >= 1")
+        _bounded(LIMIT_BOUNDS[k], f"{key}.{k}", v)
     return SpecLimits(**value)
 
 
@@ -168,14 +177,13 @@ _FILL_KEYS = ("base", "plus", "at_least", "at_least_plus")
 
 def _seq_len_fill(key: str, value: Any) -> SeqLenFill:
     if _is_int(value):
-        return SeqLenFill(base=value)
+        return SeqLenFill(base=_bounded(FILL_BOUND, key, value))
     terms = ", ".join(t.value for t in FillTerm)
     if not isinstance(value, Mapping) or set(value) - set(_FILL_KEYS):
         raise _fail(key, value, f"an integer, or a table {{base = int, plus = term, at_least = int, "
                                 f"at_least_plus = term}}, term one of {{{terms}}}")
     for k in ("base", "at_least"):
-        if not _is_int(value.get(k, 0)) or value.get(k, 0) < 0:
-            raise _fail(f"{key}.{k}", value.get(k), "an integer >= 0")
+        _bounded(FILL_BOUND, f"{key}.{k}", value.get(k, 0))
     for k in ("plus", "at_least_plus"):
         if value.get(k, "none") not in {t.value for t in FillTerm}:
             raise _fail(f"{key}.{k}", value.get(k), terms)
@@ -190,8 +198,17 @@ def _tolerances(value: Any) -> dict[str, Tolerance]:
     for dtype, tol in value.items():
         if not isinstance(tol, Mapping) or set(tol) != {"atol", "rtol"}:
             raise _fail(f"tolerances.{dtype}", tol, "{atol = float, rtol = float}")
-        out[dtype] = Tolerance(float(tol["atol"]), float(tol["rtol"]))
+        out[dtype] = Tolerance(*(_bounded(TOLERANCE_BOUND, f"tolerances.{dtype}.{k}", tol[k])
+                                 for k in ("atol", "rtol")))
     return out
+
+
+def _bounded(bound: Bound | FloatBound, key: str, value: Any) -> Any:
+    """``value`` within ``bound``, else a :class:`DescriptorError` naming ``key``."""
+    try:
+        return bound.check(value, key)
+    except InvalidValue as exc:
+        raise _fail(exc.field, exc.value, exc.supported) from None
 
 
 def _bool(key: str) -> Callable[[Any], bool]:
@@ -202,18 +219,26 @@ def _bool(key: str) -> Callable[[Any], bool]:
     return convert
 
 
-def _name(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise _fail("name", value, "a non-empty string")
+def _printable(key: str, value: Any, longest: int) -> str:
+    """A string of printable characters (no newline, tab or terminal escape: it is shown in
+    tables and terminals) of at most ``longest`` characters."""
+    allowed = f"printable text of 1..{longest} characters (no control characters)"
+    if not isinstance(value, str) or not value or len(value) > longest or not value.isprintable():
+        raise _fail(key, value, allowed)
     return value
+
+
+def _name(value: Any) -> str:
+    return _printable("name", value, MAX_NAME)
 
 
 def _claim_keys(prefix: str, removable: bool) -> dict[str, Callable[[Any], Any]]:
     """Converters of the claim keys (shared by the base table and each variant)."""
     p = prefix
     return {
-        "vendors": _enum_list(Vendor, f"{p}vendors"),
-        "phases": _enum_list(Phase, f"{p}phases"),
+        # in a variant an empty list is a change ("no phase runs when ..."); at the base it claims nothing
+        "vendors": _enum_list(Vendor, f"{p}vendors", non_empty=not removable),
+        "phases": _enum_list(Phase, f"{p}phases", non_empty=not removable),
         "graph": _by_phase(f"{p}graph", _limits, removable),
         "multi_step": _multi_step,
         "min_arch": _by_vendor(f"{p}min_arch", _min_arch, "arch, e.g. {cuda = 'sm80', hip = 'gfx90a'}",
@@ -227,7 +252,7 @@ def _claim_keys(prefix: str, removable: bool) -> dict[str, Callable[[Any], Any]]
         "needs_host_seq_lens": _bool(f"{p}needs_host_seq_lens"),
         "archs": _by_vendor(f"{p}archs", _arch_set, "a list of archs or ranges, e.g. {cuda = ['sm80..sm90']}",
                             removable),
-        "models": _enum_list(ModelKind, f"{p}models"),
+        "models": _enum_list(ModelKind, f"{p}models", non_empty=not removable),
         "run_limits": _by_phase(f"{p}run_limits", _limits, removable),
         "phase_fill": _by_phase(f"{p}phase_fill", _seq_len_fill, removable),
     }
@@ -237,12 +262,15 @@ def _claim_keys(prefix: str, removable: bool) -> dict[str, Callable[[Any], Any]]
 
 def _int_set(key: str, value: Any) -> IntSet:
     if _is_int(value):
-        return IntSet(frozenset((value,)))
+        return IntSet(frozenset((_bounded(WHEN_BOUND, key, value),)))
     if isinstance(value, list) and value and len(value) <= MAX_ITEMS and all(_is_int(v) for v in value):
-        return IntSet(frozenset(value))
+        return IntSet(frozenset(_bounded(WHEN_BOUND, key, v) for v in value))
     if isinstance(value, Mapping) and value and not set(value) - {"min", "max"} and all(
             _is_int(v) for v in value.values()):
-        return IntSet(min=value.get("min"), max=value.get("max"))
+        low, high = (_bounded(WHEN_BOUND, f"{key}.{k}", value[k]) if k in value else None for k in ("min", "max"))
+        if low is not None and high is not None and low > high:
+            raise _fail(key, value, "an ordered range, min <= max")  # IntSet refuses it too, without the key
+        return IntSet(min=low, max=high)
     raise _fail(key, value, f"an integer, a list of at most {MAX_ITEMS} integers, or a range "
                             "{min = int, max = int}")
 
@@ -306,9 +334,7 @@ def _variant(i: int, value: Any) -> Variant:
     if unknown:
         raise _fail(f"{key}.{unknown[0]}", value[unknown[0]],
                     f"keys {{{', '.join((*_VARIANT_META, *VARIANT_FIELDS))}}}")
-    note = value.get("note", "")
-    if not isinstance(note, str):
-        raise _fail(f"{key}.note", note, "a string")
+    note = _printable(f"{key}.note", value["note"], MAX_NOTE) if "note" in value else ""
     try:
         return Variant(
             when=_when(value["when"]),

@@ -88,7 +88,7 @@ from attnhal.testing.checks import (
     not_checked_reason,
     verify,
 )
-from attnhal.testing.checks.run import flaky_result
+from attnhal.testing.checks.run import flaky_result, with_tolerance
 from attnhal.testing.report import resolve_backend
 
 __all__ = [
@@ -364,4 +364,4 @@ def _cause(exc: BaseException) -> str:
 def _record(request: pytest.FixtureRequest, target: Target, result: ClaimResult) -> None:
     from attnhal.testing.plugin import record
 
-    record(request.config, f"{target.caps.name} on {target.platform.name}", result)
+    record(request.config, f"{target.caps.name} on {target.platform.name}", with_tolerance(target, result))

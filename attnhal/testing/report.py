@@ -197,9 +197,10 @@ def _names(results: Iterable[ClaimResult]) -> str:
 
 
 def format_results(results: Iterable[ClaimResult], width: int = 120) -> str:
-    """The table ``claim | status | s | detail``; details wrap to fit ``width`` (never cut)."""
+    """The table ``claim | status | s | detail``; details wrap to fit ``width`` (never cut).
+    The detail of a claim that compares numbers ends with the tolerance it was checked with."""
     rows = [("claim", "status", "s", "detail")] + [
-        (r.claim.name, r.label, f"{r.seconds:.1f}", r.detail) for r in results]
+        (r.claim.name, r.label, f"{r.seconds:.1f}", _detail_with_tolerance(r)) for r in results]
     w0, w1, w2 = (max(len(row[i]) for row in rows) for i in (0, 1, 2))
     room = max(30, width - w0 - w1 - w2 - 9)
     lines = []
@@ -210,6 +211,12 @@ def format_results(results: Iterable[ClaimResult], width: int = 120) -> str:
     detail = min(room, max(len(" ".join(r[3].split())) for r in rows))
     lines.insert(1, f"{'-' * w0}-+-{'-' * w1}-+-{'-' * w2}-+-{'-' * detail}")
     return "\n".join(lines)
+
+
+def _detail_with_tolerance(result: ClaimResult) -> str:
+    if not result.tolerance or result.status is Status.NOT_CHECKED:
+        return result.detail
+    return f"{result.detail} [tolerance {result.tolerance}]"
 
 
 def _failures(results: list[ClaimResult]) -> list[str]:

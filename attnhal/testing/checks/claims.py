@@ -95,6 +95,8 @@ class ClaimResult:
 
     ``flaky``: falsified once, but the failure did not repeat when the example was run
     again (a race, uninitialised memory, state carried between calls): still falsified.
+    ``tolerance``: the declared tolerance the claim was checked with, per dtype (``float32
+    1e-05; float16 0.001``; empty for a claim that compares nothing against the reference).
     """
 
     claim: Claim
@@ -104,6 +106,7 @@ class ClaimResult:
     examples: int = 0
     seconds: float = 0.0
     flaky: bool = False
+    tolerance: str = ""
 
     @property
     def device_elsewhere(self) -> bool:
@@ -121,7 +124,7 @@ class ClaimResult:
         return {"claim": self.claim.name, "kind": self.claim.kind.value, "subject": self.claim.subject,
                 "dtype": self.claim.dtype, "status": self.status.value, "flaky": self.flaky,
                 "detail": self.detail, "counterexample": self.counterexample, "examples": self.examples,
-                "seconds": round(self.seconds, 3)}
+                "tolerance": self.tolerance, "seconds": round(self.seconds, 3)}
 
 
 
