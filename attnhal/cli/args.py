@@ -18,11 +18,14 @@ CLI's parser writes the two as one, ``--jobs=99 (supported: an integer 1..64)``
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Bounded", "bounded", "choice", "flag_message", "int_list", "seconds"]
+from attnhal.bounds import Bound, FloatBound
+
+__all__ = ["Bounded", "IntList", "Real", "bounded", "choice", "flag_message", "int_list", "seconds", "within"]
 
 #: How much of a rejected value a message repeats (a pasted megabyte stays one short line).
 _SHOWN = 20
@@ -77,22 +80,62 @@ def choice(allowed: Sequence[str]) -> Callable[[str], str]:
 
 
 def int_list(text: str) -> tuple[int, ...]:
-    """``type=int_list``: integers separated by commas (``1,3,5``)."""
-    try:
-        return tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} (supported: integers separated by commas)") from None
+    """``type=int_list``: integers separated by commas (``1,3,5``), each ``0..2**31``."""
+    return IntList(Bounded(0, 2 ** 31))(text)
 
 
-def seconds(text: str) -> float:
-    """``type=seconds``: a duration in seconds, greater than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"{text!r} (supported: seconds > 0)")
-    return value
+@dataclass(frozen=True)
+class IntList:
+    """Integers separated by commas (``1,3,5``), each within ``item`` (a :class:`Bounded`)."""
+
+    item: Bounded
+
+    def __call__(self, text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            values = ()
+        if not values or not all(self.item.low <= v <= self.item.high for v in values):
+            raise argparse.ArgumentTypeError(f"{_shown(text)!r} (supported: integers {self.item} separated by "
+                                             "commas)")
+        return values
+
+    def __str__(self) -> str:
+        return f"integers {self.item} separated by commas"
+
+
+@dataclass(frozen=True)
+class Real:
+    """A finite number in ``low..high`` (both included): ``inf``, ``nan`` and text are refused."""
+
+    low: float
+    high: float
+    unit: str = ""
+
+    def __call__(self, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and self.low <= value <= self.high):
+            raise argparse.ArgumentTypeError(f"{_shown(text)!r} (supported: a finite number {self}"
+                                             f"{' ' + self.unit if self.unit else ''})")
+        return value
+
+    def __str__(self) -> str:
+        return f"{self.low:g}..{self.high:g}"
+
+
+def within(bound: Bound | FloatBound) -> Bounded | Real:
+    """The argument type of a core bound (:mod:`attnhal.bounds`): the flag and the record
+    that owns the field check the same range, written once."""
+    if isinstance(bound, FloatBound):
+        return Real(bound.low, bound.high, bound.unit)
+    return Bounded(bound.low, bound.high)
+
+
+#: ``type=seconds``: a finite duration, 1 ms to 24 hours.
+seconds = Real(0.001, 86_400.0, "seconds")
 
 
 _ARGUMENT = re.compile(r"argument (?P<flag>[^:\s]+): (?P<text>.*)", re.S)

@@ -13,14 +13,14 @@ import os
 
 from attnhal.capabilities import BackendCapabilities
 from attnhal.cli.app import UsageError
-from attnhal.cli.args import bounded, choice, int_list
+from attnhal.cli.args import IntList, bounded, choice
 from attnhal.cli.output import one_line
 from attnhal.lookup import DescriptorFileError, UnknownBackend, describe
 from attnhal.phases import Phase
 from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend
 from attnhal.platform import ENV_VAR, Platform, PlatformSpecError, detect, parse
 from attnhal.registry import BackendUnavailable, Registry
-from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
+from attnhal.spec import DTYPES, KV_DTYPES, MAX_NUM_STEPS, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
 __all__ = ["DRAFT_TOKENS", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
            "phase_backends", "policy_from", "resolve_backend", "resolve_platform", "spec_from"]
@@ -80,8 +80,8 @@ def add_spec_flags(p: argparse.ArgumentParser, *, max_bs: bool = True) -> None:
 def spec_from(args: argparse.Namespace) -> SpecConfig:
     """The spec config of :func:`add_spec_flags` (and ``--spec-algorithm`` where declared)."""
     if args.spec_steps == 0:
-        if args.topk != 1 or args.draft_tokens:
-            raise UsageError("--topk/--draft-tokens need --spec-steps >= 1 (speculative decoding)")
+        if args.topk != 1 or args.draft_tokens or getattr(args, "adaptive_steps", None):
+            raise UsageError("--topk/--draft-tokens/--adaptive-steps need --spec-steps >= 1 (speculative decoding)")
         return SpecConfig()
     if args.topk > 1 and args.draft_tokens is None:
         raise UsageError(f"--draft-tokens is required with --topk={args.topk} (supported: "
@@ -126,8 +126,9 @@ def add_plan_input_flags(p: argparse.ArgumentParser, *, context: bool, roles: bo
                        default="prefill", help="target_verify and draft_extend follow the prefill or decode backend")
     p.add_argument("--no-graph-phase", action="append", type=choice([ph.value for ph in Phase]),
                    help="never capture this phase (repeatable)")
-    p.add_argument("--adaptive-steps", type=int_list,
-                   help="adaptive speculation: other step counts the plan must be valid for, e.g. 1,3,5")
+    p.add_argument("--adaptive-steps", type=IntList(bounded(1, MAX_NUM_STEPS)),
+                   help="adaptive speculation: other step counts the plan must be valid for, %(type)s, e.g. 1,3,5 "
+                        "(needs --spec-steps)")
     p.add_argument("--capture-max-tokens", type=bounded(1, 4096 * 1024),
                    help="capture sizes from the spec width: batch sizes with bs x tokens per request <= N, %(type)s")
 

@@ -41,6 +41,7 @@ from attnhal.testing.checks import (
     process_reasons,
     verify,
 )
+from attnhal.testing.settings import BUDGET, EXAMPLES
 from attnhal.testing.strategies import DEFAULT_MAX_COST, DEFAULT_MAX_SEQ_LEN
 
 #: Called when a claim starts (``result`` None) and when its result is known:
@@ -289,6 +290,10 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
     A backend that cannot run here (e.g. Triton on a CPU platform without
     ``TRITON_INTERPRET=1``) gives a report of claims "not checked here", not an error.
     """
+    if budget is not None:
+        budget = BUDGET.check(budget)  # finite and at most a day: each claim's share is finite
+    if max_examples is not None:
+        EXAMPLES.check(max_examples, "max_examples")
     cls = resolve_backend(backend)
     if max_examples is None:
         max_examples = 10**9 if budget is not None else examples_from_env(THOROUGH_EXAMPLES if thorough else None)

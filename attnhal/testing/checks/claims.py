@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -15,9 +14,8 @@ from attnhal.errors import AttnhalError
 from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Vendor
 from attnhal.spec import DTYPES
+from attnhal.testing.settings import EXAMPLES_ENV, env_examples
 
-#: Environment variable: random examples per check (on top of the fixed examples).
-EXAMPLES_ENV = "ATTNHAL_CONFORMANCE_EXAMPLES"
 #: Random examples per check by default: with the fixed examples (sizes at block
 #: boundaries, head layouts, edge rows, input variations) the torch backend's whole
 #: report stays under a minute on 2 CPU cores.
@@ -130,10 +128,12 @@ class ClaimResult:
 
 
 def examples_from_env(default: int | None = None) -> int:
-    """``$ATTNHAL_CONFORMANCE_EXAMPLES`` if set, else ``default`` (:data:`DEFAULT_EXAMPLES`)."""
-    raw = os.environ.get(EXAMPLES_ENV, "").strip()
-    if raw:
-        return int(raw)
+    """``$ATTNHAL_CONFORMANCE_EXAMPLES`` if set (within ``--examples``'s bound, else
+    :class:`~attnhal.errors.InvalidValue` naming the variable), else ``default``
+    (:data:`DEFAULT_EXAMPLES`)."""
+    value = env_examples()
+    if value is not None:
+        return value
     return DEFAULT_EXAMPLES if default is None else default
 
 
