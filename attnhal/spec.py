@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from attnhal.errors import InvalidValue
+
 __all__ = [
     "DTYPES",
     "KV_DTYPES",
@@ -163,6 +165,12 @@ class SpecConfig:
     def ngram(cls, num_draft_tokens: int, breadth: int = 1) -> SpecConfig:
         """N-gram / lookahead drafting: ``num_draft_tokens`` verified per request, a tree
         of ``breadth`` branches per level (``breadth > 1`` needs a tree mask)."""
+        check_int("breadth", breadth, 1, MAX_TOPK)
+        # the deepest n-gram draft has MAX_NUM_STEPS levels: at most that tree's tokens are verified
+        most = min(draft_tree_tokens(MAX_NUM_STEPS, breadth), MAX_DRAFT_TOKENS)
+        if isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool) and num_draft_tokens > most:
+            raise InvalidValue("num_draft_tokens", num_draft_tokens,
+                               f"2..{most} for an n-gram draft of breadth {breadth}, at most {MAX_NUM_STEPS} levels deep")
         check_int("num_draft_tokens", num_draft_tokens, 2, MAX_DRAFT_TOKENS)
         return cls(SpecAlgorithm.NGRAM, min(num_draft_tokens - 1, MAX_NUM_STEPS), breadth, num_draft_tokens)
 

@@ -57,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
         except InvalidValue as exc:
             raise UsageError(f"{exc} (environment)") from None
     platform = resolve_platform(args.platform)
-    names = [args.backend] if args.backend else [e.name for e in args.registry.ordered(platform)]
+    if args.backend is not None and not args.backend.strip():
+        raise UsageError(f"backend={args.backend!r} (supported: a registered name, module:attr or a package's "
+                         "entry-point name; leave it out to check every registered backend)")
+    names = [args.backend] if args.backend is not None else [e.name for e in args.registry.ordered(platform)]
     progress = Progress(sys.stderr) if sys.stderr.isatty() and not args.json else None
     reports = []
     for name in names:

@@ -143,9 +143,16 @@ class ConformanceReport:
         head = [f"attnhal conformance: backend {self.backend!r} ({self.backend_class})",
                 f"platform: {self.platform} ({self.device}), graphs: {self.graph_kind}; {self._effort()}"]
         head += [f"note: {n}" for n in self.notes]
-        counts = ", ".join(f"{n} {s}" for s, n in self.counts().items())
-        return "\n".join([*head, "", format_results(self.results), "", f"{counts} ({self.seconds:.1f} s)",
+        return "\n".join([*head, "", format_results(self.results), "", f"{self._totals()} ({self.seconds:.1f} s)",
                           *self._verdict(), *_failures(self.falsified + self.errors)])
+
+    def _totals(self) -> str:
+        """The count of each status; ``verified`` counts what the verdict counts (a ``vendor[V]``
+        claim says where the others ran and is named beside it, not counted)."""
+        where = [r for r in self.results if r.status is Status.VERIFIED and r.claim.kind is ClaimKind.VENDOR]
+        counts = {**self.counts(), Status.VERIFIED.value: len(self.verified_here)}
+        text = ", ".join(f"{n} {s}" for s, n in counts.items())
+        return text + (f"; ran on: {_names(where)}" if where else "")
 
     def _effort(self) -> str:
         drawn = f"{self.max_examples} random example{'' if self.max_examples == 1 else 's'} per check"
