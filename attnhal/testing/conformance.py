@@ -89,7 +89,7 @@ from attnhal.testing.checks import (
     not_checked_reason,
     verify,
 )
-from attnhal.testing.checks.run import flaky_result, with_tolerance
+from attnhal.testing.checks.run import depends_on, flaky_result, with_tolerance
 from attnhal.testing.report import resolve_backend
 from attnhal.testing.settings import BUDGET, EXAMPLES, env_examples
 
@@ -328,7 +328,7 @@ def _claim(target: Target, request: pytest.FixtureRequest, claim: Claim) -> None
     """Skip an unmade claim; fail (or, when waived, skip) one not checkable here; else check it."""
     if claim not in claims(target.caps):
         pytest.skip(f"{claim.name} is not claimed by {target.caps.name!r}: not tested")
-    why = not_checked_reason(target, claim)
+    why = not_checked_reason(target, claim) or depends_on(claim, _done(request, target))
     if why is not None:
         result = ClaimResult(claim, Status.NOT_CHECKED, why)
         _record(request, target, result)
@@ -379,4 +379,14 @@ def _cause(exc: BaseException) -> str:
 def _record(request: pytest.FixtureRequest, target: Target, result: ClaimResult) -> None:
     from attnhal.testing.plugin import record
 
-    record(request.config, f"{target.caps.name} on {target.platform.name}", with_tolerance(target, result))
+    record(request.config, _key(target), with_tolerance(target, result))
+
+
+def _done(request: pytest.FixtureRequest, target: Target) -> dict[str, ClaimResult]:
+    from attnhal.testing.plugin import recorded
+
+    return recorded(request.config, _key(target))
+
+
+def _key(target: Target) -> str:
+    return f"{target.caps.name} on {target.platform.name}"

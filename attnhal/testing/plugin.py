@@ -101,6 +101,11 @@ def record(config: pytest.Config, key: str, result: ClaimResult) -> None:
         results.setdefault(key, []).append(result)
 
 
+def recorded(config: pytest.Config, key: str) -> dict[str, ClaimResult]:
+    """The results kept so far for ``key``, by claim name (empty when the plugin is not loaded)."""
+    return {r.claim.name: r for r in config.stash.get(_RESULTS, {}).get(key, [])}
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     results = config.stash.get(_RESULTS, None)
     if not results:

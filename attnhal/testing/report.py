@@ -41,6 +41,7 @@ from attnhal.testing.checks import (
     process_reasons,
     verify,
 )
+from attnhal.testing.checks.run import depends_on
 from attnhal.testing.settings import BUDGET, EXAMPLES
 from attnhal.testing.strategies import DEFAULT_MAX_COST, DEFAULT_MAX_SEQ_LEN
 
@@ -250,15 +251,6 @@ def _notes(target: Target) -> list[str]:
     return out
 
 
-def _depends_on(claim: Claim, done: Mapping[str, ClaimResult]) -> str | None:
-    """Why ``claim`` is not run: the graph claim its check needs was falsified."""
-    if claim.kind is ClaimKind.SEQ_LEN_FILL:
-        graph = done.get(f"graph[{claim.subject}]")
-        if graph is not None and graph.status is Status.FALSIFIED:
-            return f"graph[{claim.subject}] is falsified; padding is checked through a working graph"
-    return None
-
-
 def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int | None = None,
                     platform: Platform | str | None = None, only: Iterable[str] | None = None,
                     backend_kwargs: Mapping[str, Any] | None = None, derandomize: bool = True,
@@ -320,7 +312,7 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
         for i, claim in enumerate(todo):
             if progress is not None:
                 progress(i, len(todo), claim, None)
-            why = _depends_on(claim, done)
+            why = depends_on(claim, done)
             share = None if budget is None else max(0.0, budget - (time.perf_counter() - start)) / (len(todo) - i)
             result = (ClaimResult(claim, Status.NOT_CHECKED, why) if why
                       else verify(replace(target, seconds=share), claim))

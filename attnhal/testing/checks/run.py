@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from hypothesis.errors import Flaky
 
@@ -43,6 +43,17 @@ def not_checked_reason(target: Target, claim: Claim) -> str | None:
     if claim.kind in (ClaimKind.GRAPH, ClaimKind.SEQ_LEN_FILL, ClaimKind.MULTI_STEP):
         if claim_spec_configs(target, claim).is_empty:
             return f"no spec config satisfies the claim's limits {claim_limits(target, claim).to_dict()}"
+    return None
+
+
+def depends_on(claim: Claim, done: Mapping[str, ClaimResult]) -> str | None:
+    """Why ``claim`` is not run after the claims ``done`` (by name): the graph claim its check
+    needs was falsified. Both front ends (the report and the pytest mixins) ask it, so they
+    blame the same claims for one defect."""
+    if claim.kind is ClaimKind.SEQ_LEN_FILL:
+        graph = done.get(f"graph[{claim.subject}]")
+        if graph is not None and graph.status is Status.FALSIFIED:
+            return f"graph[{claim.subject}] is falsified; padding is checked through a working graph"
     return None
 
 
