@@ -30,7 +30,8 @@ from attnhal.phases import Feature, Phase
 from attnhal.platform import ArchSet, Fp8Flavor, PlatformSpecError, Vendor
 from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, SpecAlgorithm
 
-__all__ = ["MAX_HEAD_SIZE", "MAX_ITEMS", "MAX_PAGE_SIZE", "SCHEMA_VERSION", "DescriptorError", "converted"]
+__all__ = ["KEYS", "MAX_HEAD_SIZE", "MAX_ITEMS", "MAX_NAME", "MAX_NOTE", "MAX_PAGE_SIZE", "REQUIRED", "SCHEMA_VERSION",
+           "V2_KEYS", "WHEN_BOUND", "DescriptorError", "converted"]
 
 #: The newest descriptor schema this attnhal reads (and writes).
 SCHEMA_VERSION = 2
@@ -361,8 +362,11 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "requires": lambda v: tuple(sorted(_str_list("requires")(v))),
     "variants": _variants,
 }
-_V2_KEYS = ("archs", "models", "run_limits", "phase_fill", "variants")
-_REQUIRED = ("name", "vendors", "phases")
+#: Keys that need ``schema_version = 2``, and keys every file gives.
+V2_KEYS = ("archs", "models", "run_limits", "phase_fill", "variants")
+REQUIRED = ("name", "vendors", "phases")
+#: Every key a file may hold.
+KEYS = ("schema_version", *_KEYS)
 
 
 def _schema(data: Mapping[str, Any]) -> int:
@@ -370,10 +374,10 @@ def _schema(data: Mapping[str, Any]) -> int:
     if not _is_int(version) or not 1 <= version <= SCHEMA_VERSION:
         raise _fail("schema_version", version, f"1..{SCHEMA_VERSION}; a newer file needs a newer attnhal")
     if version < 2:
-        newer = [k for k in _V2_KEYS if k in data]
+        newer = [k for k in V2_KEYS if k in data]
         if newer:
             raise DescriptorError(f"{newer[0]} needs schema_version = 2 (this file is version 1: add "
-                                  f"`schema_version = 2` at the top to use {', '.join(_V2_KEYS)})")
+                                  f"`schema_version = 2` at the top to use {', '.join(V2_KEYS)})")
     return int(version)
 
 
@@ -385,7 +389,7 @@ def converted(data: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise _fail(unknown[0], data[unknown[0]], f"keys {{schema_version, {', '.join(_KEYS)}}}")
     _schema(data)
-    missing = [k for k in _REQUIRED if k not in data]
+    missing = [k for k in REQUIRED if k not in data]
     if missing:
-        raise DescriptorError(f"{missing[0]} is missing (required keys: {', '.join(_REQUIRED)})")
+        raise DescriptorError(f"{missing[0]} is missing (required keys: {', '.join(REQUIRED)})")
     return {k: _KEYS[k](v) for k, v in data.items() if k != "schema_version"}
