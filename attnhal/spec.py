@@ -50,8 +50,7 @@ def check_int(name: str, value: object, minimum: int, maximum: int | None = None
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name}={value!r} (supported: an int, got {type(value).__name__})")
     if value < minimum or (maximum is not None and value > maximum):
-        bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
-        raise ValueError(f"{name}={value} (supported: {bound})")
+        raise InvalidValue(name, value, f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}")
     return value
 
 
@@ -72,7 +71,7 @@ def _enum(enum: type[Enum], name: str, value: object) -> Any:
     try:
         return enum(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r} (supported: {', '.join(m.value for m in enum)})") from None
+        raise InvalidValue(name, value, ", ".join(m.value for m in enum)) from None
 
 
 class SpecAlgorithm(str, Enum):
@@ -121,13 +120,12 @@ class SpecConfig:
         check_int("num_draft_tokens", self.num_draft_tokens, 0, MAX_DRAFT_TOKENS)
         if self.num_draft_tokens == 0:
             if self.topk > 1 and self.speculative:
-                raise ValueError(f"num_draft_tokens=0 (supported: 2..{self.max_draft_tokens}; a tree, "
-                                 f"topk={self.topk} > 1, must give the tokens it verifies)")
+                raise InvalidValue("num_draft_tokens", 0, f"2..{self.max_draft_tokens}; a tree, topk={self.topk} "
+                                   "> 1, must give the tokens it verifies")
             object.__setattr__(self, "num_draft_tokens", self.num_steps + 1)
         if not 2 <= self.num_draft_tokens <= self.max_draft_tokens:
-            raise ValueError(f"num_draft_tokens={self.num_draft_tokens} "
-                             f"(supported: 2..{self.max_draft_tokens} for num_steps={self.num_steps}, "
-                             f"topk={self.topk})")
+            raise InvalidValue("num_draft_tokens", self.num_draft_tokens,
+                               f"2..{self.max_draft_tokens} for num_steps={self.num_steps}, topk={self.topk}")
 
     @property
     def speculative(self) -> bool:
@@ -208,7 +206,7 @@ class RequestContext:
         for name, allowed in (("dtype", DTYPES), ("kv_dtype", KV_DTYPES)):
             value = getattr(self, name)
             if value is not None and value not in allowed:
-                raise ValueError(f"{name}={value!r} (supported: {', '.join(allowed)})")
+                raise InvalidValue(name, value, ", ".join(allowed))
         if self.head_size is not None:
             check_int("head_size", self.head_size, 1, 1024)
         if self.page_size is not None:

@@ -15,6 +15,7 @@ from attnhal.capabilities import BackendCapabilities
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import IntList, bounded, choice
 from attnhal.cli.output import one_line
+from attnhal.errors import InvalidValue
 from attnhal.lookup import DescriptorFileError, UnknownBackend, describe
 from attnhal.phases import Phase
 from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend
@@ -22,9 +23,18 @@ from attnhal.platform import ENV_VAR, Platform, PlatformSpecError, detect, parse
 from attnhal.registry import BackendUnavailable, Registry
 from attnhal.spec import DTYPES, KV_DTYPES, MAX_NUM_STEPS, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
-__all__ = ["DRAFT_TOKENS", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
+__all__ = ["DRAFT_TOKENS", "FLAG_OF", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
            "phase_backends", "policy_from", "resolve_backend", "resolve_platform", "spec_from"]
 
+#: Record field -> the flag of these commands that sets it: an API error's ``field``
+#: (:class:`~attnhal.errors.InvalidValue`) names the flag through this table, never its message.
+FLAG_OF = {
+    "num_steps": "--spec-steps", "topk": "--topk", "num_draft_tokens": "--draft-tokens", "algorithm": "--spec-algorithm",
+    "max_batch_size": "--max-bs", "step_counts": "--adaptive-steps", "max_tokens": "--capture-max-tokens",
+    "phase": "--no-graph-phase", "disabled_phases": "--no-graph-phase",
+    "model": "--model", "dtype": "--dtype", "kv_dtype": "--kv-dtype", "head_size": "--head-size",
+    "page_size": "--page-size",
+}
 #: Bounds that messages outside the flag's declaration cite too.
 SPEC_STEPS = bounded(0, 16)
 DRAFT_TOKENS = bounded(2, 256)
@@ -89,10 +99,8 @@ def spec_from(args: argparse.Namespace) -> SpecConfig:
     try:
         return SpecConfig.eagle(args.spec_steps, args.topk, args.draft_tokens or 0,
                                 algorithm=getattr(args, "spec_algorithm", None) or "eagle")
-    except ValueError as exc:
-        flag = {"num_draft_tokens": "--draft-tokens", "topk": "--topk", "num_steps": "--spec-steps"}
-        name = str(exc).split("=")[0]
-        raise UsageError(f"{flag.get(name, '--spec-steps')}: {exc}") from None
+    except InvalidValue as exc:
+        raise UsageError(f"{FLAG_OF[exc.field]}: {exc}") from None
 
 
 def policy_from(args: argparse.Namespace) -> GraphPolicy:
@@ -102,10 +110,8 @@ def policy_from(args: argparse.Namespace) -> GraphPolicy:
                            disabled_phases=frozenset(getattr(args, "no_graph_phase", None) or ()),
                            step_counts=getattr(args, "adaptive_steps", None),
                            max_tokens=getattr(args, "capture_max_tokens", None))
-    except ValueError as exc:
-        flag = {"max_batch_size": "--max-bs", "step_counts": "--adaptive-steps", "max_tokens": "--capture-max-tokens"}
-        name = str(exc).split("=")[0].split(" ")[0]
-        raise UsageError(f"{flag.get(name, '--max-bs')}: {exc}") from None
+    except InvalidValue as exc:
+        raise UsageError(f"{FLAG_OF[exc.field]}: {exc}") from None
 
 
 def add_plan_input_flags(p: argparse.ArgumentParser, *, context: bool, roles: bool) -> None:
@@ -138,8 +144,8 @@ def context_from(args: argparse.Namespace) -> RequestContext:
     try:
         return RequestContext(model=args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                               head_size=args.head_size, page_size=args.page_size)
-    except ValueError as exc:
-        raise UsageError(f"--{str(exc).split('=')[0].replace('_', '-')}: {exc}") from None
+    except InvalidValue as exc:
+        raise UsageError(f"{FLAG_OF[exc.field]}: {exc}") from None
 
 
 def phase_backends(args: argparse.Namespace, spec: SpecConfig, platform: Platform,

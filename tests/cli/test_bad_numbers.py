@@ -84,3 +84,28 @@ def test_every_environment_variable_of_the_kit_refuses_what_its_flag_refuses(var
         assert main(["conformance", "torch", "--platform", "cpu"]) == 2, text
         err = capsys.readouterr().err
         assert variable in err and f"as {flag}" in err and str(bound) in err, err
+
+
+def test_errors_name_their_flag_from_the_table_never_from_the_message() -> None:
+    """An API error carries its field (``InvalidValue.field``); the CLI and the engine adapters
+    map it to a flag through a table declared beside the flags. Nothing reads a field back out
+    of a message, and every field the plan inputs can refuse has its flag."""
+    import dataclasses
+    import re
+
+    from attnhal.cli.inputs import FLAG_OF
+    from attnhal.spec import RequestContext, SpecConfig
+    from repo import ROOT
+
+    parsing = re.compile(r"str\(exc\)\.(split|partition)\([\"'][=:]")  # str(exc).split("=")[0]: a field read back
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "attnhal").rglob("*.py") if parsing.search(p.read_text())]
+    assert offenders == []
+    fields = {f.name for f in dataclasses.fields(SpecConfig)} | {f.name for f in dataclasses.fields(RequestContext)}
+    fields |= {"max_batch_size", "step_counts", "max_tokens", "phase"}
+    assert fields <= set(FLAG_OF)
+    declared = {a.option_strings[-1] for cmd in ("plan", "explain") for a in _parser_of(cmd)._actions if a.option_strings}
+    assert set(FLAG_OF.values()) <= declared
+
+
+def _parser_of(command: str) -> argparse.ArgumentParser:
+    return dict(_commands(build_parser()))[(command,)]

@@ -50,3 +50,10 @@ def test_a_variant_may_still_empty_a_list() -> None:
 
     caps = parse_descriptor({**BASE, "variants": [{"when": {"dtype": "float16"}, "phases": []}]})
     assert caps.variants[0].changes["phases"] == frozenset()
+
+
+def test_a_descriptor_built_in_python_refuses_a_name_with_control_characters() -> None:
+    from attnhal.capabilities import BackendCapabilities
+
+    with pytest.raises(ValueError, match=r"name='evil\\n' \(supported: a non-empty string of printable"):
+        BackendCapabilities(name="evil\n", vendors={"cpu"}, phases={"decode"})
