@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from attnhal.bounds import Bound
 from attnhal.errors import InvalidValue
 
 __all__ = [
     "DTYPES",
+    "HEAD_SIZE",
+    "PAGE_SIZE",
     "KV_DTYPES",
     "MAX_DRAFT_TOKENS",
     "MAX_NUM_STEPS",
@@ -43,6 +46,10 @@ KV_DTYPES = (*DTYPES, "fp8_e4m3", "fp8_e5m2")
 MAX_NUM_STEPS = 64
 MAX_TOPK = 64
 MAX_DRAFT_TOKENS = 1024
+#: A head dimension (the largest in use is 576, DeepSeek's MLA) and a KV page in tokens: the
+#: request context, descriptor files and the CLI's flags all check these two bounds.
+HEAD_SIZE = Bound("head_size", 1, 1024)
+PAGE_SIZE = Bound("page_size", 1, 4096)
 
 
 def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
@@ -207,7 +214,7 @@ class RequestContext:
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise InvalidValue(name, value, ", ".join(allowed))
-        if self.head_size is not None:
-            check_int("head_size", self.head_size, 1, 1024)
-        if self.page_size is not None:
-            check_int("page_size", self.page_size, 1, 4096)
+        for bound in (HEAD_SIZE, PAGE_SIZE):
+            value = getattr(self, bound.field)
+            if value is not None:
+                check_int(bound.field, value, bound.low, bound.high)

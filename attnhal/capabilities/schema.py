@@ -28,7 +28,7 @@ from attnhal.capabilities.conditions import VARIANT_FIELDS, IntSet, Variant, Whe
 from attnhal.errors import AttnhalError, InvalidValue
 from attnhal.phases import Feature, Phase
 from attnhal.platform import ArchSet, Fp8Flavor, PlatformSpecError, Vendor
-from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, SpecAlgorithm
+from attnhal.spec import DTYPES, HEAD_SIZE, KV_DTYPES, PAGE_SIZE, ModelKind, SpecAlgorithm
 
 __all__ = ["KEYS", "MAX_HEAD_SIZE", "MAX_ITEMS", "MAX_NAME", "MAX_NOTE", "MAX_PAGE_SIZE", "REQUIRED", "SCHEMA_VERSION",
            "V2_KEYS", "WHEN_BOUND", "DescriptorError", "converted"]
@@ -38,10 +38,9 @@ SCHEMA_VERSION = 2
 #: The most entries of any list in a file (head sizes, page sizes, variants, ...): every real
 #: descriptor needs a few dozen at most.
 MAX_ITEMS = 256
-#: The largest head size a file may claim (the largest in use is 576, DeepSeek's MLA).
-MAX_HEAD_SIZE = 1024
-#: The largest page size a file may claim (the CLI's ``--page-size`` bound too).
-MAX_PAGE_SIZE = 4096
+#: The largest head size and page size a file may claim: the request context's bounds.
+MAX_HEAD_SIZE = HEAD_SIZE.high
+MAX_PAGE_SIZE = PAGE_SIZE.high
 #: The longest backend name (a name is shown in tables and terminals) and variant note.
 MAX_NAME = 64
 MAX_NOTE = 200

@@ -13,7 +13,7 @@ import os
 
 from attnhal.capabilities import BackendCapabilities
 from attnhal.cli.app import UsageError
-from attnhal.cli.args import IntList, bounded, choice
+from attnhal.cli.args import IntList, bounded, choice, within
 from attnhal.cli.output import one_line
 from attnhal.errors import InvalidValue
 from attnhal.lookup import DescriptorFileError, UnknownBackend, describe
@@ -21,7 +21,17 @@ from attnhal.phases import Phase
 from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend
 from attnhal.platform import ENV_VAR, Platform, PlatformSpecError, detect, parse
 from attnhal.registry import BackendUnavailable, Registry
-from attnhal.spec import DTYPES, KV_DTYPES, MAX_NUM_STEPS, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
+from attnhal.spec import (
+    DTYPES,
+    HEAD_SIZE,
+    KV_DTYPES,
+    MAX_NUM_STEPS,
+    PAGE_SIZE,
+    ModelKind,
+    RequestContext,
+    SpecAlgorithm,
+    SpecConfig,
+)
 
 __all__ = ["DRAFT_TOKENS", "FLAG_OF", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
            "phase_backends", "policy_from", "resolve_backend", "resolve_platform", "spec_from"]
@@ -123,8 +133,8 @@ def add_plan_input_flags(p: argparse.ArgumentParser, *, context: bool, roles: bo
     if context:
         p.add_argument("--dtype", type=choice(DTYPES), help="compute dtype (default: not checked)")
         p.add_argument("--kv-dtype", type=choice(KV_DTYPES), help="KV-cache dtype")
-        p.add_argument("--head-size", type=bounded(1, 4096), help="head dimension, %(type)s")
-        p.add_argument("--page-size", type=bounded(1, 4096), help="KV page size in tokens, %(type)s")
+        p.add_argument("--head-size", type=within(HEAD_SIZE), help="head dimension, %(type)s")
+        p.add_argument("--page-size", type=within(PAGE_SIZE), help="KV page size in tokens, %(type)s")
     if roles:
         p.add_argument("--prefill-backend", help="backend of prefill (over --target-backend)")
         p.add_argument("--decode-backend", help="backend of decode and of the multi-step draft (over --target-backend)")
