@@ -18,12 +18,11 @@ __all__ = ["Bound", "FloatBound"]
 
 @dataclass(frozen=True)
 class Bound:
-    """An integer field's range ``low..high``, both included; ``what`` says what it counts."""
+    """An integer field's range ``low..high``, both included."""
 
     field: str
     low: int
     high: int
-    what: str = ""
 
     def __post_init__(self) -> None:
         if self.low > self.high:

@@ -18,12 +18,12 @@ CLI's parser writes the two as one, ``--jobs=99 (supported: an integer 1..64)``
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from attnhal.bounds import Bound, FloatBound
+from attnhal.errors import InvalidValue
 
 __all__ = ["Bounded", "IntList", "Real", "bounded", "choice", "flag_message", "int_list", "seconds", "within"]
 
@@ -106,36 +106,31 @@ class IntList:
 
 @dataclass(frozen=True)
 class Real:
-    """A finite number in ``low..high`` (both included): ``inf``, ``nan`` and text are refused."""
+    """A finite number within ``bound`` (:class:`~attnhal.bounds.FloatBound`): ``inf``, ``nan``,
+    ``1e308`` and text are refused with the bound's own words."""
 
-    low: float
-    high: float
-    unit: str = ""
+    bound: FloatBound
 
     def __call__(self, text: str) -> float:
         try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and self.low <= value <= self.high):
-            raise argparse.ArgumentTypeError(f"{_shown(text)!r} (supported: a finite number {self}"
-                                             f"{' ' + self.unit if self.unit else ''})")
-        return value
+            return self.bound.check(float(text))
+        except (ValueError, InvalidValue):  # text, or a number out of the bound
+            raise argparse.ArgumentTypeError(f"{_shown(text)!r} (supported: {self.bound.supported})") from None
 
     def __str__(self) -> str:
-        return f"{self.low:g}..{self.high:g}"
+        return str(self.bound)
 
 
 def within(bound: Bound | FloatBound) -> Bounded | Real:
     """The argument type of a core bound (:mod:`attnhal.bounds`): the flag and the record
     that owns the field check the same range, written once."""
     if isinstance(bound, FloatBound):
-        return Real(bound.low, bound.high, bound.unit)
+        return Real(bound)
     return Bounded(bound.low, bound.high)
 
 
 #: ``type=seconds``: a finite duration, 1 ms to 24 hours.
-seconds = Real(0.001, 86_400.0, "seconds")
+seconds = Real(FloatBound("seconds", 0.001, 86_400.0, "seconds"))
 
 
 _ARGUMENT = re.compile(r"argument (?P<flag>[^:\s]+): (?P<text>.*)", re.S)

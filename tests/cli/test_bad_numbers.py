@@ -51,7 +51,7 @@ def _allowed(kind: object, text: str) -> bool:
     except ValueError:
         return False
     if isinstance(kind, Real):
-        return math.isfinite(value) and kind.low <= value <= kind.high
+        return math.isfinite(value) and kind.bound.low <= value <= kind.bound.high
     item = kind.item if isinstance(kind, IntList) else kind
     assert isinstance(item, Bounded)
     return value.is_integer() and item.low <= value <= item.high
