@@ -89,11 +89,11 @@ def _enum_list(enum: type[Enum], key: str, non_empty: bool = False) -> Callable[
     return convert
 
 
-def _int_list(key: str, high: int) -> Callable[[Any], frozenset[int]]:
-    """A list of integers in ``1..high``."""
+def _int_list(key: str, high: int, non_empty: bool = False) -> Callable[[Any], frozenset[int]]:
+    """A list of integers in ``1..high`` (with ``non_empty``, at least one)."""
     def convert(value: Any) -> frozenset[int]:
-        what = f"a list of integers 1..{high}"
-        if not all(_is_int(v) and 1 <= v <= high for v in _list(key, value, what)):
+        what = f"a {'non-empty ' if non_empty else ''}list of integers 1..{high}"
+        if not all(_is_int(v) and 1 <= v <= high for v in _list(key, value, what)) or (non_empty and not value):
             raise _fail(key, value, what)
         return frozenset(value)
     return convert
@@ -103,10 +103,11 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _str_list(key: str) -> Callable[[Any], frozenset[str]]:
+def _str_list(key: str, non_empty: bool = False) -> Callable[[Any], frozenset[str]]:
     def convert(value: Any) -> frozenset[str]:
-        if not all(isinstance(v, str) for v in _list(key, value, "a list of strings")):
-            raise _fail(key, value, "a list of strings")
+        what = f"a {'non-empty ' if non_empty else ''}list of strings"
+        if not all(isinstance(v, str) for v in _list(key, value, what)) or (non_empty and not value):
+            raise _fail(key, value, what)
         return frozenset(value)
     return convert
 
@@ -243,10 +244,10 @@ def _claim_keys(prefix: str, removable: bool) -> dict[str, Callable[[Any], Any]]
         "multi_step": _multi_step,
         "min_arch": _by_vendor(f"{p}min_arch", _min_arch, "arch, e.g. {cuda = 'sm80', hip = 'gfx90a'}",
                                removable),
-        "dtypes": _str_list(f"{p}dtypes"),
-        "kv_dtypes": _str_list(f"{p}kv_dtypes"),
-        "head_sizes": _int_list(f"{p}head_sizes", MAX_HEAD_SIZE),
-        "page_sizes": _int_list(f"{p}page_sizes", MAX_PAGE_SIZE),
+        "dtypes": _str_list(f"{p}dtypes", non_empty=not removable),
+        "kv_dtypes": _str_list(f"{p}kv_dtypes", non_empty=not removable),
+        "head_sizes": _int_list(f"{p}head_sizes", MAX_HEAD_SIZE, non_empty=not removable),
+        "page_sizes": _int_list(f"{p}page_sizes", MAX_PAGE_SIZE, non_empty=not removable),
         "features": _enum_list(Feature, f"{p}features"),
         "seq_len_fill": lambda v: _seq_len_fill(f"{p}seq_len_fill", v),
         "needs_host_seq_lens": _bool(f"{p}needs_host_seq_lens"),
