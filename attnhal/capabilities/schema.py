@@ -22,8 +22,8 @@ from enum import Enum
 from typing import Any
 
 from attnhal.bounds import Bound, FloatBound
-from attnhal.capabilities.claims import FILL_BOUND, LIMIT_BOUNDS, TOLERANCE_BOUND, FillTerm, SeqLenFill, SpecLimits, \
-    Tolerance
+from attnhal.capabilities.claims import FILL_BOUND, LIMIT_BOUNDS, TOLERANCE_BOUND
+from attnhal.capabilities.claims import FillTerm, SeqLenFill, SpecLimits, Tolerance
 from attnhal.capabilities.conditions import VARIANT_FIELDS, IntSet, Variant, When
 from attnhal.errors import AttnhalError, InvalidValue
 from attnhal.phases import Feature, Phase
