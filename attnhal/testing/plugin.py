@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from attnhal.errors import InvalidValue
-from attnhal.testing.settings import BUDGET, EXAMPLES
+from attnhal.testing.settings import BUDGET, EXAMPLES, env_examples
 
 if TYPE_CHECKING:
     from attnhal.testing.checks import ClaimResult
@@ -77,6 +77,10 @@ def pytest_configure(config: pytest.Config) -> None:
                 bound.check(value, "--" + option.replace("_", "-"))
             except InvalidValue as exc:
                 raise pytest.UsageError(str(exc)) from None
+    try:
+        env_examples()  # refused once, here, rather than in every test that reads it
+    except InvalidValue as exc:
+        raise pytest.UsageError(f"{exc} (environment)") from None
     backend = config.getoption("attnhal_backend")
     if backend:
         _check_backend(backend)

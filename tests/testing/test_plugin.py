@@ -87,6 +87,17 @@ def test_entry_point_plugin_with_module_attr_and_a_lying_backend(tmp_path: Path)
     assert "1 failed, 5 passed" in run.stdout
 
 
+@pytest.mark.parametrize("args, env, named", [
+    (("--attnhal-budget", "inf"), {}, "--attnhal-budget=inf (supported: a finite number 0.001..86400 seconds)"),
+    (("--attnhal-examples", "-1"), {}, "--attnhal-examples=-1 (supported: an integer 0..10000)"),
+    ((), {"ATTNHAL_CONFORMANCE_EXAMPLES": "abc"}, "ATTNHAL_CONFORMANCE_EXAMPLES='abc' (supported: an integer "
+                                                   "0..10000, as --examples) (environment)"),
+])
+def test_unbounded_options_and_variables_are_usage_errors(tmp_path: Path, args, env, named) -> None:
+    run = _pytest(tmp_path, "--attnhal-backend", "torch", *args, **env)
+    assert run.returncode == 4 and named in run.stderr, run.stdout[-2000:] + run.stderr[-2000:]
+
+
 def test_unknown_backend_is_a_usage_error(tmp_path: Path) -> None:
     run = _pytest(tmp_path, "--attnhal-backend", "no-such-backend")
     assert run.returncode == 4  # pytest's usage error
