@@ -13,7 +13,7 @@ from attnhal.capabilities import (
     not_supported_reasons,
 )
 from attnhal.capabilities.files import dump_descriptor, load_descriptor, parse_descriptor
-from attnhal.errors import AttnhalError
+from attnhal.errors import AttnhalError, InvalidValue
 from attnhal.phases import Feature, Phase
 from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform, Vendor, detect, parse
@@ -31,6 +31,7 @@ __all__ = [
     "Feature",
     "GraphPlan",
     "GraphPolicy",
+    "InvalidValue",
     "ModelKind",
     "Phase",
     "PhaseBackends",

@@ -48,7 +48,15 @@ from attnhal.capabilities import BackendCapabilities
 from attnhal.capabilities.files import DescriptorError, load_descriptor
 from attnhal.platform import Platform
 from attnhal.reasons import Reason, ReasonCode
-from attnhal.registry import BackendEntry, BackendPlugin, BackendUnavailable, Registry, default_registry, import_object
+from attnhal.registry import (
+    GROUP,
+    BackendEntry,
+    BackendPlugin,
+    BackendUnavailable,
+    Registry,
+    default_registry,
+    import_object,
+)
 
 if TYPE_CHECKING:
     from attnhal.backend import AttentionBackend
@@ -224,7 +232,28 @@ def _registered(ref: str, platform: Platform | None, registry: Registry | None, 
     try:
         return (registry or default_registry()).get(ref, platform)
     except BackendUnavailable:
-        raise UnknownBackend(ref, f"backend={ref} (supported: {supported(registry)})") from None
+        raise UnknownBackend(ref, f"backend={ref} (supported: {supported(registry)}){_module_hint(ref)}") from None
+
+
+def _module_hint(ref: str) -> str:
+    """What to write instead when ``ref`` is a module or package name, not a backend name: the
+    names its ``attnhal.backends`` entry points register, else ``module:Class``."""
+    import importlib.util
+    from importlib.metadata import entry_points
+
+    try:
+        found = importlib.util.find_spec(ref) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return ""
+    names = sorted(ep.name for ep in entry_points(group=GROUP)
+                   if ep.value.partition(":")[0] == ref or ep.value.startswith(ref + "."))
+    if names:
+        return (f"; {ref} is a module: backends go by their entry-point name, here {', '.join(names)} "
+                f"(attnhal conformance {names[0]})")
+    return (f"; {ref} is a module that registers no attnhal.backends entry point: name its backend class "
+            f"as {ref}:ClassName")
 
 
 def _checked_class(obj: object, ref: str) -> type[AttentionBackend]:

@@ -16,8 +16,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from attnhal.bounds import Bound
+from attnhal.errors import InvalidValue
+
 __all__ = [
     "DTYPES",
+    "HEAD_SIZE",
+    "PAGE_SIZE",
     "KV_DTYPES",
     "MAX_DRAFT_TOKENS",
     "MAX_NUM_STEPS",
@@ -41,6 +46,10 @@ KV_DTYPES = (*DTYPES, "fp8_e4m3", "fp8_e5m2")
 MAX_NUM_STEPS = 64
 MAX_TOPK = 64
 MAX_DRAFT_TOKENS = 1024
+#: A head dimension (the largest in use is 576, DeepSeek's MLA) and a KV page in tokens: the
+#: request context, descriptor files and the CLI's flags all check these two bounds.
+HEAD_SIZE = Bound("head_size", 1, 1024)
+PAGE_SIZE = Bound("page_size", 1, 4096)
 
 
 def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
@@ -48,8 +57,7 @@ def check_int(name: str, value: object, minimum: int, maximum: int | None = None
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name}={value!r} (supported: an int, got {type(value).__name__})")
     if value < minimum or (maximum is not None and value > maximum):
-        bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
-        raise ValueError(f"{name}={value} (supported: {bound})")
+        raise InvalidValue(name, value, f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}")
     return value
 
 
@@ -70,7 +78,7 @@ def _enum(enum: type[Enum], name: str, value: object) -> Any:
     try:
         return enum(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r} (supported: {', '.join(m.value for m in enum)})") from None
+        raise InvalidValue(name, value, ", ".join(m.value for m in enum)) from None
 
 
 class SpecAlgorithm(str, Enum):
@@ -119,13 +127,12 @@ class SpecConfig:
         check_int("num_draft_tokens", self.num_draft_tokens, 0, MAX_DRAFT_TOKENS)
         if self.num_draft_tokens == 0:
             if self.topk > 1 and self.speculative:
-                raise ValueError(f"num_draft_tokens=0 (supported: 2..{self.max_draft_tokens}; a tree, "
-                                 f"topk={self.topk} > 1, must give the tokens it verifies)")
+                raise InvalidValue("num_draft_tokens", 0, f"2..{self.max_draft_tokens}; a tree, topk={self.topk} "
+                                   "> 1, must give the tokens it verifies")
             object.__setattr__(self, "num_draft_tokens", self.num_steps + 1)
         if not 2 <= self.num_draft_tokens <= self.max_draft_tokens:
-            raise ValueError(f"num_draft_tokens={self.num_draft_tokens} "
-                             f"(supported: 2..{self.max_draft_tokens} for num_steps={self.num_steps}, "
-                             f"topk={self.topk})")
+            raise InvalidValue("num_draft_tokens", self.num_draft_tokens,
+                               f"2..{self.max_draft_tokens} for num_steps={self.num_steps}, topk={self.topk}")
 
     @property
     def speculative(self) -> bool:
@@ -163,6 +170,12 @@ class SpecConfig:
     def ngram(cls, num_draft_tokens: int, breadth: int = 1) -> SpecConfig:
         """N-gram / lookahead drafting: ``num_draft_tokens`` verified per request, a tree
         of ``breadth`` branches per level (``breadth > 1`` needs a tree mask)."""
+        check_int("breadth", breadth, 1, MAX_TOPK)
+        # the deepest n-gram draft has MAX_NUM_STEPS levels: at most that tree's tokens are verified
+        most = min(draft_tree_tokens(MAX_NUM_STEPS, breadth), MAX_DRAFT_TOKENS)
+        if isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool) and num_draft_tokens > most:
+            raise InvalidValue("num_draft_tokens", num_draft_tokens,
+                               f"2..{most} for an n-gram draft of breadth {breadth}, at most {MAX_NUM_STEPS} levels deep")
         check_int("num_draft_tokens", num_draft_tokens, 2, MAX_DRAFT_TOKENS)
         return cls(SpecAlgorithm.NGRAM, min(num_draft_tokens - 1, MAX_NUM_STEPS), breadth, num_draft_tokens)
 
@@ -200,8 +213,8 @@ class RequestContext:
         for name, allowed in (("dtype", DTYPES), ("kv_dtype", KV_DTYPES)):
             value = getattr(self, name)
             if value is not None and value not in allowed:
-                raise ValueError(f"{name}={value!r} (supported: {', '.join(allowed)})")
-        if self.head_size is not None:
-            check_int("head_size", self.head_size, 1, 1024)
-        if self.page_size is not None:
-            check_int("page_size", self.page_size, 1, 4096)
+                raise InvalidValue(name, value, ", ".join(allowed))
+        for bound in (HEAD_SIZE, PAGE_SIZE):
+            value = getattr(self, bound.field)
+            if value is not None:
+                check_int(bound.field, value, bound.low, bound.high)

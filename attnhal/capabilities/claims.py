@@ -8,15 +8,18 @@ against the reference), with :data:`DEFAULT_TOLERANCES`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from enum import Enum
 from types import MappingProxyType
 
+from attnhal.bounds import Bound, FloatBound
+from attnhal.errors import InvalidValue
 from attnhal.phases import Phase, tokens_per_request
 from attnhal.reasons import Reason, ReasonCode, reason
-from attnhal.spec import SpecConfig
+from attnhal.spec import MAX_DRAFT_TOKENS, MAX_NUM_STEPS, MAX_TOPK, SpecConfig
 
-__all__ = ["DEFAULT_TOLERANCES", "FillTerm", "SeqLenFill", "SpecLimits", "Tolerance"]
+__all__ = ["DEFAULT_TOLERANCES", "FILL_BOUND", "LIMIT_BOUNDS", "TOLERANCE_BOUND", "FillTerm", "SeqLenFill", "SpecLimits", "Tolerance"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,11 @@ class SpecLimits:
     max_topk: int | None = None
     max_num_steps: int | None = None
     max_draft_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, bound in LIMIT_BOUNDS.items():
+            if getattr(self, name) is not None:
+                bound.check(getattr(self, name))
 
     def violations(self, spec: SpecConfig, code: ReasonCode, what: str) -> list[Reason]:
         """Reasons ``spec`` breaks these limits; ``what`` names the claim (e.g. "graph draft_extend")."""
@@ -45,6 +53,16 @@ class SpecLimits:
         """The limits that are set, by field name (a descriptor file's table)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
+
+#: SpecLimits field -> its bound: a limit past the spec config's own bound limits nothing.
+LIMIT_BOUNDS = MappingProxyType({
+    "max_topk": Bound("max_topk", 1, MAX_TOPK),
+    "max_num_steps": Bound("max_num_steps", 1, MAX_NUM_STEPS),
+    "max_draft_tokens": Bound("max_draft_tokens", 1, MAX_DRAFT_TOKENS),
+})
+#: A seq-len fill's ``base`` and ``at_least``: 0 up to a million tokens, past any context a
+#: captured batch pads to.
+FILL_BOUND = Bound("seq_len_fill", 0, 1 << 20)
 
 #: SpecLimits field -> the SpecConfig field it limits.
 _SPEC_FIELD = {"max_topk": "topk", "max_num_steps": "num_steps", "max_draft_tokens": "num_draft_tokens"}
@@ -83,6 +101,8 @@ class SeqLenFill:
     at_least_plus: FillTerm = FillTerm.NONE
 
     def __post_init__(self) -> None:
+        FILL_BOUND.check(self.base, "seq_len_fill.base")
+        FILL_BOUND.check(self.at_least, "seq_len_fill.at_least")
         object.__setattr__(self, "plus", FillTerm(self.plus))
         object.__setattr__(self, "at_least_plus", FillTerm(self.at_least_plus))
 
@@ -105,10 +125,28 @@ class SeqLenFill:
 
 @dataclass(frozen=True)
 class Tolerance:
-    """How far a backend's output may be from the reference: ``|out - ref| <= atol + rtol * |ref|``."""
+    """How far a backend's output may be from the reference: ``|out - ref| <= atol + rtol * |ref|``.
+
+    ``atol`` and ``rtol`` are numbers >= 0 (NaN and negatives are refused: they mean nothing).
+    How loose they may be is not the descriptor's to say: the conformance kit holds each dtype
+    to a ceiling (``attnhal.testing.checks.tolerances``), and a descriptor file bounds them
+    by :data:`TOLERANCE_BOUND`.
+    """
 
     atol: float
     rtol: float
+
+    def __post_init__(self) -> None:
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise InvalidValue(name, value, "a number >= 0 (the conformance kit caps it per dtype)")
+            object.__setattr__(self, name, float(min(value, math.inf)))  # 10**400 is inf, not an OverflowError
+
+
+#: A tolerance in a descriptor file: finite, and at most 1 (on unit-scale outputs a
+#: tolerance of 1 checks nothing; the kit's ceilings are far tighter).
+TOLERANCE_BOUND = FloatBound("tolerance", 0.0, 1.0)
 
 
 #: The tolerance of each compute dtype unless a descriptor declares its own.

@@ -16,6 +16,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
+from attnhal.errors import InvalidValue
 from attnhal.phases import Feature, Phase
 from attnhal.platform import ArchSet, Fp8Flavor, Platform, Vendor, arch_sets
 from attnhal.reasons import fmt_set
@@ -71,6 +72,8 @@ class IntSet:
         object.__setattr__(self, "values", frozenset(self.values))
         if not self.values and self.min is None and self.max is None:
             raise ValueError("IntSet() (supported: listed values, or a range with min and/or max)")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise InvalidValue("range", f"{self.min}..{self.max}", "an ordered range, min <= max")
 
     def __contains__(self, value: object) -> bool:
         if not isinstance(value, int):

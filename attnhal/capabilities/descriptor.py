@@ -191,8 +191,9 @@ def _with(caps: BackendCapabilities, values: dict[str, Any]) -> BackendCapabilit
 
 def _validate(caps: BackendCapabilities) -> None:
     errors = []
-    if not caps.name:
-        errors.append("name='' (supported: a non-empty string)")
+    if not caps.name or not caps.name.isprintable():
+        errors.append(f"name={caps.name!r} (supported: a non-empty string of printable characters: it is shown in "
+                      "tables and terminals)")
     for key, table in (("graph", caps.graph), ("run_limits", caps.run_limits), ("phase_fill", caps.phase_fill)):
         not_run = [p.value for p in table if p not in caps.phases]
         if not_run:

@@ -21,24 +21,32 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
 
+from attnhal.bounds import Bound, FloatBound
+from attnhal.capabilities.claims import FILL_BOUND, LIMIT_BOUNDS, TOLERANCE_BOUND
 from attnhal.capabilities.claims import FillTerm, SeqLenFill, SpecLimits, Tolerance
 from attnhal.capabilities.conditions import VARIANT_FIELDS, IntSet, Variant, When
-from attnhal.errors import AttnhalError
+from attnhal.errors import AttnhalError, InvalidValue
 from attnhal.phases import Feature, Phase
 from attnhal.platform import ArchSet, Fp8Flavor, PlatformSpecError, Vendor
-from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, SpecAlgorithm
+from attnhal.spec import DTYPES, HEAD_SIZE, KV_DTYPES, PAGE_SIZE, ModelKind, SpecAlgorithm
 
-__all__ = ["MAX_HEAD_SIZE", "MAX_ITEMS", "MAX_PAGE_SIZE", "SCHEMA_VERSION", "DescriptorError", "converted"]
+__all__ = ["KEYS", "MAX_HEAD_SIZE", "MAX_ITEMS", "MAX_NAME", "MAX_NOTE", "MAX_PAGE_SIZE", "REQUIRED", "SCHEMA_VERSION",
+           "V2_KEYS", "WHEN_BOUND", "DescriptorError", "converted"]
 
 #: The newest descriptor schema this attnhal reads (and writes).
 SCHEMA_VERSION = 2
 #: The most entries of any list in a file (head sizes, page sizes, variants, ...): every real
 #: descriptor needs a few dozen at most.
 MAX_ITEMS = 256
-#: The largest head size a file may claim (the largest in use is 576, DeepSeek's MLA).
-MAX_HEAD_SIZE = 1024
-#: The largest page size a file may claim (the CLI's ``--page-size`` bound too).
-MAX_PAGE_SIZE = 4096
+#: The largest head size and page size a file may claim: the request context's bounds.
+MAX_HEAD_SIZE = HEAD_SIZE.high
+MAX_PAGE_SIZE = PAGE_SIZE.high
+#: The longest backend name (a name is shown in tables and terminals) and variant note.
+MAX_NAME = 64
+MAX_NOTE = 200
+#: Integers a variant's ``when`` compares (head size, page size, steps, ...): the largest
+#: bound of any of them (:data:`MAX_PAGE_SIZE`).
+WHEN_BOUND = Bound("when", 0, MAX_PAGE_SIZE)
 #: How much of a rejected value a message repeats.
 _SHOWN = 60
 
@@ -66,11 +74,13 @@ def _list(key: str, value: Any, what: str) -> list[Any]:
     return value
 
 
-def _enum_list(enum: type[Enum], key: str) -> Callable[[Any], frozenset[Any]]:
+def _enum_list(enum: type[Enum], key: str, non_empty: bool = False) -> Callable[[Any], frozenset[Any]]:
     allowed = ", ".join(m.value for m in enum)
 
     def convert(value: Any) -> frozenset[Any]:
         _list(key, value, f"a list of {{{allowed}}}")
+        if non_empty and not value:
+            raise _fail(key, value, f"a non-empty list of {{{allowed}}} (an empty one claims nothing)")
         try:
             return frozenset(enum(str(v).lower()) for v in value)
         except ValueError:
@@ -79,11 +89,11 @@ def _enum_list(enum: type[Enum], key: str) -> Callable[[Any], frozenset[Any]]:
     return convert
 
 
-def _int_list(key: str, high: int) -> Callable[[Any], frozenset[int]]:
-    """A list of integers in ``1..high``."""
+def _int_list(key: str, high: int, non_empty: bool = False) -> Callable[[Any], frozenset[int]]:
+    """A list of integers in ``1..high`` (with ``non_empty``, at least one)."""
     def convert(value: Any) -> frozenset[int]:
-        what = f"a list of integers 1..{high}"
-        if not all(_is_int(v) and 1 <= v <= high for v in _list(key, value, what)):
+        what = f"a {'non-empty ' if non_empty else ''}list of integers 1..{high}"
+        if not all(_is_int(v) and 1 <= v <= high for v in _list(key, value, what)) or (non_empty and not value):
             raise _fail(key, value, what)
         return frozenset(value)
     return convert
@@ -93,10 +103,11 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _str_list(key: str) -> Callable[[Any], frozenset[str]]:
+def _str_list(key: str, non_empty: bool = False) -> Callable[[Any], frozenset[str]]:
     def convert(value: Any) -> frozenset[str]:
-        if not all(isinstance(v, str) for v in _list(key, value, "a list of strings")):
-            raise _fail(key, value, "a list of strings")
+        what = f"a {'non-empty ' if non_empty else ''}list of strings"
+        if not all(isinstance(v, str) for v in _list(key, value, what)) or (non_empty and not value):
+            raise _fail(key, value, what)
         return frozenset(value)
     return convert
 
@@ -110,8 +121,7 @@ def _limits(key: str, value: Any) -> SpecLimits:
     for k, v in value.items():
         if k not in _LIMIT_KEYS:
             raise _fail(f"{key}.{k}", v, f"keys {{{', '.join(_LIMIT_KEYS)}}}")
-        if not _is_int(v) or v < 1:
-            raise _fail(f"{key}.{k}", v, "an integer >= 1")
+        _bounded(LIMIT_BOUNDS[k], f"{key}.{k}", v)
     return SpecLimits(**value)
 
 
@@ -168,14 +178,13 @@ _FILL_KEYS = ("base", "plus", "at_least", "at_least_plus")
 
 def _seq_len_fill(key: str, value: Any) -> SeqLenFill:
     if _is_int(value):
-        return SeqLenFill(base=value)
+        return SeqLenFill(base=_bounded(FILL_BOUND, key, value))
     terms = ", ".join(t.value for t in FillTerm)
     if not isinstance(value, Mapping) or set(value) - set(_FILL_KEYS):
         raise _fail(key, value, f"an integer, or a table {{base = int, plus = term, at_least = int, "
                                 f"at_least_plus = term}}, term one of {{{terms}}}")
     for k in ("base", "at_least"):
-        if not _is_int(value.get(k, 0)) or value.get(k, 0) < 0:
-            raise _fail(f"{key}.{k}", value.get(k), "an integer >= 0")
+        _bounded(FILL_BOUND, f"{key}.{k}", value.get(k, 0))
     for k in ("plus", "at_least_plus"):
         if value.get(k, "none") not in {t.value for t in FillTerm}:
             raise _fail(f"{key}.{k}", value.get(k), terms)
@@ -190,8 +199,17 @@ def _tolerances(value: Any) -> dict[str, Tolerance]:
     for dtype, tol in value.items():
         if not isinstance(tol, Mapping) or set(tol) != {"atol", "rtol"}:
             raise _fail(f"tolerances.{dtype}", tol, "{atol = float, rtol = float}")
-        out[dtype] = Tolerance(float(tol["atol"]), float(tol["rtol"]))
+        out[dtype] = Tolerance(*(_bounded(TOLERANCE_BOUND, f"tolerances.{dtype}.{k}", tol[k])
+                                 for k in ("atol", "rtol")))
     return out
+
+
+def _bounded(bound: Bound | FloatBound, key: str, value: Any) -> Any:
+    """``value`` within ``bound``, else a :class:`DescriptorError` naming ``key``."""
+    try:
+        return bound.check(value, key)
+    except InvalidValue as exc:
+        raise _fail(exc.field, exc.value, exc.supported) from None
 
 
 def _bool(key: str) -> Callable[[Any], bool]:
@@ -202,32 +220,40 @@ def _bool(key: str) -> Callable[[Any], bool]:
     return convert
 
 
-def _name(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise _fail("name", value, "a non-empty string")
+def _printable(key: str, value: Any, longest: int) -> str:
+    """A string of printable characters (no newline, tab or terminal escape: it is shown in
+    tables and terminals) of at most ``longest`` characters."""
+    allowed = f"printable text of 1..{longest} characters (no control characters)"
+    if not isinstance(value, str) or not value or len(value) > longest or not value.isprintable():
+        raise _fail(key, value, allowed)
     return value
+
+
+def _name(value: Any) -> str:
+    return _printable("name", value, MAX_NAME)
 
 
 def _claim_keys(prefix: str, removable: bool) -> dict[str, Callable[[Any], Any]]:
     """Converters of the claim keys (shared by the base table and each variant)."""
     p = prefix
     return {
-        "vendors": _enum_list(Vendor, f"{p}vendors"),
-        "phases": _enum_list(Phase, f"{p}phases"),
+        # in a variant an empty list is a change ("no phase runs when ..."); at the base it claims nothing
+        "vendors": _enum_list(Vendor, f"{p}vendors", non_empty=not removable),
+        "phases": _enum_list(Phase, f"{p}phases", non_empty=not removable),
         "graph": _by_phase(f"{p}graph", _limits, removable),
         "multi_step": _multi_step,
         "min_arch": _by_vendor(f"{p}min_arch", _min_arch, "arch, e.g. {cuda = 'sm80', hip = 'gfx90a'}",
                                removable),
-        "dtypes": _str_list(f"{p}dtypes"),
-        "kv_dtypes": _str_list(f"{p}kv_dtypes"),
-        "head_sizes": _int_list(f"{p}head_sizes", MAX_HEAD_SIZE),
-        "page_sizes": _int_list(f"{p}page_sizes", MAX_PAGE_SIZE),
+        "dtypes": _str_list(f"{p}dtypes", non_empty=not removable),
+        "kv_dtypes": _str_list(f"{p}kv_dtypes", non_empty=not removable),
+        "head_sizes": _int_list(f"{p}head_sizes", MAX_HEAD_SIZE, non_empty=not removable),
+        "page_sizes": _int_list(f"{p}page_sizes", MAX_PAGE_SIZE, non_empty=not removable),
         "features": _enum_list(Feature, f"{p}features"),
         "seq_len_fill": lambda v: _seq_len_fill(f"{p}seq_len_fill", v),
         "needs_host_seq_lens": _bool(f"{p}needs_host_seq_lens"),
         "archs": _by_vendor(f"{p}archs", _arch_set, "a list of archs or ranges, e.g. {cuda = ['sm80..sm90']}",
                             removable),
-        "models": _enum_list(ModelKind, f"{p}models"),
+        "models": _enum_list(ModelKind, f"{p}models", non_empty=not removable),
         "run_limits": _by_phase(f"{p}run_limits", _limits, removable),
         "phase_fill": _by_phase(f"{p}phase_fill", _seq_len_fill, removable),
     }
@@ -237,12 +263,15 @@ def _claim_keys(prefix: str, removable: bool) -> dict[str, Callable[[Any], Any]]
 
 def _int_set(key: str, value: Any) -> IntSet:
     if _is_int(value):
-        return IntSet(frozenset((value,)))
+        return IntSet(frozenset((_bounded(WHEN_BOUND, key, value),)))
     if isinstance(value, list) and value and len(value) <= MAX_ITEMS and all(_is_int(v) for v in value):
-        return IntSet(frozenset(value))
+        return IntSet(frozenset(_bounded(WHEN_BOUND, key, v) for v in value))
     if isinstance(value, Mapping) and value and not set(value) - {"min", "max"} and all(
             _is_int(v) for v in value.values()):
-        return IntSet(min=value.get("min"), max=value.get("max"))
+        low, high = (_bounded(WHEN_BOUND, f"{key}.{k}", value[k]) if k in value else None for k in ("min", "max"))
+        if low is not None and high is not None and low > high:
+            raise _fail(key, value, "an ordered range, min <= max")  # IntSet refuses it too, without the key
+        return IntSet(min=low, max=high)
     raise _fail(key, value, f"an integer, a list of at most {MAX_ITEMS} integers, or a range "
                             "{min = int, max = int}")
 
@@ -306,9 +335,7 @@ def _variant(i: int, value: Any) -> Variant:
     if unknown:
         raise _fail(f"{key}.{unknown[0]}", value[unknown[0]],
                     f"keys {{{', '.join((*_VARIANT_META, *VARIANT_FIELDS))}}}")
-    note = value.get("note", "")
-    if not isinstance(note, str):
-        raise _fail(f"{key}.note", note, "a string")
+    note = _printable(f"{key}.note", value["note"], MAX_NOTE) if "note" in value else ""
     try:
         return Variant(
             when=_when(value["when"]),
@@ -335,8 +362,11 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "requires": lambda v: tuple(sorted(_str_list("requires")(v))),
     "variants": _variants,
 }
-_V2_KEYS = ("archs", "models", "run_limits", "phase_fill", "variants")
-_REQUIRED = ("name", "vendors", "phases")
+#: Keys that need ``schema_version = 2``, and keys every file gives.
+V2_KEYS = ("archs", "models", "run_limits", "phase_fill", "variants")
+REQUIRED = ("name", "vendors", "phases")
+#: Every key a file may hold.
+KEYS = ("schema_version", *_KEYS)
 
 
 def _schema(data: Mapping[str, Any]) -> int:
@@ -344,10 +374,10 @@ def _schema(data: Mapping[str, Any]) -> int:
     if not _is_int(version) or not 1 <= version <= SCHEMA_VERSION:
         raise _fail("schema_version", version, f"1..{SCHEMA_VERSION}; a newer file needs a newer attnhal")
     if version < 2:
-        newer = [k for k in _V2_KEYS if k in data]
+        newer = [k for k in V2_KEYS if k in data]
         if newer:
             raise DescriptorError(f"{newer[0]} needs schema_version = 2 (this file is version 1: add "
-                                  f"`schema_version = 2` at the top to use {', '.join(_V2_KEYS)})")
+                                  f"`schema_version = 2` at the top to use {', '.join(V2_KEYS)})")
     return int(version)
 
 
@@ -359,7 +389,7 @@ def converted(data: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise _fail(unknown[0], data[unknown[0]], f"keys {{schema_version, {', '.join(_KEYS)}}}")
     _schema(data)
-    missing = [k for k in _REQUIRED if k not in data]
+    missing = [k for k in REQUIRED if k not in data]
     if missing:
-        raise DescriptorError(f"{missing[0]} is missing (required keys: {', '.join(_REQUIRED)})")
+        raise DescriptorError(f"{missing[0]} is missing (required keys: {', '.join(REQUIRED)})")
     return {k: _KEYS[k](v) for k, v in data.items() if k != "schema_version"}

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from attnhal.capabilities.conditions import Facts
 from attnhal.capabilities.descriptor import BackendCapabilities
 from attnhal.phases import Feature, Phase
-from attnhal.platform import Platform
+from attnhal.platform import Fp8Flavor, Platform
 from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
 from attnhal.spec import ModelKind, RequestContext
 
-__all__ = ["AttentionRequest", "not_supported_reasons", "request_reasons", "supports"]
+__all__ = ["AttentionRequest", "fp8_reasons", "not_supported_reasons", "request_reasons", "supports"]
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,23 @@ def not_supported_reasons(
 
     Variants are resolved against the platform and the request first.
     """
+    if not isinstance(platform, Platform):
+        raise TypeError(f"platform={platform!r} (supported: a Platform, e.g. attnhal.platform.parse('cuda:sm90'); "
+                        "the arguments are (caps, request, platform))")
+    if not isinstance(request, AttentionRequest):
+        raise TypeError(f"request={request!r} (supported: an AttentionRequest; the arguments are (caps, request, platform))")
     if caps.variants:
         caps = caps.resolve(Facts.of(platform, request.context))
-    return caps.platform_reasons(platform) + request_reasons(caps, request)
+    return caps.platform_reasons(platform) + fp8_reasons(platform, request.kv_dtype) + request_reasons(caps, request)
+
+
+def fp8_reasons(platform: Platform, kv_dtype: str | None) -> list[Reason]:
+    """``fp8_e4m3`` names the platform's e4m3 flavour: on a platform without one (a pre-fp8 GPU
+    such as sm80 or gfx90a, the CPU) no cache of that name can be made for it."""
+    if kv_dtype != "fp8_e4m3" or platform.fp8_flavor is not Fp8Flavor.NONE:
+        return []
+    return [reason(ReasonCode.KV_DTYPE, "kv_dtype", kv_dtype,
+                   f"a platform with an fp8 flavour; {platform.name} has none (no fp8_e4m3 encoding to store)")]
 
 
 def supports(caps: BackendCapabilities, request: AttentionRequest, platform: Platform) -> bool:

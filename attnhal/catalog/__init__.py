@@ -31,7 +31,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-__all__ = ["ENGINES", "CatalogEntry", "CatalogError", "entries", "is_catalog_name", "load"]
+__all__ = ["ENGINES", "CatalogEntry", "CatalogError", "Citation", "citations", "entries", "is_catalog_name", "load"]
 
 #: Engines with a catalogue directory, and the release each one describes.
 ENGINES = MappingProxyType({"sglang": "0.5.23", "vllm": "0.33.0"})
@@ -122,3 +122,40 @@ def load(name: str) -> CatalogEntry:
         raise CatalogError(f"backend={name} (supported: {known})")
     return found[short]
 
+
+
+@dataclass(frozen=True)
+class Citation:
+    """One comment of a catalogue file: the key it stands beside (``graph.decode``; ``(file)``
+    for the file's opening lines) and its text, which cites the engine's source."""
+
+    key: str
+    text: str
+
+
+def citations(name: str) -> list[Citation]:
+    """The comments of entry ``ENGINE:NAME``'s file, in file order, each with its key: a
+    comment on a key's line, or on the lines just above it, is that key's."""
+    entry = load(name)
+    text = _files(entry.engine)[entry.name].read_text(encoding="utf-8")
+    out: list[Citation] = []
+    pending: list[str] = []
+    table = ""
+    for line in text.splitlines():
+        code, _, comment = line.partition(" #") if not line.lstrip().startswith("#") else ("", "", line)
+        comment = comment.strip().lstrip("#").strip()
+        code = code.strip()
+        if not code:
+            if comment:
+                pending.append(comment)
+            continue
+        if code.startswith("["):
+            table = code.strip("[]").strip()
+            key = table
+        else:
+            key = ".".join(filter(None, (table, code.split("=")[0].strip())))
+        out += [Citation(key if out or table else "(file)", c) for c in pending]
+        pending = []
+        if comment:
+            out.append(Citation(key, comment))
+    return out

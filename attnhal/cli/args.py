@@ -22,7 +22,10 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Bounded", "bounded", "choice", "flag_message", "int_list", "seconds"]
+from attnhal.bounds import Bound, FloatBound
+from attnhal.errors import InvalidValue
+
+__all__ = ["Bounded", "IntList", "Real", "bounded", "choice", "flag_message", "int_list", "seconds", "within"]
 
 #: How much of a rejected value a message repeats (a pasted megabyte stays one short line).
 _SHOWN = 20
@@ -77,22 +80,57 @@ def choice(allowed: Sequence[str]) -> Callable[[str], str]:
 
 
 def int_list(text: str) -> tuple[int, ...]:
-    """``type=int_list``: integers separated by commas (``1,3,5``)."""
-    try:
-        return tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} (supported: integers separated by commas)") from None
+    """``type=int_list``: integers separated by commas (``1,3,5``), each ``0..2**31``."""
+    return IntList(Bounded(0, 2 ** 31))(text)
 
 
-def seconds(text: str) -> float:
-    """``type=seconds``: a duration in seconds, greater than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"{text!r} (supported: seconds > 0)")
-    return value
+@dataclass(frozen=True)
+class IntList:
+    """Integers separated by commas (``1,3,5``), each within ``item`` (a :class:`Bounded`)."""
+
+    item: Bounded
+
+    def __call__(self, text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            values = ()
+        if not values or not all(self.item.low <= v <= self.item.high for v in values):
+            raise argparse.ArgumentTypeError(f"{_shown(text)!r} (supported: integers {self.item} separated by "
+                                             "commas)")
+        return values
+
+    def __str__(self) -> str:
+        return f"integers {self.item} separated by commas"
+
+
+@dataclass(frozen=True)
+class Real:
+    """A finite number within ``bound`` (:class:`~attnhal.bounds.FloatBound`): ``inf``, ``nan``,
+    ``1e308`` and text are refused with the bound's own words."""
+
+    bound: FloatBound
+
+    def __call__(self, text: str) -> float:
+        try:
+            return self.bound.check(float(text))
+        except (ValueError, InvalidValue):  # text, or a number out of the bound
+            raise argparse.ArgumentTypeError(f"{_shown(text)!r} (supported: {self.bound.supported})") from None
+
+    def __str__(self) -> str:
+        return str(self.bound)
+
+
+def within(bound: Bound | FloatBound) -> Bounded | Real:
+    """The argument type of a core bound (:mod:`attnhal.bounds`): the flag and the record
+    that owns the field check the same range, written once."""
+    if isinstance(bound, FloatBound):
+        return Real(bound)
+    return Bounded(bound.low, bound.high)
+
+
+#: ``type=seconds``: a finite duration, 1 ms to 24 hours.
+seconds = Real(FloatBound("seconds", 0.001, 86_400.0, "seconds"))
 
 
 _ARGUMENT = re.compile(r"argument (?P<flag>[^:\s]+): (?P<text>.*)", re.S)

@@ -8,7 +8,9 @@ import sys
 from typing import Any
 
 from attnhal.cli.app import INTERRUPTED, UsageError
-from attnhal.cli.args import bounded, seconds
+from attnhal.cli.args import within
+from attnhal.errors import InvalidValue
+from attnhal.testing.settings import BUDGET, EXAMPLES, EXAMPLES_ENV, env_examples
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import one_line
 
@@ -21,12 +23,12 @@ def register(sub: Any) -> None:
                                              "(SGLang's own classes, when SGLang is installed; default: every "
                                              "registered backend)")
     p.add_argument("--platform", help="simulate a platform (default: the detected device)")
-    p.add_argument("--examples", type=bounded(0, 10_000), default=None,
+    p.add_argument("--examples", type=within(EXAMPLES), default=None,
                    help="random examples per check on top of the fixed ones, %(type)s "
-                        "(default: 3; 25 with --thorough; with --budget: the most per check)")
-    p.add_argument("--budget", type=seconds, default=None, metavar="SECONDS",
-                   help="seconds for random examples, spread over the claims (each runs rounds until its share "
-                        "is spent)")
+                        f"(default: ${EXAMPLES_ENV}, else 3; 25 with --thorough; with --budget: the most per check)")
+    p.add_argument("--budget", type=within(BUDGET), default=None, metavar="SECONDS",
+                   help="seconds for random examples, %(type)s, spread over the claims (each runs rounds until its "
+                        "share is spent)")
     p.add_argument("--thorough", action="store_true",
                    help="release check: more random examples and the costlier fixed ones (more long contexts)")
     p.add_argument("--allow-unchecked", action="store_true",
@@ -49,8 +51,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(missing)
     from attnhal.testing.report import ConformanceInterrupted, run_conformance
 
+    if args.examples is None:
+        try:
+            env_examples()  # read again by the kit: refused here, as a usage error, before any claim runs
+        except InvalidValue as exc:
+            raise UsageError(f"{exc} (environment)") from None
     platform = resolve_platform(args.platform)
-    names = [args.backend] if args.backend else [e.name for e in args.registry.ordered(platform)]
+    if args.backend is not None and not args.backend.strip():
+        raise UsageError(f"backend={args.backend!r} (supported: a registered name, module:attr or a package's "
+                         "entry-point name; leave it out to check every registered backend)")
+    names = [args.backend] if args.backend is not None else [e.name for e in args.registry.ordered(platform)]
     progress = Progress(sys.stderr) if sys.stderr.isatty() and not args.json else None
     reports = []
     for name in names:

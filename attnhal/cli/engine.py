@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from attnhal.capabilities import AttentionRequest, Facts, not_supported_reasons
-from attnhal.catalog import CatalogError, entries, load
+from attnhal.catalog import CatalogError, citations, entries, load
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import choice
 from attnhal.cli.inputs import resolve_platform
@@ -286,12 +286,17 @@ _EXPLAINS: Mapping[str, EngineCommand] = {"sglang": _sglang_explain, "vllm": _vl
 def register_catalog(sub: Any) -> None:
     p = sub.add_parser("catalog", help="the catalogued attention backends of real engines (sglang:NAME, vllm:NAME)")
     p.add_argument("--engine", help="only this engine's backends (sglang, vllm)")
+    p.add_argument("--backend", metavar="ENGINE:NAME",
+                   help="one entry (sglang:aiter): each claim of its descriptor with the engine source it cites")
     p.add_argument("--json", action="store_true", help="print the catalogue as JSON")
     p.set_defaults(func=run_catalog)
 
 
 def run_catalog(args: argparse.Namespace) -> int:
-    """``attnhal catalog [--engine E]``: every catalogued engine backend."""
+    """``attnhal catalog [--engine E]``: every catalogued engine backend; ``--backend E:N``: one
+    entry's claims with the engine source each cites."""
+    if args.backend is not None:
+        return _citations(args)
     try:
         found = entries(args.engine)
     except CatalogError as exc:
@@ -304,4 +309,20 @@ def run_catalog(args: argparse.Namespace) -> int:
     rows = [(e.qualified_name, ",".join(sorted(v.value for v in e.descriptor.vendors)),
              f"{e.engine} {e.version}", e.summary) for e in found]
     print(table(("name", "vendors", "describes", "summary"), rows))
+    return 0
+
+
+def _citations(args: argparse.Namespace) -> int:
+    if args.engine is not None:
+        raise UsageError("--engine and --backend are exclusive (--backend names the engine: sglang:aiter)")
+    try:
+        entry, cited = load(args.backend), citations(args.backend)
+    except CatalogError as exc:
+        raise UsageError(f"--backend: {exc}") from None
+    if args.json:
+        print_json({"name": entry.qualified_name, "engine": entry.engine, "version": entry.version,
+                    "summary": entry.summary, "citations": [{"key": c.key, "source": c.text} for c in cited]})
+        return 0
+    print(f"{entry.qualified_name}: {entry.summary} ({entry.engine} {entry.version})")
+    print(table(("claim", "source"), [(c.key, c.text) for c in cited]))
     return 0

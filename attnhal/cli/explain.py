@@ -9,7 +9,7 @@ from typing import Any
 from attnhal.capabilities import AttentionRequest, not_supported_reasons
 from attnhal.cli import engine
 from attnhal.cli.app import UsageError
-from attnhal.cli.args import bounded, choice
+from attnhal.cli.args import bounded, choice, within
 from attnhal.cli.inputs import (
     add_plan_input_flags,
     add_spec_flags,
@@ -22,7 +22,7 @@ from attnhal.cli.inputs import (
 from attnhal.cli.output import format_plan, print_json
 from attnhal.phases import Feature, Phase
 from attnhal.planner import PhaseBackends, plan
-from attnhal.spec import DTYPES, KV_DTYPES, ModelKind
+from attnhal.spec import DTYPES, HEAD_SIZE, KV_DTYPES, PAGE_SIZE, ModelKind
 
 __all__ = ["explain_verdict", "register", "request_fields", "request_from", "run"]
 
@@ -34,9 +34,11 @@ def register(sub: Any) -> None:
     p.add_argument("--phase", type=choice([ph.value for ph in Phase]), help="the phase asked about (default: any)")
     p.add_argument("--dtype", type=choice(DTYPES), help=f"query dtype: {', '.join(DTYPES)}")
     p.add_argument("--kv-dtype", type=choice(KV_DTYPES), help=f"KV cache dtype: {', '.join(KV_DTYPES)}")
-    for flag, what in (("--head-size", "head size"), ("--page-size", "KV page size"),
-                       ("--num-q-heads", "query heads"), ("--num-kv-heads", "KV heads")):
-        p.add_argument(flag, type=bounded(1, 4096), help=f"{what}, %(type)s")
+    for flag, what, kind in (("--head-size", "head size", within(HEAD_SIZE)),
+                             ("--page-size", "KV page size", within(PAGE_SIZE)),
+                             ("--num-q-heads", "query heads", bounded(1, 4096)),
+                             ("--num-kv-heads", "KV heads", bounded(1, 4096))):
+        p.add_argument(flag, type=kind, help=f"{what}, %(type)s")
     p.add_argument("--feature", action="append", type=choice([f.value for f in Feature]),
                    help=f"a feature the request needs (repeatable): {', '.join(f.value for f in Feature)}")
     add_plan_input_flags(p, context=False, roles=False)

@@ -13,18 +13,38 @@ import os
 
 from attnhal.capabilities import BackendCapabilities
 from attnhal.cli.app import UsageError
-from attnhal.cli.args import bounded, choice, int_list
+from attnhal.cli.args import IntList, bounded, choice, within
 from attnhal.cli.output import one_line
+from attnhal.errors import InvalidValue
 from attnhal.lookup import DescriptorFileError, UnknownBackend, describe
 from attnhal.phases import Phase
 from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend
 from attnhal.platform import ENV_VAR, Platform, PlatformSpecError, detect, parse
 from attnhal.registry import BackendUnavailable, Registry
-from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
+from attnhal.spec import (
+    DTYPES,
+    HEAD_SIZE,
+    KV_DTYPES,
+    MAX_NUM_STEPS,
+    PAGE_SIZE,
+    ModelKind,
+    RequestContext,
+    SpecAlgorithm,
+    SpecConfig,
+)
 
-__all__ = ["DRAFT_TOKENS", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
+__all__ = ["DRAFT_TOKENS", "FLAG_OF", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
            "phase_backends", "policy_from", "resolve_backend", "resolve_platform", "spec_from"]
 
+#: Record field -> the flag of these commands that sets it: an API error's ``field``
+#: (:class:`~attnhal.errors.InvalidValue`) names the flag through this table, never its message.
+FLAG_OF = {
+    "num_steps": "--spec-steps", "topk": "--topk", "num_draft_tokens": "--draft-tokens", "algorithm": "--spec-algorithm",
+    "max_batch_size": "--max-bs", "step_counts": "--adaptive-steps", "max_tokens": "--capture-max-tokens",
+    "phase": "--no-graph-phase", "disabled_phases": "--no-graph-phase",
+    "model": "--model", "dtype": "--dtype", "kv_dtype": "--kv-dtype", "head_size": "--head-size",
+    "page_size": "--page-size",
+}
 #: Bounds that messages outside the flag's declaration cite too.
 SPEC_STEPS = bounded(0, 16)
 DRAFT_TOKENS = bounded(2, 256)
@@ -80,8 +100,8 @@ def add_spec_flags(p: argparse.ArgumentParser, *, max_bs: bool = True) -> None:
 def spec_from(args: argparse.Namespace) -> SpecConfig:
     """The spec config of :func:`add_spec_flags` (and ``--spec-algorithm`` where declared)."""
     if args.spec_steps == 0:
-        if args.topk != 1 or args.draft_tokens:
-            raise UsageError("--topk/--draft-tokens need --spec-steps >= 1 (speculative decoding)")
+        if args.topk != 1 or args.draft_tokens or getattr(args, "adaptive_steps", None):
+            raise UsageError("--topk/--draft-tokens/--adaptive-steps need --spec-steps >= 1 (speculative decoding)")
         return SpecConfig()
     if args.topk > 1 and args.draft_tokens is None:
         raise UsageError(f"--draft-tokens is required with --topk={args.topk} (supported: "
@@ -89,10 +109,8 @@ def spec_from(args: argparse.Namespace) -> SpecConfig:
     try:
         return SpecConfig.eagle(args.spec_steps, args.topk, args.draft_tokens or 0,
                                 algorithm=getattr(args, "spec_algorithm", None) or "eagle")
-    except ValueError as exc:
-        flag = {"num_draft_tokens": "--draft-tokens", "topk": "--topk", "num_steps": "--spec-steps"}
-        name = str(exc).split("=")[0]
-        raise UsageError(f"{flag.get(name, '--spec-steps')}: {exc}") from None
+    except InvalidValue as exc:
+        raise UsageError(f"{FLAG_OF[exc.field]}: {exc}") from None
 
 
 def policy_from(args: argparse.Namespace) -> GraphPolicy:
@@ -102,10 +120,8 @@ def policy_from(args: argparse.Namespace) -> GraphPolicy:
                            disabled_phases=frozenset(getattr(args, "no_graph_phase", None) or ()),
                            step_counts=getattr(args, "adaptive_steps", None),
                            max_tokens=getattr(args, "capture_max_tokens", None))
-    except ValueError as exc:
-        flag = {"max_batch_size": "--max-bs", "step_counts": "--adaptive-steps", "max_tokens": "--capture-max-tokens"}
-        name = str(exc).split("=")[0].split(" ")[0]
-        raise UsageError(f"{flag.get(name, '--max-bs')}: {exc}") from None
+    except InvalidValue as exc:
+        raise UsageError(f"{FLAG_OF[exc.field]}: {exc}") from None
 
 
 def add_plan_input_flags(p: argparse.ArgumentParser, *, context: bool, roles: bool) -> None:
@@ -117,8 +133,8 @@ def add_plan_input_flags(p: argparse.ArgumentParser, *, context: bool, roles: bo
     if context:
         p.add_argument("--dtype", type=choice(DTYPES), help="compute dtype (default: not checked)")
         p.add_argument("--kv-dtype", type=choice(KV_DTYPES), help="KV-cache dtype")
-        p.add_argument("--head-size", type=bounded(1, 4096), help="head dimension, %(type)s")
-        p.add_argument("--page-size", type=bounded(1, 4096), help="KV page size in tokens, %(type)s")
+        p.add_argument("--head-size", type=within(HEAD_SIZE), help="head dimension, %(type)s")
+        p.add_argument("--page-size", type=within(PAGE_SIZE), help="KV page size in tokens, %(type)s")
     if roles:
         p.add_argument("--prefill-backend", help="backend of prefill (over --target-backend)")
         p.add_argument("--decode-backend", help="backend of decode and of the multi-step draft (over --target-backend)")
@@ -126,8 +142,9 @@ def add_plan_input_flags(p: argparse.ArgumentParser, *, context: bool, roles: bo
                        default="prefill", help="target_verify and draft_extend follow the prefill or decode backend")
     p.add_argument("--no-graph-phase", action="append", type=choice([ph.value for ph in Phase]),
                    help="never capture this phase (repeatable)")
-    p.add_argument("--adaptive-steps", type=int_list,
-                   help="adaptive speculation: other step counts the plan must be valid for, e.g. 1,3,5")
+    p.add_argument("--adaptive-steps", type=IntList(bounded(1, MAX_NUM_STEPS)),
+                   help="adaptive speculation: other step counts the plan must be valid for, %(type)s, e.g. 1,3,5 "
+                        "(needs --spec-steps)")
     p.add_argument("--capture-max-tokens", type=bounded(1, 4096 * 1024),
                    help="capture sizes from the spec width: batch sizes with bs x tokens per request <= N, %(type)s")
 
@@ -137,8 +154,8 @@ def context_from(args: argparse.Namespace) -> RequestContext:
     try:
         return RequestContext(model=args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
                               head_size=args.head_size, page_size=args.page_size)
-    except ValueError as exc:
-        raise UsageError(f"--{str(exc).split('=')[0].replace('_', '-')}: {exc}") from None
+    except InvalidValue as exc:
+        raise UsageError(f"{FLAG_OF[exc.field]}: {exc}") from None
 
 
 def phase_backends(args: argparse.Namespace, spec: SpecConfig, platform: Platform,

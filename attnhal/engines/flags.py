@@ -7,6 +7,7 @@ other flag is an error naming it — nothing is dropped silently.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,8 +15,8 @@ from typing import Any
 from attnhal.errors import AttnhalError
 from attnhal.spec import ModelKind
 
-__all__ = ["EngineArgError", "Flag", "check", "cli_name", "model_kind", "parse_cli", "positive", "truth",
-           "one_of"]
+__all__ = ["MAX_JSON_DEPTH", "EngineArgError", "Flag", "check", "cli_name", "json_object", "model_kind", "one_of",
+           "parse_cli", "positive", "truth"]
 
 
 class EngineArgError(AttnhalError, ValueError):
@@ -51,6 +52,50 @@ def positive(flag: str, value: Any) -> int:
 def positive_list(flag: str, value: Any) -> tuple[int, ...]:
     items = value.replace(",", " ").split() if isinstance(value, str) else list(value)
     return tuple(positive(flag, v) for v in items)
+
+
+#: How deep an engine flag's JSON may nest, and how long it may be: the configs engines take
+#: nest two or three levels; a deeper one is refused before the parser recurses.
+MAX_JSON_DEPTH = 8
+MAX_JSON_CHARS = 1 << 16
+
+
+def json_object(flag: str, value: Any) -> dict[str, Any]:
+    """``value`` (JSON text or a mapping) as a dict; text nested deeper than
+    :data:`MAX_JSON_DEPTH` or longer than :data:`MAX_JSON_CHARS` is refused naming ``flag``."""
+    supported = f"a JSON object, at most {MAX_JSON_DEPTH} levels deep and {MAX_JSON_CHARS} characters"
+    if isinstance(value, str):
+        if len(value) > MAX_JSON_CHARS or _json_depth(value) > MAX_JSON_DEPTH:
+            raise EngineArgError(flag, f"{flag}={_shown(value)} (supported: {supported})")
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise EngineArgError(flag, f"{flag}={_shown(value)} (supported: {supported})") from None
+    if not isinstance(value, Mapping):
+        raise EngineArgError(flag, f"{flag}={_shown(value)} (supported: {supported})")
+    return dict(value)
+
+
+def _json_depth(text: str) -> int:
+    """The deepest nesting of ``[``/``{`` in JSON ``text`` (brackets inside strings not counted)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text[:40] + "..." if len(text) > 40 else text
 
 
 def truth(flag: str, value: Any) -> bool:

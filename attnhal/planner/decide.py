@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from attnhal.capabilities.conditions import Facts
 from attnhal.capabilities.descriptor import BackendCapabilities
-from attnhal.capabilities.support import AttentionRequest, request_reasons
+from attnhal.capabilities.support import AttentionRequest, fp8_reasons, request_reasons
 from attnhal.phases import Feature, Phase, not_run_reason, tokens_per_request
 from attnhal.planner.policy import GraphPolicy
 from attnhal.planner.result import GraphPlan, PhasePlan
@@ -74,7 +74,7 @@ def _resolved(caps: BackendCapabilities, platform: Platform, context: RequestCon
     request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, head_size=context.head_size,
                                page_size=context.page_size, model=context.model)
     return _Resolved(caps, platform, spec, tuple(caps.platform_reasons(platform)),
-                     tuple(request_reasons(caps, request)))
+                     tuple(fp8_reasons(platform, context.kv_dtype) + request_reasons(caps, request)))
 
 
 def _run_reasons(phase: Phase, backend: _Resolved, spec: SpecConfig) -> list[Reason]:

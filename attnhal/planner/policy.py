@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from attnhal.phases import Phase, tokens_per_request
+from attnhal.errors import InvalidValue
 from attnhal.spec import MAX_NUM_STEPS, SpecConfig, check_int
 
 __all__ = ["MAX_BATCH_SIZE", "MAX_CAPTURE_SIZES", "MAX_STEP_COUNTS", "GraphPolicy"]
@@ -85,7 +86,7 @@ def _int_tuple(name: str, values: Iterable[int], maximum: int, max_len: int) -> 
         raise TypeError(f"{name}={values!r} (supported: a list of ints)")
     out = tuple(values)
     if not out or len(out) > max_len:
-        raise ValueError(f"{name} has {len(out)} values (supported: 1..{max_len})")
+        raise InvalidValue(name, out, f"1..{max_len} values, got {len(out)}")
     for v in out:
         check_int(name, v, 1, maximum)
     return out
@@ -95,4 +96,4 @@ def _phase(value: object) -> Phase:
     try:
         return Phase(value)
     except ValueError:
-        raise ValueError(f"phase={value!r} (supported: {', '.join(p.value for p in Phase)})") from None
+        raise InvalidValue("phase", value, ", ".join(p.value for p in Phase)) from None

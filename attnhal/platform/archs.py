@@ -61,6 +61,10 @@ class ArchSet:
                     row.normalize(end)
             if sep and not (lo or hi):
                 raise PlatformSpecError(f"arch range={item!r} (supported: 'a..b', 'a..' or '..b')")
+            older, newer = (row.order(lo), row.order(hi)) if lo and hi else (None, None)
+            if older is not None and newer is not None and older > newer:
+                raise PlatformSpecError(f"arch range={item!r} (supported: an ordered range, the older arch "
+                                        f"first: '{hi}..{lo}')")
 
     def __contains__(self, arch: object) -> bool:
         return isinstance(arch, str) and any(_arch_in(self.vendor, item, arch) for item in self.items)

@@ -70,12 +70,13 @@ import pytest
 from hypothesis.errors import Flaky
 
 from attnhal.backend import AttentionBackend
+from attnhal.bounds import Bound, FloatBound
+from attnhal.errors import InvalidValue
 from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Platform, Vendor, as_platform
 from attnhal.spec import DTYPES, KV_DTYPES
 from attnhal.testing.checks import (
     DEFAULT_EXAMPLES,
-    EXAMPLES_ENV,
     THOROUGH_EXAMPLES,
     Claim,
     ClaimFalsified,
@@ -88,8 +89,9 @@ from attnhal.testing.checks import (
     not_checked_reason,
     verify,
 )
-from attnhal.testing.checks.run import flaky_result
+from attnhal.testing.checks.run import depends_on, flaky_result, with_tolerance
 from attnhal.testing.report import resolve_backend
+from attnhal.testing.settings import BUDGET, EXAMPLES, env_examples
 
 __all__ = [
     "BackendConformance",
@@ -119,14 +121,12 @@ def _setting(request: pytest.FixtureRequest, name: str) -> Any:
 
 
 def _examples(request: pytest.FixtureRequest) -> int:
-    import os
-
     option = request.config.getoption("attnhal_examples", default=None)
     if option is not None:
-        return int(option)
-    env = os.environ.get(EXAMPLES_ENV, "").strip()
-    if env:
-        return int(env)
+        return _within(EXAMPLES, option, "--attnhal-examples")
+    env = _within_env()
+    if env is not None:
+        return env
     value = _setting(request, "max_examples")
     if value is not None:
         return int(value)
@@ -142,9 +142,24 @@ def _budget(request: pytest.FixtureRequest, checks: int) -> float | None:
     """Seconds per check: ``--attnhal-budget`` spread over the class's checks, else ``budget``."""
     total = request.config.getoption("attnhal_budget", default=None)
     if total is not None:
-        return float(total) / max(checks, 1)
+        return _within(BUDGET, total, "--attnhal-budget") / max(checks, 1)
     value = _setting(request, "budget")
-    return None if value is None else float(value)
+    return None if value is None else _within(BUDGET, value, "budget")
+
+
+def _within(bound: Bound | FloatBound, value: Any, name: str) -> Any:
+    """``value`` within ``bound``, else a usage error naming the option or setting ``name``."""
+    try:
+        return bound.check(value, name)
+    except InvalidValue as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _within_env() -> int | None:
+    try:
+        return env_examples()
+    except InvalidValue as exc:
+        raise pytest.UsageError(f"{exc} (environment)") from None
 
 
 def _backend(request: pytest.FixtureRequest) -> type[AttentionBackend]:
@@ -313,7 +328,7 @@ def _claim(target: Target, request: pytest.FixtureRequest, claim: Claim) -> None
     """Skip an unmade claim; fail (or, when waived, skip) one not checkable here; else check it."""
     if claim not in claims(target.caps):
         pytest.skip(f"{claim.name} is not claimed by {target.caps.name!r}: not tested")
-    why = not_checked_reason(target, claim)
+    why = not_checked_reason(target, claim) or depends_on(claim, _done(request, target))
     if why is not None:
         result = ClaimResult(claim, Status.NOT_CHECKED, why)
         _record(request, target, result)
@@ -364,4 +379,14 @@ def _cause(exc: BaseException) -> str:
 def _record(request: pytest.FixtureRequest, target: Target, result: ClaimResult) -> None:
     from attnhal.testing.plugin import record
 
-    record(request.config, f"{target.caps.name} on {target.platform.name}", result)
+    record(request.config, _key(target), with_tolerance(target, result))
+
+
+def _done(request: pytest.FixtureRequest, target: Target) -> dict[str, ClaimResult]:
+    from attnhal.testing.plugin import recorded
+
+    return recorded(request.config, _key(target))
+
+
+def _key(target: Target) -> str:
+    return f"{target.caps.name} on {target.platform.name}"

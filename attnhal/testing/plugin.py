@@ -36,6 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from attnhal.errors import InvalidValue
+from attnhal.testing.settings import BUDGET, EXAMPLES, env_examples
+
 if TYPE_CHECKING:
     from attnhal.testing.checks import ClaimResult
 
@@ -51,9 +54,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attnhal-examples", metavar="N", type=int, default=None,
                     help="random examples per conformance check on top of the fixed ones "
                          "(default: $ATTNHAL_CONFORMANCE_EXAMPLES or 3, 25 with --attnhal-thorough; "
-                         "0: fixed examples only)")
+                         f"0: fixed examples only; {EXAMPLES})")
     group.addoption("--attnhal-budget", metavar="SECONDS", type=float, default=None,
-                    help="seconds of random conformance examples, spread over the checks")
+                    help=f"seconds of random conformance examples, spread over the checks ({BUDGET})")
     group.addoption("--attnhal-thorough", action="store_true", default=False,
                     help="release check: more random examples and the costlier fixed ones")
     group.addoption("--attnhal-allow-unchecked", action="store_true", default=False,
@@ -67,12 +70,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_RESULTS] = {}
-    examples = config.getoption("attnhal_examples")
-    if examples is not None and examples < 0:
-        raise pytest.UsageError(f"--attnhal-examples={examples} (supported: >= 0)")
-    budget = config.getoption("attnhal_budget")
-    if budget is not None and not budget > 0:
-        raise pytest.UsageError(f"--attnhal-budget={budget} (supported: seconds > 0)")
+    for option, bound in (("attnhal_examples", EXAMPLES), ("attnhal_budget", BUDGET)):
+        value = config.getoption(option)
+        if value is not None:
+            try:
+                bound.check(value, "--" + option.replace("_", "-"))
+            except InvalidValue as exc:
+                raise pytest.UsageError(str(exc)) from None
+    try:
+        env_examples()  # refused once, here, rather than in every test that reads it
+    except InvalidValue as exc:
+        raise pytest.UsageError(f"{exc} (environment)") from None
     backend = config.getoption("attnhal_backend")
     if backend:
         _check_backend(backend)
@@ -95,6 +103,11 @@ def record(config: pytest.Config, key: str, result: ClaimResult) -> None:
     results = config.stash.get(_RESULTS, None)
     if results is not None:
         results.setdefault(key, []).append(result)
+
+
+def recorded(config: pytest.Config, key: str) -> dict[str, ClaimResult]:
+    """The results kept so far for ``key``, by claim name (empty when the plugin is not loaded)."""
+    return {r.claim.name: r for r in config.stash.get(_RESULTS, {}).get(key, [])}
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -41,6 +41,8 @@ from attnhal.testing.checks import (
     process_reasons,
     verify,
 )
+from attnhal.testing.checks.run import depends_on
+from attnhal.testing.settings import BUDGET, EXAMPLES
 from attnhal.testing.strategies import DEFAULT_MAX_COST, DEFAULT_MAX_SEQ_LEN
 
 #: Called when a claim starts (``result`` None) and when its result is known:
@@ -142,9 +144,16 @@ class ConformanceReport:
         head = [f"attnhal conformance: backend {self.backend!r} ({self.backend_class})",
                 f"platform: {self.platform} ({self.device}), graphs: {self.graph_kind}; {self._effort()}"]
         head += [f"note: {n}" for n in self.notes]
-        counts = ", ".join(f"{n} {s}" for s, n in self.counts().items())
-        return "\n".join([*head, "", format_results(self.results), "", f"{counts} ({self.seconds:.1f} s)",
+        return "\n".join([*head, "", format_results(self.results), "", f"{self._totals()} ({self.seconds:.1f} s)",
                           *self._verdict(), *_failures(self.falsified + self.errors)])
+
+    def _totals(self) -> str:
+        """The count of each status; ``verified`` counts what the verdict counts (a ``vendor[V]``
+        claim says where the others ran and is named beside it, not counted)."""
+        where = [r for r in self.results if r.status is Status.VERIFIED and r.claim.kind is ClaimKind.VENDOR]
+        counts = {**self.counts(), Status.VERIFIED.value: len(self.verified_here)}
+        text = ", ".join(f"{n} {s}" for s, n in counts.items())
+        return text + (f"; ran on: {_names(where)}" if where else "")
 
     def _effort(self) -> str:
         drawn = f"{self.max_examples} random example{'' if self.max_examples == 1 else 's'} per check"
@@ -197,9 +206,10 @@ def _names(results: Iterable[ClaimResult]) -> str:
 
 
 def format_results(results: Iterable[ClaimResult], width: int = 120) -> str:
-    """The table ``claim | status | s | detail``; details wrap to fit ``width`` (never cut)."""
+    """The table ``claim | status | s | detail``; details wrap to fit ``width`` (never cut).
+    The detail of a claim that compares numbers ends with the tolerance it was checked with."""
     rows = [("claim", "status", "s", "detail")] + [
-        (r.claim.name, r.label, f"{r.seconds:.1f}", r.detail) for r in results]
+        (r.claim.name, r.label, f"{r.seconds:.1f}", _detail_with_tolerance(r)) for r in results]
     w0, w1, w2 = (max(len(row[i]) for row in rows) for i in (0, 1, 2))
     room = max(30, width - w0 - w1 - w2 - 9)
     lines = []
@@ -210,6 +220,12 @@ def format_results(results: Iterable[ClaimResult], width: int = 120) -> str:
     detail = min(room, max(len(" ".join(r[3].split())) for r in rows))
     lines.insert(1, f"{'-' * w0}-+-{'-' * w1}-+-{'-' * w2}-+-{'-' * detail}")
     return "\n".join(lines)
+
+
+def _detail_with_tolerance(result: ClaimResult) -> str:
+    if not result.tolerance or result.status is Status.NOT_CHECKED:
+        return result.detail
+    return f"{result.detail} [tolerance {result.tolerance}]"
 
 
 def _failures(results: list[ClaimResult]) -> list[str]:
@@ -233,15 +249,6 @@ def _notes(target: Target) -> list[str]:
         out.append(f"bounds lowered: contexts up to {target.max_seq_len} tokens, batch cost up to {target.max_cost} "
                    f"(the kit's defaults: {DEFAULT_MAX_SEQ_LEN}, {DEFAULT_MAX_COST}); longer contexts are unchecked")
     return out
-
-
-def _depends_on(claim: Claim, done: Mapping[str, ClaimResult]) -> str | None:
-    """Why ``claim`` is not run: the graph claim its check needs was falsified."""
-    if claim.kind is ClaimKind.SEQ_LEN_FILL:
-        graph = done.get(f"graph[{claim.subject}]")
-        if graph is not None and graph.status is Status.FALSIFIED:
-            return f"graph[{claim.subject}] is falsified; padding is checked through a working graph"
-    return None
 
 
 def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int | None = None,
@@ -282,6 +289,10 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
     A backend that cannot run here (e.g. Triton on a CPU platform without
     ``TRITON_INTERPRET=1``) gives a report of claims "not checked here", not an error.
     """
+    if budget is not None:
+        budget = BUDGET.check(budget)  # finite and at most a day: each claim's share is finite
+    if max_examples is not None:
+        EXAMPLES.check(max_examples, "max_examples")
     cls = resolve_backend(backend)
     if max_examples is None:
         max_examples = 10**9 if budget is not None else examples_from_env(THOROUGH_EXAMPLES if thorough else None)
@@ -301,7 +312,7 @@ def run_conformance(backend: str | type[AttentionBackend], *, max_examples: int 
         for i, claim in enumerate(todo):
             if progress is not None:
                 progress(i, len(todo), claim, None)
-            why = _depends_on(claim, done)
+            why = depends_on(claim, done)
             share = None if budget is None else max(0.0, budget - (time.perf_counter() - start)) / (len(todo) - i)
             result = (ClaimResult(claim, Status.NOT_CHECKED, why) if why
                       else verify(replace(target, seconds=share), claim))

@@ -76,10 +76,10 @@ def test_choice_int_list_seconds():
     assert model("gqa") == "gqa"
     assert rejected(model, "moe") == "'moe' (supported: mha, gqa, mla)"
     assert int_list("1,3,5") == (1, 3, 5)
-    assert rejected(int_list, "1,x") == "'1,x' (supported: integers separated by commas)"
+    assert rejected(int_list, "1,x") == "'1,x' (supported: integers 0..2147483648 separated by commas)"
     assert seconds("0.5") == 0.5
-    for text in ("0", "-1", "nan", "soon"):
-        assert rejected(seconds, text) == f"{text!r} (supported: seconds > 0)"
+    for text in ("0", "-1", "nan", "soon", "inf", "1e308"):
+        assert rejected(seconds, text) == f"{text!r} (supported: a finite number 0.001..86400 seconds)"
 
 
 @pytest.mark.parametrize("message, shown", [

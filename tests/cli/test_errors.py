@@ -219,8 +219,8 @@ def hostile_descriptors(tmp_path):
     big_file.write_text("{" + DESCRIPTOR + "}" + " " * (2 << 20))
     return [(nested, "nested too deeply"), (fifo, "not a regular file"),
             (long_list, "head_sizes: a list of 1000 entries (supported: at most 256)"),
-            (huge_value, "head_sizes=[64, 100000000000000000000] (supported: a list of integers 1..1024)"),
-            (big_page, "page_sizes=[1, 1000000] (supported: a list of integers 1..4096)"),
+            (huge_value, "head_sizes=[64, 100000000000000000000] (supported: a non-empty list of integers 1..1024)"),
+            (big_page, "page_sizes=[1, 1000000] (supported: a non-empty list of integers 1..4096)"),
             (big_file, "bytes (supported: at most 1048576)")]
 
 

@@ -10,7 +10,7 @@ from attnhal.phases import Phase
 from attnhal.testing.strategies import descriptors
 from conditional_strategies import conditional_descriptors
 
-EXAMPLES = sorted(Path("docs/examples").glob("*.*"))
+EXAMPLES = sorted(p for p in Path("docs/examples").glob("*.*") if p.suffix in (".json", ".toml"))  # descriptor files
 MIN = {"name": "x", "vendors": ["cuda"], "phases": ["decode", "draft_extend"]}
 
 

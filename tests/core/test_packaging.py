@@ -57,3 +57,19 @@ def test_the_long_description_has_no_relative_links(metadata):
 def test_version_flag_prints_the_installed_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"attnhal {version('attnhal')}"
+
+
+def test_the_wheel_ships_no_test_folders():
+    """The packages setuptools puts in the wheel (``[tool.setuptools.packages.find]``, namespace
+    packages included): the kit (``attnhal.testing``) yes, the backends' ``tests`` folders no."""
+    import tomllib
+
+    from setuptools import find_namespace_packages
+
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = [p for where in found["where"] for p in find_namespace_packages(
+        where=str(ROOT / where), include=found["include"], exclude=found.get("exclude", ()))]
+    assert "attnhal.testing" in shipped and "attnhal_torch" in shipped
+    assert [p for p in shipped if "tests" in p.split(".")] == []
+    everything = find_namespace_packages(where=str(ROOT / "backends"), include=found["include"])
+    assert "attnhal_torch.tests" in everything  # the exclusion is what keeps them out

@@ -15,12 +15,23 @@ def test_capability_matrix_is_current():
         "docs/capabilities.md is stale: run `attnhal docs`"
 
 
+def test_descriptor_key_table_is_current_and_lists_every_key_of_the_schema():
+    from attnhal.capabilities.fields import FIELDS
+    from attnhal.capabilities.schema import KEYS
+    from attnhal.docgen import descriptor_fields
+
+    assert (ROOT / "docs/descriptor_fields.md").read_text() == descriptor_fields() + "\n", \
+        "docs/descriptor_fields.md is stale: run `attnhal docs`"
+    assert sorted(f.key for f in FIELDS) == sorted(KEYS)  # a new key of the schema needs its row
+
+
 def test_docs_check_command(tmp_path, capsys):
     stale = tmp_path / "capabilities.md"
     stale.write_text("old")
     assert main(["docs", "--path", str(stale), "--check"]) == 1
     assert main(["docs", "--path", str(stale)]) == 0
     assert main(["docs", "--path", str(stale), "--check"]) == 0
+    assert (tmp_path / "descriptor_fields.md").exists()  # the key table is written beside the matrix
 
 
 def test_readme_starts_with_install_and_test_commands():

@@ -17,7 +17,7 @@ ALGORITHMS = [a for a in SpecAlgorithm if a is not SpecAlgorithm.NONE]
 def int_sets():
     return st.one_of(st.builds(IntSet, st.frozensets(st.integers(1, 6), min_size=1)),
                      st.tuples(st.none() | st.integers(1, 4), st.none() | st.integers(2, 8))
-                     .filter(lambda ends: ends != (None, None)).map(lambda ends: IntSet(min=ends[0], max=ends[1])))
+                     .filter(lambda ends: ends != (None, None) and (None in ends or ends[0] <= ends[1])).map(lambda ends: IntSet(min=ends[0], max=ends[1])))
 
 
 def whens(vendor_facts: bool = True):

@@ -133,7 +133,7 @@ def test_cli_vendor_claims_of_devices_elsewhere_fail_only_when_strict() -> None:
 
 def test_cli_refuses_a_bad_budget() -> None:
     run = _cli("--budget", "0")
-    assert run.returncode == 2 and "--budget='0' (supported: seconds > 0)" in run.stderr
+    assert run.returncode == 2 and "--budget='0' (supported: a finite number 0.001..86400 seconds)" in run.stderr
 
 
 def test_claims_every_backend_owes_are_listed() -> None:

@@ -16,6 +16,7 @@ from attnhal.capabilities import BackendCapabilities
 from attnhal.catalog import load
 from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, model_kind
+from attnhal.errors import InvalidValue
 from attnhal.engines.sglang.flags import ALGORITHMS, DTYPES, FLAGS, HARMLESS, KV_CACHE_DTYPES
 from attnhal.engines.sglang.defaults import base_backend, needs_default
 from attnhal.engines.sglang.pages import DEFAULT_PAGE_SIZE, PageSize, model_note, resolve_page_size
@@ -100,14 +101,16 @@ def _spec(values: Mapping[str, Any], notes: list[str]) -> SpecConfig:
     return _spec_or_error(lambda: SpecConfig.eagle(steps, topk, tokens, algorithm=ALGORITHMS[algorithm]))
 
 
+#: SpecConfig field -> the SGLang flag that sets it (an error's ``field`` names the flag through it).
+_FLAG_OF = {"num_steps": "--speculative-num-steps", "topk": "--speculative-eagle-topk",
+            "num_draft_tokens": "--speculative-num-draft-tokens", "breadth": "--speculative-ngram-max-bfs-breadth"}
+
+
 def _spec_or_error(build: Callable[[], SpecConfig]) -> SpecConfig:
     try:
         return build()
-    except ValueError as exc:
-        flag = {"num_steps": "--speculative-num-steps", "topk": "--speculative-eagle-topk",
-                "num_draft_tokens": "--speculative-num-draft-tokens"}.get(str(exc).split("=")[0],
-                                                                          "--speculative-num-steps")
-        raise EngineArgError(flag, str(exc)) from None
+    except InvalidValue as exc:
+        raise EngineArgError(_FLAG_OF[exc.field], str(exc)) from None
 
 
 def roles(values: Mapping[str, Any], spec: SpecConfig) -> dict[str, str | None]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from attnhal.catalog import ENGINES, CatalogError, entries, load
-from attnhal.engines.flags import EngineArgError, Flag, one_of, positive, truth
+from attnhal.engines.flags import EngineArgError, Flag, json_object, one_of, positive, truth
 from attnhal.engines.flags import parse_cli as parse_flags
 from attnhal.engines.vllm.resolution import GraphMode
 
@@ -41,12 +40,7 @@ def _backend(flag: str, value: Any) -> str:
 def _json_table(keys: Mapping[str, Flag]) -> Callable[[str, Any], dict[str, Any]]:
     """A JSON object flag (``--speculative-config '{...}'``) whose keys are checked like flags."""
     def convert(flag: str, value: Any) -> dict[str, Any]:
-        try:
-            table = json.loads(value) if isinstance(value, str) else dict(value)
-        except (TypeError, ValueError):
-            raise EngineArgError(flag, f"{flag}={value!r} (supported: a JSON object)") from None
-        if not isinstance(table, dict):
-            raise EngineArgError(flag, f"{flag}={value!r} (supported: a JSON object)")
+        table = json_object(flag, value)
         out = {}
         for key, item in table.items():
             if key not in keys:

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 from attnhal.testing.checks.claims import (
     DEFAULT_EXAMPLES,
-    EXAMPLES_ENV,
     THOROUGH_EXAMPLES,
     Claim,
     ClaimFalsified,
@@ -67,6 +66,7 @@ from attnhal.testing.checks.claims import (
 from attnhal.testing.checks.phases import canonical_cases
 from attnhal.testing.checks.run import check, not_checked_reason, verify
 from attnhal.testing.checks.target import Target, checkable_dtypes, process_reasons
+from attnhal.testing.settings import EXAMPLES_ENV
 
 __all__ = [
     "DEFAULT_EXAMPLES",

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -15,9 +14,8 @@ from attnhal.errors import AttnhalError
 from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Vendor
 from attnhal.spec import DTYPES
+from attnhal.testing.settings import EXAMPLES_ENV, env_examples
 
-#: Environment variable: random examples per check (on top of the fixed examples).
-EXAMPLES_ENV = "ATTNHAL_CONFORMANCE_EXAMPLES"
 #: Random examples per check by default: with the fixed examples (sizes at block
 #: boundaries, head layouts, edge rows, input variations) the torch backend's whole
 #: report stays under a minute on 2 CPU cores.
@@ -95,6 +93,8 @@ class ClaimResult:
 
     ``flaky``: falsified once, but the failure did not repeat when the example was run
     again (a race, uninitialised memory, state carried between calls): still falsified.
+    ``tolerance``: the declared tolerance the claim was checked with, per dtype (``float32
+    1e-05; float16 0.001``; empty for a claim that compares nothing against the reference).
     """
 
     claim: Claim
@@ -104,6 +104,7 @@ class ClaimResult:
     examples: int = 0
     seconds: float = 0.0
     flaky: bool = False
+    tolerance: str = ""
 
     @property
     def device_elsewhere(self) -> bool:
@@ -121,16 +122,18 @@ class ClaimResult:
         return {"claim": self.claim.name, "kind": self.claim.kind.value, "subject": self.claim.subject,
                 "dtype": self.claim.dtype, "status": self.status.value, "flaky": self.flaky,
                 "detail": self.detail, "counterexample": self.counterexample, "examples": self.examples,
-                "seconds": round(self.seconds, 3)}
+                "tolerance": self.tolerance, "seconds": round(self.seconds, 3)}
 
 
 
 
 def examples_from_env(default: int | None = None) -> int:
-    """``$ATTNHAL_CONFORMANCE_EXAMPLES`` if set, else ``default`` (:data:`DEFAULT_EXAMPLES`)."""
-    raw = os.environ.get(EXAMPLES_ENV, "").strip()
-    if raw:
-        return int(raw)
+    """``$ATTNHAL_CONFORMANCE_EXAMPLES`` if set (within ``--examples``'s bound, else
+    :class:`~attnhal.errors.InvalidValue` naming the variable), else ``default``
+    (:data:`DEFAULT_EXAMPLES`)."""
+    value = env_examples()
+    if value is not None:
+        return value
     return DEFAULT_EXAMPLES if default is None else default
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from hypothesis.errors import Flaky
 
@@ -22,6 +22,7 @@ from attnhal.testing.checks.multi_step import check_multi_step
 from attnhal.testing.checks.phases import check_phase, check_unclaimed
 from attnhal.testing.checks.properties import check_deterministic, check_inputs_unchanged
 from attnhal.testing.checks.target import Target, process_reasons
+from attnhal.testing.checks.tolerances import ceiling_breach, claim_tolerances, format_tolerances
 
 def not_checked_reason(target: Target, claim: Claim) -> str | None:
     """Why ``claim`` cannot be checked in this process, or None if it can."""
@@ -45,6 +46,17 @@ def not_checked_reason(target: Target, claim: Claim) -> str | None:
     return None
 
 
+def depends_on(claim: Claim, done: Mapping[str, ClaimResult]) -> str | None:
+    """Why ``claim`` is not run after the claims ``done`` (by name): the graph claim its check
+    needs was falsified. Both front ends (the report and the pytest mixins) ask it, so they
+    blame the same claims for one defect."""
+    if claim.kind is ClaimKind.SEQ_LEN_FILL:
+        graph = done.get(f"graph[{claim.subject}]")
+        if graph is not None and graph.status is Status.FALSIFIED:
+            return f"graph[{claim.subject}] is falsified; padding is checked through a working graph"
+    return None
+
+
 def verify(target: Target, claim: Claim) -> ClaimResult:
     """Run ``claim`` and report it: verified, falsified (with the counterexample; flaky when
     it did not repeat), not checked here, or a kit error — never an exception."""
@@ -65,6 +77,12 @@ def verify(target: Target, claim: Claim) -> ClaimResult:
     except Exception as exc:  # noqa: BLE001 - the kit failing on one claim must not lose the others
         result = ClaimResult(claim, Status.ERROR, f"the kit failed: {type(exc).__name__}: {exc}")
     result.seconds = time.perf_counter() - start
+    return with_tolerance(target, result)
+
+
+def with_tolerance(target: Target, result: ClaimResult) -> ClaimResult:
+    """``result`` with the tolerance its claim is checked with, as the report prints it."""
+    result.tolerance = format_tolerances(claim_tolerances(target.caps, result.claim))
     return result
 
 
@@ -106,5 +124,8 @@ def check(target: Target, claim: Claim) -> tuple[str, int]:
     if claim.kind not in runners:
         raise ValueError(f"claim={claim} (supported: {', '.join(k.value for k in runners)} run; "
                          "the others are reported by verify())")
+    breach = ceiling_breach(target.caps, claim)
+    if breach is not None:  # checked with a tolerance past the ceiling, the claim would prove nothing
+        raise ClaimFalsified(claim, breach)
     return runners[claim.kind](target, claim)
 

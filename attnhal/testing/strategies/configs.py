@@ -80,7 +80,7 @@ def descriptors(draw: st.DrawFn, vendors: tuple[Vendor, ...] = tuple(Vendor),
     ``min_arch=False`` leaves out minimum archs, e.g. for vendor-symmetry checks.
     """
     archs = {Vendor.CUDA: st.sampled_from(_CUDA_ARCHS), Vendor.HIP: st.sampled_from(_HIP_ARCHS)}
-    phases = draw(st.frozensets(st.sampled_from(list(Phase))))
+    phases = draw(st.frozensets(st.sampled_from(list(Phase)), min_size=1))  # a file with no phase is refused
     capturable = [p for p in GRAPH_PHASES if p in phases]
     graph_phases = draw(st.frozensets(st.sampled_from(capturable))) if capturable else frozenset()
     return BackendCapabilities(
