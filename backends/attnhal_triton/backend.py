@@ -15,10 +15,10 @@ import torch
 
 from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, dtype_name, maybe_validate_batch
 from attnhal.capabilities import AttentionRequest, BackendCapabilities, not_supported_reasons
+from attnhal.capabilities.support import fp8_reasons
 from attnhal.platform import Platform, detect
 from attnhal.reasons import Reason, ReasonCode, reason
-from attnhal_triton import ops
-from attnhal_triton import work
+from attnhal_triton import ops, work
 from attnhal_triton.descriptor import CAPABILITIES
 from attnhal_triton.launch_table import KERNELS, LaunchRow, lookup
 from attnhal_triton.metadata import (
@@ -80,8 +80,7 @@ class TritonBackend(AttentionBackend):
     @classmethod
     def runtime_reasons(cls, platform: Platform) -> list[Reason]:
         """Triton runs host tensors only in its interpreter, which must be on before kernels are defined."""
-        on_host = torch.device(platform.torch_device).type == "cpu"
-        if on_host and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        if _on_host(platform) and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
             return [Reason(ReasonCode.RUNTIME, f"device={platform.torch_device} (supported: a GPU, or "
                            "TRITON_INTERPRET=1 set before the Triton kernels are imported)")]
         return []
@@ -297,12 +296,20 @@ class TritonBackend(AttentionBackend):
 
 # --- helpers ----------------------------------------------------------------------------
 
+def _on_host(platform: Platform) -> bool:
+    """The platform's tensors live in host memory: the kernels run in Triton's interpreter."""
+    return torch.device(platform.torch_device).type == "cpu"
+
+
 def _check_supported(config: AttentionConfig, pool: KVPool, dtype: str, platform: Platform) -> None:
     request = AttentionRequest(dtype=dtype, kv_dtype=pool.kv_dtype, head_size=config.head_size,
                                page_size=pool.page_size, num_q_heads=config.num_q_heads,
                                num_kv_heads=config.num_kv_heads, features=config.features)
+    # Under the interpreter (a host platform) the kernels read whichever e4m3 flavour the
+    # pool stores, so the platform's lack of one is no reason there (the pool's own check is).
+    host_only = fp8_reasons(platform, pool.kv_dtype) if _on_host(platform) else []
     reasons = [r for r in not_supported_reasons(CAPABILITIES, request, platform)
-               if r.code not in _PLATFORM_CODES]
+               if r.code not in _PLATFORM_CODES and r not in host_only]
     reasons += pool.platform_reasons(platform)
     if (pool.num_kv_heads, pool.head_dim) != (config.num_kv_heads, config.head_size):
         reasons.append(reason(ReasonCode.HEAD_SIZE, "pool.num_kv_heads/head_dim",
