@@ -17,8 +17,12 @@
 
 namespace {
 
-// K/V rows of the tile after next are prefetched (into L2) while this tile computes.
-constexpr int kPrefetchTiles = 2;
+// K/V rows 16 positions ahead (one AVX-512 tile, two AVX2 tiles) are prefetched while this
+// tile computes, one head's K rows just before its scores and its V rows just before its
+// P.V: small bursts spread through the arithmetic. One burst of every head's K and V rows
+// per tile filled the miss buffers and stalled the arithmetic queued behind it, so the
+// kernel took the sum of its memory and compute times (docs/cpu.md, AVX-512 host).
+constexpr int kPrefetchTiles = 16 / W > 1 ? 16 / W : 1;
 
 // --- dtype-generic scalar access for q and out (not on the hot path) --------------------
 float read_float(const void* base, at::ScalarType t, int64_t i) {
@@ -129,24 +133,22 @@ struct Worker {
   const T* k_row(int64_t slot, int64_t h) const { return static_cast<const T*>(P.k) + slot * P.k_s0 + h * P.k_s1; }
   const T* v_row(int64_t slot, int64_t h) const { return static_cast<const T*>(P.v) + slot * P.v_s0 + h * P.v_s1; }
 
-  // always_inline: GCC sees __builtin_prefetch as free of side effects, marks an
-  // out-of-line prefetch function "const" and deletes its calls.
-  __attribute__((always_inline)) void prefetch_tile(int64_t r, const RowView& row, int64_t h0, int64_t start,
-                                                    int64_t end) const {
-    if (start >= end) return;
-    int64_t slots[W];
+  // The slots of the tile at start (clipped at end); n = 0 past the end.
+  int ahead_slots(int64_t r, const RowView& row, int64_t start, int64_t end, int64_t* slots) const {
+    if (start >= end) return 0;
     const int n = static_cast<int>(std::min<int64_t>(W, end - start));
     tile_slots(r, row, start, n, slots);
+    return n;
+  }
+
+  // Prefetch (into L2) head h's K rows (k) or V rows (!k) of n slots. always_inline: GCC sees
+  // __builtin_prefetch as free of side effects, marks an out-of-line prefetch function
+  // "const" and deletes its calls.
+  __attribute__((always_inline)) void prefetch_rows(const int64_t* slots, int n, int64_t h, bool k) const {
     const int64_t bytes = P.D * static_cast<int64_t>(sizeof(T));
     for (int i = 0; i < n; ++i) {
-      for (int64_t h = h0; h < h0 + P.HG; ++h) {
-        const char* kp = reinterpret_cast<const char*>(k_row(slots[i], h));
-        const char* vp = reinterpret_cast<const char*>(v_row(slots[i], h));
-        for (int64_t b = 0; b < bytes; b += 64) {
-          __builtin_prefetch(kp + b, 0, 2);  // into L2: the rows are read a few tiles later
-          __builtin_prefetch(vp + b, 0, 2);
-        }
-      }
+      const char* row = reinterpret_cast<const char*>(k ? k_row(slots[i], h) : v_row(slots[i], h));
+      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 2);
     }
   }
 
@@ -190,17 +192,21 @@ struct Worker {
           q[j * Dp + kernel_index<T>(c, D)] = read_float(P.q, P.q_type, base + c) * P.scale;
     }
 
-    for (int64_t i = 0; i < kPrefetchTiles; ++i) prefetch_tile(r, row, h0, begin + i * W, end);
-    int64_t tile[W];
+    int64_t tile[W], ahead[W];
     const T* rows[W];
+    for (int64_t i = 0; i < kPrefetchTiles; ++i) {
+      const int n = ahead_slots(r, row, begin + i * W, end, ahead);
+      for (int64_t h = h0; h < h0 + P.HG; ++h) { prefetch_rows(ahead, n, h, true); prefetch_rows(ahead, n, h, false); }
+    }
     for (int64_t p0 = begin; p0 < end; p0 += W) {
-      prefetch_tile(r, row, h0, p0 + kPrefetchTiles * W, end);
+      const int n_ahead = ahead_slots(r, row, p0 + kPrefetchTiles * W, end, ahead);
       const int n_valid = static_cast<int>(std::min<int64_t>(W, end - p0));
       tile_slots(r, row, p0, n_valid, tile);
       const bool full = p0 + n_valid <= row.min_open || p0 >= row.len;
       // Rows past the split's end repeat row 0: their scores are masked, their weights 0.
       for (int n = n_valid; n < W; ++n) tile[n] = tile[0];
       for (int64_t hh = 0; hh < P.HG; ++hh) {
+        prefetch_rows(ahead, n_ahead, h0 + hh, true);
         for (int n = 0; n < W; ++n) rows[n] = k_row(tile[n], h0 + hh);
         scores(hh, rows);
         for (int64_t m = 0; m < M; ++m) {
@@ -208,6 +214,7 @@ struct Worker {
           if (!full) mask_tile(sc[m], r, row, m / G, p0, n_valid);
           softmax_tile(sc[m], hh * M + m, m);
         }
+        prefetch_rows(ahead, n_ahead, h0 + hh, false);
         for (int n = 0; n < W; ++n) rows[n] = v_row(tile[n], h0 + hh);
         float* const* acc_h = acc.data() + hh * M;
         for_blocks(M, [&](auto mb, int64_t m0) {
