@@ -148,7 +148,8 @@ KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx51
 def host_line(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU model and which of :data:`KERNEL_FLAGS` it has, or why that is unknown."""
     try:
-        text = open(cpuinfo).read()
+        with open(cpuinfo) as f:
+            text = f.read()
     except OSError as exc:
         return f"host: cpu flags unknown ({cpuinfo}: {exc.strerror}); torch capability " \
                f"{torch.backends.cpu.get_cpu_capability()}"

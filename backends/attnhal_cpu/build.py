@@ -8,8 +8,9 @@ content (headers included) and compiler; later processes load the installed libr
 about 0.1 s. The instruction set is chosen from what torch reports for the CPU the process
 runs on (``torch.backends.cpu.get_cpu_capability()``) and the kernel's tile width follows
 it; an AVX-512 CPU with the bf16 dot product (``avx512_bf16``) whose compiler accepts
-``-mavx512bf16`` gets the ``AVX512_BF16`` build, whose bf16 scores use ``vdpbf16ps``. The compiler is invoked directly (``$CXX``, default ``c++``) with torch's include
-paths; the flags are those ``torch.utils.cpp_extension`` would use.
+``-mavx512bf16`` gets the ``AVX512_BF16`` build, whose bf16 scores use ``vdpbf16ps``. The
+compiler is invoked directly (``$CXX``, default ``c++``) with torch's include paths; the
+flags are those ``torch.utils.cpp_extension`` would use.
 
 A build that fails (no compiler, a compiler error, a wait for another build's lock past
 its bound) is remembered with its error for this process: the backend is then unavailable
@@ -28,8 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnhal_cpu.buildcache import BuildError, Compiler, Entry, LibrarySpec, cache_root, cache_state, discard, ensure_built
-from attnhal_cpu.buildcache import find_compiler, locate
+from attnhal_cpu.buildcache import BuildError, Compiler, Entry, LibrarySpec, cache_root, cache_state, discard
+from attnhal_cpu.buildcache import ensure_built, find_compiler, locate
 
 __all__ = ["NativeBuild", "choose_isa", "kernel_spec", "native_build"]
 
@@ -109,7 +110,7 @@ def compiler_has_bf16_dot(compiler: Compiler) -> bool:
     """Whether ``compiler`` accepts ``-mavx512bf16`` (it then defines ``__AVX512BF16__``)."""
     argv = [compiler.path, *ISA_FLAGS["AVX512_BF16"], "-dM", "-E", "-x", "c++", os.devnull]
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and "__AVX512BF16__" in out.stdout
