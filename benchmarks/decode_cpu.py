@@ -18,7 +18,10 @@ Metadata is built once per batch (as an engine does for all layers) and not time
 once per repeat between the contenders. ``KV GB/s`` counts the K and V bytes a decode
 must read once: ``2 * bs * ctx * kv_heads * D * itemsize``. Times are medians of
 interleaved repeats (contenders alternate, so load drift hits all alike). The load
-average is printed before and after: compare runs only at similar load.
+average is printed before and after and with each shape's read bandwidth: compare runs
+only at similar load. The header names the host: the CPU model, the instruction-set flags
+the kernel can use (``/proc/cpuinfo``), torch's capability and the build the cpu backend
+loaded (its instruction set and tile width), so a table is never read against the wrong host.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class Result:
     dtype: str
     kv_bytes: int
     read_gbs: float
+    load: str = ""
     seconds: dict[str, float] = field(default_factory=dict)
     na: dict[str, str] = field(default_factory=dict)
 
@@ -136,6 +140,33 @@ def _sdpa_contenders(data: _Data, heads: Heads) -> dict[str, Callable[[], torch.
             "sdpa folded": lambda: F.scaled_dot_product_attention(folded, data.k, data.v)}
 
 
+#: CPU flags the kernel's builds can use (``/proc/cpuinfo`` names).
+KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_fp16",
+                "amx_bf16")
+
+
+def host_line(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU model and which of :data:`KERNEL_FLAGS` it has, or why that is unknown."""
+    try:
+        with open(cpuinfo) as f:
+            text = f.read()
+    except OSError as exc:
+        return f"host: cpu flags unknown ({cpuinfo}: {exc.strerror}); torch capability " \
+               f"{torch.backends.cpu.get_cpu_capability()}"
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    have = " ".join(f for f in KERNEL_FLAGS if f in flags) or "none"
+    lacks = " ".join(f for f in KERNEL_FLAGS if f not in flags) or "none"
+    model = f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
+    return f"host: {model}, {os.cpu_count()} cpus; flags: {have}; lacks: {lacks}; torch capability " \
+           f"{torch.backends.cpu.get_cpu_capability()}"
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def read_bandwidth(numel: int) -> float:
     """GB/s of one ``sum`` over ``numel`` fp32 (a streaming read)."""
     big = torch.ones(numel, dtype=torch.float32)
@@ -169,6 +200,7 @@ def measure(bs: int, ctx: int, dtype: torch.dtype, heads: Heads, pages: tuple[in
             times[name].append(_time(fn))
         bw.append(bw_numel * 4 / _time(big.sum) / 1e9)
     res.read_gbs = statistics.median(bw)
+    res.load = load_average()
     res.seconds = {n: statistics.median(t) for n, t in times.items()}
     return res
 
@@ -184,7 +216,7 @@ def format_results(results: list[Result]) -> str:
                          f"{r.gbs(name) / r.read_gbs * 100:8.0f}% {r.seconds[r.baseline] / s:12.2f}x{mark}")
         for name, why in r.na.items():
             lines.append(f"{shape:>11} {r.dtype:9} {name:12} {'n/a':>8}  {why}")
-        lines.append(f"{shape:>11} {r.dtype:9} {'read bw':12} {'':8} {r.read_gbs:8.1f} {100:8.0f}%")
+        lines.append(f"{shape:>11} {r.dtype:9} {'read bw':12} {'':8} {r.read_gbs:8.1f} {100:8.0f}%  load {r.load}")
     return "\n".join(lines)
 
 
@@ -243,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"paged decode: q_heads={heads.q} kv_heads={heads.kv} head_dim={heads.dim}, page sizes {list(pages)}, "
           f"random page order; threads={torch.get_num_threads()}, torch {torch.__version__}, "
           f"{CpuBackend.build_info()}")
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cpus; "
+    print(host_line())
+    print(f"load average before: {load_average()} on {os.cpu_count()} cpus; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     dtypes = (torch.float32, torch.bfloat16)
     with torch.no_grad():
@@ -255,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
             if a.plot:
                 plot(swept, a.plot)
                 print(f"\nplot: {a.plot}")
-    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"\nload average after: {load_average()}")
 
 
 if __name__ == "__main__":

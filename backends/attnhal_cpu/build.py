@@ -7,8 +7,10 @@ data and are compiled on first use into attnhal's own build cache
 content (headers included) and compiler; later processes load the installed library in
 about 0.1 s. The instruction set is chosen from what torch reports for the CPU the process
 runs on (``torch.backends.cpu.get_cpu_capability()``) and the kernel's tile width follows
-it. The compiler is invoked directly (``$CXX``, default ``c++``) with torch's include
-paths; the flags are those ``torch.utils.cpp_extension`` would use.
+it; an AVX-512 CPU with the bf16 dot product (``avx512_bf16``) whose compiler accepts
+``-mavx512bf16`` gets the ``AVX512_BF16`` build, whose bf16 scores use ``vdpbf16ps``. The
+compiler is invoked directly (``$CXX``, default ``c++``) with torch's include paths; the
+flags are those ``torch.utils.cpp_extension`` would use.
 
 A build that fails (no compiler, a compiler error, a wait for another build's lock past
 its bound) is remembered with its error for this process: the backend is then unavailable
@@ -18,24 +20,29 @@ the next process builds again.
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnhal_cpu.buildcache import BuildError, Entry, LibrarySpec, cache_root, cache_state, discard, ensure_built
-from attnhal_cpu.buildcache import locate
+from attnhal_cpu.buildcache import BuildError, Compiler, Entry, LibrarySpec, cache_root, cache_state, discard
+from attnhal_cpu.buildcache import ensure_built, find_compiler, locate
 
-__all__ = ["NativeBuild", "kernel_spec", "native_build"]
+__all__ = ["NativeBuild", "choose_isa", "kernel_spec", "native_build"]
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
 LIBRARY = "attnhal_cpu"
 
-#: Compiler flags per instruction set torch reports. Keys are torch's capability names.
+_AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c")
+#: Compiler flags per instruction set. Keys are torch's capability names, plus
+#: ``AVX512_BF16``: AVX-512 with the bf16 dot product (see :func:`choose_isa`).
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
-    "AVX512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"),
+    "AVX512_BF16": (*_AVX512, "-mavx512bf16"),
+    "AVX512": _AVX512,
     "AVX2": ("-mavx2", "-mfma", "-mf16c"),
     "DEFAULT": (),
 }
@@ -83,11 +90,39 @@ _LOCK = threading.Lock()
 _RESULT: NativeBuild | None = None
 
 
-def _isa() -> str:
+def _capability() -> str:
     import torch
 
     capability = torch.backends.cpu.get_cpu_capability()
     return capability if capability in ISA_FLAGS else "DEFAULT"
+
+
+def cpu_has_bf16_dot() -> bool:
+    """Whether the CPU this process runs on has ``avx512_bf16`` (torch's cpuinfo query; a torch
+    without that query reports False, and the build is plain AVX-512)."""
+    import torch
+
+    query = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(query is not None and query())
+
+
+def compiler_has_bf16_dot(compiler: Compiler) -> bool:
+    """Whether ``compiler`` accepts ``-mavx512bf16`` (it then defines ``__AVX512BF16__``)."""
+    argv = [compiler.path, *ISA_FLAGS["AVX512_BF16"], "-dM", "-E", "-x", "c++", os.devnull]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "__AVX512BF16__" in out.stdout
+
+
+def choose_isa(capability: str, compiler: Compiler) -> str:
+    """The build's instruction set: torch's ``capability``, raised to ``AVX512_BF16`` when it is
+    ``AVX512`` and both the CPU and ``compiler`` have the bf16 dot product. A capability
+    forced lower (``ATEN_CPU_CAPABILITY=avx2``) stays that low."""
+    if capability == "AVX512" and cpu_has_bf16_dot() and compiler_has_bf16_dot(compiler):
+        return "AVX512_BF16"
+    return capability
 
 
 def kernel_spec(isa: str, source_dir: Path = SOURCE_DIR) -> LibrarySpec:
@@ -138,12 +173,15 @@ def _load(entry: Entry) -> None:
 def _build() -> NativeBuild:
     import torch
 
-    isa = _isa()
+    isa = _capability()
     name = f"attnhal_cpu_{isa.lower()}"
     start = time.perf_counter()
     entry: Entry | None = None
     try:
-        entry = locate(kernel_spec(isa))
+        compiler = find_compiler()
+        isa = choose_isa(isa, compiler)
+        name = f"attnhal_cpu_{isa.lower()}"
+        entry = locate(kernel_spec(isa), compiler=compiler)
         compiled = ensure_built(entry)
         _load(entry)
         described = str(torch.ops.attnhal_cpu.isa())

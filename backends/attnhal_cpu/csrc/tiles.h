@@ -76,6 +76,40 @@ inline void tile_scores(const float* q, int64_t qs, const T* const* rows, int64_
   }
 }
 
+#if defined(__AVX512BF16__)
+// tile_scores for bf16 q and K with the native dot: sc[m] lane n = scale * (q[m] . rows[n]),
+// q[m] = q + m * qs unscaled in natural order (bf16 products are exact in fp32 and the
+// scale is applied once per score, so the scores equal the widening path's up to the order
+// of fp32 sums). Same register blocks as tile_scores.
+template <int MB>
+inline void tile_scores_native(const c10::BFloat16* q, int64_t qs, const c10::BFloat16* const* rows, int64_t D,
+                               float scale, vf* sc) {
+  constexpr int NB = kRowsPerBlock<MB>;
+  const int64_t body = D - D % (2 * W);
+  const PairMask tail = tail_mask(D - body);
+  vf part[MB][W];
+  for (int n0 = 0; n0 < W; n0 += NB) {
+    vf a[MB][NB];
+    for (int m = 0; m < MB; ++m)
+      for (int j = 0; j < NB; ++j) a[m][j] = splat(0);
+    auto chunk = [&](int64_t c, auto load) {
+      vpairs x[NB];
+      for (int j = 0; j < NB; ++j) { x[j] = load(rows[n0 + j] + c); pin(x[j]); }
+      for (int m = 0; m < MB; ++m) {
+        vpairs qm = load(q + m * qs + c);
+        pin(qm);
+        for (int j = 0; j < NB; ++j) a[m][j] = dot_pairs(a[m][j], qm, x[j]);
+      }
+    };
+    for (int64_t c = 0; c < body; c += 2 * W) chunk(c, [](const c10::BFloat16* p) { return load_pairs(p); });
+    if (tail) chunk(body, [tail](const c10::BFloat16* p) { return load_pairs(p, tail); });
+    for (int m = 0; m < MB; ++m)
+      for (int j = 0; j < NB; ++j) part[m][n0 + j] = a[m][j];
+  }
+  for (int m = 0; m < MB; ++m) sc[m] = transpose_sum(part[m]) * scale;
+}
+#endif
+
 // acc[m] = alpha[m] * acc[m] + sum_n p[m][n] * rows[n] over D (kernel order), for MB query
 // vectors. The rescale by alpha (online softmax) rides on the accumulator loads.
 template <int MB, typename T>

@@ -12,12 +12,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
-// K/V rows of the tile after next are prefetched (into L2) while this tile computes.
-constexpr int kPrefetchTiles = 2;
+// K/V rows 16 positions ahead (one AVX-512 tile, two AVX2 tiles) are prefetched while this
+// tile computes, one head's K rows just before its scores and its V rows just before its
+// P.V: small bursts spread through the arithmetic. One burst of every head's K and V rows
+// per tile filled the miss buffers and stalled the arithmetic queued behind it, so the
+// kernel took the sum of its memory and compute times (docs/cpu.md, AVX-512 host).
+constexpr int kPrefetchTiles = 16 / W > 1 ? 16 / W : 1;
 
 // --- dtype-generic scalar access for q and out (not on the hot path) --------------------
 float read_float(const void* base, at::ScalarType t, int64_t i) {
@@ -65,6 +70,7 @@ struct RowView {
 // reused after, so a warm launch (a graph replay included) allocates nothing.
 struct Buffers {
   std::vector<vf> q;  // floats, as vectors: rows start vector-aligned (a straddling load costs two)
+  std::vector<vf> q_bf16;  // bf16 queries for the native dot, 2W to a vector (aligned the same way)
   std::vector<float> p, run_max, run_sum, alpha, out_row, sum;
   std::vector<vf> sc;
   std::vector<float*> acc;
@@ -86,6 +92,9 @@ struct Worker {
   int64_t M, J;                           // query vectors per KV head (T * G), per task (HG * M)
   int64_t Dp;                             // q row stride: D rounded up to W (rows stay aligned)
   float* q;                               // scaled queries [J, Dp], kernel order
+  bool native;                            // bf16 q and K on a CPU with a bf16 dot: scores use it
+  int64_t Dq;                             // q_bf16 row stride: D rounded up to 2W
+  c10::BFloat16* q_bf16;                  // native only: unscaled queries [J, Dq], natural order
   std::vector<float>& p;                  // weights of one tile [M, W]
   std::vector<float> &run_max, &run_sum;  // [J]
   std::vector<float>& alpha;              // [M] rescale of each accumulator for the current tile
@@ -96,7 +105,11 @@ struct Worker {
 
   explicit Worker(const Problem& prob, Buffers& b = thread_buffers())
       : P(prob), M(prob.T * prob.G), J(prob.HG * M), Dp((prob.D + W - 1) / W * W),
-        q(reinterpret_cast<float*>(sized(b.q, J * Dp / W).data())), p(sized(b.p, M * W)),
+        q(reinterpret_cast<float*>(sized(b.q, J * Dp / W).data())),
+        native(kNativeBf16Dot && std::is_same_v<T, c10::BFloat16> && prob.q_type == at::kBFloat16),
+        Dq((prob.D + 2 * W - 1) / (2 * W) * (2 * W)),
+        q_bf16(reinterpret_cast<c10::BFloat16*>(sized(b.q_bf16, native ? J * Dq / (2 * W) : 0).data())),
+        p(sized(b.p, M * W)),
         run_max(sized(b.run_max, J)), run_sum(sized(b.run_sum, J)), alpha(sized(b.alpha, M)), sc(sized(b.sc, M)),
         acc(sized(b.acc, J)), open(sized(b.open, prob.T)), out_row(sized(b.out_row, prob.D)) {}
 
@@ -120,24 +133,22 @@ struct Worker {
   const T* k_row(int64_t slot, int64_t h) const { return static_cast<const T*>(P.k) + slot * P.k_s0 + h * P.k_s1; }
   const T* v_row(int64_t slot, int64_t h) const { return static_cast<const T*>(P.v) + slot * P.v_s0 + h * P.v_s1; }
 
-  // always_inline: GCC sees __builtin_prefetch as free of side effects, marks an
-  // out-of-line prefetch function "const" and deletes its calls.
-  __attribute__((always_inline)) void prefetch_tile(int64_t r, const RowView& row, int64_t h0, int64_t start,
-                                                    int64_t end) const {
-    if (start >= end) return;
-    int64_t slots[W];
+  // The slots of the tile at start (clipped at end); n = 0 past the end.
+  int ahead_slots(int64_t r, const RowView& row, int64_t start, int64_t end, int64_t* slots) const {
+    if (start >= end) return 0;
     const int n = static_cast<int>(std::min<int64_t>(W, end - start));
     tile_slots(r, row, start, n, slots);
+    return n;
+  }
+
+  // Prefetch (into L2) head h's K rows (k) or V rows (!k) of n slots. always_inline: GCC sees
+  // __builtin_prefetch as free of side effects, marks an out-of-line prefetch function
+  // "const" and deletes its calls.
+  __attribute__((always_inline)) void prefetch_rows(const int64_t* slots, int n, int64_t h, bool k) const {
     const int64_t bytes = P.D * static_cast<int64_t>(sizeof(T));
     for (int i = 0; i < n; ++i) {
-      for (int64_t h = h0; h < h0 + P.HG; ++h) {
-        const char* kp = reinterpret_cast<const char*>(k_row(slots[i], h));
-        const char* vp = reinterpret_cast<const char*>(v_row(slots[i], h));
-        for (int64_t b = 0; b < bytes; b += 64) {
-          __builtin_prefetch(kp + b, 0, 2);  // into L2: the rows are read a few tiles later
-          __builtin_prefetch(vp + b, 0, 2);
-        }
-      }
+      const char* row = reinterpret_cast<const char*>(k ? k_row(slots[i], h) : v_row(slots[i], h));
+      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 2);
     }
   }
 
@@ -174,31 +185,36 @@ struct Worker {
       run_max[j] = kNegInf;
       run_sum[j] = 0.0f;
       const int64_t base = (r * P.T + t) * P.q_s0 + (h * G + g) * P.q_s1;
-      for (int64_t c = 0; c < D; ++c)
-        q[j * Dp + kernel_index<T>(c, D)] = read_float(P.q, P.q_type, base + c) * P.scale;
+      if (native)
+        std::copy_n(static_cast<const c10::BFloat16*>(P.q) + base, D, q_bf16 + j * Dq);
+      else
+        for (int64_t c = 0; c < D; ++c)
+          q[j * Dp + kernel_index<T>(c, D)] = read_float(P.q, P.q_type, base + c) * P.scale;
     }
 
-    for (int64_t i = 0; i < kPrefetchTiles; ++i) prefetch_tile(r, row, h0, begin + i * W, end);
-    int64_t tile[W];
+    int64_t tile[W], ahead[W];
     const T* rows[W];
+    for (int64_t i = 0; i < kPrefetchTiles; ++i) {
+      const int n = ahead_slots(r, row, begin + i * W, end, ahead);
+      for (int64_t h = h0; h < h0 + P.HG; ++h) { prefetch_rows(ahead, n, h, true); prefetch_rows(ahead, n, h, false); }
+    }
     for (int64_t p0 = begin; p0 < end; p0 += W) {
-      prefetch_tile(r, row, h0, p0 + kPrefetchTiles * W, end);
+      const int n_ahead = ahead_slots(r, row, p0 + kPrefetchTiles * W, end, ahead);
       const int n_valid = static_cast<int>(std::min<int64_t>(W, end - p0));
       tile_slots(r, row, p0, n_valid, tile);
       const bool full = p0 + n_valid <= row.min_open || p0 >= row.len;
       // Rows past the split's end repeat row 0: their scores are masked, their weights 0.
       for (int n = n_valid; n < W; ++n) tile[n] = tile[0];
       for (int64_t hh = 0; hh < P.HG; ++hh) {
-        const float* qh = q + hh * M * Dp;
+        prefetch_rows(ahead, n_ahead, h0 + hh, true);
         for (int n = 0; n < W; ++n) rows[n] = k_row(tile[n], h0 + hh);
-        for_blocks(M, [&](auto mb, int64_t m0) {
-          tile_scores<decltype(mb)::value>(qh + m0 * Dp, Dp, rows, D, &sc[m0]);
-        });
+        scores(hh, rows);
         for (int64_t m = 0; m < M; ++m) {
           for (int n = n_valid; n < W; ++n) sc[m][n] = kNegInf;
           if (!full) mask_tile(sc[m], r, row, m / G, p0, n_valid);
           softmax_tile(sc[m], hh * M + m, m);
         }
+        prefetch_rows(ahead, n_ahead, h0 + hh, false);
         for (int n = 0; n < W; ++n) rows[n] = v_row(tile[n], h0 + hh);
         float* const* acc_h = acc.data() + hh * M;
         for_blocks(M, [&](auto mb, int64_t m0) {
@@ -215,6 +231,23 @@ struct Worker {
       for (int64_t c = 0; c < D; ++c) out_row[c] = acc[j][kernel_index<T>(c, D)];  // back to natural order
       for (int64_t c = 0; c < D; ++c) acc[j][c] = out_row[c] * inv;
     }
+  }
+
+  // sc[m] = the current tile's scores of query vector m of head h0 + hh, for m < M.
+  void scores(int64_t hh, const T* const* rows) {
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (native) {
+        const c10::BFloat16* qh = q_bf16 + hh * M * Dq;
+        for_blocks(M, [&](auto mb, int64_t m0) {
+          tile_scores_native<decltype(mb)::value>(qh + m0 * Dq, Dq, rows, P.D, P.scale, &sc[m0]);
+        });
+        return;
+      }
+    }
+#endif
+    const float* qh = q + hh * M * Dp;
+    for_blocks(M, [&](auto mb, int64_t m0) { tile_scores<decltype(mb)::value>(qh + m0 * Dp, Dp, rows, P.D, &sc[m0]); });
   }
 
   void mask_tile(vf& sc, int64_t r, const RowView& row, int64_t t, int64_t p0, int n_valid) const {

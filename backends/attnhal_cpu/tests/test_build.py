@@ -195,6 +195,53 @@ def test_kernel_key_covers_every_header(tmp_path) -> None:
     assert locate(kernel_spec("DEFAULT", copy), tmp_path).directory != before
 
 
+def test_bf16_dot_is_chosen_only_where_cpu_and_compiler_have_it(monkeypatch, tmp_path) -> None:
+    """AVX512_BF16 needs an AVX-512 capability, the CPU's avx512_bf16 and a compiler that takes
+    -mavx512bf16; the choice is part of the cache key (its own entry, its own flags)."""
+    pytest.importorskip("torch")
+    from attnhal_cpu import build
+    from attnhal_cpu.buildcache import find_compiler
+
+    compiler = find_compiler()
+    for cpu, cc, capability, want in [(True, True, "AVX512", "AVX512_BF16"), (False, True, "AVX512", "AVX512"),
+                                      (True, False, "AVX512", "AVX512"), (True, True, "AVX2", "AVX2"),
+                                      (True, True, "DEFAULT", "DEFAULT")]:
+        monkeypatch.setattr(build, "cpu_has_bf16_dot", lambda cpu=cpu: cpu)
+        monkeypatch.setattr(build, "compiler_has_bf16_dot", lambda _c, cc=cc: cc)
+        assert build.choose_isa(capability, compiler) == want, (cpu, cc, capability)
+    dot, plain = (locate(build.kernel_spec(isa), tmp_path, compiler) for isa in ("AVX512_BF16", "AVX512"))
+    assert dot.directory != plain.directory and "avx512_bf16" in dot.directory.name
+    assert "-mavx512bf16" in dot.spec.cflags and "-mavx512bf16" not in plain.spec.cflags
+
+
+def test_compiler_probe_for_the_bf16_dot(tmp_path) -> None:
+    """A compiler that rejects -mavx512bf16 (or is missing) is answered False."""
+    from attnhal_cpu import build
+    from attnhal_cpu.buildcache import Compiler
+
+    refusing = tmp_path / "cc"
+    refusing.write_text("#!/bin/sh\necho 'error: unrecognized option' >&2\nexit 1\n")
+    refusing.chmod(0o755)
+    assert not build.compiler_has_bf16_dot(Compiler(str(refusing), "refusing 1.0"))
+    assert not build.compiler_has_bf16_dot(Compiler(str(tmp_path / "missing"), "missing"))
+
+
+def test_this_host_builds_the_bf16_dot_when_it_has_one() -> None:
+    """Where torch reports AVX512 and the CPU has avx512_bf16 (and g++ >= 10 / clang >= 9 take
+    the flag), the loaded kernel is the bf16-dot build and says so."""
+    torch = pytest.importorskip("torch")
+    from attnhal_cpu import build
+    from attnhal_cpu.buildcache import find_compiler
+
+    compiler = find_compiler()
+    if torch.backends.cpu.get_cpu_capability() != "AVX512" or not build.cpu_has_bf16_dot():
+        pytest.skip("this CPU has no avx512_bf16 (or torch does not report AVX512)")
+    if not build.compiler_has_bf16_dot(compiler):
+        pytest.skip(f"{compiler.path} does not take -mavx512bf16")
+    native = build.native_build()
+    assert native.ok and native.isa.startswith("AVX512_BF16: avx512, bf16 dot"), native.describe()
+
+
 def test_failed_build_is_recorded_and_the_next_run_builds(setup, monkeypatch) -> None:
     src, root, bin_dir, env = setup
     (bin_dir / "fail").touch()

@@ -1,0 +1,43 @@
+"""The cpu benchmarks' host line and build comparison: what they print and build, without timing anything."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from repo import ROOT
+
+pytest.importorskip("torch")
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_host_line_names_model_flags_and_what_is_missing(tmp_path) -> None:
+    bench = _module("decode_cpu")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\ncpu family\t: 25\nmodel\t\t: 17\n"
+                       "flags\t\t: fpu avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16\n")
+    line = bench.host_line(str(cpuinfo))
+    assert line.startswith("host: AMD EPYC (family 25 model 17)")
+    assert "flags: avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16;" in line
+    assert "lacks: avx512_fp16 amx_bf16;" in line and "torch capability" in line
+    assert "cpu flags unknown" in bench.host_line(str(tmp_path / "missing"))
+
+
+def test_build_comparison_renames_each_copy_and_refuses_an_unknown_isa(tmp_path) -> None:
+    compare = _module("cpu_builds")
+    copy = compare.sources(".", tmp_path / "b7", "attnhal_cpu_b7")
+    text = (copy / "attention.cpp").read_text()
+    assert "TORCH_LIBRARY(attnhal_cpu_b7," in text and "TORCH_LIBRARY_IMPL(attnhal_cpu_b7," in text
+    assert "TORCH_LIBRARY(attnhal_cpu," not in text
+    assert {p.name for p in copy.iterdir()} == {p.name for p in (ROOT / "backends/attnhal_cpu/csrc").iterdir()}
+    with pytest.raises(SystemExit, match=r"ISA='AVX9' \(supported: REV@ISA with ISA in \["):
+        compare.load(".@AVX9", 0, tmp_path)
