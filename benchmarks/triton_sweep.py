@@ -7,7 +7,8 @@ For each kernel variant (decode, causal verify, tree verify, prefill) and each o
 benchmark shapes (bf16, 32 query / 8 KV heads, head 128, page size 1; decode also with an
 fp8 e4m3 cache), every candidate row is run through the backend's public forward, its
 output checked against a dense fp32 reference (a candidate that disagrees is WRONG and
-never chosen), then timed as a CUDA/HIP graph of 20 calls (median of 5 replays). A
+never chosen), then timed as a CUDA/HIP graph of 20 calls (``peer_cases.time_graph``: median of the
+replays). A
 candidate is the table's row with other ``BLOCK_N`` (prefill: ``BLOCK_M`` too),
 ``num_warps``, ``num_stages`` and split fill (``fill_programs``, in programs per SM/CU).
 Per kernel the row chosen is the one with the best geometric mean, over the kernel's
@@ -36,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backend_calls import PagedCase, paged_case, tree_mask  # noqa: E402
+from peer_cases import time_graph  # noqa: E402  (one graph-timing rule for every GPU benchmark)
 
 from attnhal.phases import Phase  # noqa: E402
 from attnhal.platform import detect  # noqa: E402
@@ -133,25 +135,6 @@ def reference(case: PagedCase, shape: Shape) -> torch.Tensor:
     scores = scores.masked_fill(~allowed, float("-inf"))
     out = torch.softmax(scores, dim=-1) @ v
     return out.transpose(1, 2).reshape(bs * t, HEADS, HEAD)
-
-
-def time_graph(fn: Any, calls: int) -> float:
-    """Seconds per ``fn()``: a graph of ``calls`` calls, median of 5 replays."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / calls)
-    return sorted(times)[2]
 
 
 def sweep_shape(shape: Shape, dtype: torch.dtype, device: str, units: int, tiny: bool,
