@@ -16,8 +16,9 @@ import torch
 from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, SpecInfo
 from attnhal.phases import Phase
 from attnhal.registry import default_registry
+from attnhal.testing.cases import tree_mask
 
-__all__ = ["PagedCase", "paged_case", "tree_mask"]
+__all__ = ["PagedCase", "draft_tree", "paged_case"]
 
 
 @dataclass
@@ -38,13 +39,10 @@ class PagedCase:
         return forward[self.batch.phase](self.q, 0, self.batch)
 
 
-def tree_mask(tokens: int, topk: int = 2) -> torch.Tensor:
-    """``[T, T]`` bool mask of a draft tree: token ``i``'s parent is ``(i - 1) // topk``
-    (a ``topk``-ary tree in breadth-first order); ``i`` attends itself and its ancestors."""
-    mask = torch.eye(tokens, dtype=torch.bool)
-    for i in range(1, tokens):
-        mask[i] |= mask[(i - 1) // topk]
-    return mask
+def draft_tree(tokens: int, topk: int = 2) -> torch.Tensor:
+    """``[T, T]`` mask of a ``topk``-ary draft tree in breadth-first order (token ``i``'s
+    parent is ``(i - 1) // topk``), as the kit builds tree masks."""
+    return tree_mask([-1, *((i - 1) // topk for i in range(1, tokens))])
 
 
 def _batch(phase: Phase, bs: int, ctx: int, draft_tokens: int, device: torch.device,
@@ -57,7 +55,7 @@ def _batch(phase: Phase, bs: int, ctx: int, draft_tokens: int, device: torch.dev
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device=device)
     spec = None
     if phase is Phase.TARGET_VERIFY:
-        mask = tree_mask(t).to(device).expand(bs, t, t).contiguous() if tree else None
+        mask = draft_tree(t).to(device).expand(bs, t, t).contiguous() if tree else None
         spec = SpecInfo(topk=2 if tree else 1, num_draft_tokens=t, draft_extend_len=t, custom_mask=mask)
     extend = torch.full((bs,), t, dtype=torch.int32, device=device) if phase is Phase.PREFILL else None
     return ForwardBatch(phase, rows, seq_lens, last.flatten(), extend_lens=extend,

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from backend_calls import PagedCase, paged_case, tree_mask  # noqa: E402
+from backend_calls import PagedCase, draft_tree, paged_case  # noqa: E402
 from peer_cases import time_graph  # noqa: E402  (one graph-timing rule for every GPU benchmark)
 
 from attnhal.phases import Phase  # noqa: E402
@@ -129,7 +129,7 @@ def reference(case: PagedCase, shape: Shape) -> torch.Tensor:
     qpos = ctx - t + torch.arange(t, device=q.device)
     allowed = pos[None, :] <= qpos[:, None]
     if shape.tree:
-        draft = tree_mask(t).to(q.device)
+        draft = draft_tree(t).to(q.device)
         allowed = torch.cat([allowed[:, :ctx - t], draft], dim=1)
     scores = (q @ k.transpose(-1, -2)) * HEAD ** -0.5
     scores = scores.masked_fill(~allowed, float("-inf"))

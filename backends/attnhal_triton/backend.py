@@ -97,16 +97,13 @@ class TritonBackend(AttentionBackend):
         cfg = self.config
         plan = work.programs(kernel, self.rows[kernel], batch.batch_size, query_tokens(batch),
                              cfg.num_q_heads, cfg.num_kv_heads)
-        return Sizing(kernel, plan.splits, self._launch_with(kernel, plan.block_m))
+        return Sizing(kernel, plan.splits, self._launch_with(kernel, plan.blocks))
 
-    def _launch_with(self, kernel: str, block_m: int) -> str:
-        """The encoded row of ``kernel``, with ``BLOCK_M`` set to ``block_m`` (0: the row's)."""
-        key = f"{kernel}@{block_m}"
-        if not block_m:
-            return self._launch[kernel]
+    def _launch_with(self, kernel: str, blocks: Mapping[str, int]) -> str:
+        """The encoded row of ``kernel`` with the block sizes the batch launches it with."""
+        key = f"{kernel}@{sorted(blocks.items())}"
         if key not in self._launch:
-            row = self.rows[kernel]
-            self._launch[key] = replace(row, blocks={**row.blocks, "BLOCK_M": block_m}).encode()
+            self._launch[key] = replace(self.rows[kernel], blocks=blocks).encode()
         return self._launch[key]
 
     def _partial_views(self, partials: Partials, batch: ForwardBatch, sizing: Sizing

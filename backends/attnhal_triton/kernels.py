@@ -1,6 +1,5 @@
 # mypy: disable-error-code="no-untyped-def"
-# (Triton kernels take untyped tensors/pointers; their types live in the signatures triton infers.)
-"""Triton attention kernels over a paged KV cache.
+"""Triton attention kernels over a paged KV cache (untyped: triton infers the signatures).
 
 Imported lazily (first forward, or the compile check). ``TRITON_INTERPRET=1`` must be set
 before this import for the kernels to run on CPU (triton reads it at decoration).

@@ -120,7 +120,7 @@ def decode_partial(
     _check_last_dim(q=q, k_cache=k_cache, v_cache=v_cache, mid_o=mid_o)
     group = num_q_heads // k_cache.shape[1]
     constexprs, options = _launch(launch)
-    block_h = min(constexprs["BLOCK_H"], max(16, triton_next_pow2(group)))
+    block_h = constexprs["BLOCK_H"]  # the group's heads per program, as work.head_block sizes it
     head_blocks = -(-group // block_h)
     extra = extra_slots if extra_slots is not None else seq_lens.view(-1, 1)
     ks, vs, scaled = _kv_scale_args(k_cache, k_scale, v_scale)

@@ -12,6 +12,7 @@ This module imports neither torch nor triton.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from attnhal_triton.launch_table import LaunchRow
@@ -70,15 +71,20 @@ def partial_slots(max_rows: int, row: LaunchRow, num_kv_heads: int, group: int,
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch's shape: ``grid`` and its program count; ``splits`` the batch's cap."""
+    """One launch's shape: ``grid`` and its program count; ``splits`` the batch's cap;
+    ``blocks`` the row's block sizes as this batch launches them."""
 
     grid: tuple[int, int, int]
     splits: int
-    block_m: int = 0
+    blocks: Mapping[str, int]
 
     @property
     def programs(self) -> int:
         return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def block_m(self) -> int:
+        return self.blocks.get("BLOCK_M", 0)
 
 
 def programs(kernel: str, row: LaunchRow, batch_size: int, query_tokens: int,
@@ -87,14 +93,15 @@ def programs(kernel: str, row: LaunchRow, batch_size: int, query_tokens: int,
     query tokens each (1 for decode), as the backend sizes it."""
     group = num_q_heads // num_kv_heads
     if kernel == "decode":
-        blocks = -(-group // head_block(row, group))
+        block_h = head_block(row, group)
+        blocks = -(-group // block_h)
         splits = batch_splits(row, batch_size * num_kv_heads * blocks)
-        return Launch((batch_size, num_kv_heads * blocks, splits), splits)
+        return Launch((batch_size, num_kv_heads * blocks, splits), splits, {**row.blocks, "BLOCK_H": block_h})
     if kernel == "extend_prefill":
         block_m = row.blocks["BLOCK_M"]
         m_blocks = -(-query_tokens * group // block_m)
-        return Launch((m_blocks, batch_size, num_kv_heads), 1, block_m)
+        return Launch((m_blocks, batch_size, num_kv_heads), 1, row.blocks)
     block_m = query_block(row, query_tokens * group)
     m_blocks = -(-query_tokens * group // block_m)
     splits = batch_splits(row, m_blocks * batch_size * num_kv_heads)
-    return Launch((m_blocks, batch_size, num_kv_heads * splits), splits, block_m)
+    return Launch((m_blocks, batch_size, num_kv_heads * splits), splits, {**row.blocks, "BLOCK_M": block_m})
