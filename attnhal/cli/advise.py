@@ -13,7 +13,7 @@ from typing import Any
 
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import bounded, choice
-from attnhal.cli.engine import OWN_FLAGS, engine_message, split_own_flags
+from attnhal.cli.engine import engine_message, own_flags, split_own_flags
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import print_json
 from attnhal.engines import ENGINES, advise
@@ -43,12 +43,12 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0 with advice (the best flags: the user's or others), 1 when no flag set the engine takes is left."""
     try:
         given, argv = split_own_flags(args.engine_args)
-        own = {name: given.get(name) or getattr(args, name.replace("-", "_"), None) for name in OWN_FLAGS}
+        own = {name: given.get(name) or getattr(args, name.replace("-", "_"), None) for name in own_flags()}
         advice = _advise(args, own, argv)
     except EngineArgError as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:
-        raise UsageError(engine_message(args.engine, str(exc), args.engine_args)) from None
+        raise UsageError(engine_message(args.engine, exc, args.engine_args)) from None
     if args.json:
         print_json(advice.to_dict())
     else:
