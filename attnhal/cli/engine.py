@@ -53,7 +53,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         for flag in adapter.own_flags:
             if flag.name not in declared:
                 p.add_argument(f"--{flag.name}", dest=flag.name, type=choice(flag.choices), default=None,
-                               help=f"with --engine {adapter.name}: {flag.help}")
+                               metavar="|".join(flag.choices), help=f"with --engine {adapter.name}: {flag.help}")
             declared.setdefault(flag.name, []).append(adapter.name)
     p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
 
