@@ -1,8 +1,8 @@
 """The engine catalogue: descriptors of real engines' attention backends, shipped as data.
 
-Each engine adapter (:mod:`attnhal.engines.registry`) may name a package whose folder holds its
-catalogue (``attnhal/catalog/<engine>/<name>.toml`` for SGLang and vLLM). Each file is an ordinary descriptor file
-(see ``docs/descriptors.md``) plus one ``[catalog]`` table with what the catalogue
+Each engine adapter (:mod:`attnhal.engines.registry`) may name a package whose folder holds
+its catalogue (``attnhal/catalog/<engine>/<name>.toml`` for SGLang and vLLM). Each file is an
+ordinary descriptor file (see ``docs/descriptors.md``) plus one ``[catalog]`` table with what the catalogue
 itself needs: the engine release it describes and a one-line summary. Every claim
 in a file carries a comment citing ``path.py:LINE`` of that release. The
 descriptor says what the backend *can* do; where the engine's own code decides
@@ -96,7 +96,8 @@ def is_catalog_name(name: str) -> bool:
 
 def _files(engine: str) -> dict[str, Any]:
     package = registry.get(engine).catalog
-    assert package is not None  # callers check ENGINES first
+    if package is None:
+        raise CatalogError(f"engine={engine} has no catalogue (supported: {', '.join(ENGINES)})")
     folder = resources.files(package)
     return {f.name.removesuffix(".toml"): f for f in folder.iterdir() if f.name.endswith(".toml")}
 
