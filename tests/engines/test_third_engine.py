@@ -187,3 +187,20 @@ def test_both_shipped_adapters_satisfy_the_protocol_and_resolve_to_the_shared_re
                                  {"platform": "cuda:sm90", "model": "mha"})
         assert isinstance(config, EngineConfig) and config.engine == adapter.name
         assert config.roles["decode"] is not None and config.plan("cuda:sm90").valid
+
+
+def test_a_registered_object_that_is_not_an_adapter_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    from attnhal.engines import registry
+
+    monkeypatch.setattr(registry, "_entry_points",
+                        lambda: {"bad": EntryPoint("bad", "attnhal.errors:AttnhalError", registry.GROUP)})
+    registry.get.cache_clear()
+    try:
+        with pytest.raises(registry.UnknownEngine, match="attnhal.errors:AttnhalError is not an EngineAdapter"):
+            registry.get("bad")
+        with pytest.raises(registry.UnknownEngine, match=r"engine='x' \(supported: bad\)"):
+            registry.get("x")
+    finally:
+        registry.get.cache_clear()
