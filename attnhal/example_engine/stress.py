@@ -38,7 +38,7 @@ from attnhal.platform import Fp8Flavor, parse
 from attnhal.registry import default_registry
 from attnhal.spec import SpecConfig
 
-__all__ = ["AXES", "Axis", "Case", "DrawnCase", "StressConfig", "StressSummary", "cases_per_worker", "run_cases"]
+__all__ = ["AXES", "Axis", "DrawnCase", "StressConfig", "StressSummary", "cases_per_worker", "run_cases"]
 
 #: The most cases that share one built worker (one draw of the worker axes).
 CASES_PER_WORKER = 16
@@ -129,10 +129,6 @@ class DrawnCase:
 
     def worker_key(self) -> tuple[Any, ...]:
         return tuple(self.values[name] for name, axis in AXES.items() if axis.worker)
-
-
-#: The former name (the conformance kit's ``attnhal.testing.Case`` is the other ``Case``).
-Case = DrawnCase
 
 
 @dataclass(frozen=True)

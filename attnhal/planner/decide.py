@@ -172,7 +172,7 @@ def plan(spec: SpecConfig, platform: Platform | str, backends: PhaseBackends,
     ----------
     spec: the speculative config.
     platform: a :class:`Platform`, or a spec string such as ``"hip:gfx942"`` (parsed
-        with :func:`attnhal.platform.current`).
+        with :func:`attnhal.platform.as_platform`).
     backends: the backend of each role.
     policy: graph policy (default :class:`GraphPolicy()`).
     context: model and KV-cache facts (page size, kv dtype, model kind, ...); every
