@@ -19,6 +19,7 @@ from attnhal.cli.output import print_json
 from attnhal.engines import ENGINES, advise
 from attnhal.engines.advice import PRIORITY, Advice, Option
 from attnhal.engines.flags import EngineArgError
+from attnhal.errors import InvalidValue
 
 __all__ = ["register", "run"]
 
@@ -47,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
         advice = _advise(args, own, argv)
     except EngineArgError as exc:
         raise UsageError(str(exc)) from None
+    except InvalidValue as exc:
+        raise UsageError(engine_message(args.engine, exc, args.engine_args)) from None
     except ValueError as exc:
-        raise UsageError(engine_message(args.engine, str(exc), args.engine_args)) from None
+        raise UsageError(str(exc)) from None
     if args.json:
         print_json(advice.to_dict())
     else:

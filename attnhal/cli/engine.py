@@ -24,6 +24,7 @@ from attnhal.engines.sglang import engine_resolution
 from attnhal.engines.sglang.differs import engine_differs
 from attnhal.planner import GraphPlan
 from attnhal.platform import ENV_VAR, Platform
+from attnhal.errors import InvalidValue
 from attnhal.spec import RequestContext, SpecConfig
 
 __all__ = ["OWN_FLAGS", "add_engine_flags", "register_catalog", "run_catalog", "run_explain", "run_plan",
@@ -108,17 +109,19 @@ def _run(args: argparse.Namespace, commands: Mapping[str, EngineCommand]) -> int
         return commands[args.engine](args, own, engine_argv)
     except EngineArgError as exc:
         raise UsageError(str(exc)) from None
+    except InvalidValue as exc:
+        raise UsageError(engine_message(args.engine, exc, args.engine_args)) from None
     except ValueError as exc:
-        raise UsageError(engine_message(args.engine, str(exc), args.engine_args)) from None
+        raise UsageError(str(exc)) from None
 
 
-def engine_message(engine: str, message: str, argv: Sequence[str]) -> str:
-    """An adapter's ``field=value (supported: ...)`` in the engine's words: ``--flag=value (...)``,
-    naming the flag of :data:`FIELD_FLAGS` the user gave (``argv``); else the message as it is."""
-    field, eq, rest = message.partition("=")
+def engine_message(engine: str, error: InvalidValue, argv: Sequence[str]) -> str:
+    """An adapter's refused value in the engine's words: ``--flag=value (supported: ...)``,
+    naming the flag of :data:`FIELD_FLAGS` for ``error.field`` that the user gave (``argv``);
+    else the error as it is."""
     given = {a.split("=")[0] for a in argv if a.startswith("--")}
-    shown = next((name for flag, name in FIELD_FLAGS.get(engine, {}).get(field, ()) if flag in given), None)
-    return f"{shown}={rest}" if eq and shown else message
+    shown = next((name for flag, name in FIELD_FLAGS.get(engine, {}).get(error.field, ()) if flag in given), None)
+    return str(InvalidValue(shown, error.value, error.supported)) if shown else str(error)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -138,8 +141,7 @@ def _fits(names: dict[str, list[str]], platform: Platform, spec: SpecConfig, con
           as_json: bool) -> tuple[bool, list[dict[str, object]]]:
     """Each backend's fit with the request, printed (unless ``as_json``); all fit?"""
     facts = Facts.of(platform, context, spec)
-    request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, page_size=context.page_size,
-                               model=context.model)
+    request = AttentionRequest.of(context)
     out = []
     for name, roles in names.items():
         caps = load(name).descriptor.resolve(facts)

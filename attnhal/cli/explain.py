@@ -22,7 +22,7 @@ from attnhal.cli.inputs import (
 from attnhal.cli.output import format_plan, print_json
 from attnhal.phases import Feature, Phase
 from attnhal.planner import PhaseBackends, plan
-from attnhal.spec import DTYPES, HEAD_SIZE, KV_DTYPES, PAGE_SIZE, ModelKind
+from attnhal.spec import DTYPES, HEAD_SIZE, KV_DTYPES, PAGE_SIZE, ModelKind, RequestContext
 
 __all__ = ["explain_verdict", "register", "request_fields", "request_from", "run"]
 
@@ -49,12 +49,10 @@ def register(sub: Any) -> None:
 
 def request_from(args: argparse.Namespace) -> AttentionRequest:
     """The request of the parsed flags (unset fields are not checked)."""
-    return AttentionRequest(
-        phase=Phase(args.phase) if args.phase else None, dtype=args.dtype, kv_dtype=args.kv_dtype,
-        head_size=args.head_size, page_size=args.page_size, num_q_heads=args.num_q_heads,
-        num_kv_heads=args.num_kv_heads, features=frozenset(Feature(f) for f in args.feature or ()),
-        model=ModelKind(args.model) if args.model else None,
-    )
+    context = RequestContext(model=args.model, dtype=args.dtype, kv_dtype=args.kv_dtype, head_size=args.head_size,
+                             page_size=args.page_size)
+    return AttentionRequest.of(context, phase=Phase(args.phase) if args.phase else None, num_q_heads=args.num_q_heads,
+                               num_kv_heads=args.num_kv_heads, features=frozenset(Feature(f) for f in args.feature or ()))
 
 
 def request_fields(request: AttentionRequest) -> dict[str, object]:

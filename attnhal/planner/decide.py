@@ -71,8 +71,7 @@ class _Resolved:
 def _resolved(caps: BackendCapabilities, platform: Platform, context: RequestContext, spec: SpecConfig) -> _Resolved:
     """``caps`` resolved against the facts of one plan (the cached unit; see :class:`_Resolved`)."""
     caps = caps.resolve(Facts.of(platform, context, spec))
-    request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, head_size=context.head_size,
-                               page_size=context.page_size, model=context.model)
+    request = AttentionRequest.of(context)
     return _Resolved(caps, platform, spec, tuple(caps.platform_reasons(platform)),
                      tuple(fp8_reasons(platform, context.kv_dtype) + request_reasons(caps, request)))
 
