@@ -3,7 +3,7 @@
 A format says how a KV cache of that name is stored: the torch dtype of its bytes (fixed,
 or picked by the platform's fp8 flavour), its fp8 encoding if it is fp8, and the
 granularity of its dequantization scales. Code asks the row (``kv_format(name).scaled``)
-instead of reading the name (``name.startswith("fp8")``), so a new format is a row in
+instead of reading the format out of its name, so a new format is a row in
 :data:`KV_FORMATS` plus its oracle (how the fp64 reference reads it back), not a grep.
 
 Importing this module imports no torch: storage dtypes are torch attribute names, resolved
