@@ -21,7 +21,8 @@ from attnhal.phases import Phase
 from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend
 from attnhal.platform import ENV_VAR, Platform, PlatformSpecError, detect, parse
 from attnhal.registry import BackendUnavailable, Registry
-from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
+from attnhal.kv_format import KV_FORMATS
+from attnhal.spec import DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
 __all__ = ["DRAFT_TOKENS", "FLAG_OF", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
            "phase_backends", "policy_from", "resolve_backend", "resolve_platform", "spec_from"]
@@ -125,7 +126,7 @@ def add_plan_input_flags(p: argparse.ArgumentParser, *, context: bool, roles: bo
                    help="model attention layout: mha, gqa, mla (default: not checked)")
     if context:
         p.add_argument("--dtype", type=choice(DTYPES), help="compute dtype (default: not checked)")
-        p.add_argument("--kv-dtype", type=choice(KV_DTYPES), help="KV-cache dtype")
+        p.add_argument("--kv-dtype", type=choice(tuple(KV_FORMATS)), help="KV-cache dtype")
         p.add_argument("--head-size", type=within(RequestContext.BOUNDS["head_size"]), help="head dimension, %(type)s")
         p.add_argument("--page-size", type=within(RequestContext.BOUNDS["page_size"]),
                        help="KV page size in tokens, %(type)s")

@@ -73,6 +73,17 @@ def test_a_new_format_is_a_row_that_flows_through_validation(fp4) -> None:
         RequestContext(kv_dtype="fp4_e2m1")
 
 
+def test_a_new_format_reaches_the_planner_from_the_command_line(fp4, capsys) -> None:
+    """``--kv-dtype fp4_e2m1`` is a valid flag once the row exists; the torch backend does not
+    claim it, so the plan says so by the claim's reason (exit 1), not a usage error (exit 2)."""
+    from attnhal.cli import main
+
+    argv = ["plan", "--platform", "cuda:sm90", "--backend", "torch", "--spec-steps", "2", "--kv-dtype"]
+    assert main([*argv, "fp4_e2m1"]) == 1
+    assert "kv_dtype=fp4_e2m1 (supported:" in capsys.readouterr().out
+    assert main([*argv, "fp4_e9m9"]) == 2 and "--kv-dtype='fp4_e9m9' (supported:" in capsys.readouterr().err
+
+
 def test_no_code_reads_a_kv_format_from_its_name() -> None:
     """``kv.startswith("fp8")`` and ``kv == "fp8_e4m3"`` were the format's fields read from its
     name in 7 places; the row's fields say it now. The engine packages are left out: they model
