@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, dtype_name, maybe_validate_batch
+from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, maybe_validate_batch
 from attnhal.capabilities import AttentionRequest, BackendCapabilities, not_supported_reasons
 from attnhal.phases import Phase
 from attnhal.platform import Platform, parse
