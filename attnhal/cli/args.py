@@ -59,6 +59,9 @@ class BadArgument(AttnhalError, argparse.ArgumentTypeError, ValueError):
         """The value as a message repeats it: cut to 20 characters, text quoted."""
         return repr(_shown(self.value)) if isinstance(self.value, str) else _shown(str(self.value))
 
+    def __reduce__(self) -> tuple[type[BadArgument], tuple[object, str]]:
+        return (type(self), (self.value, self.supported))
+
     def naming(self, flag: str) -> str:
         """``FLAG=VALUE (supported: ...)``: this error for the flag it was given to."""
         return f"{flag}={self.shown} (supported: {self.supported})"
