@@ -23,6 +23,7 @@ __all__ = [
     "Feature",
     "Phase",
     "SpecWidths",
+    "draft_decode_runs",
     "not_run_reason",
     "phases_run",
     "tokens_per_request",
@@ -76,6 +77,13 @@ _ONE_STEP = reason(ReasonCode.PHASE_NOT_RUN, "num_steps", 1,
                    "draft_decode runs when num_steps > 1; the first draft token comes from draft_extend")
 
 
+def draft_decode_runs(num_steps: int) -> bool:
+    """Whether ``num_steps`` draft steps run a draft-decode forward: ``num_steps > 1`` (the first
+    draft token comes from draft_extend). The one place this rule is written: the planner's
+    "not run" reason and the role rule's "engines build a draft backend" both read it."""
+    return num_steps > 1
+
+
 def not_run_reason(phase: Phase, spec: SpecConfig) -> Reason | None:
     """None if ``phase`` runs under ``spec``, else the ``phase_not_run`` reason it does not.
 
@@ -85,7 +93,7 @@ def not_run_reason(phase: Phase, spec: SpecConfig) -> Reason | None:
     not_in_algorithm = _NOT_IN_ALGORITHM.get((phase, spec.algorithm))
     if not_in_algorithm is not None:
         return not_in_algorithm
-    if phase is Phase.DRAFT_DECODE and spec.num_steps == 1:
+    if phase is Phase.DRAFT_DECODE and not draft_decode_runs(spec.num_steps):
         return _ONE_STEP
     return None
 

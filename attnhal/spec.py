@@ -5,32 +5,41 @@ descriptors. They sit below :mod:`attnhal.capabilities` so that the import graph
 runs one way: platform -> spec -> reasons -> phases -> capabilities -> planner.
 
 Public entry points validate their arguments: a wrong type is a ``TypeError``
-and a value out of range a ``ValueError``, each naming the argument, the value
-and what is allowed. Numbers that size work have documented upper bounds
-(:data:`MAX_NUM_STEPS`, :data:`MAX_TOPK`, :data:`MAX_DRAFT_TOKENS`).
+and a value out of range an :class:`~attnhal.errors.InvalidValue` (a ``ValueError``)
+carrying the field, the value and what is allowed. Each record keeps its bounds as
+data, ``SpecConfig.BOUNDS`` and ``RequestContext.BOUNDS`` (one :class:`~attnhal.bounds.Bound`
+per field, defined here once): the CLI declares its flags with the same objects
+(:func:`attnhal.cli.args.within`), so a flag and the API cannot disagree.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 from attnhal.bounds import Bound
 from attnhal.errors import InvalidValue
+from attnhal.kv_format import KV_FORMATS, kv_format
 
 __all__ = [
+    "DRAFT_TOKENS",
     "DTYPES",
     "HEAD_SIZE",
-    "PAGE_SIZE",
     "KV_DTYPES",
     "MAX_DRAFT_TOKENS",
     "MAX_NUM_STEPS",
     "MAX_TOPK",
+    "NUM_STEPS",
+    "PAGE_SIZE",
+    "TOPK",
     "ModelKind",
     "RequestContext",
     "SpecAlgorithm",
     "SpecConfig",
+    "check_bound",
     "check_int",
     "check_type",
     "draft_tree_tokens",
@@ -38,14 +47,21 @@ __all__ = [
 
 #: Compute dtypes by their torch names (``torch.float16`` -> ``"float16"``).
 DTYPES = ("float32", "float16", "bfloat16")
-#: KV-cache dtypes; ``fp8_e4m3`` resolves to the platform's :class:`~attnhal.platform.Fp8Flavor`.
-KV_DTYPES = (*DTYPES, "fp8_e4m3", "fp8_e5m2")
+#: KV-cache dtypes: the names of :data:`attnhal.kv_format.KV_FORMATS` at import (records check
+#: the live table, so a format registered later is valid too); ``fp8_e4m3`` is stored in the
+#: platform's :class:`~attnhal.platform.Fp8Flavor`.
+KV_DTYPES = tuple(KV_FORMATS)
 
-#: Upper bounds of the speculative settings: beyond them no engine runs, and a
-#: typo (``--spec-steps 100000``) must not size buffers.
-MAX_NUM_STEPS = 64
-MAX_TOPK = 64
-MAX_DRAFT_TOKENS = 1024
+#: Bounds of the speculative settings: beyond them no engine runs, and a typo
+#: (``--spec-steps 100000``) must not size buffers. ``num_steps`` stops at 64, not at the
+#: 16 the CLI once allowed: an engine's flags reach the planner through this record, so the
+#: CLI's own flags take the same range (a longer draft is a plan question, not a typo).
+NUM_STEPS = Bound("num_steps", 1, 64)
+TOPK = Bound("topk", 1, 64)
+DRAFT_TOKENS = Bound("num_draft_tokens", 2, 1024)
+MAX_NUM_STEPS = NUM_STEPS.high
+MAX_TOPK = TOPK.high
+MAX_DRAFT_TOKENS = DRAFT_TOKENS.high
 #: A head dimension (the largest in use is 576, DeepSeek's MLA) and a KV page in tokens: the
 #: request context, descriptor files and the CLI's flags all check these two bounds.
 HEAD_SIZE = Bound("head_size", 1, 1024)
@@ -58,6 +74,17 @@ def check_int(name: str, value: object, minimum: int, maximum: int | None = None
         raise TypeError(f"{name}={value!r} (supported: an int, got {type(value).__name__})")
     if value < minimum or (maximum is not None and value > maximum):
         raise InvalidValue(name, value, f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}")
+    return value
+
+
+def check_bound(bound: Bound, value: object, field: str | None = None) -> int:
+    """``value`` if it is an int within ``bound``: a ``TypeError`` for another type, else
+    :class:`InvalidValue` naming ``field`` (default: the bound's) with the bound as what is allowed."""
+    name = field or bound.field
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} (supported: an int, got {type(value).__name__})")
+    if not bound.low <= value <= bound.high:
+        raise InvalidValue(name, value, str(bound))
     return value
 
 
@@ -112,8 +139,16 @@ class SpecConfig:
     ``num_draft_tokens`` defaults to ``num_steps + 1`` for a chain (``topk == 1``);
     a tree (``topk > 1``) must give it, at most ``topk + (num_steps - 1) * topk**2 + 1``
     (:attr:`max_draft_tokens`: the candidates an EAGLE draft tree offers, plus the root).
-    Bounds: ``num_steps <= 64``, ``topk <= 64``, ``num_draft_tokens <= 1024``.
+    Bounds: :attr:`BOUNDS` (``num_steps`` 1..64, ``topk`` 1..64, ``num_draft_tokens`` 2..1024;
+    0 means "the default" above).
+
+    Build one with the constructor of its algorithm: :meth:`eagle`, :meth:`eagle3`, :meth:`mtp`,
+    :meth:`standalone`, :meth:`ngram` (or ``SpecConfig(algorithm, ...)`` for an algorithm in a variable).
     """
+
+    #: Field -> its bound: the record checks these, the CLI's flags are declared with them.
+    BOUNDS: ClassVar[Mapping[str, Bound]] = MappingProxyType(
+        {"num_steps": NUM_STEPS, "topk": TOPK, "num_draft_tokens": DRAFT_TOKENS})
 
     algorithm: SpecAlgorithm = SpecAlgorithm.NONE
     num_steps: int = 1
@@ -122,9 +157,10 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "algorithm", _enum(SpecAlgorithm, "algorithm", self.algorithm))
-        check_int("num_steps", self.num_steps, 1, MAX_NUM_STEPS)
-        check_int("topk", self.topk, 1, MAX_TOPK)
-        check_int("num_draft_tokens", self.num_draft_tokens, 0, MAX_DRAFT_TOKENS)
+        check_bound(NUM_STEPS, self.num_steps)
+        check_bound(TOPK, self.topk)
+        if self.num_draft_tokens != 0:  # 0: the default below
+            check_bound(DRAFT_TOKENS, self.num_draft_tokens)
         if self.num_draft_tokens == 0:
             if self.topk > 1 and self.speculative:
                 raise InvalidValue("num_draft_tokens", 0, f"2..{self.max_draft_tokens}; a tree, topk={self.topk} "
@@ -163,20 +199,47 @@ class SpecConfig:
     @classmethod
     def eagle(cls, num_steps: int, topk: int = 1, num_draft_tokens: int = 0,
               algorithm: SpecAlgorithm | str = SpecAlgorithm.EAGLE) -> SpecConfig:
-        """An EAGLE-style config (also ``eagle3``, ``mtp``, ``standalone`` through ``algorithm``)."""
-        return cls(SpecAlgorithm(algorithm), num_steps, topk, num_draft_tokens)
+        """An EAGLE draft head: ``num_steps`` draft steps of ``topk`` branches, ``num_draft_tokens``
+        verified (default ``num_steps + 1`` for a chain). ``algorithm`` may name EAGLE-3 too (as
+        :meth:`eagle3`); mtp and standalone have their own constructors."""
+        return cls._draft((SpecAlgorithm.EAGLE, SpecAlgorithm.EAGLE3), algorithm, num_steps, topk, num_draft_tokens)
+
+    @classmethod
+    def eagle3(cls, num_steps: int, topk: int = 1, num_draft_tokens: int = 0) -> SpecConfig:
+        """EAGLE-3: an EAGLE draft head fed by several target layers (same attention phases)."""
+        return cls(SpecAlgorithm.EAGLE3, num_steps, topk, num_draft_tokens)
+
+    @classmethod
+    def mtp(cls, num_steps: int, topk: int = 1, num_draft_tokens: int = 0) -> SpecConfig:
+        """Multi-token prediction: the model's own MTP layers draft (DeepSeek); EAGLE's phases."""
+        return cls(SpecAlgorithm.MTP, num_steps, topk, num_draft_tokens)
+
+    @classmethod
+    def standalone(cls, num_steps: int, topk: int = 1, num_draft_tokens: int = 0) -> SpecConfig:
+        """A separate small draft model with its own KV cache; EAGLE's phases."""
+        return cls(SpecAlgorithm.STANDALONE, num_steps, topk, num_draft_tokens)
+
+    @classmethod
+    def _draft(cls, allowed: tuple[SpecAlgorithm, ...], algorithm: object, num_steps: int, topk: int,
+               num_draft_tokens: int) -> SpecConfig:
+        chosen = _enum(SpecAlgorithm, "algorithm", algorithm)
+        if chosen not in allowed:
+            others = ", ".join(f"SpecConfig.{a.value}()" for a in SpecAlgorithm if a not in allowed and a.value != "none")
+            raise InvalidValue("algorithm", chosen.value, f"{', '.join(a.value for a in allowed)} here; {others} "
+                               "build the others")
+        return cls(chosen, num_steps, topk, num_draft_tokens)
 
     @classmethod
     def ngram(cls, num_draft_tokens: int, breadth: int = 1) -> SpecConfig:
         """N-gram / lookahead drafting: ``num_draft_tokens`` verified per request, a tree
         of ``breadth`` branches per level (``breadth > 1`` needs a tree mask)."""
-        check_int("breadth", breadth, 1, MAX_TOPK)
+        check_bound(TOPK, breadth, "breadth")
         # the deepest n-gram draft has MAX_NUM_STEPS levels: at most that tree's tokens are verified
         most = min(draft_tree_tokens(MAX_NUM_STEPS, breadth), MAX_DRAFT_TOKENS)
         if isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool) and num_draft_tokens > most:
             raise InvalidValue("num_draft_tokens", num_draft_tokens,
                                f"2..{most} for an n-gram draft of breadth {breadth}, at most {MAX_NUM_STEPS} levels deep")
-        check_int("num_draft_tokens", num_draft_tokens, 2, MAX_DRAFT_TOKENS)
+        check_bound(DRAFT_TOKENS, num_draft_tokens)
         return cls(SpecAlgorithm.NGRAM, min(num_draft_tokens - 1, MAX_NUM_STEPS), breadth, num_draft_tokens)
 
 
@@ -197,9 +260,12 @@ class RequestContext:
     model: attention layout (:class:`ModelKind`).
     dtype: compute dtype by name (:data:`DTYPES`).
     kv_dtype: KV-cache dtype by name (:data:`KV_DTYPES`).
-    head_size: head dimension (1..1024).
-    page_size: tokens per KV page (1..4096), as in :class:`~attnhal.backend.KVPool`.
+    head_size: head dimension (:data:`HEAD_SIZE`: 1..1024).
+    page_size: tokens per KV page (:data:`PAGE_SIZE`: 1..4096), as in :class:`~attnhal.backend.KVPool`.
     """
+
+    #: Field -> its bound (the numeric fields; the named ones check against :data:`DTYPES`, :data:`KV_DTYPES`).
+    BOUNDS: ClassVar[Mapping[str, Bound]] = MappingProxyType({"head_size": HEAD_SIZE, "page_size": PAGE_SIZE})
 
     model: ModelKind | None = None
     dtype: str | None = None
@@ -210,11 +276,11 @@ class RequestContext:
     def __post_init__(self) -> None:
         if self.model is not None:
             object.__setattr__(self, "model", _enum(ModelKind, "model", self.model))
-        for name, allowed in (("dtype", DTYPES), ("kv_dtype", KV_DTYPES)):
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise InvalidValue("dtype", self.dtype, ", ".join(DTYPES))
+        if self.kv_dtype is not None:
+            kv_format(self.kv_dtype)  # a known format (the table, not a list of names)
+        for name, bound in self.BOUNDS.items():
             value = getattr(self, name)
-            if value is not None and value not in allowed:
-                raise InvalidValue(name, value, ", ".join(allowed))
-        for bound in (HEAD_SIZE, PAGE_SIZE):
-            value = getattr(self, bound.field)
             if value is not None:
-                check_int(bound.field, value, bound.low, bound.high)
+                check_bound(bound, value)

@@ -9,7 +9,7 @@ flavours and e5m2, with per-layer scales), the largest absolute error and the sm
 ``tol`` with ``|out - ref| <= tol + tol * |ref|`` on every element, next to the
 tolerance the descriptor declares for that pair. The reference reads the same
 quantized cache (dequantized in fp64), so the fp8 rows measure the backend's compute,
-not the quantization. Builds the cases with :func:`attnhal.testing.batches.build_case`
+not the quantization. Builds the cases with :func:`attnhal.testing.cases.build_case`
 from ``tests/helpers/cases.py``'s seeded specs.
 """
 

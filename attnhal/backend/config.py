@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from attnhal.errors import InvalidValue
 from attnhal.phases import Feature
 from attnhal.spec import DTYPES
 
@@ -30,7 +31,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     try:
         return _NAMES[dtype]
     except KeyError:
-        raise ValueError(f"dtype={dtype} (supported: {', '.join(f'torch.{n}' for n in COMPUTE_DTYPES)})") from None
+        raise InvalidValue("dtype", dtype, ", ".join(f"torch.{n}" for n in COMPUTE_DTYPES)) from None
 
 
 def compute_dtype(name: str) -> torch.dtype:
@@ -38,7 +39,7 @@ def compute_dtype(name: str) -> torch.dtype:
     try:
         return COMPUTE_DTYPES[name]
     except KeyError:
-        raise ValueError(f"dtype={name!r} (supported: {', '.join(COMPUTE_DTYPES)})") from None
+        raise InvalidValue("dtype", name, ", ".join(COMPUTE_DTYPES)) from None
 
 
 @dataclass(frozen=True)
@@ -88,19 +89,18 @@ class AttentionConfig:
 
     def __post_init__(self) -> None:
         if self.num_kv_heads < 1 or self.num_q_heads % self.num_kv_heads:
-            raise ValueError(f"num_q_heads/num_kv_heads={self.num_q_heads}/{self.num_kv_heads} "
-                             "(supported: num_kv_heads >= 1 dividing num_q_heads)")
+            raise InvalidValue("num_kv_heads", self.num_kv_heads,
+                               f"an int >= 1 dividing num_q_heads={self.num_q_heads}")
         dtype_name(self.dtype)
         windows = self.sliding_window if isinstance(self.sliding_window, tuple) else (self.sliding_window,)
         bad = [w for w in windows if w is not None and (not isinstance(w, int) or w < 0)]
         if bad:
-            raise ValueError(f"sliding_window={self.sliding_window!r} (supported: an int >= 0, "
-                             "a per-layer tuple of such ints or None, or None)")
+            raise InvalidValue("sliding_window", self.sliding_window,
+                               "an int >= 0, a per-layer tuple of such ints or None, or None")
         if self.logit_softcap is not None and not self.logit_softcap > 0:
-            raise ValueError(f"logit_softcap={self.logit_softcap!r} (supported: a float > 0, or None)")
+            raise InvalidValue("logit_softcap", self.logit_softcap, "a float > 0, or None")
         if self.sinks is not None and (self.sinks.dim() != 2 or self.sinks.shape[1] != self.num_q_heads):
-            raise ValueError(f"sinks shape={tuple(self.sinks.shape)} "
-                             f"(supported: [num_layers, num_q_heads={self.num_q_heads}])")
+            raise InvalidValue("sinks.shape", tuple(self.sinks.shape), f"[num_layers, num_q_heads={self.num_q_heads}]")
 
     def on_device(self, device: torch.device) -> AttentionConfig:
         """This config with every tensor field (``sinks``) on ``device``: ``self`` when all

@@ -9,15 +9,17 @@ Layout (the contract every backend reads):
   ``req_to_page[r, pos // page_size] * page_size + pos % page_size``.
   With ``page_size == 1`` a page is a slot and ``req_to_page`` is the token table.
 
-KV dtypes (the names descriptors use, see :data:`attnhal.capabilities.KV_DTYPES`):
-``float32``/``float16``/``bfloat16`` are stored as is. ``fp8_e4m3`` is stored in the
+KV dtypes are the rows of :data:`attnhal.kv_format.KV_FORMATS` (the pool reads the row, never
+the name): ``float32``/``float16``/``bfloat16`` are stored as is. ``fp8_e4m3`` is stored in the
 platform's e4m3 flavour (:class:`~attnhal.platform.Fp8Flavor`: ``e4m3fn`` ->
 ``torch.float8_e4m3fn``, ``e4m3fnuz`` -> ``torch.float8_e4m3fnuz``) and ``fp8_e5m2`` as
-``torch.float8_e5m2``, with per-layer scales ``k_scale``/``v_scale``: a write stores
+``torch.float8_e5m2``; a format with per-layer scales (:attr:`KVFormat.scaled
+<attnhal.kv_format.KVFormat.scaled>`) keeps ``k_scale``/``v_scale``: a write stores
 ``(x / scale).clamp(-max, max)`` (``max`` = the format's largest finite value), a read
 computes ``stored.float() * scale``. The flavour is a fact of the stored bytes, recorded
 on the pool: a pool of one e4m3 flavour refuses a platform whose hardware computes in the
-other (:meth:`KVPool.platform_reasons`).
+other (:meth:`KVPool.platform_reasons`). A format whose scales the pool does not keep
+(per-block) is refused when the pool is made.
 
 Page 0 (slots ``0 .. page_size - 1``) and request row 0 are reserved for padding: a
 captured graph's padded rows point at request 0 (whose row is all page 0) and write their
@@ -26,12 +28,14 @@ K/V to slot 0, so they never touch a real request's cache.
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import torch
 
+from attnhal.bounds import Bound
+from attnhal.errors import InvalidValue
+from attnhal.kv_format import KV_FORMATS, KVFormat, Scales, kv_format
 from attnhal.platform import Fp8Flavor, Platform
 from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
+from attnhal.spec import PAGE_SIZE
 
 __all__ = ["FP8_DTYPES", "KVPool", "PADDING_PAGE", "PADDING_REQ", "PADDING_SLOT", "kv_dtype_name",
            "kv_storage_dtype", "slot_of"]
@@ -41,18 +45,24 @@ PADDING_PAGE = 0
 PADDING_REQ = 0
 
 
-#: The e4m3 storage dtype of each flavour (data, not a branch: a new flavour is a row).
-_E4M3 = MappingProxyType({Fp8Flavor.OCP: torch.float8_e4m3fn, Fp8Flavor.FNUZ: torch.float8_e4m3fnuz})
-#: Storage dtype -> (KV dtype name, e4m3 flavour recorded on the pool).
-_STORAGE = MappingProxyType({
-    torch.float32: ("float32", Fp8Flavor.NONE),
-    torch.float16: ("float16", Fp8Flavor.NONE),
-    torch.bfloat16: ("bfloat16", Fp8Flavor.NONE),
-    torch.float8_e5m2: ("fp8_e5m2", Fp8Flavor.NONE),
-    **{dtype: ("fp8_e4m3", flavor) for flavor, dtype in _E4M3.items()},
-})
-#: The fp8 storage dtypes: written quantized with a per-layer scale.
-FP8_DTYPES = frozenset(d for d, (name, _) in _STORAGE.items() if name.startswith("fp8"))
+#: The storage dtypes of the fp8 formats of :data:`~attnhal.kv_format.KV_FORMATS` (at import).
+FP8_DTYPES = frozenset(getattr(torch, n) for f in KV_FORMATS.values() if f.fp8 for n in f.storage_names)
+#: The scale granularities a pool keeps (per-block scales have no storage here yet).
+POOL_SCALES = frozenset({Scales.NONE, Scales.PER_LAYER})
+#: A count that sizes the pool (layers, slots, heads, requests, ...): at least 1.
+_COUNT = Bound("count", 1, 1 << 40)
+
+
+def _stored_as(dtype: torch.dtype) -> tuple[KVFormat, Fp8Flavor]:
+    """The format and e4m3 flavour whose storage is ``dtype`` (read from the rows)."""
+    name = str(dtype).removeprefix("torch.")
+    for fmt in KV_FORMATS.values():
+        if fmt.storage == name:
+            return fmt, Fp8Flavor.NONE
+        flavor = next((f for f, n in fmt.by_flavor.items() if n == name), None)
+        if flavor is not None:
+            return fmt, flavor
+    raise InvalidValue("dtype", dtype, fmt_set(f"torch.{n}" for f in KV_FORMATS.values() for n in f.storage_names))
 
 
 def kv_storage_dtype(kv_dtype: str, fp8_flavor: Fp8Flavor) -> torch.dtype:
@@ -62,26 +72,13 @@ def kv_storage_dtype(kv_dtype: str, fp8_flavor: Fp8Flavor) -> torch.dtype:
     GPUs) has no native one, so the caller must name one (e.g. the flavour of the
     platform the cache is for) — this function never picks one for it.
     """
-    if kv_dtype == "fp8_e4m3":
-        try:
-            return _E4M3[fp8_flavor]
-        except KeyError:
-            raise ValueError(f"kv_dtype=fp8_e4m3 with fp8_flavor={fp8_flavor.value} (supported: "
-                             f"fp8_flavor in {fmt_set(f.value for f in _E4M3)}; a platform without "
-                             "fp8 names no flavour: pass the flavour of the platform the cache is for, "
-                             "e.g. Fp8Flavor.OCP for CUDA sm89+, Fp8Flavor.FNUZ for gfx942)") from None
-    for dtype, (name, _) in _STORAGE.items():
-        if name == kv_dtype and dtype not in _E4M3.values():
-            return dtype
-    raise ValueError(f"kv_dtype={kv_dtype!r} (supported: {fmt_set(n for n, _ in _STORAGE.values())})")
+    dtype: torch.dtype = kv_format(kv_dtype).storage_dtype(fp8_flavor)
+    return dtype
 
 
 def kv_dtype_name(dtype: torch.dtype) -> str:
     """The KV dtype name of storage ``dtype`` (``torch.float8_e4m3fnuz`` -> ``"fp8_e4m3"``)."""
-    try:
-        return _STORAGE[dtype][0]
-    except KeyError:
-        raise ValueError(f"dtype={dtype} (supported: {fmt_set(str(d) for d in _STORAGE)})") from None
+    return _stored_as(dtype)[0].name
 
 
 def slot_of(req_to_page: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
@@ -116,12 +113,16 @@ class KVPool:
                             ("max_reqs", max_reqs), ("max_context_len", max_context_len),
                             ("page_size", page_size),
                             ("v_head_dim", head_dim if v_head_dim is None else v_head_dim)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r} (supported: an int >= 1)")
+            _COUNT.check(value, name)
+        PAGE_SIZE.check(page_size)
         if num_slots % page_size:
-            raise ValueError(f"num_slots={num_slots} (supported: a multiple of page_size={page_size})")
-        self.kv_dtype = kv_dtype_name(dtype)
-        self.fp8_flavor = _STORAGE[dtype][1]
+            raise InvalidValue("num_slots", num_slots, f"a multiple of page_size={page_size}")
+        self.kv_format, self.fp8_flavor = _stored_as(dtype)
+        if self.kv_format.scales not in POOL_SCALES:
+            raise InvalidValue("kv_dtype", self.kv_format.name, f"a format with scales "
+                               f"{fmt_set(s.value for s in POOL_SCALES)} (this one's are {self.kv_format.scales.value}: "
+                               "the pool keeps no such scales yet)")
+        self.kv_dtype = self.kv_format.name
         v_dim = head_dim if v_head_dim is None else v_head_dim
         slots = num_slots + page_size  # + the padding page
         self.k = [torch.zeros((slots, num_kv_heads, head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
@@ -163,7 +164,9 @@ class KVPool:
 
     @property
     def is_fp8(self) -> bool:
-        return self.dtype in FP8_DTYPES
+        """Whether the stored values are scaled (written ``x / scale``, read ``stored * scale``):
+        the format's :attr:`~attnhal.kv_format.KVFormat.scaled`, under its former name."""
+        return self.kv_format.scaled
 
     def token_table(self) -> torch.Tensor:
         """``[max_reqs + 1, max_context_len]`` int64: the slot of every position of every row.

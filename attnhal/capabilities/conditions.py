@@ -10,7 +10,7 @@ variants, the one place conditions are evaluated.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from types import MappingProxyType
@@ -20,7 +20,8 @@ from attnhal.errors import InvalidValue
 from attnhal.phases import Feature, Phase
 from attnhal.platform import ArchSet, Fp8Flavor, Platform, Vendor, arch_sets
 from attnhal.reasons import fmt_set
-from attnhal.spec import DTYPES, KV_DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
+from attnhal.kv_format import KV_FORMATS
+from attnhal.spec import DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
 __all__ = ["VARIANT_FIELDS", "Facts", "IntSet", "Variant", "When"]
 
@@ -91,7 +92,8 @@ class IntSet:
 _INT_FACTS = ("head_size", "page_size", "num_steps", "topk", "num_draft_tokens")
 _ENUM_FACTS: dict[str, type[Enum]] = {"vendor": Vendor, "fp8": Fp8Flavor, "model": ModelKind,
                                       "algorithm": SpecAlgorithm}
-_STR_FACTS = {"dtype": DTYPES, "kv_dtype": KV_DTYPES}
+#: The named facts and what they may be (KV dtypes: the live format rows, so a registered format is valid).
+_STR_FACTS: dict[str, Collection[str]] = {"dtype": DTYPES, "kv_dtype": KV_FORMATS.keys()}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from attnhal.capabilities.conditions import VARIANT_FIELDS, Facts, Variant
 from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import ArchSet, Platform, PlatformSpecError, Vendor, arch_at_least, arch_sets
 from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
-from attnhal.spec import DTYPES, KV_DTYPES, ModelKind
+from attnhal.kv_format import KV_FORMATS
+from attnhal.spec import DTYPES, ModelKind
 
 __all__ = ["BackendCapabilities"]
 
@@ -51,7 +52,7 @@ class BackendCapabilities:
         a phase absent here is never captured.
     multi_step: limits under which it can run the multi-step draft (draft_decode
         through :class:`~attnhal.backend.MultiStepDraft`); ``None`` = cannot.
-    dtypes, kv_dtypes: compute and KV-cache dtypes by name (see :data:`DTYPES`, :data:`KV_DTYPES`).
+    dtypes, kv_dtypes: compute and KV-cache dtypes by name (see :data:`DTYPES`, :data:`~attnhal.kv_format.KV_FORMATS`).
     head_sizes, page_sizes: supported values.
     features: optional attention features.
     seq_len_fill: the seq len written into padded rows of a captured batch.
@@ -201,13 +202,13 @@ def _validate(caps: BackendCapabilities) -> None:
     for key, table in (("graph", caps.graph), ("phase_fill", caps.phase_fill)):
         if Phase.PREFILL in table:
             errors.append(f"{key}=prefill (supported: {fmt_set(GRAPH_PHASES)}; prefill has a variable token count)")
-    for name, allowed in (("dtypes", DTYPES), ("kv_dtypes", KV_DTYPES)):
+    for name, allowed in (("dtypes", DTYPES), ("kv_dtypes", tuple(KV_FORMATS))):
         bad = sorted(set(getattr(caps, name)) - set(allowed))
         if bad:
             errors.append(f"{name}={bad} (supported: {fmt_set(allowed)})")
-    bad_tol = sorted(set(caps.tolerances) - set(KV_DTYPES))
+    bad_tol = sorted(set(caps.tolerances) - set(KV_FORMATS))
     if bad_tol:
-        errors.append(f"tolerances={bad_tol} (supported: {fmt_set(KV_DTYPES)})")
+        errors.append(f"tolerances={bad_tol} (supported: {fmt_set(KV_FORMATS)})")
     for name in ("head_sizes", "page_sizes"):
         bad_int = sorted(v for v in getattr(caps, name) if not isinstance(v, int) or v < 1)
         if bad_int:

@@ -17,7 +17,7 @@ attnhal 0.1) and keeps loading; the keys added by version 2 (``archs``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from enum import Enum
 from typing import Any
 
@@ -28,7 +28,8 @@ from attnhal.capabilities.conditions import VARIANT_FIELDS, IntSet, Variant, Whe
 from attnhal.errors import AttnhalError, InvalidValue
 from attnhal.phases import Feature, Phase
 from attnhal.platform import ArchSet, Fp8Flavor, PlatformSpecError, Vendor
-from attnhal.spec import DTYPES, HEAD_SIZE, KV_DTYPES, PAGE_SIZE, ModelKind, SpecAlgorithm
+from attnhal.kv_format import KV_FORMATS
+from attnhal.spec import DTYPES, HEAD_SIZE, PAGE_SIZE, ModelKind, SpecAlgorithm
 
 __all__ = ["KEYS", "MAX_HEAD_SIZE", "MAX_ITEMS", "MAX_NAME", "MAX_NOTE", "MAX_PAGE_SIZE", "REQUIRED", "SCHEMA_VERSION",
            "V2_KEYS", "WHEN_BOUND", "DescriptorError", "converted"]
@@ -276,7 +277,7 @@ def _int_set(key: str, value: Any) -> IntSet:
                             "{min = int, max = int}")
 
 
-def _choices(key: str, allowed: tuple[str, ...]) -> Callable[[Any], frozenset[str]]:
+def _choices(key: str, allowed: Collection[str]) -> Callable[[Any], frozenset[str]]:
     def convert(value: Any) -> frozenset[str]:
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not items:
@@ -299,7 +300,7 @@ _WHEN: dict[str, Callable[[Any], Any]] = {
     "fp8": _choices("when.fp8", _values(Fp8Flavor)),
     "model": _choices("when.model", _values(ModelKind)),
     "dtype": _choices("when.dtype", DTYPES),
-    "kv_dtype": _choices("when.kv_dtype", KV_DTYPES),
+    "kv_dtype": _choices("when.kv_dtype", KV_FORMATS.keys()),
     "algorithm": _choices("when.algorithm", _values(SpecAlgorithm)),
     **{k: (lambda k: lambda v: _int_set(f"when.{k}", v))(k)
        for k in ("head_size", "page_size", "num_steps", "topk", "num_draft_tokens")},

@@ -32,10 +32,12 @@ run limits and graph limits for each phase.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 from attnhal.capabilities.conditions import Facts
 from attnhal.capabilities.descriptor import BackendCapabilities
+from attnhal.kv_format import KV_FORMATS
 from attnhal.phases import Feature, Phase
 from attnhal.platform import Fp8Flavor, Platform
 from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
@@ -44,9 +46,42 @@ from attnhal.spec import ModelKind, RequestContext
 __all__ = ["AttentionRequest", "fp8_reasons", "not_supported_reasons", "request_reasons", "supports"]
 
 
+class _Shapes(Protocol):
+    """What :meth:`AttentionRequest.of` reads of an attention config (``attnhal.backend.AttentionConfig``)."""
+
+    @property
+    def num_q_heads(self) -> int: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_size(self) -> int: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+    @property
+    def features(self) -> frozenset[Feature]: ...
+
+
+class _Pool(Protocol):
+    """What :meth:`AttentionRequest.of` reads of a KV pool (``attnhal.backend.KVPool``)."""
+
+    @property
+    def kv_dtype(self) -> str: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class AttentionRequest:
-    """What an engine asks of a backend; ``None`` fields are not checked."""
+    """What an engine asks of a backend; ``None`` fields are not checked.
+
+    Build one from the facts at hand with :meth:`of` (a request context, an attention
+    config, a KV pool), so each fact is copied into a request in one place.
+    """
 
     phase: Phase | None = None
     dtype: str | None = None
@@ -57,6 +92,27 @@ class AttentionRequest:
     num_kv_heads: int | None = None
     features: frozenset[Feature] = frozenset()
     model: ModelKind | None = None
+
+    @classmethod
+    def of(cls, context: RequestContext | None = None, config: _Shapes | None = None, pool: _Pool | None = None,
+           **given: Any) -> AttentionRequest:
+        """The request of ``context`` (model, dtypes, head and page size), then ``config``
+        (compute dtype, head size, heads, features) and ``pool`` (KV dtype, page size): a
+        later source's fact replaces an earlier one's, and ``given`` fields (``phase=...``)
+        replace them all. A missing source leaves its fields unchecked."""
+        out: dict[str, Any] = {}
+        if context is not None:
+            out.update(model=context.model, dtype=context.dtype, kv_dtype=context.kv_dtype,
+                       head_size=context.head_size, page_size=context.page_size)
+        if config is not None:
+            out.update(dtype=str(config.dtype).removeprefix("torch."), head_size=config.head_size,
+                       num_q_heads=config.num_q_heads, num_kv_heads=config.num_kv_heads, features=config.features)
+        if pool is not None:
+            out.update(kv_dtype=pool.kv_dtype, page_size=pool.page_size)
+        unknown = set(given) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"{sorted(unknown)[0]}= (supported: {', '.join(f.name for f in fields(cls))})")
+        return cls(**{**out, **given})
 
     @property
     def context(self) -> RequestContext:
@@ -83,9 +139,10 @@ def not_supported_reasons(
 
 
 def fp8_reasons(platform: Platform, kv_dtype: str | None) -> list[Reason]:
-    """``fp8_e4m3`` names the platform's e4m3 flavour: on a platform without one (a pre-fp8 GPU
+    """A format stored in the platform's fp8 flavour (``fp8_e4m3``): on a platform without one (a pre-fp8 GPU
     such as sm80 or gfx90a, the CPU) no cache of that name can be made for it."""
-    if kv_dtype != "fp8_e4m3" or platform.fp8_flavor is not Fp8Flavor.NONE:
+    fmt = KV_FORMATS.get(kv_dtype) if kv_dtype is not None else None
+    if fmt is None or not fmt.needs_flavor or platform.fp8_flavor is not Fp8Flavor.NONE:
         return []
     return [reason(ReasonCode.KV_DTYPE, "kv_dtype", kv_dtype,
                    f"a platform with an fp8 flavour; {platform.name} has none (no fp8_e4m3 encoding to store)")]

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         advice = _advise(args, own, argv)
     except EngineArgError as exc:
         raise UsageError(str(exc)) from None
-    except ValueError as exc:
+    except ValueError as exc:  # an InvalidValue among them: named by the engine's flag
         raise UsageError(engine_message(args.engine, exc, args.engine_args)) from None
     if args.json:
         print_json(advice.to_dict())

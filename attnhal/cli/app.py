@@ -15,7 +15,7 @@ import traceback
 import warnings
 from typing import Any
 
-from attnhal.cli.args import flag_message
+from attnhal.cli.args import BadArgument, ParamType
 from attnhal.cli.output import one_line
 from attnhal.errors import AttnhalError
 
@@ -62,8 +62,18 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:
-        message = flag_message(message)  # "argument --topk: 99 (...)" -> "--topk=99 (...)"
         self.exit(BAD_USAGE, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
+
+    def _get_value(self, action: argparse.Action, text: str) -> Any:
+        # attnhal's parameter types refuse with the value and what is allowed as data; the
+        # flag is the argument being converted ("--topk=99 (supported: ...)"), read from here.
+        if isinstance(action.type, ParamType):
+            try:
+                return action.type(text)
+            except BadArgument as bad:
+                flag = action.option_strings[-1] if action.option_strings else action.metavar or action.dest
+                raise argparse.ArgumentError(None, bad.naming(str(flag))) from None
+        return super()._get_value(action, text)
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         # argparse reports a subcommand's unknown flag from the root parser ("attnhal: error",

@@ -2,30 +2,36 @@
 
 ::
 
-    from attnhal.cli.args import bounded, choice
+    from attnhal.cli.args import bounded, choice, within
+    from attnhal.spec import PAGE_SIZE
 
     p.add_argument("--jobs", type=bounded(1, 64), help="parallel compiles, %(type)s")
+    p.add_argument("--page-size", type=within(PAGE_SIZE), help="tokens per page, %(type)s")
     p.add_argument("--dtype", type=choice(("float16", "bfloat16")), help="compute dtype")
 
-A converter describes the value it rejects in the project's form, ``99 (supported: an
-integer 1..16)``. argparse reports it as ``argument --jobs: 99 (supported: ...)``, and the
-CLI's parser writes the two as one, ``--jobs=99 (supported: an integer 1..64)``
-(:func:`flag_message`), so the flag is named once, where it is declared. ``str()`` of a
-:class:`Bounded` is its range (``1..64``): a help text shows the bound with argparse's
-``%(type)s``, so the bound is written once too.
+A converter refuses a value with :class:`BadArgument`, which carries the value and what is
+allowed as data (``str()``: ``99 (supported: an integer 1..64)``). The CLI's parser
+(:class:`attnhal.cli.app`'s) names the flag from the argument it was converting, so the user
+reads ``--jobs=99 (supported: an integer 1..64)``: the flag is named once, where it is
+declared, and no message is read back. A plain ``argparse`` parser still reads well
+(``argument --jobs: 99 (supported: ...)``). ``str()`` of a :class:`Bounded` is its range
+(``1..64``): a help text shows the bound with argparse's ``%(type)s``, so the bound is written
+once too. A value that a record bounds (:mod:`attnhal.bounds`) takes :func:`within`, never a
+second ``bounded(...)`` of the same numbers.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import overload
 
 from attnhal.bounds import Bound, FloatBound
-from attnhal.errors import InvalidValue
+from attnhal.errors import AttnhalError, InvalidValue
 
-__all__ = ["Bounded", "IntList", "Real", "bounded", "choice", "flag_message", "int_list", "seconds", "within"]
+__all__ = ["BadArgument", "Bounded", "Choice", "IntList", "ParamType", "Real", "bounded", "choice", "int_list",
+           "seconds", "within"]
 
 #: How much of a rejected value a message repeats (a pasted megabyte stays one short line).
 _SHOWN = 20
@@ -35,18 +41,54 @@ def _shown(text: str) -> str:
     return text[:_SHOWN] + "..." if len(text) > _SHOWN else text
 
 
+class BadArgument(AttnhalError, argparse.ArgumentTypeError, ValueError):
+    """A command-line value a parameter type refuses.
+
+    Attributes
+    ----------
+    value: the text given, or the number read from it (a number is shown bare, text quoted).
+    supported: what the parameter allows, in words (``an integer 1..64``).
+    """
+
+    def __init__(self, value: object, supported: str) -> None:
+        self.value, self.supported = value, supported
+        super().__init__(f"{self.shown} (supported: {supported})")
+
+    @property
+    def shown(self) -> str:
+        """The value as a message repeats it: cut to 20 characters, text quoted."""
+        return repr(_shown(self.value)) if isinstance(self.value, str) else _shown(str(self.value))
+
+    def __reduce__(self) -> tuple[type[BadArgument], tuple[object, str]]:
+        return (type(self), (self.value, self.supported))
+
+    def naming(self, flag: str) -> str:
+        """``FLAG=VALUE (supported: ...)``: this error for the flag it was given to."""
+        return f"{flag}={self.shown} (supported: {self.supported})"
+
+
+class ParamType:
+    """Base of this module's parameter types: calling one converts a command-line string or
+    raises :class:`BadArgument` (the CLI's parser then names the flag)."""
+
+    def __call__(self, text: str) -> object:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class Bounded:
+class Bounded(ParamType):
     """An integer in ``low..high``, both included (click's ``IntRange``).
 
     Every number that sizes work takes one, so no input runs away in time or memory.
-    Calling it converts a command-line string or raises ``argparse.ArgumentTypeError``:
+    Calling it converts a command-line string or raises :class:`BadArgument`:
     ``'1.5' (supported: an integer 0..16)`` for a non-integer (quoted: it is text),
     ``100 (supported: an integer 0..16)`` for an integer out of range.
+    ``bound`` is the record's :class:`~attnhal.bounds.Bound` it was made from (:func:`within`).
     """
 
     low: int
     high: int
+    bound: Bound | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.low > self.high:
@@ -56,9 +98,9 @@ class Bounded:
         try:
             value = int(text)
         except ValueError:  # also an integer too long to convert (over 4300 digits)
-            raise argparse.ArgumentTypeError(f"{_shown(text)!r} (supported: an integer {self})") from None
+            raise BadArgument(text, f"an integer {self}") from None
         if not self.low <= value <= self.high:
-            raise argparse.ArgumentTypeError(f"{_shown(text)} (supported: an integer {self})")
+            raise BadArgument(value, f"an integer {self}")
         return value
 
     def __str__(self) -> str:
@@ -70,13 +112,21 @@ def bounded(low: int, high: int) -> Bounded:
     return Bounded(low, high)
 
 
-def choice(allowed: Sequence[str]) -> Callable[[str], str]:
-    """``type=choice(("mha", "gqa"))``: one of ``allowed``; the message lists them all."""
-    def convert(text: str) -> str:
-        if text not in allowed:
-            raise argparse.ArgumentTypeError(f"{text!r} (supported: {', '.join(allowed)})")
+@dataclass(frozen=True)
+class Choice(ParamType):
+    """One of ``allowed``; the message lists them all."""
+
+    allowed: tuple[str, ...]
+
+    def __call__(self, text: str) -> str:
+        if text not in self.allowed:
+            raise BadArgument(text, ", ".join(self.allowed))
         return text
-    return convert
+
+
+def choice(allowed: Sequence[str]) -> Choice:
+    """``type=choice(("mha", "gqa"))``: one of ``allowed`` (see :class:`Choice`)."""
+    return Choice(tuple(allowed))
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -85,7 +135,7 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class IntList:
+class IntList(ParamType):
     """Integers separated by commas (``1,3,5``), each within ``item`` (a :class:`Bounded`)."""
 
     item: Bounded
@@ -96,8 +146,7 @@ class IntList:
         except ValueError:
             values = ()
         if not values or not all(self.item.low <= v <= self.item.high for v in values):
-            raise argparse.ArgumentTypeError(f"{_shown(text)!r} (supported: integers {self.item} separated by "
-                                             "commas)")
+            raise BadArgument(text, f"integers {self.item} separated by commas")
         return values
 
     def __str__(self) -> str:
@@ -105,7 +154,7 @@ class IntList:
 
 
 @dataclass(frozen=True)
-class Real:
+class Real(ParamType):
     """A finite number within ``bound`` (:class:`~attnhal.bounds.FloatBound`): ``inf``, ``nan``,
     ``1e308`` and text are refused with the bound's own words."""
 
@@ -115,40 +164,30 @@ class Real:
         try:
             return self.bound.check(float(text))
         except (ValueError, InvalidValue):  # text, or a number out of the bound
-            raise argparse.ArgumentTypeError(f"{_shown(text)!r} (supported: {self.bound.supported})") from None
+            raise BadArgument(text, self.bound.supported) from None
 
     def __str__(self) -> str:
         return str(self.bound)
 
 
-def within(bound: Bound | FloatBound) -> Bounded | Real:
-    """The argument type of a core bound (:mod:`attnhal.bounds`): the flag and the record
-    that owns the field check the same range, written once."""
+@overload
+def within(bound: Bound, *, off: int | None = None) -> Bounded: ...
+
+
+@overload
+def within(bound: FloatBound) -> Real: ...
+
+
+def within(bound: Bound | FloatBound, *, off: int | None = None) -> Bounded | Real:
+    """The argument type of a record's bound (:mod:`attnhal.bounds`): the flag and the record
+    that owns the field check the same range, written once. ``off``: one more value below the
+    range that the flag takes to mean "none" (``--spec-steps 0``: no speculative decoding)."""
     if isinstance(bound, FloatBound):
         return Real(bound)
-    return Bounded(bound.low, bound.high)
+    if off is not None and off != bound.low - 1:
+        raise ValueError(f"off={off} (supported: {bound.low - 1}, just below {bound.field}'s {bound})")
+    return Bounded(bound.low if off is None else off, bound.high, bound)
 
 
 #: ``type=seconds``: a finite duration, 1 ms to 24 hours.
 seconds = Real(FloatBound("seconds", 0.001, 86_400.0, "seconds"))
-
-
-_ARGUMENT = re.compile(r"argument (?P<flag>[^:\s]+): (?P<text>.*)", re.S)
-
-
-def flag_message(message: str) -> str:
-    """argparse's ``argument FLAG: TEXT`` in the CLI's voice.
-
-    ``TEXT`` from a converter of this module (the value, then ``(supported: ...)``)
-    becomes ``FLAG=TEXT``; a converter that names the flag itself (``--x=5 ...``) keeps
-    its text alone; argparse's own words (``expected one argument``) stay as they are.
-    """
-    match = _ARGUMENT.fullmatch(message)
-    if match is None:
-        return message
-    flag, text = match["flag"], match["text"]
-    if text.startswith("-") and not text[1:2].isdigit():  # names a flag, not a negative number
-        return text
-    if "(supported: " in text:
-        return f"{flag}={text}"
-    return message

@@ -11,7 +11,8 @@ from attnhal.cli.app import INTERRUPTED, UsageError, root_parser
 from attnhal.cli.args import bounded, choice, within
 from attnhal.cli.inputs import SPEC_STEPS, add_spec_flags, resolve_platform, spec_from
 from attnhal.cli.output import format_plan, one_line, print_json, table, yes_no
-from attnhal.spec import KV_DTYPES, PAGE_SIZE
+from attnhal.kv_format import KV_FORMATS
+from attnhal.spec import PAGE_SIZE
 
 __all__ = ["DRAWN_FLAGS", "demo_cases", "demo_config", "format_demo", "parsed_demo_config", "register", "run"]
 
@@ -46,8 +47,8 @@ def register(sub: Any) -> None:
                         "platforms, spec configs, batch sizes, prompt lengths, graphs and backends "
                         "(--platform/--backend pin those axes)")
     p.add_argument("--page-size", type=within(PAGE_SIZE), default=1, help="tokens per KV page, %(type)s")
-    p.add_argument("--kv-dtype", type=choice(KV_DTYPES), default="float32",
-                   help=f"KV-cache dtype: {', '.join(KV_DTYPES)}; fp8_e4m3 is stored in the platform's flavour")
+    p.add_argument("--kv-dtype", type=choice(tuple(KV_FORMATS)), default="float32",
+                   help=f"KV-cache dtype: {', '.join(KV_FORMATS)}; fp8_e4m3 is stored in the platform's flavour")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 

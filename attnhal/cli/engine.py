@@ -133,7 +133,7 @@ def _run(args: argparse.Namespace, command: EngineCommand) -> int:
         return command(args, config, platform)
     except EngineArgError as exc:
         raise UsageError(str(exc)) from None
-    except ValueError as exc:
+    except ValueError as exc:  # an InvalidValue among them: named by the engine's flag
         raise UsageError(engine_message(args.engine, exc, args.engine_args)) from None
 
 
@@ -167,8 +167,7 @@ def _fits(described: list[tuple[BackendCapabilities, list[str]]], platform: Plat
     """Each backend's fit with the plan's request, printed (unless ``as_json``); all fit?"""
     context = result.context
     facts = Facts.of(platform, context, result.spec)
-    request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, page_size=context.page_size,
-                               model=context.model)
+    request = AttentionRequest.of(context)
     out = []
     for caps, roles in described:
         reasons = not_supported_reasons(caps.resolve(facts), request, platform)

@@ -22,7 +22,8 @@ from attnhal.cli.inputs import (
 from attnhal.cli.output import format_plan, print_json
 from attnhal.phases import Feature, Phase
 from attnhal.planner import PhaseBackends, plan
-from attnhal.spec import DTYPES, HEAD_SIZE, KV_DTYPES, PAGE_SIZE, ModelKind
+from attnhal.kv_format import KV_FORMATS
+from attnhal.spec import DTYPES, HEAD_SIZE, PAGE_SIZE, ModelKind, RequestContext
 
 __all__ = ["explain_verdict", "register", "request_fields", "request_from", "run"]
 
@@ -33,7 +34,7 @@ def register(sub: Any) -> None:
     p.add_argument("--backend", help="registered name, descriptor file (.json/.toml), or sglang:NAME / vllm:NAME")
     p.add_argument("--phase", type=choice([ph.value for ph in Phase]), help="the phase asked about (default: any)")
     p.add_argument("--dtype", type=choice(DTYPES), help=f"query dtype: {', '.join(DTYPES)}")
-    p.add_argument("--kv-dtype", type=choice(KV_DTYPES), help=f"KV cache dtype: {', '.join(KV_DTYPES)}")
+    p.add_argument("--kv-dtype", type=choice(tuple(KV_FORMATS)), help=f"KV cache dtype: {', '.join(KV_FORMATS)}")
     for flag, what, kind in (("--head-size", "head size", within(HEAD_SIZE)),
                              ("--page-size", "KV page size", within(PAGE_SIZE)),
                              ("--num-q-heads", "query heads", bounded(1, 4096)),
@@ -49,12 +50,10 @@ def register(sub: Any) -> None:
 
 def request_from(args: argparse.Namespace) -> AttentionRequest:
     """The request of the parsed flags (unset fields are not checked)."""
-    return AttentionRequest(
-        phase=Phase(args.phase) if args.phase else None, dtype=args.dtype, kv_dtype=args.kv_dtype,
-        head_size=args.head_size, page_size=args.page_size, num_q_heads=args.num_q_heads,
-        num_kv_heads=args.num_kv_heads, features=frozenset(Feature(f) for f in args.feature or ()),
-        model=ModelKind(args.model) if args.model else None,
-    )
+    context = RequestContext(model=args.model, dtype=args.dtype, kv_dtype=args.kv_dtype, head_size=args.head_size,
+                             page_size=args.page_size)
+    return AttentionRequest.of(context, phase=Phase(args.phase) if args.phase else None, num_q_heads=args.num_q_heads,
+                               num_kv_heads=args.num_kv_heads, features=frozenset(Feature(f) for f in args.feature or ()))
 
 
 def request_fields(request: AttentionRequest) -> dict[str, object]:

@@ -13,7 +13,7 @@ import os
 
 from attnhal.capabilities import BackendCapabilities
 from attnhal.cli.app import UsageError
-from attnhal.cli.args import IntList, bounded, choice, within
+from attnhal.cli.args import IntList, choice, within
 from attnhal.cli.output import one_line
 from attnhal.errors import InvalidValue
 from attnhal.lookup import DescriptorFileError, UnknownBackend, describe
@@ -21,17 +21,8 @@ from attnhal.phases import Phase
 from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend
 from attnhal.platform import ENV_VAR, Platform, PlatformSpecError, detect, parse
 from attnhal.registry import BackendUnavailable, Registry
-from attnhal.spec import (
-    DTYPES,
-    HEAD_SIZE,
-    KV_DTYPES,
-    MAX_NUM_STEPS,
-    PAGE_SIZE,
-    ModelKind,
-    RequestContext,
-    SpecAlgorithm,
-    SpecConfig,
-)
+from attnhal.kv_format import KV_FORMATS
+from attnhal.spec import DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
 __all__ = ["DRAFT_TOKENS", "FLAG_OF", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
            "phase_backends", "policy_from", "resolve_backend", "resolve_platform", "spec_from"]
@@ -45,9 +36,10 @@ FLAG_OF = {
     "model": "--model", "dtype": "--dtype", "kv_dtype": "--kv-dtype", "head_size": "--head-size",
     "page_size": "--page-size",
 }
-#: Bounds that messages outside the flag's declaration cite too.
-SPEC_STEPS = bounded(0, 16)
-DRAFT_TOKENS = bounded(2, 256)
+#: The flags' types, from the records' own bounds (one bound per value): ``--spec-steps`` adds
+#: 0 below ``num_steps``'s range for "no speculative decoding".
+SPEC_STEPS = within(SpecConfig.BOUNDS["num_steps"], off=0)
+DRAFT_TOKENS = within(SpecConfig.BOUNDS["num_draft_tokens"])
 
 
 def resolve_platform(spec: str | None) -> Platform:
@@ -89,12 +81,14 @@ def add_spec_flags(p: argparse.ArgumentParser, *, max_bs: bool = True) -> None:
                                       f"for a device without graphs); default: ${ENV_VAR}, else the detected device")
     p.add_argument("--spec-steps", type=SPEC_STEPS, default=0,
                    help="EAGLE draft steps, %(type)s (0 = no speculative decoding)")
-    p.add_argument("--topk", type=bounded(1, 16), default=1, help="draft branches per step, %(type)s (a tree when > 1)")
+    p.add_argument("--topk", type=within(SpecConfig.BOUNDS["topk"]), default=1,
+                   help="draft branches per step, %(type)s (a tree when > 1)")
     p.add_argument("--draft-tokens", type=DRAFT_TOKENS, default=None,
                    help="tokens verified per request, %(type)s (default: spec steps + 1; required when --topk > 1)")
     p.add_argument("--no-graphs", action="store_true", help="graph capture disabled by policy")
     if max_bs:
-        p.add_argument("--max-bs", type=bounded(1, 4096), default=32, help="largest capture batch size, %(type)s")
+        p.add_argument("--max-bs", type=within(GraphPolicy.BOUNDS["max_batch_size"]), default=32,
+                       help="largest capture batch size, %(type)s")
 
 
 def spec_from(args: argparse.Namespace) -> SpecConfig:
@@ -107,8 +101,8 @@ def spec_from(args: argparse.Namespace) -> SpecConfig:
         raise UsageError(f"--draft-tokens is required with --topk={args.topk} (supported: "
                          f"{DRAFT_TOKENS}, the tree nodes verified per request)")
     try:
-        return SpecConfig.eagle(args.spec_steps, args.topk, args.draft_tokens or 0,
-                                algorithm=getattr(args, "spec_algorithm", None) or "eagle")
+        return SpecConfig(SpecAlgorithm(getattr(args, "spec_algorithm", None) or "eagle"), args.spec_steps, args.topk,
+                          args.draft_tokens or 0)
     except InvalidValue as exc:
         raise UsageError(f"{FLAG_OF[exc.field]}: {exc}") from None
 
@@ -132,9 +126,10 @@ def add_plan_input_flags(p: argparse.ArgumentParser, *, context: bool, roles: bo
                    help="model attention layout: mha, gqa, mla (default: not checked)")
     if context:
         p.add_argument("--dtype", type=choice(DTYPES), help="compute dtype (default: not checked)")
-        p.add_argument("--kv-dtype", type=choice(KV_DTYPES), help="KV-cache dtype")
-        p.add_argument("--head-size", type=within(HEAD_SIZE), help="head dimension, %(type)s")
-        p.add_argument("--page-size", type=within(PAGE_SIZE), help="KV page size in tokens, %(type)s")
+        p.add_argument("--kv-dtype", type=choice(tuple(KV_FORMATS)), help="KV-cache dtype")
+        p.add_argument("--head-size", type=within(RequestContext.BOUNDS["head_size"]), help="head dimension, %(type)s")
+        p.add_argument("--page-size", type=within(RequestContext.BOUNDS["page_size"]),
+                       help="KV page size in tokens, %(type)s")
     if roles:
         p.add_argument("--prefill-backend", help="backend of prefill (over --target-backend)")
         p.add_argument("--decode-backend", help="backend of decode and of the multi-step draft (over --target-backend)")
@@ -142,10 +137,10 @@ def add_plan_input_flags(p: argparse.ArgumentParser, *, context: bool, roles: bo
                        default="prefill", help="target_verify and draft_extend follow the prefill or decode backend")
     p.add_argument("--no-graph-phase", action="append", type=choice([ph.value for ph in Phase]),
                    help="never capture this phase (repeatable)")
-    p.add_argument("--adaptive-steps", type=IntList(bounded(1, MAX_NUM_STEPS)),
+    p.add_argument("--adaptive-steps", type=IntList(within(GraphPolicy.BOUNDS["step_counts"])),
                    help="adaptive speculation: other step counts the plan must be valid for, %(type)s, e.g. 1,3,5 "
                         "(needs --spec-steps)")
-    p.add_argument("--capture-max-tokens", type=bounded(1, 4096 * 1024),
+    p.add_argument("--capture-max-tokens", type=within(GraphPolicy.BOUNDS["max_tokens"]),
                    help="capture sizes from the spec width: batch sizes with bs x tokens per request <= N, %(type)s")
 
 

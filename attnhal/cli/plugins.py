@@ -5,8 +5,7 @@ A package declares the command in its ``pyproject.toml``::
     [project.entry-points."attnhal.commands"]
     compile-check = "attnhal_triton.cli:COMMAND"
 
-and the entry point resolves to a :class:`Command` (also importable as
-``attnhal.commands.Command``). The core never imports a plugin by name: the CLI
+and the entry point resolves to a :class:`Command`. The core never imports a plugin by name: the CLI
 loads the group when it builds its parser, so the module an entry point names
 must be light (no torch, no triton at import; import them inside ``run``). A
 command whose entry point fails to load, is not a :class:`Command`, clashes with
@@ -80,7 +79,7 @@ def _load(ep: EntryPoint, taken: Collection[str]) -> Command | CommandUnavailabl
         return CommandUnavailable(ep.name, source, f"load={ep.value} failed: {type(exc).__name__}: {exc}")
     if not isinstance(command, Command):
         return CommandUnavailable(ep.name, source,
-                                  f"object={type(command).__name__} (supported: an attnhal.commands.Command)")
+                                  f"object={type(command).__name__} (supported: an attnhal.cli.plugins.Command)")
     if command.name != ep.name or command.name in taken:
         return CommandUnavailable(ep.name, source, f"name={command.name} (supported: the entry point's name, "
                                                    f"not one of {', '.join(sorted(taken))})")

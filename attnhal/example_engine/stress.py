@@ -34,11 +34,12 @@ from attnhal.example_engine.demo import DemoConfig
 from attnhal.example_engine.model import ModelConfig, TinyLlama
 from attnhal.example_engine.worker import SpecWorker
 from attnhal.planner import GraphPolicy
+from attnhal.kv_format import KV_FORMATS
 from attnhal.platform import Fp8Flavor, parse
 from attnhal.registry import default_registry
 from attnhal.spec import SpecConfig
 
-__all__ = ["AXES", "Axis", "Case", "DrawnCase", "StressConfig", "StressSummary", "cases_per_worker", "run_cases"]
+__all__ = ["AXES", "Axis", "DrawnCase", "StressConfig", "StressSummary", "cases_per_worker", "run_cases"]
 
 #: The most cases that share one built worker (one draw of the worker axes).
 CASES_PER_WORKER = 16
@@ -88,8 +89,9 @@ def _page_size(r: random.Random, c: Mapping[str, Any]) -> int | None:
 
 def _kv_dtype(r: random.Random, c: Mapping[str, Any]) -> str | None:
     """A KV-cache dtype the backend claims and the platform can store (None: float32)."""
-    fp8 = ("fp8_e5m2",) + (("fp8_e4m3",) if parse(c["platform"]).fp8_flavor is not Fp8Flavor.NONE else ())
-    options = [d for d in fp8 if d in _claims(c).kv_dtypes]
+    flavor = parse(c["platform"]).fp8_flavor
+    scaled = [n for n, f in KV_FORMATS.items() if f.scaled and (not f.needs_flavor or flavor is not Fp8Flavor.NONE)]
+    options = [d for d in scaled if d in _claims(c).kv_dtypes]
     return r.choice(options) if options and r.random() < 0.4 else None
 
 
@@ -129,10 +131,6 @@ class DrawnCase:
 
     def worker_key(self) -> tuple[Any, ...]:
         return tuple(self.values[name] for name, axis in AXES.items() if axis.worker)
-
-
-#: The former name (the conformance kit's ``attnhal.testing.Case`` is the other ``Case``).
-Case = DrawnCase
 
 
 @dataclass(frozen=True)
@@ -217,8 +215,7 @@ def draw_cases(cfg: StressConfig, choices: Mapping[str, Any]) -> Iterator[DrawnC
 def _available_backends(platforms: Sequence[str], pinned: str | None) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Per platform, the backends that can run the demo model there; and why others never can."""
     attn = ModelConfig().attention
-    request = AttentionRequest(dtype="float32", head_size=attn.head_size, num_q_heads=attn.num_q_heads,
-                               num_kv_heads=attn.num_kv_heads)
+    request = AttentionRequest.of(config=attn, dtype="float32", features=frozenset())
     entries = default_registry().entries()
     if pinned is not None:
         default_registry().get(pinned)  # an unknown name is bad input: LookupError

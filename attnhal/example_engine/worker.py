@@ -85,9 +85,7 @@ class Generation:
 def _pick(registry: Registry, platform: Platform, model: TinyLlama, name: str | None, page_size: int,
           kv_dtype: str) -> BackendClass:
     cfg = model.cfg.attention
-    request = AttentionRequest(dtype="float32", kv_dtype=kv_dtype, head_size=cfg.head_size, page_size=page_size,
-                               num_q_heads=cfg.num_q_heads, num_kv_heads=cfg.num_kv_heads,
-                               features=cfg.features)
+    request = AttentionRequest.of(config=cfg, dtype="float32", kv_dtype=kv_dtype, page_size=page_size)
     if name is None:
         entry = registry.select(platform, request)
     else:  # a registered name or module:attr (attnhal.lookup), checked with every reason it does not fit

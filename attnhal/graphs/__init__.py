@@ -15,7 +15,7 @@ from .device import DeviceGraph
 from .emulator import EmulatedGraph
 from .runner import GraphCaptureWarning, GraphRunner, PhaseStats
 from .session import CAPTURE_ERROR_MODES, GRAPH_KINDS, capture_session, new_graph
-from .step import InputSpec, MetadataOwner, PhaseStep, StepInput, StepOutputs
+from .step import MetadataOwner, PhaseStep, StepInput, StepOutputs
 
 __all__ = [
     "CAPTURE_ERROR_MODES",
@@ -27,7 +27,6 @@ __all__ = [
     "Graph",
     "GraphCaptureWarning",
     "GraphRunner",
-    "InputSpec",
     "MetadataOwner",
     "PhaseStats",
     "PhaseStep",

@@ -1,4 +1,4 @@
-"""GraphRunner: capture what a :class:`~attnhal.plan.GraphPlan` says, pad, replay, fall back.
+"""GraphRunner: capture what a :class:`~attnhal.planner.GraphPlan` says, pad, replay, fall back.
 
 For each phase the plan captures, the runner allocates static buffers sized for
 that phase's largest capture batch size, captures one graph per size of the
@@ -37,10 +37,10 @@ from attnhal.platform.detection import torch_version
 from .base import CaptureAbort, Graph
 from .buffers import StaticBuffers, tokens_per_row, unpad
 from .session import CAPTURE_ERROR_MODES, capture_session, new_graph
-from .step import InputSpec, Inputs, MetadataOwner, PhaseStep, StepInput, StepOutputs
+from .step import Inputs, MetadataOwner, PhaseStep, StepInput, StepOutputs
 
 # The step records and the two helpers stay importable from here, where they used to live.
-__all__ = ["GraphCaptureWarning", "GraphRunner", "InputSpec", "MetadataOwner", "PhaseStats",
+__all__ = ["GraphCaptureWarning", "GraphRunner", "MetadataOwner", "PhaseStats",
            "PhaseStep", "StepInput", "StepOutputs", "tokens_per_row", "torch_version"]
 
 logger = logging.getLogger(__name__)

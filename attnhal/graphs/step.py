@@ -16,7 +16,7 @@ import torch
 from attnhal.backend.batch import ForwardBatch
 from attnhal.spec import SpecConfig
 
-__all__ = ["InputSpec", "Inputs", "MetadataOwner", "PhaseStep", "StepInput", "StepOutputs"]
+__all__ = ["Inputs", "MetadataOwner", "PhaseStep", "StepInput", "StepOutputs"]
 
 #: What a step's forward returns: a tensor or a tuple of tensors led by ``num_tokens`` or ``rows``.
 StepOutputs = Union[torch.Tensor, tuple[torch.Tensor, ...]]
@@ -44,10 +44,6 @@ class StepInput(NamedTuple):
     per: Literal["token", "row"]
     shape: tuple[int, ...]
     dtype: torch.dtype
-
-
-#: The former name of :class:`StepInput` (``spec`` means the speculative config elsewhere).
-InputSpec = StepInput
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,7 @@ class _Resolved:
 def _resolved(caps: BackendCapabilities, platform: Platform, context: RequestContext, spec: SpecConfig) -> _Resolved:
     """``caps`` resolved against the facts of one plan (the cached unit; see :class:`_Resolved`)."""
     caps = caps.resolve(Facts.of(platform, context, spec))
-    request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, head_size=context.head_size,
-                               page_size=context.page_size, model=context.model)
+    request = AttentionRequest.of(context)
     return _Resolved(caps, platform, spec, tuple(caps.platform_reasons(platform)),
                      tuple(fp8_reasons(platform, context.kv_dtype) + request_reasons(caps, request)))
 
@@ -172,7 +171,7 @@ def plan(spec: SpecConfig, platform: Platform | str, backends: PhaseBackends,
     ----------
     spec: the speculative config.
     platform: a :class:`Platform`, or a spec string such as ``"hip:gfx942"`` (parsed
-        with :func:`attnhal.platform.current`).
+        with :func:`attnhal.platform.as_platform`).
     backends: the backend of each role.
     policy: graph policy (default :class:`GraphPolicy()`).
     context: model and KV-cache facts (page size, kv dtype, model kind, ...); every

@@ -8,17 +8,22 @@ typo from sizing static buffers (:data:`MAX_BATCH_SIZE`, :data:`MAX_CAPTURE_SIZE
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import ClassVar
 
-from attnhal.phases import Phase, tokens_per_request
+from attnhal.bounds import Bound
 from attnhal.errors import InvalidValue
-from attnhal.spec import MAX_NUM_STEPS, SpecConfig, check_int
+from attnhal.phases import Phase, tokens_per_request
+from attnhal.spec import NUM_STEPS, SpecConfig, check_bound
 
-__all__ = ["MAX_BATCH_SIZE", "MAX_CAPTURE_SIZES", "MAX_STEP_COUNTS", "GraphPolicy"]
+__all__ = ["BATCH_SIZE", "CAPTURE_TOKENS", "MAX_BATCH_SIZE", "MAX_CAPTURE_SIZES", "MAX_STEP_COUNTS", "GraphPolicy"]
 
 #: Bounds of the graph policy: capture sizes size static buffers.
-MAX_BATCH_SIZE = 4096
+BATCH_SIZE = Bound("max_batch_size", 1, 4096)
+CAPTURE_TOKENS = Bound("max_tokens", 1, 4096 * 1024)
+MAX_BATCH_SIZE = BATCH_SIZE.high
 MAX_CAPTURE_SIZES = 256
 MAX_STEP_COUNTS = 16
 
@@ -39,6 +44,11 @@ class GraphPolicy:
         with ``b * tokens_per_request(phase) <= max_tokens`` (None: every size).
     """
 
+    #: Field -> the bound of it (of each of its values, for the lists).
+    BOUNDS: ClassVar[Mapping[str, Bound]] = MappingProxyType({
+        "max_batch_size": BATCH_SIZE, "batch_sizes": BATCH_SIZE, "step_counts": NUM_STEPS,
+        "max_tokens": CAPTURE_TOKENS})
+
     enabled: bool = True
     max_batch_size: int = 32
     batch_sizes: tuple[int, ...] | None = None
@@ -49,16 +59,16 @@ class GraphPolicy:
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise TypeError(f"enabled={self.enabled!r} (supported: True or False)")
-        check_int("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE)
+        check_bound(BATCH_SIZE, self.max_batch_size)
         if self.batch_sizes is not None:
-            object.__setattr__(self, "batch_sizes", _int_tuple("batch_sizes", self.batch_sizes, MAX_BATCH_SIZE,
+            object.__setattr__(self, "batch_sizes", _int_tuple("batch_sizes", self.batch_sizes, BATCH_SIZE,
                                                                MAX_CAPTURE_SIZES))
         object.__setattr__(self, "disabled_phases", frozenset(_phase(p) for p in self.disabled_phases))
         if self.step_counts is not None:
-            object.__setattr__(self, "step_counts", _int_tuple("step_counts", self.step_counts, MAX_NUM_STEPS,
+            object.__setattr__(self, "step_counts", _int_tuple("step_counts", self.step_counts, NUM_STEPS,
                                                                MAX_STEP_COUNTS))
         if self.max_tokens is not None:
-            check_int("max_tokens", self.max_tokens, 1, MAX_BATCH_SIZE * 1024)
+            check_bound(CAPTURE_TOKENS, self.max_tokens)
 
     def capture_sizes(self) -> tuple[int, ...]:
         """Sorted capture batch sizes: the given list, else 1, 2, 4, 8 then steps of 8 up to max."""
@@ -81,14 +91,14 @@ class GraphPolicy:
         return tuple(b for b in sizes if b * width <= self.max_tokens)
 
 
-def _int_tuple(name: str, values: Iterable[int], maximum: int, max_len: int) -> tuple[int, ...]:
+def _int_tuple(name: str, values: Iterable[int], bound: Bound, max_len: int) -> tuple[int, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(f"{name}={values!r} (supported: a list of ints)")
     out = tuple(values)
     if not out or len(out) > max_len:
         raise InvalidValue(name, out, f"1..{max_len} values, got {len(out)}")
     for v in out:
-        check_int(name, v, 1, maximum)
+        check_bound(bound, v, name)
     return out
 
 

@@ -15,7 +15,7 @@ from enum import Enum
 from typing import TypeVar
 
 from attnhal.capabilities.descriptor import BackendCapabilities
-from attnhal.phases import Phase
+from attnhal.phases import Phase, draft_decode_runs
 from attnhal.spec import SpecConfig, check_type
 
 __all__ = ["AttentionMode", "PhaseBackends", "needs_draft_backend", "phase_roles"]
@@ -56,7 +56,7 @@ def needs_draft_backend(spec: SpecConfig | None, step_counts: Iterable[int] = ()
     With one draft step the first draft token comes from draft_extend, and engines
     build no draft-decode backend at all.
     """
-    return spec is None or spec.num_steps > 1 or any(n > 1 for n in step_counts)
+    return spec is None or any(draft_decode_runs(n) for n in (spec.num_steps, *step_counts))
 
 
 def phase_roles(prefill: T, decode: T, spec: SpecConfig | None = None,

@@ -51,7 +51,6 @@ __all__ = [
     "arch_at_least",
     "arch_sets",
     "as_platform",
-    "current",
     "detect",
     "normalize_arch",
     "parse",
@@ -68,6 +67,3 @@ def as_platform(spec: str | Platform | None = None) -> Platform:
         return parse(spec)
     raise TypeError(f"platform={spec!r} (supported: a Platform, a spec string like 'hip:gfx942', or None)")
 
-
-#: The former name of :func:`as_platform` (it never meant "the current device" only).
-current = as_platform

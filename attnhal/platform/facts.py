@@ -67,11 +67,6 @@ class Platform:
         return base if self.has_graph_api else f"{base},nographs"
 
     @property
-    def spec(self) -> str:
-        """Former name of :attr:`name` (a "spec" is a speculative-decoding config everywhere else)."""
-        return self.name
-
-    @property
     def arch_family(self) -> str:
         """The arch family that launch-setting tables key on (``"sm90"``, ``"gfx94"``)."""
         return VENDORS[self.vendor].family(self.arch)

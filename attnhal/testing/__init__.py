@@ -3,10 +3,8 @@
 * :mod:`attnhal.testing.strategies` — hypothesis strategies, most bound to a backend's
   descriptor (batches of each phase drawing only what it claims);
 * :mod:`attnhal.testing.cases` — :class:`CaseRecipe` / :func:`build_case`, the valid forwards
-  those strategies draw (``CaseSpec``: the record's former name; :mod:`attnhal.testing.batches`:
-  the package's former module, re-exporting it);
-* :mod:`attnhal.testing.oracle` — the fp64 reference attention (formerly
-  :mod:`attnhal.testing.reference`, which re-exports it);
+  those strategies draw;
+* :mod:`attnhal.testing.oracle` — the fp64 reference attention;
 * :mod:`attnhal.testing.conformance` — :class:`BackendConformance`, the pytest mixin, and
   its per-family parts (:class:`~attnhal.testing.conformance.PhaseConformance`, ...);
 * :mod:`attnhal.testing.report` — :func:`run_conformance` and :class:`ConformanceReport`;
@@ -22,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from attnhal.testing.cases import Case, CaseRecipe, CaseSpec, build_case
+    from attnhal.testing.cases import Case, CaseRecipe, build_case
     from attnhal.testing.checks import Claim, ClaimFalsified, ClaimResult, Status
     from attnhal.testing.conformance import BackendConformance
     from attnhal.testing.report import ConformanceReport, run_conformance
@@ -32,7 +30,6 @@ __all__ = [
     "BackendConformance",
     "Case",
     "CaseRecipe",
-    "CaseSpec",
     "Claim",
     "ClaimFalsified",
     "ClaimResult",
@@ -67,7 +64,7 @@ def missing_kit() -> str | None:
 
 _WHERE = {
     "BackendConformance": "conformance",
-    "Case": "cases", "CaseRecipe": "cases", "CaseSpec": "cases", "build_case": "cases",
+    "Case": "cases", "CaseRecipe": "cases", "build_case": "cases",
     "Claim": "checks", "ClaimFalsified": "checks", "ClaimResult": "checks", "Status": "checks",
     "ConformanceReport": "report", "run_conformance": "report",
 }

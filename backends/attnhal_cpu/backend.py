@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, dtype_name, maybe_validate_batch
+from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, maybe_validate_batch
 from attnhal.capabilities import AttentionRequest, BackendCapabilities, not_supported_reasons
 from attnhal.phases import Phase
 from attnhal.platform import Platform, parse
@@ -279,9 +279,7 @@ class CpuBackend(AttentionBackend):
 # --- helpers ----------------------------------------------------------------------------------
 
 def _check_supported(config: AttentionConfig, pool: KVPool) -> None:
-    request = AttentionRequest(dtype=dtype_name(config.dtype), kv_dtype=dtype_name(pool.dtype),
-                               head_size=config.head_size, page_size=pool.page_size,
-                               num_q_heads=config.num_q_heads, num_kv_heads=config.num_kv_heads)
+    request = AttentionRequest.of(config=config, pool=pool, features=frozenset())
     reasons = not_supported_reasons(CAPABILITIES, request, parse("cpu"))
     if pool.device.type != "cpu":
         reasons.append(reason(ReasonCode.RUNTIME, "pool.device", pool.device, "cpu"))

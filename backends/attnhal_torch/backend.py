@@ -124,7 +124,7 @@ class TorchBackend(AttentionBackend):
         sinks = None
         if cfg.sinks is not None:
             sinks = cfg.sinks[layer].to(device=pool.device, dtype=torch.float32)
-        fp8 = pool.is_fp8
+        fp8 = pool.kv_format.scaled
         return LayerParams(cfg.sm_scale, cfg.window(layer), cfg.logit_softcap, sinks,
                            pool.k_scale[layer] if fp8 else None, pool.v_scale[layer] if fp8 else None)
 

@@ -1,6 +1,6 @@
 """The torch backend's descriptor: what it runs, captures and how precisely. Imports no torch.
 
-Tolerances are measured against the fp64 reference of :mod:`attnhal.testing.reference`
+Tolerances are measured against the fp64 reference of :mod:`attnhal.testing.oracle`
 with ``benchmarks/tolerances_torch.py`` (100 random cases over all phases, head
 configs, head sizes 16-256, contexts up to ~230): the smallest ``tol`` with
 ``|out - ref| <= tol * (1 + |ref|)`` was 8.2e-7 (fp32), 2.6e-4 (fp16) and 2.4e-3

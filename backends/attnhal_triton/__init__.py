@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from attnhal_triton.descriptor import CAPABILITIES, PLUGIN
-from attnhal_triton.launch_table import FALLBACK, TABLE, LaunchRow, UnknownArchWarning, lookup
+from attnhal_triton.launch_table import FALLBACK, TABLE, LaunchRow, NoLaunchRowWarning, lookup
 
 if TYPE_CHECKING:
     from attnhal_triton.backend import TritonBackend
 
-__all__ = ["CAPABILITIES", "FALLBACK", "PLUGIN", "TABLE", "LaunchRow", "TritonBackend", "UnknownArchWarning",
+__all__ = ["CAPABILITIES", "FALLBACK", "PLUGIN", "TABLE", "LaunchRow", "NoLaunchRowWarning", "TritonBackend",
            "lookup"]
 
 

@@ -245,7 +245,7 @@ class TritonBackend(AttentionBackend):
     def _layer_args(self, layer: int) -> dict[str, Any]:
         """The per-layer arguments every kernel takes: cache, scales, features."""
         pool, cfg = self.pool, self.config
-        scaled = pool.is_fp8
+        scaled = pool.kv_format.scaled
         window = cfg.window(layer)
         return dict(k_cache=pool.k[layer], v_cache=pool.v[layer], req_to_page=pool.req_to_page,
                     k_scale=pool.k_scale[layer:layer + 1] if scaled else None,
@@ -299,9 +299,7 @@ def _on_host(platform: Platform) -> bool:
 
 
 def _check_supported(config: AttentionConfig, pool: KVPool, dtype: str, platform: Platform) -> None:
-    request = AttentionRequest(dtype=dtype, kv_dtype=pool.kv_dtype, head_size=config.head_size,
-                               page_size=pool.page_size, num_q_heads=config.num_q_heads,
-                               num_kv_heads=config.num_kv_heads, features=config.features)
+    request = AttentionRequest.of(config=config, pool=pool, dtype=dtype)
     # Under the interpreter (a host platform) the kernels read whichever e4m3 flavour the
     # pool stores, so the platform's lack of one is no reason there (the pool's own check is).
     host_only = fp8_reasons(platform, pool.kv_dtype) if _on_host(platform) else []

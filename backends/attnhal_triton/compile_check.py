@@ -35,7 +35,7 @@ from typing import Any
 
 from attnhal.platform import Platform, parse
 from attnhal_triton.compile_usage import dot_operand_types, resource_usage
-from attnhal_triton.launch_table import LaunchRow, UnknownArchWarning, fallback_row, lookup
+from attnhal_triton.launch_table import LaunchRow, NoLaunchRowWarning, fallback_row, lookup
 from attnhal_triton.work import head_block
 
 __all__ = ["DEFAULT_TARGETS", "VARIANTS", "format_table", "main", "run_compile_check", "served_by",
@@ -136,7 +136,7 @@ class Job:
         if self.fallback:
             return fallback_row(kernel, self.head_size, self.compute_dtype)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UnknownArchWarning)
+            warnings.simplefilter("ignore", NoLaunchRowWarning)
             return lookup(kernel, self.platform(), self.head_size, self.compute_dtype)
 
 

@@ -34,7 +34,7 @@ __all__ = [
     "TABLE",
     "UNITS",
     "LaunchRow",
-    "UnknownArchWarning",
+    "NoLaunchRowWarning",
     "best_row",
     "decode_launch",
     "fallback_row",
@@ -60,7 +60,7 @@ ALIASES: Mapping[tuple[str, str], str] = MappingProxyType({
 })
 
 
-class UnknownArchWarning(UserWarning):
+class NoLaunchRowWarning(UserWarning):
     """No launch row for this arch family: the fallback row is used."""
 
 
@@ -379,7 +379,7 @@ def lookup(kernel: str, platform: Platform, head_size: int, dtype: str,
            table: Iterable[LaunchRow] = TABLE) -> LaunchRow:
     """The launch row of ``kernel`` for ``platform``, ``head_size`` and ``dtype`` (a name).
 
-    Warns (:class:`UnknownArchWarning`) and returns a fallback row when the table
+    Warns (:class:`NoLaunchRowWarning`) and returns a fallback row when the table
     has no row of ``kernel`` for ``platform.arch_family``.
     """
     if kernel not in KERNELS:
@@ -392,5 +392,5 @@ def lookup(kernel: str, platform: Platform, head_size: int, dtype: str,
         f"attnhal_triton: no launch settings for arch={platform.arch} "
         f"(family {platform.arch_family}, vendor {platform.vendor.value}) and kernel "
         f"{kernel!r}; using the fallback row {row.key()}",
-        UnknownArchWarning, stacklevel=2)
+        NoLaunchRowWarning, stacklevel=2)
     return row

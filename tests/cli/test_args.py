@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 from attnhal.cli.app import _Parser
-from attnhal.cli.args import Bounded, bounded, choice, flag_message, int_list, seconds
+from attnhal.cli.args import BadArgument, Bounded, bounded, choice, int_list, seconds, within
 
 
 def rejected(convert, text):
@@ -82,13 +82,28 @@ def test_choice_int_list_seconds():
         assert rejected(seconds, text) == f"{text!r} (supported: a finite number 0.001..86400 seconds)"
 
 
-@pytest.mark.parametrize("message, shown", [
-    ("argument --topk: 99 (supported: an integer 1..16)", "--topk=99 (supported: an integer 1..16)"),
-    ("argument --seed: -1 (supported: an integer 0..9)", "--seed=-1 (supported: an integer 0..9)"),
-    ("argument --x: --x=5 (supported: >= 9)", "--x=5 (supported: >= 9)"),  # a converter naming its flag
-    ("argument --topk: expected one argument", "argument --topk: expected one argument"),
-    ("argument COMMAND: invalid choice: 'z' (choose from 'a')", "argument COMMAND: invalid choice: 'z' (choose from 'a')"),
-    ("unrecognized arguments: --spec", "unrecognized arguments: --spec"),
-])
-def test_flag_message(message, shown):
-    assert flag_message(message) == shown
+def test_a_refusal_carries_its_value_and_what_is_allowed_as_data():
+    with pytest.raises(BadArgument) as info:
+        bounded(1, 16)("99")
+    assert (info.value.value, info.value.supported) == (99, "an integer 1..16")
+    assert info.value.naming("--topk") == "--topk=99 (supported: an integer 1..16)"
+    with pytest.raises(BadArgument) as info:
+        choice(("mha", "gqa"))("moe")
+    assert (info.value.value, info.value.naming("--model")) == ("moe", "--model='moe' (supported: mha, gqa)")
+
+
+def test_within_takes_the_records_bound_and_an_off_value_just_below_it():
+    from attnhal.spec import NUM_STEPS
+
+    steps = within(NUM_STEPS, off=0)
+    assert (steps.low, steps.high, steps.bound) == (0, 64, NUM_STEPS) and steps("0") == 0
+    with pytest.raises(ValueError, match=r"off=-5 \(supported: 0, just below num_steps's 1..64\)"):
+        within(NUM_STEPS, off=-5)
+
+
+def test_a_positional_argument_is_named_by_its_metavar(capsys):
+    p = _Parser(prog="attnhal x")
+    p.add_argument("count", metavar="N", type=bounded(1, 3))
+    with pytest.raises(SystemExit):
+        p.parse_args(["7"])
+    assert capsys.readouterr().err == "attnhal x: error: N=7 (supported: an integer 1..3) (see 'attnhal x --help')\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -86,19 +87,45 @@ def test_every_environment_variable_of_the_kit_refuses_what_its_flag_refuses(var
         assert variable in err and f"as {flag}" in err and str(bound) in err, err
 
 
+#: Ways code has read a field back out of an error's text: ``str(exc).split("=")[0]``, an
+#: adapter's ``message.partition("=")``, argparse's ``argument FLAG: TEXT`` matched by a regex,
+#: a test for ``"(supported: " in text``, and the former helper that did it, ``flag_message``.
+MESSAGE_PARSING = (
+    re.compile(r"str\(\w+\)\.(split|partition|rpartition)\(\s*[\"'][=:(]"),
+    re.compile(r"\b(message|msg|err|error|exc)\.(split|partition|rpartition)\(\s*[\"'][=:(]"),
+    re.compile(r"[\"']argument \(\?P<"),
+    re.compile(r"[\"']\(supported: [\"']\s+(not\s+)?in\b"),
+    re.compile(r"\bflag_message\b"),
+)
+
+
+def message_parsing(source: str) -> list[str]:
+    """The lines of ``source`` that read structure back out of an error message."""
+    return [line.strip() for line in source.splitlines() if any(p.search(line) for p in MESSAGE_PARSING)]
+
+
+def test_the_message_parsing_scan_catches_each_planted_form() -> None:
+    planted = ['field = str(exc).split("=")[0]', 'name, eq, rest = message.partition("=")',
+               '_ARGUMENT = re.compile(r"argument (?P<flag>[^:]+): (?P<text>.*)")',
+               'if "(supported: " in text:', "message = flag_message(message)"]
+    assert [message_parsing(line) for line in planted] == [[line] for line in planted]
+    assert message_parsing('name, eq, value = argv[i].partition("=")') == []  # argv is input, not a message
+
+
 def test_errors_name_their_flag_from_the_table_never_from_the_message() -> None:
-    """An API error carries its field (``InvalidValue.field``); the CLI and the engine adapters
-    map it to a flag through a table declared beside the flags. Nothing reads a field back out
-    of a message, and every field the plan inputs can refuse has its flag."""
+    """An API error carries its field (``InvalidValue.field``), a refused argument its value
+    (``BadArgument``); the CLI and the engine adapters map the field to a flag through a table
+    declared beside the flags. Nothing in attnhal or the backends reads a field back out of a
+    message, and every field the plan inputs can refuse has its flag."""
     import dataclasses
-    import re
 
     from attnhal.cli.inputs import FLAG_OF
     from attnhal.spec import RequestContext, SpecConfig
     from repo import ROOT
 
-    parsing = re.compile(r"str\(exc\)\.(split|partition)\([\"'][=:]")  # str(exc).split("=")[0]: a field read back
-    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "attnhal").rglob("*.py") if parsing.search(p.read_text())]
+    offenders = [f"{p.relative_to(ROOT)}: {line}" for tree in ("attnhal", "backends")
+                 for p in (ROOT / tree).rglob("*.py") if "tests" not in p.parts
+                 for line in message_parsing(p.read_text())]
     assert offenders == []
     fields = {f.name for f in dataclasses.fields(SpecConfig)} | {f.name for f in dataclasses.fields(RequestContext)}
     fields |= {"max_batch_size", "step_counts", "max_tokens", "phase"}

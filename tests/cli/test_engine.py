@@ -88,14 +88,6 @@ def test_the_engines_package_imports_neither_attnhal_nor_an_adapter_at_its_top()
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
 
 
-def test_the_old_plugin_module_names_the_same_objects():
-    import attnhal.commands as old
-    from attnhal.cli import plugins
-
-    assert old.__all__ == plugins.__all__
-    assert all(getattr(old, name) is getattr(plugins, name) for name in old.__all__)
-
-
 SPEC_CONFIG = '{"method": "mtp", "num_speculative_tokens": 2}'
 
 

@@ -41,7 +41,7 @@ def bad_inputs(binary, folder, tmp):
         # plan
         (["plan", "--max-bs", huge], "--max-bs=1000000000 (supported: an integer 1..4096)"),
         (["plan", "--max-bs", "0"], "--max-bs=0"),
-        (["plan", "--spec-steps", "100000"], "--spec-steps=100000 (supported: an integer 0..16)"),
+        (["plan", "--spec-steps", "100000"], "--spec-steps=100000 (supported: an integer 0..64)"),
         (["plan", "--topk", "100000"], "--topk=100000"),
         (["plan", "--draft-tokens", "100000"], "--draft-tokens=100000"),
         (["plan", "--spec-steps", "1.5"], "--spec-steps='1.5'"),

@@ -46,7 +46,7 @@ def test_load_commands_reports_each_failure(plugin_module):
     assert [c.name for c in commands] == ["hello"]
     why = {u.name: u.reason for u in unavailable}
     assert why["broken"].startswith("load=fake_attnhal_plugin_that_raises:X failed: ModuleNotFoundError")
-    assert why["odd"] == "object=object (supported: an attnhal.commands.Command)"
+    assert why["odd"] == "object=object (supported: an attnhal.cli.plugins.Command)"
     assert why["plan"].startswith("name=plan (supported: the entry point's name, not one of")
     assert why["needs"] == "module=no_such_module_xyz (supported: importable; pip install no_such_module_xyz)"
 

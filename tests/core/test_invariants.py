@@ -111,7 +111,7 @@ def test_every_vendor_is_a_platform_row():
 
 
 def test_import_attnhal_is_light():
-    code = ("import sys, attnhal, attnhal.plan, attnhal.registry, attnhal.descriptors, attnhal.cli\n"
+    code = ("import sys, attnhal, attnhal.planner, attnhal.registry, attnhal.capabilities.files, attnhal.cli\n"
             "bad = sorted(m for m in sys.modules if m == 'triton' or m.startswith(('triton.', 'attnhal_')))\n"
             "assert not bad, bad\n"
             "assert 'torch' not in sys.modules or not sys.modules['torch'].cuda.is_initialized()\n"

@@ -49,6 +49,17 @@ GRAPH = import_graph()
 LAYERS = documented_layers(ARCHITECTURE.read_text(encoding="utf-8"))
 
 
+def test_the_tiers_are_six_to_eight_runs_of_the_layers_in_order():
+    """Each tier of the ```tiers block starts at a line of the layers block, in the layers' order,
+    so every layer falls in exactly one tier and imports run down the tiers as they run down the layers."""
+    block = re.search(r"```tiers\n(.*?)```", ARCHITECTURE.read_text(encoding="utf-8"), re.S)
+    assert block, "docs/architecture.md has no ```tiers block"
+    tiers = [line.split() for line in block.group(1).splitlines() if line.strip()]
+    assert 6 <= len(tiers) <= 8 and all(len(t) == 2 for t in tiers)
+    starts = [next((i for i, names in enumerate(LAYERS) if names[0] == first), None) for _, first in tiers]
+    assert None not in starts and starts[0] == 0 and starts == sorted(set(starts)), list(zip(tiers, starts))
+
+
 def test_there_is_no_import_circle():
     assert circles(GRAPH) == []
 

@@ -26,7 +26,7 @@ def test_nographs_option_round_trips():
     p = parse("hip:gfx942,nographs")
     assert not p.has_graph_api and p.graph_kind is GraphKind.NONE
     assert p.name == "hip:gfx942,nographs" and parse(p.name) == p
-    assert p.spec == p.name == str(p)  # the former name of the platform string
+    assert p.name == str(p)
 
 
 @pytest.mark.parametrize("spec, needle", [
@@ -117,14 +117,14 @@ def test_known_archs_do_not_warn(recwarn):
     assert not attnhal_warnings(recwarn.list)  # torch or Python may warn of their own
 
 
-def test_parse_and_current_refuse_non_strings():
-    from attnhal.platform import current
+def test_parse_and_as_platform_refuse_non_strings():
+    from attnhal.platform import as_platform
 
     with pytest.raises(TypeError, match="spec=None"):
         parse(None)
     with pytest.raises(TypeError, match="platform=42"):
-        current(42)
-    assert current("hip:gfx942") == parse("hip:gfx942")
+        as_platform(42)
+    assert as_platform("hip:gfx942") == parse("hip:gfx942")
 
 
 def test_arch_sets_and_unknown_arch_ordering():

@@ -8,12 +8,12 @@ import sys
 import pytest
 
 import attnhal.platform as platform
-from attnhal.platform import Platform, Vendor, as_platform, current, parse
+from attnhal.platform import Platform, Vendor, as_platform, parse
 from repo import ROOT
 
 #: Every public name the single module ``attnhal.platform`` had (before it became a package).
 OLD_NAMES = ("ArchFacts", "ArchKey", "ArchSet", "ENV_VAR", "Fp8Flavor", "GraphKind", "Platform", "PlatformSpecError",
-             "UnknownArchWarning", "VENDORS", "Vendor", "VendorRow", "arch_at_least", "arch_sets", "current",
+             "UnknownArchWarning", "VENDORS", "Vendor", "VendorRow", "arch_at_least", "arch_sets",
              "detect", "normalize_arch", "parse")
 
 
@@ -25,10 +25,6 @@ def test_as_platform_takes_a_platform_a_spec_or_nothing(monkeypatch: pytest.Monk
     assert as_platform() == as_platform(None) == parse("cuda:sm90")  # None detects
     with pytest.raises(TypeError, match=r"platform=3 \(supported: a Platform, a spec string"):
         as_platform(3)  # type: ignore[arg-type]
-
-
-def test_current_is_the_old_name_of_as_platform() -> None:
-    assert current is as_platform
 
 
 def test_every_old_name_is_still_importable() -> None:
@@ -75,10 +71,7 @@ def test_a_submodule_imports_first(module: str) -> None:
 
 
 def test_graph_step_names() -> None:
-    from attnhal.graphs import InputSpec, StepInput
-    from attnhal.graphs.runner import InputSpec as old_path
-
-    assert InputSpec is StepInput is old_path
+    from attnhal.graphs import StepInput
     import torch
 
     assert StepInput("token", (2, 8), torch.float32).per == "token"

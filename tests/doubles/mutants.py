@@ -35,7 +35,7 @@ from attnhal.backend import AttentionConfig, ForwardBatch, KVPool
 from attnhal.capabilities import BackendCapabilities
 from attnhal.phases import Phase
 from attnhal.spec import SpecConfig
-from attnhal.testing.cases import CaseSpec
+from attnhal.testing.cases import CaseRecipe
 from attnhal_torch import TorchBackend
 from attnhal_torch.backend import _Piece
 from attnhal_torch.kernel import KVLayout, LayerParams, Workspace
@@ -617,12 +617,12 @@ class Mutant:
     cls: type[TorchBackend]
     claim: str
     category: str
-    trigger: CaseSpec
+    trigger: CaseRecipe
     kind: str = "output"
 
 
-def _decode(*seq_lens: int, **kw: Any) -> CaseSpec:
-    return CaseSpec(Phase.DECODE, prefix_lens=tuple(s - 1 for s in seq_lens), **kw)
+def _decode(*seq_lens: int, **kw: Any) -> CaseRecipe:
+    return CaseRecipe(Phase.DECODE, prefix_lens=tuple(s - 1 for s in seq_lens), **kw)
 
 
 MUTANTS: dict[str, Mutant] = {
@@ -633,7 +633,7 @@ MUTANTS: dict[str, Mutant] = {
     "truncates_long_context": Mutant(TruncatesLongContext, "phase[decode, float32]", "sizes: long context",
                                      _decode(4097)),
     "prefill_tile_offset": Mutant(PrefillTileOffset, "phase[prefill, float32]", "sizes: prefill extend > 128",
-                                  CaseSpec(Phase.PREFILL, prefix_lens=(0,), new_lens=(129,))),
+                                  CaseRecipe(Phase.PREFILL, prefix_lens=(0,), new_lens=(129,))),
     "gqa_tiles_round_robin": Mutant(GQATilesRoundRobin, "phase[decode, float32]", "sizes: GQA group 8-16",
                                     _decode(9, 5, num_q_heads=16, num_kv_heads=2)),
     "mqa_first_tile_only": Mutant(MQAFirstTileOnly, "phase[decode, float32]", "sizes: MQA with 8+ heads",
@@ -641,7 +641,7 @@ MUTANTS: dict[str, Mutant] = {
     "power_of_two_head_dim": Mutant(PowerOfTwoHeadDim, "phase[decode, float32]", "sizes: every head size",
                                     _decode(9, head_size=80)),
     "empty_row_shift": Mutant(EmptyRowShift, "phase[prefill, float32]", "sizes: empty request mid-batch",
-                              CaseSpec(Phase.PREFILL, prefix_lens=(2, 0, 3), new_lens=(3, 0, 4))),
+                              CaseRecipe(Phase.PREFILL, prefix_lens=(2, 0, 3), new_lens=(3, 0, 4))),
     "single_key_fast_path": Mutant(SingleKeyFastPath, "phase[decode, float32]", "sizes: length-1 request",
                                    _decode(9, 1)),
     "default_scale": Mutant(DefaultScale, "phase[decode, float32]", "inputs: explicit scale",
@@ -665,21 +665,21 @@ MUTANTS: dict[str, Mutant] = {
     "writes_every_layer": Mutant(WritesEveryLayer, "inputs_unchanged", "properties: inputs unchanged",
                                  _decode(9, num_layers=2), kind="inputs"),
     "clamps_seq_lens": Mutant(ClampsSeqLens, "inputs_unchanged", "properties: inputs unchanged",
-                              CaseSpec(Phase.PREFILL, prefix_lens=(0, 3), new_lens=(0, 2)), kind="inputs"),
+                              CaseRecipe(Phase.PREFILL, prefix_lens=(0, 3), new_lens=(0, 2)), kind="inputs"),
     "flaky_every_fifth_call": Mutant(FlakyEveryFifthCall, "phase[decode, float32]", "properties: flaky failure",
                                      _decode(9), kind="flaky"),
     "replay_caps_context": Mutant(ReplayCapsContext, "graph[decode]", "graphs: long context replay",
                                   _decode(300), kind="graph"),
     "window_verify_by_index": Mutant(
         WindowVerifyByIndex, "feature[sliding_window]", "features: window x tree verify",
-        CaseSpec(Phase.TARGET_VERIFY, prefix_lens=(13,), spec=SpecConfig.eagle(2, 2, 4),
+        CaseRecipe(Phase.TARGET_VERIFY, prefix_lens=(13,), spec=SpecConfig.eagle(2, 2, 4),
                  tree_parents=((-1, 0, 0, 1),), sliding_window=2)),
     "window_tile_from_last_query": Mutant(
         WindowTileFromLastQuery, "feature[sliding_window]", "features: window x prefill tiles",
-        CaseSpec(Phase.PREFILL, prefix_lens=(0,), new_lens=(129,), sliding_window=32)),
+        CaseRecipe(Phase.PREFILL, prefix_lens=(0,), new_lens=(129,), sliding_window=32)),
     "wide_gqa_second_launch_no_window": Mutant(
         WideGQASecondLaunchNoWindow, "feature[sliding_window]", "features: window x wide GQA",
-        CaseSpec(Phase.PREFILL, num_q_heads=32, num_kv_heads=2, prefix_lens=(9,), new_lens=(3,), sliding_window=3)),
+        CaseRecipe(Phase.PREFILL, num_q_heads=32, num_kv_heads=2, prefix_lens=(9,), new_lens=(3,), sliding_window=3)),
     "sinks_skipped_under_window": Mutant(SinksSkippedUnderWindow, "feature[sinks]", "features: sinks x window",
                                          _decode(9, sinks=True, sliding_window=3)),
     "sinks_per_kv_split": Mutant(SinksPerKVSplit, "feature[sinks]", "features: sinks x KV splits",

@@ -68,22 +68,22 @@ def test_an_fp32_tie_is_told_apart_from_a_failure(monkeypatch):
     here: the worker's token becomes greedy's runner-up, with the threshold at least that gap.
     """
     workers = stress._Workers()
-    outcome = stress._run_case(stress.Case(0, TIE), workers, parsed_demo_config)
+    outcome = stress._run_case(stress.DrawnCase(0, TIE), workers, parsed_demo_config)
     assert outcome is None or outcome[0] == "tie"
 
     with monkeypatch.context() as m:  # a real bug: the third token of request 1 is wrong
         _set_token(m, workers, 1, 2, lambda t: (t + 1) % 512)
-        kind, why = stress._run_case(stress.Case(1, TIE), workers, parsed_demo_config)
+        kind, why = stress._run_case(stress.DrawnCase(1, TIE), workers, parsed_demo_config)
     assert kind == "failed" and "request 1 differs from greedy at token 2" in why and "logit gap" in why
 
-    cfg = parsed_demo_config(stress.Case(2, TIE).argv())
+    cfg = parsed_demo_config(stress.DrawnCase(2, TIE).argv())
     prompts = cfg.prompts(workers.models(cfg)[0].cfg.vocab_size)
     want = workers.greedy_worker(cfg, stress.CONTEXT).generate(prompts, cfg.max_new_tokens).tokens[0]
     top, gap = stress._greedy_top2(workers, cfg, prompts[0] + want[:3])
     runner_up = top[1] if top[0] == want[3] else top[0]
     monkeypatch.setattr(stress, "TIE_GAP", max(stress.TIE_GAP, 2 * gap))
     _set_token(monkeypatch, workers, 0, 3, lambda t: runner_up)
-    kind, why = stress._run_case(stress.Case(2, TIE), workers, parsed_demo_config)
+    kind, why = stress._run_case(stress.DrawnCase(2, TIE), workers, parsed_demo_config)
     assert kind == "tie" and "request 0 differs from greedy at token 3" in why and "an fp32 tie" in why
 
 

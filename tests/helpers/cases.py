@@ -1,10 +1,10 @@
-"""Test helpers over the conformance kit's builders (:mod:`attnhal.testing.batches`).
+"""Test helpers over the conformance kit's builders (:mod:`attnhal.testing.cases`).
 
 :func:`random_spec` draws, from a plain seed, the per-request fields of a
-:class:`~attnhal.testing.batches.CaseSpec` (lengths, draft tree, shared draft
+:class:`~attnhal.testing.cases.CaseRecipe` (lengths, draft tree, shared draft
 ancestors) for the fixed examples that do not run under hypothesis;
-:func:`~attnhal.testing.batches.build_case` builds it. :func:`expected` is the fp64
-reference (:mod:`attnhal.testing.reference`) of a built case.
+:func:`~attnhal.testing.cases.build_case` builds it. :func:`expected` is the fp64
+reference (:mod:`attnhal.testing.oracle`) of a built case.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from attnhal.phases import Phase
 from attnhal.spec import SpecConfig
-from attnhal.testing.cases import Case, CaseSpec
+from attnhal.testing.cases import Case, CaseRecipe
 from attnhal.testing.oracle import _one_thread, reference_forward
 
 __all__ = ["DEFAULT_SPECS", "expected", "one_thread", "random_spec"]
@@ -44,13 +44,13 @@ def one_thread() -> Iterator[None]:
 def random_spec(phase: Phase, seed: int, *, requests: int = 2, spec: SpecConfig | None = None,
                 prefix_lens: tuple[int, ...] | list[int] | None = None,
                 new_lens: tuple[int, ...] | list[int] | None = None, draft_step: int = 0,
-                tree: bool | None = None, **fields: Any) -> CaseSpec:
-    """A :class:`CaseSpec` of ``phase`` whose unspecified fields are drawn from ``seed``.
+                tree: bool | None = None, **fields: Any) -> CaseRecipe:
+    """A :class:`CaseRecipe` of ``phase`` whose unspecified fields are drawn from ``seed``.
 
     Prefixes ``0..12`` per request; ``prefill`` new tokens ``0..9``; ``draft_extend``
     accepted tokens ``1..draft_extend_len``; a random draft tree for ``target_verify``
     when ``topk > 1`` (or ``tree=True``); random shared ancestors (``draft_picks``) for
-    ``draft_decode``; slots scattered through the pool. ``fields`` go to the CaseSpec.
+    ``draft_decode``; slots scattered through the pool. ``fields`` go to the CaseRecipe.
     """
     rng = random.Random(seed)
     if spec is None:
@@ -77,7 +77,7 @@ def random_spec(phase: Phase, seed: int, *, requests: int = 2, spec: SpecConfig 
     if phase is Phase.PREFILL or phase is Phase.DECODE:
         spec = None
     fields.setdefault("slot_seed", seed + 1)
-    return CaseSpec(phase, prefix_lens=prefix, spec=spec, seed=seed, **extra, **fields)
+    return CaseRecipe(phase, prefix_lens=prefix, spec=spec, seed=seed, **extra, **fields)
 
 
 def expected(case: Case, layer: int | None = None) -> torch.Tensor:

@@ -257,7 +257,7 @@ def test_capture_sizes_from_the_spec_width():
 @pytest.mark.parametrize("algorithm", ["eagle", "eagle3", "mtp", "standalone"])
 def test_draft_model_algorithms_run_the_eagle_phases(algorithm):
     caps = toml(ALL_GRAPHS)
-    spec = SpecConfig.eagle(3, algorithm=algorithm)
+    spec = SpecConfig(algorithm, 3)
     p = plan_with(caps, spec)
     assert p.valid and [ph for ph in Phase if p[ph].runs] == [
         Phase.PREFILL, Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND, Phase.TARGET_VERIFY]

@@ -248,7 +248,7 @@ def test_resolve_is_the_base_plus_matching_variants_in_order(caps, platform, con
     (dict(num_steps=65), ValueError, "num_steps=65 (supported: 1..64)"),
     (dict(num_steps=2, topk=65, num_draft_tokens=3), ValueError, "topk=65 (supported: 1..64)"),
     (dict(num_steps=2, topk=2, num_draft_tokens=2.0), TypeError, "num_draft_tokens=2.0"),
-    (dict(num_steps=64, topk=64, num_draft_tokens=1025), ValueError, "num_draft_tokens=1025 (supported: 0..1024)"),
+    (dict(num_steps=64, topk=64, num_draft_tokens=1025), ValueError, "num_draft_tokens=1025 (supported: 2..1024)"),
     (dict(num_steps=2, algorithm="medusa"), ValueError, "algorithm='medusa' (supported: none, eagle"),
 ])
 def test_spec_config_refuses_wrong_types_and_out_of_bounds(kwargs, error, needle):

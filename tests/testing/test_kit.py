@@ -205,23 +205,13 @@ def test_kit_modules_import_siblings_by_module_never_through_their_package() -> 
     assert [f for p in modules for f in _own_package_imports(p)] == []
 
 
-def test_former_names_and_modules_still_work() -> None:
+def test_the_cases_package_exports_in_isort_order() -> None:
     import attnhal.testing as kit
-    import attnhal.testing.batches as batches
     import attnhal.testing.cases as cases
-    import attnhal.testing.oracle as oracle
-    import attnhal.testing.reference as reference
-    from attnhal.example_engine import stress
 
-    assert kit.CaseSpec is kit.CaseRecipe is cases.CaseSpec is batches.CaseSpec is cases.CaseRecipe
-    assert batches.build_case is cases.build_case and batches.new_qkv is cases.new_qkv
-    assert set(batches.__all__) <= set(cases.__all__)
-    for names in (cases.__all__, batches.__all__):  # isort-style: constants, classes, functions
-        assert names == sorted(names, key=lambda n: (not n.isupper(), not n[0].isupper(), n))
-    assert reference.reference_forward is oracle.reference_forward and reference.real_tokens is oracle.real_tokens
-    assert stress.Case is stress.DrawnCase
-    case = cases.build_case(cases.CaseRecipe(Phase.DECODE))
-    assert case.spec is case.recipe  # the built case's former attribute name
+    assert kit.CaseRecipe is cases.CaseRecipe
+    # isort-style: constants, classes, functions
+    assert cases.__all__ == sorted(cases.__all__, key=lambda n: (not n.isupper(), not n[0].isupper(), n))
 
 
 def test_backend_conformance_is_the_sum_of_the_claim_families() -> None:

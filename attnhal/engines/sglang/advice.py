@@ -61,7 +61,7 @@ def _fitting(given: Mapping[str, Any], config: SglangConfig, platform: Platform,
         page = resolve_page_size({**given, "attention_backend": entry.name}, config.context.model, platform).value
         context = replace(config.context, page_size=page)
         caps = entry.descriptor.resolve(Facts.of(platform, context, config.spec))
-        request = AttentionRequest(dtype=context.dtype, kv_dtype=context.kv_dtype, page_size=page, model=context.model)
+        request = AttentionRequest.of(context)
         if not not_supported_reasons(caps, request, platform):
             out[entry.name] = caps
     return out

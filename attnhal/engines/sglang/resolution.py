@@ -25,7 +25,7 @@ from attnhal.engines.sglang.pages import DEFAULT_PAGE_SIZE, PageSize, model_note
 from attnhal.phases import Phase, phases_run
 from attnhal.planner import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, phase_roles
 from attnhal.platform import Platform, as_platform
-from attnhal.spec import ModelKind, RequestContext, SpecConfig
+from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
 __all__ = ["DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "Choice", "SglangConfig", "capture_sizes",
            "from_server_args", "roles"]
@@ -137,7 +137,7 @@ def _spec(values: Mapping[str, Any], notes: list[str]) -> SpecConfig:
         # SGLang overrides it, with a warning (arg_groups/speculative_hook.py:1255-1266).
         notes.append(f"speculative_num_draft_tokens={tokens} -> {steps + 1}: SGLang sets num_steps + 1 for topk 1")
         tokens = steps + 1
-    return _spec_or_error(lambda: SpecConfig.eagle(steps, topk, tokens, algorithm=ALGORITHMS[algorithm]))
+    return _spec_or_error(lambda: SpecConfig(SpecAlgorithm(ALGORITHMS[algorithm]), steps, topk, tokens))
 
 
 def _spec_or_error(build: Callable[[], SpecConfig]) -> SpecConfig:

@@ -15,7 +15,7 @@ from attnhal.engines.vllm.resolution import GraphMode, ModeResolution, resolve_m
 from attnhal.phases import Phase, phases_run
 from attnhal.planner import GraphPolicy, PhaseBackends
 from attnhal.platform import Platform, as_platform
-from attnhal.spec import ModelKind, RequestContext, SpecConfig
+from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
 __all__ = ["ADAPTER", "VllmAdapter", "VllmConfig", "from_engine_args"]
 
@@ -99,7 +99,7 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     elif METHODS[method] == "ngram":
         spec = SpecConfig.ngram(tokens + 1)
     else:
-        spec = SpecConfig.eagle(tokens, algorithm=METHODS[method])
+        spec = SpecConfig(SpecAlgorithm(METHODS[method]), tokens)
     requested = GraphMode(values.get("compilation_config", {}).get("cudagraph_mode", "FULL_AND_PIECEWISE"))
     if values.get("enforce_eager"):
         requested = GraphMode.NONE

@@ -7,14 +7,13 @@ filled by :mod:`.pools`.
 
 The hypothesis strategies of :mod:`attnhal.testing.strategies` draw recipes, so a shrunk
 counterexample prints as one readable record that :func:`build_case` rebuilds exactly.
-``CaseSpec`` is the record's former name, kept as an alias.
 """
 
 from __future__ import annotations
 
 from attnhal.testing.cases.build import Case, attention_config, build_case, new_qkv, reparent_rows, tree_mask
 from attnhal.testing.cases.pools import PoolSize, draw_qk, draw_v, fill_pool, make_pool, pool_size
-from attnhal.testing.cases.recipe import MAX_EXACT_QK, QKV_LAYOUTS, TORCH_DTYPES, CaseRecipe, CaseSpec
+from attnhal.testing.cases.recipe import MAX_EXACT_QK, QKV_LAYOUTS, TORCH_DTYPES, CaseRecipe
 
 __all__ = [
     "MAX_EXACT_QK",
@@ -22,7 +21,6 @@ __all__ = [
     "TORCH_DTYPES",
     "Case",
     "CaseRecipe",
-    "CaseSpec",
     "PoolSize",
     "attention_config",
     "build_case",

@@ -55,7 +55,7 @@ def make_pool(recipe: CaseRecipe, size: PoolSize | None = None, device: str | to
                   head_dim=recipe.head_size, dtype=recipe.cache_dtype, max_reqs=size.max_reqs,
                   max_context_len=size.max_context_len, device=device, page_size=recipe.page_size,
                   v_head_dim=recipe.v_head_size)
-    if pool.is_fp8:
+    if pool.kv_format.scaled:
         pool.k_scale.fill_(recipe.kv_scale)
         pool.v_scale.fill_(2 * recipe.kv_scale)
     return pool

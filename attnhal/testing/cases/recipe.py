@@ -21,7 +21,7 @@ from attnhal.phases import Phase
 from attnhal.platform import Fp8Flavor
 from attnhal.spec import SpecConfig
 
-__all__ = ["MAX_EXACT_QK", "QKV_LAYOUTS", "TORCH_DTYPES", "CaseRecipe", "CaseSpec"]
+__all__ = ["MAX_EXACT_QK", "QKV_LAYOUTS", "TORCH_DTYPES", "CaseRecipe"]
 
 #: Descriptor dtype names -> torch dtypes.
 TORCH_DTYPES = COMPUTE_DTYPES
@@ -241,10 +241,6 @@ class CaseRecipe:
         if self.qkv_layout not in QKV_LAYOUTS:
             out.append(f"qkv_layout={self.qkv_layout} (supported: {', '.join(QKV_LAYOUTS)})")
         return out
-
-
-#: The record's name before it was called a recipe (public since the kit's first release).
-CaseSpec = CaseRecipe
 
 
 def _spec_repr(spec: SpecConfig) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 import attnhal.testing.strategies as hst
+from attnhal.kv_format import kv_format
 from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import GraphKind
 from attnhal.testing.cases import CaseRecipe
@@ -87,9 +88,10 @@ def check_kv_dtype(target: Target, claim: Claim) -> tuple[str, int]:
     also runs its life cycle (:mod:`attnhal.testing.checks.fp8`): values past the range,
     scales set after construction and after capture."""
     kv = claim.subject
-    flavours = list(fp8_flavours(target)) if kv == "fp8_e4m3" else ["e4m3fn"]
+    fmt = kv_format(kv)
+    flavours = list(fp8_flavours(target)) if fmt.needs_flavor else ["e4m3fn"]
     variants = [{"kv_dtype": kv, "fp8_flavor": f, "kv_scale": FP8_K_SCALE} for f in flavours]
-    fp8 = kv.startswith("fp8")
+    fp8 = fmt.scaled
     extra = []
     if fp8:  # every phase's canonical case with values past the range, in each flavour
         caps, dtype = target.caps, checkable_dtypes(target)[0]
@@ -100,7 +102,7 @@ def check_kv_dtype(target: Target, claim: Claim) -> tuple[str, int]:
         replayed = check_late_scales(target, claim, variants)
         detail += "; saturated past the range; scales set late: eager" + (
             f" and replays of {', '.join(p.value for p in replayed)}" if replayed else "")
-    if kv == "fp8_e4m3":
+    if fmt.needs_flavor:
         detail = f"stored as {' and '.join(flavours)}; {detail}"
     return detail, count
 

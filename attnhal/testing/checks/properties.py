@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import attnhal.testing.checks.fixed as fixed
 import attnhal.testing.strategies as hst
 from attnhal.backend import ForwardBatch
+from attnhal.kv_format import kv_format
 from attnhal.phases import GRAPH_PHASES, Phase
 from attnhal.platform import GraphKind
 from attnhal.testing.cases import CaseRecipe, build_case
@@ -47,7 +48,7 @@ def _phases(target: Target) -> list[Phase]:
 def _fp8(target: Target) -> list[dict[str, Any]]:
     """The claimed fp8 KV dtypes as recipe fields (the first e4m3 flavour checked here)."""
     fields = hst.kv_fields(target.caps, fp8_flavours(target)[:1])
-    return [f for f in fields if f["kv_dtype"].startswith("fp8")]
+    return [f for f in fields if kv_format(f["kv_dtype"]).scaled]
 
 
 def _drawn(target: Target) -> st.SearchStrategy[CaseRecipe]:

@@ -16,6 +16,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from attnhal.capabilities import BackendCapabilities
+from attnhal.kv_format import kv_format
 from attnhal.phases import Feature
 
 __all__ = ["FP8_KV_SCALE", "MLA_FIELDS", "WINDOW_EDGES", "feature_fields", "kv_fields", "window_fields", "windows"]
@@ -45,8 +46,9 @@ def kv_fields(caps: BackendCapabilities, fp8_flavors: tuple[str, ...] = ("e4m3fn
     e4m3 once per flavour in ``fp8_flavors``; fp8 caches with :data:`FP8_KV_SCALE`)."""
     out: list[dict[str, Any]] = []
     for kv in sorted(set(caps.kv_dtypes or ()) - set(caps.dtypes)):
-        flavours = fp8_flavors if kv == "fp8_e4m3" else ("e4m3fn",)
-        scale = FP8_KV_SCALE if kv.startswith("fp8") else 1.0
+        fmt = kv_format(kv)
+        flavours = fp8_flavors if fmt.needs_flavor else ("e4m3fn",)
+        scale = FP8_KV_SCALE if fmt.scaled else 1.0
         out += [{"kv_dtype": kv, "fp8_flavor": f, "kv_scale": scale} for f in flavours]
     return out
 

@@ -16,7 +16,7 @@ from attnhal.backend import ForwardBatch, KVPool
 from attnhal.phases import Phase
 from attnhal.platform import parse
 from attnhal.registry import default_registry
-from attnhal.testing.cases import Case, CaseSpec, build_case
+from attnhal.testing.cases import Case, CaseRecipe, build_case
 from attnhal.testing.checks import canonical_cases
 from attnhal.testing.oracle import real_tokens, reference_forward
 from attnhal_cpu import CAPABILITIES, CpuBackend
@@ -100,7 +100,7 @@ def test_every_claimed_page_size_matches_the_reference(page: int, phase: Phase, 
 @needs_kernel
 @pytest.mark.parametrize("splits", [1, 2, 3, 7])
 def test_split_count_changes_nothing_but_rounding(splits: int) -> None:
-    spec = CaseSpec(Phase.DECODE, num_q_heads=16, num_kv_heads=2, head_size=128, prefix_lens=(700, 41, 0, 300),
+    spec = CaseRecipe(Phase.DECODE, num_q_heads=16, num_kv_heads=2, head_size=128, prefix_lens=(700, 41, 0, 300),
                     slot_seed=3, seed=5)
     case = build_case(spec)
     want = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale)
@@ -113,7 +113,7 @@ def test_split_count_changes_nothing_but_rounding(splits: int) -> None:
 @needs_kernel
 @pytest.mark.parametrize("group", [1, 3, 16])
 def test_gqa_groups_and_long_rows(group: int) -> None:
-    spec = CaseSpec(Phase.TARGET_VERIFY, num_q_heads=2 * group, num_kv_heads=2, head_size=96,
+    spec = CaseRecipe(Phase.TARGET_VERIFY, num_q_heads=2 * group, num_kv_heads=2, head_size=96,
                     prefix_lens=(520, 9), spec=canonical_cases(CAPABILITIES, Phase.TARGET_VERIFY, "float32", 64)[0].spec,
                     tree_parents=((-1, 0, 0, 1), (-1, 0, 1, 2)), slot_seed=1, seed=2)
     case = build_case(spec)
@@ -163,7 +163,7 @@ def test_op_schema_and_fake() -> None:
     op = attend_op()
     schema = str(op.default._schema)
     assert "Tensor(a!) out" in schema and "Tensor(b!) mid_o" in schema and "Tensor(c!) mid_lse" in schema
-    case = build_case(CaseSpec(Phase.DECODE, num_q_heads=4, num_kv_heads=2, head_size=64, prefix_lens=(5, 9)))
+    case = build_case(CaseRecipe(Phase.DECODE, num_q_heads=4, num_kv_heads=2, head_size=64, prefix_lens=(5, 9)))
     pool, q = case.pool, case.q
     out = torch.empty_like(q)
     mid_o, mid_lse = torch.zeros(2 * 4 * 2 * 64), torch.zeros(2 * 4 * 2)
@@ -174,7 +174,7 @@ def test_op_schema_and_fake() -> None:
 
 @needs_kernel
 def test_bad_config_names_the_field() -> None:
-    case = build_case(CaseSpec(Phase.DECODE, num_q_heads=4, num_kv_heads=2, head_size=16))
+    case = build_case(CaseRecipe(Phase.DECODE, num_q_heads=4, num_kv_heads=2, head_size=16))
     with pytest.raises(ValueError, match=r"head_size=16 \(supported: \{64, 80, 96, 128, 256\}\)"):
         CpuBackend(case.config, case.pool)
     spec = canonical_cases(CAPABILITIES, Phase.DECODE, "float32", 64)[0]

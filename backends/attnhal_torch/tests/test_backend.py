@@ -19,7 +19,7 @@ from attnhal.phases import GRAPH_PHASES, Feature, Phase
 from attnhal.platform import Vendor
 from attnhal.registry import BackendPlugin
 from attnhal.spec import DTYPES, SpecConfig
-from attnhal.testing.cases import Case, CaseSpec, PoolSize, build_case, make_pool, pool_size
+from attnhal.testing.cases import Case, CaseRecipe, PoolSize, build_case, make_pool, pool_size
 from attnhal.testing.oracle import query_tokens
 from attnhal.testing.strategies import case_specs, tree_parents
 from attnhal_torch import TorchBackend
@@ -50,7 +50,7 @@ def run_eager(case: Case, backend: TorchBackend | None = None, **kwargs: Any) ->
 # --- strategies ------------------------------------------------------------------------------
 
 @st.composite
-def specs(draw: st.DrawFn, phase: Phase, **kwargs: Any) -> CaseSpec:
+def specs(draw: st.DrawFn, phase: Phase, **kwargs: Any) -> CaseRecipe:
     """:func:`case_specs` of the torch claims with MHA/GQA/MQA up to 3 KV heads (6/3 among
     them); ``target_verify`` chains sometimes carry an explicit tree mask too."""
     spec = draw(case_specs(CAPS, phase, max_kv_heads=3, max_group=4, max_seq_len=52, **kwargs))
@@ -102,7 +102,7 @@ def test_registered_through_entry_point() -> None:
 def test_phase_matches_reference(phase: Phase, data: st.DataObject) -> None:
     case, kernel = data.draw(phase_cases(phase))
     ref = expected(case)
-    assert_matches(run_eager(case, **kernel), ref, case.spec.dtype)
+    assert_matches(run_eager(case, **kernel), ref, case.recipe.dtype)
 
 
 @pytest.mark.parametrize("extend_lens", [[0, 0], [0, 5], [7, 0], [1, 1]])
@@ -200,7 +200,7 @@ def pad_last_row(batch: ForwardBatch) -> None:
 
 
 @st.composite
-def replay_specs(draw: st.DrawFn, first: CaseSpec) -> CaseSpec:
+def replay_specs(draw: st.DrawFn, first: CaseRecipe) -> CaseRecipe:
     """Another batch for the graph captured on ``first``: same shape (requests, heads, layers,
     spec config, draft step, tree or not), new lengths, K/V, q, slots, tree and draft path."""
     other = draw(specs(first.phase, spec=first.spec, requests=first.requests, dtype=first.dtype,

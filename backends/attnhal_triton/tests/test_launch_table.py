@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from attnhal.backend import AttentionConfig, KVPool  # noqa: E402
 from attnhal.capabilities import Feature, Phase, SpecLimits  # noqa: E402
 from attnhal.platform import Fp8Flavor, parse  # noqa: E402
-from attnhal_triton import CAPABILITIES, FALLBACK, TABLE, UnknownArchWarning, lookup  # noqa: E402
+from attnhal_triton import CAPABILITIES, FALLBACK, TABLE, NoLaunchRowWarning, lookup  # noqa: E402
 from attnhal_triton.compile_check import DEFAULT_TARGETS, DTYPES, HEAD_SIZES, VARIANTS, target_platform  # noqa: E402
 from attnhal_triton.launch_table import (  # noqa: E402
     ALIASES,
@@ -42,7 +42,7 @@ KNOWN = {"cuda:sm80": "sm80", "cuda:sm90": "sm90", "cuda:sm120": "sm120", "hip:g
 
 def _no_warning(kernel: str, spec: str, head: int = 128, dtype: str = "float16") -> LaunchRow:
     with warnings.catch_warnings():
-        warnings.simplefilter("error", UnknownArchWarning)
+        warnings.simplefilter("error", NoLaunchRowWarning)
         return lookup(kernel, parse(spec), head, dtype)
 
 
@@ -65,7 +65,7 @@ def test_cuda_sm90_picks_the_sm90_row_without_hip_options(kernel: str) -> None:
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_unknown_arch_takes_the_fallback_with_a_warning(kernel: str, spec: str) -> None:
     platform = parse(spec)
-    with pytest.warns(UnknownArchWarning, match=platform.arch):
+    with pytest.warns(NoLaunchRowWarning, match=platform.arch):
         row = lookup(kernel, platform, 128, "bfloat16")
     assert row in FALLBACK and row.vendor is None and not HIP_ONLY & set(row.launch_options)
 
@@ -178,7 +178,7 @@ def test_backend_takes_its_rows_from_the_platform() -> None:
     hip = TritonBackend(cfg, pool, platform=parse("hip:gfx942"))
     assert hip.rows["extend_verify"] == lookup("extend_verify", parse("hip:gfx942"), 64, "float16")
     assert hip.num_kv_splits == 64
-    with pytest.warns(UnknownArchWarning, match="gfx1100"):
+    with pytest.warns(NoLaunchRowWarning, match="gfx1100"):
         TritonBackend(cfg, pool, platform=parse("hip:gfx1100"))
 
 
