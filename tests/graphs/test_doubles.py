@@ -66,7 +66,7 @@ def test_signature_drift_catches_a_planted_double() -> None:
 
 def test_stand_ins_refuse_what_the_real_function_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bound to ``new_graph``'s signature: defaults applied, an unknown keyword a TypeError."""
-    calls = stand_in(monkeypatch, runner_module, "new_graph", lambda bound: bound.arguments["kind"])
+    calls = stand_in(monkeypatch, runner_module, "new_graph", lambda bound: bound.arguments["platform"])
     assert runner_module.new_graph("emulated", device="cpu") == "emulated"
     assert calls[0].arguments["pool"] is None and calls[0].arguments["warmup_iters"] == 1
     with pytest.raises(TypeError, match="stream"):
