@@ -23,6 +23,7 @@ Names are vendor-neutral: nothing here says "cuda".
 from __future__ import annotations
 
 import inspect
+import os
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
@@ -35,7 +36,7 @@ from attnhal.capabilities import AttentionRequest, BackendCapabilities, request_
 from attnhal.capabilities.conditions import Facts
 from attnhal.errors import AttnhalError
 from attnhal.phases import GRAPH_PHASES, Phase
-from attnhal.platform import Platform, detect, parse
+from attnhal.platform import ENV_VAR, Platform, detect, parse
 from attnhal.reasons import Reason, ReasonCode, reason
 
 if TYPE_CHECKING:
@@ -266,16 +267,16 @@ def _takes_platform(backend_cls: type[AttentionBackend]) -> bool:
 
 
 def default_platform(pool: KVPool) -> Platform:
-    """The platform of a backend built without one: this process's (:func:`~attnhal.platform.detect`,
-    so ``ATTNHAL_PLATFORM`` counts) when the pool lives on its device type, else the CPU's.
+    """The platform of a backend built without one, from where its pool lives.
 
-    A pool on the CPU of a GPU machine is a host run (the interpreter, a reference): it gets
-    the plain ``cpu`` platform, never the GPU's launch rows or fp8 flavour.
+    A pool on a device: this process's platform (:func:`~attnhal.platform.detect`). A pool
+    on the host: the platform ``ATTNHAL_PLATFORM`` simulates (its tensors live on the
+    host too), else plain ``cpu`` — a host run on a GPU machine (the interpreter, a
+    reference) never gets the GPU's launch rows or fp8 flavour.
     """
-    here = detect()
-    if torch.device(here.torch_device).type == pool.device.type or pool.device.type != "cpu":
-        return here
-    return parse("cpu")
+    if pool.device.type != "cpu":
+        return detect()
+    return parse(os.environ.get(ENV_VAR) or "cpu")
 
 
 def config_reasons(caps: BackendCapabilities, config: AttentionConfig, pool: KVPool,

@@ -54,9 +54,9 @@ def _case(phase: Phase = Phase.DECODE) -> Any:
     return build_case(random_spec(phase, seed=5, requests=2, head_size=64))
 
 
-def _pool(dtype: torch.dtype, head: int = 64) -> KVPool:
+def _pool(dtype: torch.dtype, head: int = 64, device: str = "cpu") -> KVPool:
     return KVPool(num_layers=1, num_slots=64, num_kv_heads=2, head_dim=head, dtype=dtype, max_reqs=4,
-                  max_context_len=32)
+                  max_context_len=32, device=device)
 
 
 @pytest.fixture(autouse=True)
@@ -98,8 +98,10 @@ def test_the_default_platform_is_resolved_in_one_place(monkeypatch: pytest.Monke
     monkeypatch.setenv("ATTNHAL_PLATFORM", "hip:gfx942")  # a simulated platform: tensors on the CPU
     assert default_platform(pool) == HIP
     gpu = dataclasses.replace(parse("cuda:sm90"), torch_device="cuda:0", simulated=False)
-    monkeypatch.setattr(contract, "detect", lambda: gpu)  # a real GPU process, a pool on the host
-    assert default_platform(pool) == parse("cpu")
+    monkeypatch.setattr(contract, "detect", lambda: gpu)  # a real GPU process
+    monkeypatch.delenv("ATTNHAL_PLATFORM")
+    assert default_platform(pool) == parse("cpu")  # a pool on the host: not the GPU's platform
+    assert default_platform(_pool(torch.float32, device="meta")) is gpu  # a pool on a device: the process's
 
 
 def test_the_multi_step_draft_the_kit_and_the_worker_pass_the_platform() -> None:
