@@ -11,6 +11,9 @@ and replays the recorded ops with the CPU emulator's recorder, so outputs are ch
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
+import textwrap
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
@@ -115,11 +118,29 @@ def test_simulated_xpu_whose_row_names_no_implementation_plans_every_phase_eager
 
 
 def test_simulated_xpu_reads_only_its_row() -> None:
-    """The row names TorchXpuAPI: planned like CUDA, and planning imported no torch device module."""
+    """The row names TorchXpuAPI: planned like CUDA, whatever this torch has."""
     xpu = parse("xpu:pvc")
     assert xpu.graph_device == "attnhal.graphs.device_api:TorchXpuAPI" and xpu.graph_device_error is None
     assert xpu_plan(xpu).captured == xpu_plan(parse("cuda:sm90")).captured == (
         Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND, Phase.TARGET_VERIFY)
+
+
+def test_planning_a_simulated_platform_imports_no_torch_and_no_graph_implementation() -> None:
+    code = textwrap.dedent("""
+        import sys
+        from attnhal import BackendCapabilities, PhaseBackends, SpecConfig, plan
+        from attnhal.phases import Phase
+        from attnhal.platform import Vendor, parse
+        from attnhal.capabilities import SpecLimits
+        caps = BackendCapabilities(name="any", vendors=frozenset(Vendor), phases=frozenset(Phase),
+                                   graph={Phase.DECODE: SpecLimits()})
+        assert plan(SpecConfig(), parse("xpu:pvc"), PhaseBackends.same(caps)).captured
+        assert not plan(SpecConfig(), parse("npu:910b"), PhaseBackends.same(caps)).captured
+        print(sorted(m for m in sys.modules if m == "torch" or m.startswith("attnhal.graphs")))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 # --- detected, through a stand-in torch.xpu ----------------------------------------------------
