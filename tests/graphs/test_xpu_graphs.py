@@ -11,6 +11,7 @@ and replays the recorded ops with the CPU emulator's recorder, so outputs are ch
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import textwrap
@@ -175,3 +176,38 @@ def test_detected_xpu_with_a_stand_in_implementation_captures_and_replays_throug
         torch.testing.assert_close(out, mixing_forward(batch, x))
     assert log.count("replay") == 3
     assert all(s.replays == 1 and s.eager_runs == 0 for s in runner.summary().values())
+
+
+# --- what the CLI shows ---------------------------------------------------------------------
+
+ANY_VENDOR = """schema_version = 2
+name = "anydev"
+vendors = ["cuda", "hip", "xpu", "npu", "musa"]
+phases = ["prefill", "decode", "draft_decode", "draft_extend", "target_verify"]
+dtypes = ["float16"]
+head_sizes = [128]
+page_sizes = [1]
+multi_step = true
+
+[graph]
+decode = {}
+draft_decode = {}
+draft_extend = {}
+target_verify = {}
+"""
+
+
+@pytest.mark.parametrize("command", ["plan", "explain"])
+def test_plan_and_explain_say_why_nothing_is_captured(tmp_path, capsys, command: str) -> None:
+    from attnhal.cli import main
+
+    descriptor = tmp_path / "anydev.toml"
+    descriptor.write_text(ANY_VENDOR)
+    argv = [command, "--platform", "npu:910b", "--backend", str(descriptor), "--spec-steps", "3", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    phases = (out.get("plan") or out)["phases"]
+    for phase in ("draft_decode", "draft_extend", "target_verify"):
+        assert phases[phase]["capture"] is False
+        assert phases[phase]["reasons"][0]["code"] == "graph_device_unavailable"
+        assert "the npu vendor row names none" in phases[phase]["reasons"][0]["message"]
