@@ -27,7 +27,8 @@ from attnhal.graphs.step import MetadataOwner
 #: Class doubles of device paths, and what each stands for.
 CLASS_DOUBLES = {
     "FakeDevice": (FakeDevice, device_module.DeviceAPI),
-    "TorchDeviceAPI": (device_module.TorchDeviceAPI, device_module.DeviceAPI),  # the real one, same protocol
+    "TorchCudaAPI": (device_module.TorchCudaAPI, device_module.DeviceAPI),  # the real ones, same protocol
+    "TorchXpuAPI": (device_module.TorchXpuAPI, device_module.DeviceAPI),
     "graph_steps.Meta": (Meta, MetadataOwner),
 }
 

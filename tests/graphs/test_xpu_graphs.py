@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from doubles import signature_drift
 from graph_steps import ALL_GRAPHS, SIZES, SPEC, Meta, mixing_forward, spec_batch, spec_steps
 
 from attnhal.graphs import GraphRunner, TorchXpuAPI, device_api
@@ -98,6 +99,20 @@ def stand_in_xpu(monkeypatch: pytest.MonkeyPatch, with_graphs: bool) -> list[str
     else:
         monkeypatch.delattr(torch.xpu, "XPUGraph", raising=False)
     return log
+
+
+#: What TorchXpuAPI calls on torch.xpu (the stand-in below replaces each).
+XPU_CALLS = ("is_available", "current_device", "device", "current_stream", "set_stream", "Stream",
+             "graph_pool_handle", "synchronize", "empty_cache", "memory_stats_as_nested_dict")
+
+
+def test_the_xpu_api_and_its_stand_in_follow_this_torch() -> None:
+    """TorchXpuAPI runs only on an Intel GPU; the names it calls exist in this torch, and the
+    stand-in graph has XPUGraph's signatures."""
+    if not hasattr(torch.xpu, "XPUGraph"):
+        pytest.skip(f"torch {torch.__version__} has no torch.xpu.XPUGraph")
+    assert [name for name in XPU_CALLS if not hasattr(torch.xpu, name)] == []
+    assert signature_drift(StandInGraph, torch.xpu.XPUGraph, ("capture_begin", "capture_end", "replay", "pool")) == []
 
 
 @pytest.fixture
