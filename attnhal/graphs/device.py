@@ -221,7 +221,7 @@ class DeviceGraph(Graph):
 
 
 def _no_device(api: DeviceAPI) -> str:
-    return f"no device is available to {type(api).__name__} (no CUDA/HIP/XPU device here); use an emulated graph"
+    return f"no device is available to {type(api).__name__}; use an emulated graph"
 
 
 def _as_capture_error(exc: BaseException) -> CaptureError:
