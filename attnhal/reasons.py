@@ -40,6 +40,8 @@ class ReasonCode(str, Enum):
     GRAPH_LIMIT = "graph_limit"
     GRAPHS_DISABLED = "graphs_disabled"
     NO_GRAPH_API = "no_graph_api"
+    #: the device has a graph API, but the implementation its vendor row names cannot capture here
+    GRAPH_DEVICE_UNAVAILABLE = "graph_device_unavailable"
     CAPTURE_FAILED = "capture_failed"
     NOT_SELECTED = "not_selected"
 

@@ -2,7 +2,14 @@
 
 from attnhal.backend.batch import ForwardBatch, SpecInfo
 from attnhal.backend.config import COMPUTE_DTYPES, AttentionConfig, compute_dtype, dtype_name
-from attnhal.backend.contract import AttentionBackend, UnsupportedFeature, UnsupportedPhase, config_reasons
+from attnhal.backend.contract import (
+    AttentionBackend,
+    UnsupportedFeature,
+    UnsupportedPhase,
+    config_reasons,
+    default_platform,
+    new_backend,
+)
 from attnhal.backend.kv_pool import (
     FP8_DTYPES,
     PADDING_PAGE,
@@ -42,10 +49,12 @@ __all__ = [
     "compute_dtype",
     "config_reasons",
     "debug_enabled",
+    "default_platform",
     "dtype_name",
     "kv_dtype_name",
     "kv_storage_dtype",
     "maybe_validate_batch",
+    "new_backend",
     "set_debug",
     "slot_of",
     "validate_batch",

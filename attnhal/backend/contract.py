@@ -8,6 +8,10 @@ Lifecycle (FlashInfer-style plan/run split):
   for prefill); ``init_replay_metadata(batch)`` before each replay — it only
   writes into the static buffers, never allocates, never syncs with the host.
 
+Construction: a backend is built for the platform it runs on (``platform=``); attnhal
+builds every backend through :func:`new_backend`, which passes it on (see
+:class:`AttentionBackend` for the rule that keeps older subclasses working).
+
 The base class owns the rules every backend shares, in two template methods:
 :meth:`AttentionBackend.forward` (the phase is listed, debug validation, the K/V
 write, then the phase's method) and :meth:`AttentionBackend.init_capture_metadata`
@@ -18,7 +22,9 @@ Names are vendor-neutral: nothing here says "cuda".
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+import inspect
+import os
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
@@ -26,28 +32,37 @@ from attnhal.backend.batch import ForwardBatch
 from attnhal.backend.config import AttentionConfig, dtype_name
 from attnhal.backend.kv_pool import KVPool
 from attnhal.backend.validate import maybe_validate_batch, maybe_validate_forward
-from attnhal.capabilities import BackendCapabilities
+from attnhal.capabilities import AttentionRequest, BackendCapabilities, request_reasons
+from attnhal.capabilities.conditions import Facts
 from attnhal.errors import AttnhalError
 from attnhal.phases import GRAPH_PHASES, Phase
-from attnhal.platform import Platform
-from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
+from attnhal.platform import ENV_VAR, Platform, detect, parse
+from attnhal.reasons import Reason, ReasonCode, reason
 
 if TYPE_CHECKING:
     from attnhal.spec import SpecConfig
 
 # AttentionConfig and dtype_name live in attnhal.backend.config; importable from here as before.
 __all__ = ["AttentionBackend", "AttentionConfig", "UnsupportedFeature", "UnsupportedPhase", "config_reasons",
-           "dtype_name"]
+           "default_platform", "dtype_name", "new_backend"]
+
+B = TypeVar("B", bound="AttentionBackend")
+#: The instance attribute :func:`new_backend` sets before ``__init__`` runs, for a subclass
+#: whose ``__init__`` takes no ``platform``; the base ``__init__`` takes it from there.
+_PLATFORM_SLOT = "_attnhal_build_platform"
 
 class UnsupportedPhase(AttnhalError, NotImplementedError):
     """A backend was asked to run a phase its descriptor does not list (or to capture prefill)."""
 
 
-class UnsupportedFeature(UnsupportedPhase):
-    """A backend was given a feature, page size or KV dtype its descriptor does not claim.
+class UnsupportedFeature(UnsupportedPhase, ValueError):
+    """A backend was given a config or pool its descriptor does not claim (feature, dtype,
+    KV dtype, head or page size, fp8 flavour).
 
     Raised at construction: a backend never runs a model whose attention it would
-    compute differently (e.g. full attention for a window it ignores).
+    compute differently (e.g. full attention for a window it ignores). Also a
+    ``ValueError``, which is what backends raised for an unclaimed config before the
+    contract checked every claim.
     """
 
 
@@ -71,21 +86,39 @@ class AttentionBackend:
       when it stores fp8); the per-phase methods and ``attend`` get ``q`` only
     * returns ``[num_tokens, num_q_heads, v_head_size]`` in ``q``'s dtype
 
-    The base ``__init__`` refuses (:class:`UnsupportedFeature`) a config feature, page
-    size or KV dtype the descriptor does not claim; subclasses call it first. It keeps
-    ``self.config`` with every config tensor (``sinks``) on ``pool.device``
-    (:meth:`AttentionConfig.on_device`), so kernels never get a host tensor beside a
-    device pool. For graphs,
+    Construction, ``__init__(config, pool, *, platform=None)``: ``platform`` is the
+    :class:`~attnhal.platform.Platform` the backend runs on (launch rows, fp8 flavour);
+    the base keeps it as ``self.platform``. Subclasses call the base ``__init__`` first.
+    It refuses (:class:`UnsupportedFeature`) what the descriptor does not claim —
+    :func:`config_reasons`, the one claim check of a build: features, dtype, KV dtype,
+    head and page size, head ratio, a pool shaped for another config, and a pool whose
+    fp8 flavour is not the platform's. It keeps ``self.config`` with every config tensor
+    (``sinks``) on ``pool.device`` (:meth:`AttentionConfig.on_device`), so kernels never
+    get a host tensor beside a device pool.
+
+    The platform rule, for backends written before the parameter existed: a subclass
+    whose ``__init__(self, config, pool)`` calls ``super().__init__(config, pool)`` keeps
+    working. :func:`new_backend` (how attnhal, its kit and its workers build every
+    backend) passes ``platform=`` when the class's ``__init__`` names a ``platform``
+    parameter, and otherwise hands it to the base ``__init__`` directly, so such a
+    subclass still runs for the platform it was built for. Built by hand without one,
+    a backend gets :func:`default_platform` of its pool — the only place attnhal
+    resolves a missing platform; no backend calls ``detect()``. For graphs,
     a backend overrides :meth:`build_capture_metadata`, not :meth:`init_capture_metadata`,
     which refuses prefill for every backend before calling it.
     """
 
     capabilities: ClassVar[BackendCapabilities]
 
-    def __init__(self, config: AttentionConfig, pool: KVPool) -> None:
-        reasons = config_reasons(self.capabilities, config, pool)
+    def __init__(self, config: AttentionConfig, pool: KVPool, *, platform: Platform | None = None) -> None:
+        given = self.__dict__.pop(_PLATFORM_SLOT, None)  # set by new_backend for an older subclass
+        platform = platform if platform is not None else given if given is not None else default_platform(pool)
+        if not isinstance(platform, Platform):
+            raise TypeError(f"platform={platform!r} (supported: a Platform, e.g. attnhal.platform.parse('cuda:sm90'))")
+        reasons = config_reasons(self.capabilities, config, pool, platform)
         if reasons:
             raise UnsupportedFeature(f"backend {self.capabilities.name!r}: " + "; ".join(r.message for r in reasons))
+        self.platform = platform
         self.config = config.on_device(pool.device)  # kernels read config tensors beside the pool's
         self.pool = pool
 
@@ -208,13 +241,61 @@ class AttentionBackend:
         return self.attend(q, layer, batch)
 
 
-def config_reasons(caps: BackendCapabilities, config: AttentionConfig, pool: KVPool) -> list[Reason]:
-    """Why ``caps`` cannot serve ``config`` over ``pool``: unclaimed features, page size, KV dtype."""
-    out = [reason(ReasonCode.FEATURE, "feature", f.value, fmt_set(caps.features))
-           for f in sorted(config.features - caps.features, key=lambda f: f.value)]
-    if pool.page_size not in caps.page_sizes:
-        out.append(reason(ReasonCode.PAGE_SIZE, "page_size", pool.page_size, fmt_set(caps.page_sizes)))
-    kv_dtypes = caps.kv_dtypes or frozenset()
-    if pool.kv_dtype not in kv_dtypes:
-        out.append(reason(ReasonCode.KV_DTYPE, "kv_dtype", pool.kv_dtype, fmt_set(kv_dtypes)))
-    return out
+def new_backend(backend_cls: type[B], config: AttentionConfig, pool: KVPool, platform: Platform | None = None,
+                **options: Any) -> B:
+    """``backend_cls(config, pool, platform=platform, **options)``, for any subclass of the contract.
+
+    The one way attnhal builds a backend (the kit's ``Target``, :class:`MultiStepDraft`,
+    the example worker). A class whose ``__init__`` names a ``platform`` parameter gets it
+    as that keyword; an older one, ``__init__(self, config, pool, ...)`` calling
+    ``super().__init__(config, pool)``, gets it through the base ``__init__``, which
+    reads it from the instance before the subclass's ``__init__`` runs.
+    """
+    if platform is None or _takes_platform(backend_cls):
+        return backend_cls(config, pool, **({} if platform is None else {"platform": platform}), **options)
+    backend = backend_cls.__new__(backend_cls)
+    setattr(backend, _PLATFORM_SLOT, platform)
+    backend.__init__(config, pool, **options)  # type: ignore[misc]  # what type.__call__ does after __new__
+    return backend
+
+
+def _takes_platform(backend_cls: type[AttentionBackend]) -> bool:
+    """Whether ``backend_cls.__init__`` declares a ``platform`` parameter (``**kwargs`` does not count:
+    it may forward elsewhere)."""
+    param = inspect.signature(backend_cls.__init__).parameters.get("platform")
+    return param is not None and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+
+
+def default_platform(pool: KVPool) -> Platform:
+    """The platform of a backend built without one, from where its pool lives.
+
+    A pool on a device: this process's platform (:func:`~attnhal.platform.detect`). A pool
+    on the host: the platform ``ATTNHAL_PLATFORM`` simulates (its tensors live on the
+    host too), else plain ``cpu`` — a host run on a GPU machine (the interpreter, a
+    reference) never gets the GPU's launch rows or fp8 flavour.
+    """
+    if pool.device.type != "cpu":
+        return detect()
+    return parse(os.environ.get(ENV_VAR) or "cpu")
+
+
+def config_reasons(caps: BackendCapabilities, config: AttentionConfig, pool: KVPool,
+                   platform: Platform | None = None) -> list[Reason]:
+    """Why ``caps`` cannot serve ``config`` over ``pool`` on ``platform``; empty: it can.
+
+    The claim rule ("the claim holds the value") is the capabilities' own
+    :func:`~attnhal.capabilities.request_reasons`, applied to the request ``config`` and
+    ``pool`` make (dtype, KV dtype, head and page size, heads, features) after the
+    descriptor's conditional claims resolve against ``platform``. Beside it: a pool shaped
+    for another config, and a pool whose fp8 flavour is not ``platform``'s
+    (:meth:`KVPool.platform_reasons`). Vendor and arch are not checked here: they choose a
+    backend (the registry, the planner), and a backend may run on a simulated platform.
+    """
+    request = AttentionRequest.of(config=config, pool=pool)
+    if platform is not None and caps.variants:
+        caps = caps.resolve(Facts.of(platform, request.context))
+    out = request_reasons(caps, request)
+    if (pool.num_kv_heads, pool.head_dim) != (config.num_kv_heads, config.head_size):
+        out.append(reason(ReasonCode.HEAD_SIZE, "pool.num_kv_heads/head_dim", f"{pool.num_kv_heads}/{pool.head_dim}",
+                          f"{config.num_kv_heads}/{config.head_size} as in the attention config"))
+    return out + (pool.platform_reasons(platform) if platform is not None else [])

@@ -27,11 +27,12 @@ from typing import Any
 
 from attnhal.backend.batch import ForwardBatch
 from attnhal.backend.config import AttentionConfig
-from attnhal.backend.contract import AttentionBackend
+from attnhal.backend.contract import AttentionBackend, new_backend
 from attnhal.backend.kv_pool import KVPool
 from attnhal.capabilities import BackendCapabilities
 from attnhal.errors import AttnhalError
 from attnhal.phases import Phase
+from attnhal.platform import Platform
 from attnhal.reasons import Reason, ReasonCode, reason
 from attnhal.spec import SpecConfig
 
@@ -77,6 +78,8 @@ class MultiStepDraft:
         ``multi_step``; others are refused with :class:`MultiStepUnsupported`.
     config, pool: the draft model's attention config and KV pool (shared by all steps).
     spec: the speculative config (``num_steps > 1``, within the backend's limits).
+    platform: the platform every step's backend is built for (:func:`~attnhal.backend.new_backend`);
+        None: the contract's default for the pool.
     backend_kwargs: passed to every step's backend constructor.
 
     Batches: the ``batch`` given to every method is the draft-decode batch of
@@ -86,14 +89,16 @@ class MultiStepDraft:
     """
 
     def __init__(self, backend_cls: type[AttentionBackend], config: AttentionConfig, pool: KVPool,
-                 spec: SpecConfig, **backend_kwargs: Any) -> None:
+                 spec: SpecConfig, *, platform: Platform | None = None, **backend_kwargs: Any) -> None:
         caps = backend_cls.capabilities
         why = multi_step_reasons(caps, spec)
         if why:
             raise MultiStepUnsupported(why)
         self.spec, self.config, self.pool = spec, config, pool
         self.capabilities = caps
-        self._steps = [backend_cls(config, pool, **backend_kwargs) for _ in range(spec.num_steps - 1)]
+        self.platform = platform
+        self._steps = [new_backend(backend_cls, config, pool, platform, **backend_kwargs)
+                       for _ in range(spec.num_steps - 1)]
         self._batches: tuple[ForwardBatch, list[ForwardBatch]] | None = None
 
     @property

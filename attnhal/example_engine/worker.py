@@ -36,6 +36,7 @@ from attnhal.backend import (
     MultiStepDraft,
     SpecInfo,
     kv_storage_dtype,
+    new_backend,
 )
 from attnhal.capabilities import AttentionRequest
 from attnhal.errors import AttnhalError
@@ -176,7 +177,8 @@ class SpecWorker:
     def _build(self, max_context_len: int) -> None:
         self.target.to(self.device)
         self.target_pool = self._pool(self.target, max_context_len)
-        self.target_backend = self.classes["target"](self.target.cfg.attention, self.target_pool)
+        self.target_backend = new_backend(self.classes["target"], self.target.cfg.attention, self.target_pool,
+                                          self.platform)
         decode = decode_step(self.target, self.target_backend)
         steps = {Phase.DECODE: decode, Phase.TARGET_VERIFY: decode}
         if "draft_extend" in self.classes:
@@ -184,7 +186,8 @@ class SpecWorker:
             self.draft.to(self.device)
             max_rows = self.policy.capture_sizes()[-1] * self.spec.topk
             self.draft_pool = self._pool(self.draft, max_context_len, extra_slots=max_rows * self.spec.num_steps)
-            self.extend_backend = self.classes["draft_extend"](self.draft.cfg.attention, self.draft_pool)
+            self.extend_backend = new_backend(self.classes["draft_extend"], self.draft.cfg.attention,
+                                              self.draft_pool, self.platform)
             # Scratch slots for draft-decode K/V, one per (row, step); never committed.
             n, P = max_rows * self.spec.num_steps, self.page_size
             pages = self.draft_pool.alloc_pages(-(-n // P))
@@ -193,7 +196,7 @@ class SpecWorker:
             steps[Phase.DRAFT_EXTEND] = extend_step(self.draft, self.extend_backend)
             if "draft_decode" in self.classes:
                 self.multi_step = MultiStepDraft(self.classes["draft_decode"], self.draft.cfg.attention,
-                                                 self.draft_pool, self.spec)
+                                                 self.draft_pool, self.spec, platform=self.platform)
                 steps[Phase.DRAFT_DECODE] = draft_decode_step(self.draft, self.multi_step, self.spec.topk)
         self.runner = GraphRunner(self.initial_plan, self.platform,
                                   {p: s for p, s in steps.items() if self.initial_plan[p].runs})

@@ -1,8 +1,9 @@
 """Graph capture primitives: real CUDA/HIP graphs and a CPU capture emulator.
 
-``new_graph(kind)`` (:mod:`attnhal.graphs.session`) takes the value of
-``Platform.graph_kind``: "device" (``torch.cuda.CUDAGraph``, which torch maps to
-hipGraph on ROCm) or "emulated" (the CPU emulator). :class:`GraphRunner`
+``new_graph(platform)`` (:mod:`attnhal.graphs.session`) makes a graph the way the
+platform captures: device graphs through the implementation its vendor row names
+(:mod:`attnhal.graphs.device_api`: ``torch.cuda``, which torch maps to hipGraph on
+ROCm, or ``torch.xpu``), or the CPU emulator. :class:`GraphRunner`
 (:mod:`attnhal.graphs.runner`) captures the phases a plan captures, each
 described by a :class:`PhaseStep` (:mod:`attnhal.graphs.step`), pads batches to
 capture sizes and replays (docs/graphs.md).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from .base import CaptureAbort, CaptureError, Graph
 from .device import DeviceGraph
+from .device_api import DeviceAPI, TorchCudaAPI, TorchXpuAPI
 from .emulator import EmulatedGraph
 from .runner import GraphCaptureWarning, GraphRunner, PhaseStats
 from .session import CAPTURE_ERROR_MODES, GRAPH_KINDS, capture_session, new_graph
@@ -22,6 +24,7 @@ __all__ = [
     "GRAPH_KINDS",
     "CaptureAbort",
     "CaptureError",
+    "DeviceAPI",
     "DeviceGraph",
     "EmulatedGraph",
     "Graph",
@@ -32,6 +35,8 @@ __all__ = [
     "PhaseStep",
     "StepInput",
     "StepOutputs",
+    "TorchCudaAPI",
+    "TorchXpuAPI",
     "capture_session",
     "new_graph",
 ]

@@ -1,14 +1,13 @@
-"""A real device graph over ``torch.cuda.CUDAGraph``, guarded so that a failed capture stays local.
+"""A real device graph, guarded so that a failed capture stays local.
 
-The same class serves NVIDIA and AMD GPUs: on ROCm builds torch maps
-``torch.cuda.CUDAGraph`` to hipGraph. Importing this module does not initialize
-the GPU; ``torch.cuda`` is only touched inside :class:`TorchDeviceAPI` methods.
+Every device call goes through a :class:`~attnhal.graphs.device_api.DeviceAPI`, the
+implementation the platform's vendor row names: :class:`TorchCudaAPI` (``torch.cuda``;
+NVIDIA, and AMD where ROCm builds of torch map ``torch.cuda.CUDAGraph`` to hipGraph) or
+:class:`TorchXpuAPI` (``torch.xpu.XPUGraph``). Importing this module initializes no
+device. The seam lets tests substitute a fake to check the guard's control flow on a
+machine without a GPU (``tests/graphs/test_device_unit.py``).
 
-Every device call goes through :class:`DeviceAPI`, a small seam: the real
-implementation forwards to ``torch.cuda``; tests substitute a fake to check the
-guard's control flow on a machine without a GPU (``tests/graphs/test_device_unit.py``).
-
-How a capture is guarded (why each step exists):
+How a capture is guarded (why each step exists; the sync debug mode is ``torch.cuda``'s):
 
 * the captured call runs with ``torch.cuda.set_sync_debug_mode("error")``: torch
   raises *before* a synchronizing driver call (``.item()``, ``nonzero``, a
@@ -28,18 +27,18 @@ How a capture is guarded (why each step exists):
 from __future__ import annotations
 
 import contextlib
-import gc
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ContextManager, Protocol, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import torch
 
 from .base import CaptureAbort, CaptureError, Graph
+from .device_api import TORCH_CUDA, DeviceAPI, TorchCudaAPI, TorchDeviceAPI, TorchXpuAPI, device_api
 
-__all__ = ["CAPTURE_ERROR_MODES", "DeviceAPI", "DeviceGraph", "TorchDeviceAPI", "capture_session"]
+__all__ = ["CAPTURE_ERROR_MODES", "DeviceAPI", "DeviceGraph", "TorchCudaAPI", "TorchDeviceAPI", "TorchXpuAPI",
+           "capture_session"]
 
 T = TypeVar("T")
 
@@ -47,117 +46,6 @@ T = TypeVar("T")
 #: default) also fails the capture when *another* thread makes an unsafe call, e.g. an
 #: NCCL/RCCL watchdog thread; "thread_local" only watches the capturing thread.
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
-_EMPTY_GRAPH = "graph is empty"  # torch's capture_end warning: "The CUDA Graph is empty. ..."
-
-
-class DeviceAPI(Protocol):
-    """The device calls a guarded capture makes (the seam tests fake)."""
-
-    def available(self) -> bool: ...
-
-    def index(self, device: torch.device) -> int:
-        """The device's ordinal (the current device when ``device`` names none)."""
-
-    def device_guard(self, index: int) -> ContextManager[object]: ...
-
-    def current_stream(self, index: int) -> Any: ...
-
-    def set_stream(self, stream: Any) -> None: ...
-
-    def new_stream(self, index: int) -> Any: ...
-
-    def wait_stream(self, waiter: Any, waited: Any) -> None: ...
-
-    def pool_handle(self) -> object: ...
-
-    def new_graph(self) -> Any: ...
-
-    def capture_begin(self, graph: Any, pool: object | None, mode: str) -> None: ...
-
-    def capture_end(self, graph: Any) -> bool:
-        """End the capture; True when the graph recorded no work. Raises on a driver failure."""
-
-    def replay(self, graph: Any) -> None: ...
-
-    def sync_debug_mode(self) -> int: ...
-
-    def set_sync_debug_mode(self, mode: int | str) -> None: ...
-
-    def release_cached_memory(self, index: int) -> None:
-        """Synchronize, collect garbage and return cached blocks, so the graph pool can grow."""
-
-    def allocations(self, index: int) -> int:
-        """Cumulative count of allocator allocations on the device."""
-
-
-class TorchDeviceAPI:
-    """:class:`DeviceAPI` over ``torch.cuda`` (CUDA and ROCm builds alike)."""
-
-    def available(self) -> bool:
-        return torch.cuda.is_available()
-
-    def index(self, device: torch.device) -> int:
-        return device.index if device.index is not None else torch.cuda.current_device()
-
-    def device_guard(self, index: int) -> ContextManager[object]:
-        return torch.cuda.device(index)
-
-    def current_stream(self, index: int) -> Any:
-        return torch.cuda.current_stream(index)
-
-    def set_stream(self, stream: Any) -> None:
-        torch.cuda.set_stream(stream)
-
-    def new_stream(self, index: int) -> Any:
-        return torch.cuda.Stream(device=index)
-
-    def wait_stream(self, waiter: Any, waited: Any) -> None:
-        waiter.wait_stream(waited)
-
-    def pool_handle(self) -> object:
-        return torch.cuda.graph_pool_handle()
-
-    def new_graph(self) -> Any:
-        return torch.cuda.CUDAGraph()
-
-    def capture_begin(self, graph: Any, pool: object | None, mode: str) -> None:
-        graph.capture_begin(pool=pool, capture_error_mode=mode)
-
-    def capture_end(self, graph: Any) -> bool:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            graph.capture_end()
-        empty = False
-        for w in caught:
-            if _EMPTY_GRAPH in str(w.message).lower():
-                empty = True
-            else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return empty
-
-    def replay(self, graph: Any) -> None:
-        graph.replay()
-
-    def sync_debug_mode(self) -> int:
-        return torch.cuda.get_sync_debug_mode()
-
-    def set_sync_debug_mode(self, mode: int | str) -> None:
-        torch.cuda.set_sync_debug_mode(mode)
-
-    def release_cached_memory(self, index: int) -> None:
-        torch.cuda.synchronize(index)
-        gc.collect()
-        torch.cuda.empty_cache()
-
-    def allocations(self, index: int) -> int:
-        # memory_stats()["allocation.all.allocated"] without flattening ~150 keys in Python:
-        # this runs around every replay.
-        stats = torch.cuda.memory_stats_as_nested_dict(index)  # {} before CUDA is initialized
-        return int(stats.get("allocation", {}).get("all", {}).get("allocated", 0))
-
-
-#: The API device graphs use unless given one; tests monkeypatch it with a fake.
-API: DeviceAPI = TorchDeviceAPI()
 
 
 @dataclass
@@ -185,9 +73,9 @@ def capture_session(device: str | torch.device, api: DeviceAPI | None = None) ->
     The synchronize / garbage collection / ``empty_cache`` that ``torch.cuda.graph``
     pays on every capture happen here once (they only make room for the pool).
     """
-    api = api or API
+    api = api or device_api(TORCH_CUDA)
     if not api.available():
-        raise RuntimeError("no CUDA/HIP device is available; use an emulated graph")
+        raise RuntimeError(_no_device(api))
     index = api.index(torch.device(device))
     with api.device_guard(index):
         api.release_cached_memory(index)
@@ -214,7 +102,8 @@ class DeviceGraph(Graph):
         One of :data:`CAPTURE_ERROR_MODES`; "thread_local" where other threads (an
         NCCL/RCCL watchdog) make unsafe calls during capture.
     api:
-        The device calls (:data:`API` when None).
+        The device calls: the platform's (``new_graph(platform)`` passes them); None:
+        :class:`TorchCudaAPI`.
     """
 
     def __init__(self, device: str | torch.device | None = None, pool: object | None = None,
@@ -227,7 +116,7 @@ class DeviceGraph(Graph):
         self._pool = pool
         self._warmup_iters = warmup_iters
         self._mode = capture_error_mode
-        self._api = api or API
+        self._api = api or device_api(TORCH_CUDA)
         self._graph: Any = None
         self._index = -1
         self._replay_allocations = 0
@@ -268,7 +157,7 @@ class DeviceGraph(Graph):
         """Under ``torch.no_grad()``, the device and its capture stream; the caller's stream comes back."""
         api = self._api
         if not api.available():
-            raise RuntimeError("no CUDA/HIP device is available; use an emulated graph")
+            raise RuntimeError(_no_device(api))
         self._index = index = api.index(self._device)
         state = _state(api, index)
         if state.broken is not None:
@@ -329,6 +218,10 @@ class DeviceGraph(Graph):
         if self._graph is not None and self._pool is None:
             return self._graph.pool()
         return self._pool
+
+
+def _no_device(api: DeviceAPI) -> str:
+    return f"no device is available to {type(api).__name__}; use an emulated graph"
 
 
 def _as_capture_error(exc: BaseException) -> CaptureError:

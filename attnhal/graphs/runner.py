@@ -12,8 +12,10 @@ captured, run eagerly. A capture that fails turns that phase, and only that
 phase, eager — unless the driver failed it (:class:`CaptureAbort`): then the
 phases not yet captured run eagerly too, with that reason.
 
-The graph kind comes from :attr:`Platform.graph_kind` (a real CUDA/HIP graph or
-the CPU emulator); nothing here looks at the vendor or at the backend's class.
+The platform decides how graphs are made (:func:`~attnhal.graphs.new_graph`): its
+``graph_kind`` (device graphs or the CPU emulator) and, for device graphs, the
+implementation its vendor row names; nothing here looks at the vendor or at the
+backend's class.
 """
 
 from __future__ import annotations
@@ -93,8 +95,8 @@ class GraphRunner:
         a step is captured at exactly ``plan[phase].capture_sizes`` (batch sizes in
         requests), its padded rows filled with ``plan[phase].seq_len_fill``.
     platform: where tensors live (``torch_device``), how graphs are captured
-        (``graph_kind``) and the oldest torch whose device graphs report capture
-        errors (``graph_min_torch``).
+        (``graph_kind``, and ``graph_device``: the device calls) and the oldest torch whose
+        device graphs report capture errors (``graph_min_torch``).
     steps: per phase, what to run (see :class:`PhaseStep`). Only these phases can be run.
     capture_error_mode: device graphs' capture error mode (see
         :data:`~attnhal.graphs.CAPTURE_ERROR_MODES`); "thread_local" where another
@@ -150,7 +152,7 @@ class GraphRunner:
         phases.sort(key=lambda p: self._footprint(p, sizes[p][0]), reverse=True)
         bar = self._progress(sum(len(sizes[p]) for p in phases))
         try:
-            with capture_session(self.platform.graph_kind.value, self.platform.torch_device) as pool:
+            with capture_session(self.platform) as pool:
                 self._pool = pool
                 self._capture_phases({p: sizes[p] for p in phases}, bar)
         except Exception as exc:  # noqa: BLE001 - the device cannot capture at all: every phase runs eagerly
@@ -240,7 +242,7 @@ class GraphRunner:
             batch, inputs = buffers.view(size)
             step.metadata.init_capture_metadata(batch)
             run = functools.partial(step.forward, batch, inputs)
-            graph = new_graph(self.platform.graph_kind.value, pool=self._pool, device=self.platform.torch_device,
+            graph = new_graph(self.platform, pool=self._pool, device=self.platform.torch_device,
                               warmup_iters=0, capture_error_mode=self._capture_error_mode)
             graph.warm_up(run)  # once per size: kernels specialized on this size compile outside the graph
             graphs[size] = _Captured(graph, batch, inputs, _checked(graph.capture(run)))

@@ -1,8 +1,13 @@
-"""Making graphs: one graph of a kind, and the session a series of captures shares.
+"""Making graphs for a platform: one graph, and the session a series of captures shares.
 
-The kind is the value of ``Platform.graph_kind``: ``"device"`` (the vendor's graph
-API, ``torch.cuda.CUDAGraph``, which torch maps to hipGraph on ROCm) or
-``"emulated"`` (the CPU capture emulator).
+The :class:`~attnhal.platform.Platform` decides: ``graph_kind`` says whether graphs
+are device graphs or the CPU capture emulator, and for device graphs the
+implementation its vendor row names (``Platform.graph_device``, e.g.
+:class:`~attnhal.graphs.device_api.TorchCudaAPI`) makes the device calls. A platform
+whose kind is ``none`` captures nothing (a ``ValueError`` here).
+
+The former form, a kind string (``"device"`` or ``"emulated"``), still works:
+``"device"`` then means ``torch.cuda``.
 """
 
 from __future__ import annotations
@@ -12,9 +17,12 @@ from collections.abc import Iterator
 
 import torch
 
+from attnhal.platform import GraphKind, Platform
+
 from .base import Graph
 from .device import CAPTURE_ERROR_MODES, DeviceGraph
 from .device import capture_session as _device_session
+from .device_api import TORCH_CUDA, DeviceAPI, device_api
 from .emulator import EmulatedGraph
 
 __all__ = ["CAPTURE_ERROR_MODES", "GRAPH_KINDS", "capture_session", "new_graph"]
@@ -23,37 +31,55 @@ __all__ = ["CAPTURE_ERROR_MODES", "GRAPH_KINDS", "capture_session", "new_graph"]
 GRAPH_KINDS = ("device", "emulated")
 
 
-def _check_kind(kind: str) -> None:
+def _device_calls(where: Platform | str) -> DeviceAPI | None:
+    """The device API of ``where`` (None: emulated); ValueError where nothing captures."""
+    kind = where.graph_kind.value if isinstance(where, Platform) else where
     if kind not in GRAPH_KINDS:
-        raise ValueError(f"graph_kind={kind!r} (supported: {', '.join(GRAPH_KINDS)})")
+        why = f"; {where.graph_device_error}" if isinstance(where, Platform) and where.graph_device_error else ""
+        raise ValueError(f"graph_kind={kind!r} (supported: {', '.join(GRAPH_KINDS)}){why}")
+    if kind == GraphKind.EMULATED.value:
+        return None
+    path = where.graph_device if isinstance(where, Platform) else TORCH_CUDA
+    if path is None:  # a hand-built platform: DEVICE kind, but its row names nothing
+        raise ValueError(f"graph_device=None for graph_kind='device' on platform {where} "
+                         "(supported: a 'module:Class' DeviceAPI, the vendor row's graph_device)")
+    return device_api(path)
 
 
-def new_graph(kind: str, pool: object | None = None, *, device: str | torch.device | None = None,
+def new_graph(platform: Platform | str, pool: object | None = None, *, device: str | torch.device | None = None,
               warmup_iters: int = 1, capture_error_mode: str = "global") -> Graph:
-    """Make an uncaptured graph of ``kind`` ("device" or "emulated").
+    """Make an uncaptured graph for ``platform`` (or a kind string, the former form).
 
-    ``pool`` is a memory pool handle shared between device graphs; ``device``,
-    ``warmup_iters`` and ``capture_error_mode`` are :class:`DeviceGraph`'s. The
-    emulator has no pool, stream or device to guard and ignores them. Any other
-    kind (including "none": the platform has no graph API) is a ValueError.
+    A device graph makes its device calls through the platform's ``graph_device``;
+    ``pool`` is a memory pool handle shared between device graphs; ``device`` (default:
+    the platform's ``torch_device``), ``warmup_iters`` and ``capture_error_mode`` are
+    :class:`DeviceGraph`'s. The emulator has no pool, stream or device to guard and
+    ignores them. A platform that captures nothing (``graph_kind`` "none") is a ValueError.
     """
-    _check_kind(kind)
-    if kind == "device":
-        return DeviceGraph(device=device, pool=pool, warmup_iters=warmup_iters,
-                           capture_error_mode=capture_error_mode)
-    return EmulatedGraph()
+    api = _device_calls(platform)
+    if api is None:
+        return EmulatedGraph()
+    if device is None and isinstance(platform, Platform):
+        device = platform.torch_device
+    return DeviceGraph(device=device, pool=pool, warmup_iters=warmup_iters, capture_error_mode=capture_error_mode,
+                       api=api)
 
 
 @contextlib.contextmanager
-def capture_session(kind: str, device: str | torch.device) -> Iterator[object | None]:
-    """Prepare ``device`` once for a series of captures of ``kind``; yields their shared pool.
+def capture_session(platform: Platform | str, device: str | torch.device | None = None) -> Iterator[object | None]:
+    """Prepare the device once for a series of captures on ``platform``; yields their shared pool.
 
     Device graphs: synchronize, garbage-collect and free cached memory once, then
-    yield one ``graph_pool_handle``. The emulator needs nothing and yields None.
+    yield one graph pool handle. The emulator needs nothing and yields None.
+    ``device``: default the platform's ``torch_device`` (required with a kind string).
     """
-    _check_kind(kind)
-    if kind == "emulated":
+    api = _device_calls(platform)
+    if api is None:
         yield None
         return
-    with _device_session(device) as pool:
+    if device is None:
+        if not isinstance(platform, Platform):
+            raise TypeError("capture_session('device') needs device= (or pass the Platform)")
+        device = platform.torch_device
+    with _device_session(device, api) as pool:
         yield pool

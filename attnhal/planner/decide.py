@@ -109,6 +109,9 @@ def _capture_reasons(phase: Phase, caps: BackendCapabilities, spec: SpecConfig,
                        f"captured phases outside disabled_phases={fmt_set(policy.disabled_phases)}")]
     if not platform.has_graph_api:
         return [reason(ReasonCode.NO_GRAPH_API, "platform", platform.name, "a platform with a graph API")]
+    if platform.graph_device_error is not None:  # never "captured" where no implementation loads
+        return [reason(ReasonCode.GRAPH_DEVICE_UNAVAILABLE, "graph_device", platform.graph_device or "none",
+                       f"a graph implementation that captures on {platform.name}; {platform.graph_device_error}")]
     limits = caps.graph_limits(phase)
     if limits is None:
         return [reason(ReasonCode.GRAPH_UNSUPPORTED, "phase", phase,

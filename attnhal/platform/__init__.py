@@ -12,6 +12,11 @@ asks torch, in :mod:`attnhal.platform.detection`) or parsed from a spec such as
 or ``"cpu"`` (:func:`parse`) to simulate hardware this machine does not have.
 ``ATTNHAL_PLATFORM`` overrides detection with such a spec.
 
+Each row names the implementation its graphs are captured with
+(:attr:`VendorRow.graph_device`), loaded lazily; a platform whose implementation
+cannot capture here says why (``Platform.graph_device_error``,
+:mod:`attnhal.platform.graph_device`).
+
 Archs: a known arch (in its vendor's table) is taken as is. A well-formed arch
 that is not in the table is accepted with an :class:`UnknownArchWarning` and
 conservative facts: no fp8, and a warp size only where the vendor (or the arch's

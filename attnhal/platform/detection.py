@@ -41,6 +41,7 @@ def detect() -> Platform:
         return make_platform(Vendor.CPU, "cpu", has_graph_api=True, graph_kind=GraphKind.EMULATED,
                              torch_device="cpu", device_name="cpu", simulated=False)
     vendor, arch, device, name = found
+    # DEVICE only where the row's graph implementation loads here: make_platform checks it.
     platform = make_platform(vendor, arch, has_graph_api=True, graph_kind=GraphKind.DEVICE,
                              torch_device=device, device_name=name, simulated=False)
     return _with_reported_warp(platform)

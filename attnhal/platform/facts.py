@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass
 
 from attnhal.platform.archs import arch_at_least
+from attnhal.platform.graph_device import graph_device_reason
 from attnhal.platform.vendors import VENDORS, Fp8Flavor, GraphKind, PlatformSpecError, UnknownArchWarning, Vendor
 
 __all__ = ["Platform", "make_platform", "parse"]
@@ -33,7 +34,8 @@ class Platform:
         replay graphs. This is what the planner reads.
     graph_kind: how graphs are captured in *this* process. A simulated HIP
         platform has a graph API but runs on this machine's CPU, so it uses the
-        emulator.
+        emulator. A detected device gets ``DEVICE`` only where its row's graph
+        implementation loads (else ``NONE``).
     torch_device: the torch device string tensors live on (ROCm torch also
         calls its devices ``"cuda"``).
     device_name: human-readable name.
@@ -43,6 +45,11 @@ class Platform:
         host sync during capture on this vendor (ROCm: torch < 2.9 may capture it
         silently, baking the capture-time value into the graph); None: any torch
         the project supports. The graph runner refuses device capture below it.
+    graph_device: the row's graph implementation (``"module:Class"``, ``"emulator"``,
+        or None: none); the graph runner captures device graphs with it.
+    graph_device_error: why that implementation cannot capture here (None: it can;
+        see :mod:`attnhal.platform.graph_device`). The planner captures nothing then,
+        and says this.
     """
 
     vendor: Vendor
@@ -56,6 +63,8 @@ class Platform:
     simulated: bool = False
     known_arch: bool = True
     graph_min_torch: tuple[int, int] | None = None
+    graph_device: str | None = None
+    graph_device_error: str | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -86,7 +95,9 @@ def make_platform(vendor: Vendor, arch: str, *, has_graph_api: bool, graph_kind:
     """The platform of ``arch`` of ``vendor``, its facts from the vendor's row.
 
     An arch the row does not know gets conservative facts and an :class:`UnknownArchWarning`
-    (issued at the caller of :func:`parse` or :func:`~attnhal.platform.detect`).
+    (issued at the caller of :func:`parse` or :func:`~attnhal.platform.detect`). A real
+    device (``simulated=False``) loads the row's graph implementation to know whether it
+    captures here; a simulated one only reads the row (:mod:`attnhal.platform.graph_device`).
     """
     row = VENDORS[vendor]
     arch = row.normalize(arch)
@@ -95,12 +106,15 @@ def make_platform(vendor: Vendor, arch: str, *, has_graph_api: bool, graph_kind:
         warnings.warn(f"arch={arch} is not in attnhal's {vendor.value} table (known: {', '.join(row.known)}): "
                       f"using conservative facts (fp8 none, warp size {facts.warp_size or 'unknown'})",
                       UnknownArchWarning, stacklevel=3)
+    missing = graph_device_reason(row, load=not simulated) if has_graph_api else None
+    if missing is not None and graph_kind is GraphKind.DEVICE:
+        graph_kind = GraphKind.NONE  # the device has graphs, this process cannot capture them
     return Platform(
         vendor=vendor, arch=arch, warp_size=facts.warp_size, fp8_flavor=facts.fp8,
         has_graph_api=has_graph_api,
         graph_kind=graph_kind if has_graph_api else GraphKind.NONE,
         torch_device=torch_device, device_name=device_name, simulated=simulated, known_arch=known,
-        graph_min_torch=row.graph_min_torch,
+        graph_min_torch=row.graph_min_torch, graph_device=row.graph_device, graph_device_error=missing,
     )
 
 

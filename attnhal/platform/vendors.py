@@ -2,7 +2,8 @@
 
 Everything that differs by vendor or architecture is a field of a row: arch
 notation and order, known archs with their warp size and fp8 flavour, the graph
-API, the torch device type. Adding a vendor is adding a ``Vendor`` member, a row
+API and the implementation attnhal captures it with (:attr:`VendorRow.graph_device`),
+the torch device type. Adding a vendor is adding a ``Vendor`` member, a row
 in :data:`VENDORS` and, where torch can see the device, a probe in
 :mod:`attnhal.platform.detection`.
 
@@ -22,6 +23,7 @@ from types import MappingProxyType
 from attnhal.errors import AttnhalError
 
 __all__ = [
+    "EMULATOR",
     "VENDORS",
     "ArchFacts",
     "ArchKey",
@@ -77,6 +79,10 @@ class UnknownArchWarning(UserWarning):
 
 ArchKey = tuple[int, ...]
 
+#: :attr:`VendorRow.graph_device` of a vendor whose graphs are the CPU capture emulator
+#: (:mod:`attnhal.graphs.emulator`), which always loads.
+EMULATOR = "emulator"
+
 
 @dataclass(frozen=True)
 class ArchFacts:
@@ -102,7 +108,12 @@ class VendorRow:
     warp_size: the warp size of every arch of this vendor, if the vendor fixes it.
     family: arch -> family name (launch tables key on it).
     family_warp: arch-name prefix -> warp size, where a family fixes it (unknown archs).
-    graph_api: the graph API a real device of this vendor captures with.
+    graph_api: the graph API a real device of this vendor captures with (a label, for people).
+    graph_device: what attnhal loads to capture that API: ``"module:Class"`` of a
+        :class:`~attnhal.graphs.DeviceAPI` (vLLM's ``get_static_graph_wrapper_cls`` idea),
+        resolved lazily by :func:`~attnhal.platform.graph_device.graph_device_reason`;
+        :data:`EMULATOR` for the CPU capture emulator; ``None`` where attnhal drives no graph
+        API of this vendor — then no plan captures on it (see docs/graphs.md).
     graph_min_torch: the oldest torch ``(major, minor)`` whose device graphs report capture
         errors on this vendor, where newer than the project's floor (see ``Platform``).
     torch_device: the torch device type of a real device.
@@ -120,6 +131,7 @@ class VendorRow:
     family: Callable[[str], str] = lambda arch: arch
     family_warp: Mapping[str, int] = field(default_factory=dict)
     graph_api: str = "none"
+    graph_device: str | None = None
     graph_min_torch: tuple[int, int] | None = None
     torch_device: str = "cpu"
     name_hints: Mapping[str, str] = field(default_factory=dict)
@@ -168,6 +180,9 @@ def _gfx_family(arch: str) -> str:
     return f"gfx{m.group(1)}{m.group(2)}"
 
 
+#: CUDA, and HIP through ROCm builds of torch (``torch.cuda.CUDAGraph`` is hipGraph there).
+_TORCH_CUDA = "attnhal.graphs.device_api:TorchCudaAPI"
+
 _GFX = re.compile(r"^gfx(\d{1,2})([0-9a-f])([0-9a-f])$")
 _OCP, _FNUZ, _NO = Fp8Flavor.OCP, Fp8Flavor.FNUZ, Fp8Flavor.NONE
 
@@ -193,36 +208,41 @@ VENDORS: Mapping[Vendor, VendorRow] = MappingProxyType({
         Vendor.CUDA, re.compile(r"^(?:sm_?)?(\d{2,3})$"),
         "CUDA compute capability as 2-3 digits, like 'sm90', 'sm_80', '90' or 'sm120'",
         _cuda_known(), canonical=lambda m: f"sm{m.group(1)}", key=_cc, warp_size=32,
-        graph_api="torch.cuda.CUDAGraph", torch_device="cuda"),
+        graph_api="torch.cuda.CUDAGraph", graph_device=_TORCH_CUDA, torch_device="cuda"),
     Vendor.HIP: VendorRow(
         Vendor.HIP, _GFX, "AMD gfx name like 'gfx90a', 'gfx942', 'gfx1100'",
         _hip_known(), canonical=lambda m: m.group(0), key=_gfx, family=_gfx_family,
         # The warp size of an unknown gfx arch follows its major family, where that family is known.
         family_warp={"gfx9": 64, "gfx10": 32, "gfx11": 32, "gfx12": 32},
         # Before torch 2.9 a host sync inside a ROCm capture may raise nothing (see docs/graphs.md).
-        graph_api="torch.cuda.CUDAGraph (hipGraph)", graph_min_torch=(2, 9), torch_device="cuda"),
+        graph_api="torch.cuda.CUDAGraph (hipGraph)", graph_device=_TORCH_CUDA, graph_min_torch=(2, 9),
+        torch_device="cuda"),
     Vendor.CPU: VendorRow(
         Vendor.CPU, re.compile(r"^(.*)$"), "'cpu' takes no arch", {"cpu": ArchFacts(1)},
         canonical=lambda m: "cpu", key=lambda m: (0,), warp_size=1,
-        graph_api="attnhal CPU capture emulator", torch_device="cpu"),
+        graph_api="attnhal CPU capture emulator", graph_device=EMULATOR, torch_device="cpu"),
     Vendor.XPU: VendorRow(
         # Intel GPUs pick a sub-group size (8/16/32) per kernel: no fixed warp size is recorded.
         Vendor.XPU, re.compile(r"^([a-z][a-z0-9]{1,9})$"),
         "Intel GPU codename like 'pvc' (Data Center Max), 'bmg' (Arc B), 'dg2' (Arc A), 'lnl'",
         {"dg2": ArchFacts(None), "mtl": ArchFacts(None), "arl": ArchFacts(None), "pvc": ArchFacts(None),
          "lnl": ArchFacts(None), "bmg": ArchFacts(None)},
-        canonical=lambda m: m.group(1), graph_api="torch.xpu.XPUGraph", torch_device="xpu",
+        # Captures only where this torch has torch.xpu.XPUGraph (TorchXpuAPI.unavailable says why not).
+        canonical=lambda m: m.group(1), graph_api="torch.xpu.XPUGraph",
+        graph_device="attnhal.graphs.device_api:TorchXpuAPI", torch_device="xpu",
         name_hints={"data center gpu max": "pvc", "arc(tm) b": "bmg", "arc(tm) a": "dg2"}),
     Vendor.NPU: VendorRow(
         # Ascend AI Cores are not SIMT: there is no warp; warp_size stays unknown (None).
         Vendor.NPU, re.compile(r"^(?:ascend)?(\d{3}[a-z0-9_]*)$"),
         "Ascend SoC like '910b', '910_93', '310p'",
         {"310p": ArchFacts(None), "910": ArchFacts(None), "910b": ArchFacts(None), "910_93": ArchFacts(None)},
+        # attnhal has no implementation over torch_npu's graphs yet: graph_device is None.
         canonical=lambda m: m.group(1), graph_api="torch_npu NPUGraph", torch_device="npu"),
     Vendor.MUSA: VendorRow(
         # Warp sizes of Moore Threads archs are not recorded here (None) until verified.
         Vendor.MUSA, re.compile(r"^mp_?(\d{2})$"), "Moore Threads arch like 'mp21', 'mp22', 'mp31'",
         {"mp21": ArchFacts(None), "mp22": ArchFacts(None), "mp31": ArchFacts(None)},
+        # No implementation over torch_musa's graphs yet: graph_device is None.
         canonical=lambda m: f"mp{m.group(1)}", key=_cc, graph_api="torch_musa MUSAGraph",
         torch_device="musa", name_hints={"s80": "mp21", "s3000": "mp21", "s4000": "mp22", "s5000": "mp31"}),
 })

@@ -55,7 +55,8 @@ Settings, each a class attribute or a fixture of the same name (the attribute wi
 ``max_seq_len``, ``max_cost``
     bounds of drawn batches and fixed examples (small for an interpreter).
 ``backend_kwargs``
-    keyword arguments for every ``backend_cls(config, pool, **backend_kwargs)``.
+    keyword arguments for every backend the kit builds, beside its platform
+    (``new_backend(backend_cls, config, pool, platform, **backend_kwargs)``).
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ from typing import ClassVar
 import torch
 
 from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, maybe_validate_batch
-from attnhal.capabilities import AttentionRequest, BackendCapabilities, not_supported_reasons
+from attnhal.capabilities import BackendCapabilities
 from attnhal.phases import Phase
-from attnhal.platform import Platform, parse
+from attnhal.platform import Platform
 from attnhal.reasons import Reason, ReasonCode, reason
 from attnhal_cpu.build import native_build
 from attnhal_cpu.descriptor import CAPABILITIES, PREFILL_BLOCK
@@ -109,7 +109,8 @@ class CpuBackend(AttentionBackend):
 
     Parameters
     ----------
-    config, pool: see :class:`~attnhal.backend.AttentionBackend`; the pool lives on the CPU.
+    config, pool, platform: see :class:`~attnhal.backend.AttentionBackend` (which checks the
+        descriptor's claims); the pool lives on the CPU.
     num_splits: KV splits per row; ``None``: :func:`split_count` per batch.
 
     Raises :class:`~attnhal_cpu.ops.NativeUnavailable` when the kernel cannot be built
@@ -118,9 +119,11 @@ class CpuBackend(AttentionBackend):
 
     capabilities: ClassVar[BackendCapabilities] = CAPABILITIES
 
-    def __init__(self, config: AttentionConfig, pool: KVPool, *, num_splits: int | None = None) -> None:
-        super().__init__(config, pool)
-        _check_supported(config, pool)
+    def __init__(self, config: AttentionConfig, pool: KVPool, *, platform: Platform | None = None,
+                 num_splits: int | None = None) -> None:
+        super().__init__(config, pool, platform=platform)
+        if pool.device.type != "cpu":  # the base checked the claims; this is where the kernel runs
+            raise ValueError(f"cpu backend: {reason(ReasonCode.RUNTIME, 'pool.device', pool.device, 'cpu')}")
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits={num_splits} (supported: an int >= 1, or None)")
         self.num_splits = num_splits
@@ -277,24 +280,6 @@ class CpuBackend(AttentionBackend):
 
 
 # --- helpers ----------------------------------------------------------------------------------
-
-def _check_supported(config: AttentionConfig, pool: KVPool) -> None:
-    request = AttentionRequest.of(config=config, pool=pool, features=frozenset())
-    reasons = not_supported_reasons(CAPABILITIES, request, parse("cpu"))
-    if pool.device.type != "cpu":
-        reasons.append(reason(ReasonCode.RUNTIME, "pool.device", pool.device, "cpu"))
-    if (pool.num_kv_heads, pool.head_dim) != (config.num_kv_heads, config.head_size):
-        reasons.append(reason(ReasonCode.HEAD_SIZE, "pool.num_kv_heads/head_dim", f"{pool.num_kv_heads}/{pool.head_dim}",
-                              f"{config.num_kv_heads}/{config.head_size} as in the attention config"))
-    unsupported = [f for f, on in (("v_head_size", config.v_head_size not in (None, config.head_size)),
-                                   ("sliding_window", config.sliding_window is not None),
-                                   ("logit_softcap", config.logit_softcap is not None),
-                                   ("sinks", config.sinks is not None)) if on]
-    reasons += [reason(ReasonCode.FEATURE, "config." + f, "set", "unset: not implemented by the cpu kernel yet")
-                for f in unsupported]
-    if reasons:
-        raise ValueError("cpu backend cannot serve this config: " + "; ".join(map(str, reasons)))
-
 
 def _tokens_per_row(batch: ForwardBatch) -> int:
     per_row = batch.tokens_per_row

@@ -24,7 +24,6 @@ from attnhal.backend import (
     AttentionConfig,
     ForwardBatch,
     KVPool,
-    UnsupportedFeature,
     UnsupportedPhase,
     maybe_validate_batch,
 )
@@ -82,9 +81,10 @@ class TorchBackend(AttentionBackend):
     Parameters
     ----------
     config, pool: see :class:`~attnhal.backend.AttentionBackend`.
-    platform: the platform the backend runs for; given, a pool whose fp8 flavour differs
-        from the platform's is refused (:meth:`~attnhal.backend.KVPool.platform_reasons`).
-        The CPU computes in no flavour: it reads either in software.
+    platform: the platform the backend runs for (see :class:`~attnhal.backend.AttentionBackend`):
+        a pool whose fp8 flavour differs from the platform's is refused
+        (:meth:`~attnhal.backend.KVPool.platform_reasons`). The CPU computes in no flavour:
+        it reads either in software.
     chunk: KV columns gathered per step; small enough that a chunk of K (or V)
         for the whole batch stays in cache.
     score_budget_bytes: fp32 scores kept at once (one softmax segment).
@@ -100,12 +100,9 @@ class TorchBackend(AttentionBackend):
     def __init__(self, config: AttentionConfig, pool: KVPool, *, platform: Platform | None = None,
                  chunk: int = 64, score_budget_bytes: int = 16 << 20, host_workers: int | None = None,
                  index_budget_bytes: int = INDEX_BUDGET_BYTES) -> None:
-        super().__init__(config, pool)
+        super().__init__(config, pool, platform=platform)
         if chunk < 1 or (host_workers is not None and host_workers < 1):
             raise ValueError(f"chunk, host_workers={chunk}, {host_workers} (supported: >= 1)")
-        flavour = pool.platform_reasons(platform) if platform is not None else []
-        if flavour:
-            raise UnsupportedFeature("backend 'torch': " + "; ".join(r.message for r in flavour))
         self.layer_params = [self._layer_params(layer) for layer in range(pool.num_layers)]
         self.chunk = chunk
         self.score_budget_bytes = score_budget_bytes

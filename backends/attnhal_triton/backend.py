@@ -13,11 +13,19 @@ from typing import Any, ClassVar
 
 import torch
 
-from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch, KVPool, dtype_name, maybe_validate_batch
-from attnhal.capabilities import AttentionRequest, BackendCapabilities, not_supported_reasons
+from attnhal.backend import (
+    AttentionBackend,
+    AttentionConfig,
+    ForwardBatch,
+    KVPool,
+    UnsupportedFeature,
+    dtype_name,
+    maybe_validate_batch,
+)
+from attnhal.capabilities import BackendCapabilities
 from attnhal.capabilities.support import fp8_reasons
-from attnhal.platform import Platform, detect
-from attnhal.reasons import Reason, ReasonCode, reason
+from attnhal.platform import Platform
+from attnhal.reasons import Reason, ReasonCode
 from attnhal_triton import ops, work
 from attnhal_triton.descriptor import CAPABILITIES
 from attnhal_triton.launch_table import KERNELS, LaunchRow, lookup
@@ -38,27 +46,27 @@ from attnhal_triton.tree_mask import bit_weights, new_tree, pack_tree, word_coun
 
 __all__ = ["TritonBackend"]
 
-# The platform only picks launch rows: a simulated or CPU platform runs the same
-# kernels through the interpreter, so vendor/arch reasons do not stop construction.
-_PLATFORM_CODES = (ReasonCode.VENDOR, ReasonCode.ARCH)
-
-
 class TritonBackend(AttentionBackend):
     """Paged attention in Triton for every phase (CUDA and HIP; CPU via the interpreter).
 
     Parameters
     ----------
-    config, pool: see :class:`~attnhal.backend.AttentionBackend`.
-    platform: selects the launch-table rows; :func:`attnhal.platform.detect` if None.
+    config, pool, platform: see :class:`~attnhal.backend.AttentionBackend` (which checks the
+        claims once and resolves a missing platform); the platform selects the launch-table
+        rows. Its vendor and arch only pick rows: a simulated or CPU platform runs the same
+        kernels through the interpreter.
     """
 
     capabilities: ClassVar[BackendCapabilities] = CAPABILITIES
 
     def __init__(self, config: AttentionConfig, pool: KVPool, platform: Platform | None = None) -> None:
-        super().__init__(config, pool)
-        self.platform = platform if platform is not None else detect()
+        super().__init__(config, pool, platform=platform)
+        # On a GPU the kernels compute e4m3 in the hardware's flavour, which a platform without
+        # one lacks; the interpreter (host tensors) reads whichever flavour the pool stores.
+        no_fp8 = [] if _on_host(self.platform) else fp8_reasons(self.platform, pool.kv_dtype)
+        if no_fp8:
+            raise UnsupportedFeature("backend 'triton': " + "; ".join(r.message for r in no_fp8))
         dtype = dtype_name(config.dtype)
-        _check_supported(config, pool, dtype, self.platform)
         self.rows: dict[str, LaunchRow] = {
             k: lookup(k, self.platform, config.head_size, dtype) for k in KERNELS}
         self._launch = {k: row.encode() for k, row in self.rows.items()}
@@ -296,19 +304,3 @@ class TritonBackend(AttentionBackend):
 def _on_host(platform: Platform) -> bool:
     """The platform's tensors live in host memory: the kernels run in Triton's interpreter."""
     return torch.device(platform.torch_device).type == "cpu"
-
-
-def _check_supported(config: AttentionConfig, pool: KVPool, dtype: str, platform: Platform) -> None:
-    request = AttentionRequest.of(config=config, pool=pool, dtype=dtype)
-    # Under the interpreter (a host platform) the kernels read whichever e4m3 flavour the
-    # pool stores, so the platform's lack of one is no reason there (the pool's own check is).
-    host_only = fp8_reasons(platform, pool.kv_dtype) if _on_host(platform) else []
-    reasons = [r for r in not_supported_reasons(CAPABILITIES, request, platform)
-               if r.code not in _PLATFORM_CODES and r not in host_only]
-    reasons += pool.platform_reasons(platform)
-    if (pool.num_kv_heads, pool.head_dim) != (config.num_kv_heads, config.head_size):
-        reasons.append(reason(ReasonCode.HEAD_SIZE, "pool.num_kv_heads/head_dim",
-                              f"{pool.num_kv_heads}/{pool.head_dim}",
-                              f"{config.num_kv_heads}/{config.head_size} as in the attention config"))
-    if reasons:
-        raise ValueError("triton backend cannot serve this config: " + "; ".join(map(str, reasons)))

@@ -167,19 +167,22 @@ def test_the_fake_vendor_api_follows_torch_xpu():
     assert signature_drift(fake_vendor_api("x"), torch.xpu, VENDOR_API) == []
 
 
-@pytest.mark.parametrize("module, name, expected", [
-    ("npu", "Ascend910B3", "npu:910b"),
-    ("musa", "MTT S4000", "musa:mp22"),
-    ("xpu", "Intel(R) Data Center GPU Max 1550", "xpu:pvc"),
+@pytest.mark.parametrize("module, name, expected, no_graphs", [
+    ("npu", "Ascend910B3", "npu:910b", "the npu vendor row names none"),
+    ("musa", "MTT S4000", "musa:mp22", "the musa vendor row names none"),
+    # the stand-in torch.xpu has no XPUGraph, so TorchXpuAPI cannot capture
+    ("xpu", "Intel(R) Data Center GPU Max 1550", "xpu:pvc", "has no torch.xpu.XPUGraph"),
 ])
-def test_detect_reads_out_of_tree_vendors_only_through_torch(monkeypatch, module, name, expected):
+def test_detect_reads_out_of_tree_vendors_only_through_torch(monkeypatch, module, name, expected, no_graphs):
     import torch
 
     monkeypatch.delenv("ATTNHAL_PLATFORM", raising=False)
     monkeypatch.setattr(torch, module, fake_vendor_api(name), raising=False)
     p = detect()
-    assert p.name == expected and p.graph_kind is GraphKind.DEVICE and not p.simulated
+    assert p.name == expected and p.has_graph_api and not p.simulated
     assert p.torch_device == f"{module}:0" and p.device_name == name
+    # A device graph kind only where the row names an implementation that loads here.
+    assert p.graph_kind is GraphKind.NONE and no_graphs in (p.graph_device_error or "")
 
 
 def test_detect_names_the_fix_for_an_unknown_device(monkeypatch):

@@ -124,7 +124,7 @@ def test_device_graphs_share_one_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = spy(monkeypatch, runner_module, "new_graph")  # bound to new_graph's own signature
     runner, _, _ = device_runner(ToyDecode)
     assert runner.captured_sizes(Phase.DECODE) == SIZES
-    assert [c.arguments["kind"] for c in calls] == ["device"] * len(SIZES)
+    assert [c.arguments["platform"].graph_kind.value for c in calls] == ["device"] * len(SIZES)
     pools = [c.arguments["pool"] for c in calls]
     assert pools[0] is not None and len({id(pool) for pool in pools}) == 1  # one pool per runner
 

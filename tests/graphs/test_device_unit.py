@@ -27,7 +27,7 @@ from attnhal.graphs import (
     GraphCaptureWarning,
     GraphRunner,
     PhaseStep,
-    device as device_module,
+    device_api as device_api_module,
 )
 from attnhal.graphs.runner import torch_version
 from attnhal.phases import Phase
@@ -38,7 +38,8 @@ from attnhal.platform import GraphKind, Platform, parse
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeDevice:
     api = FakeDevice()
-    monkeypatch.setattr(device_module, "API", api)
+    # The one instance per named implementation: CUDA's (FAKE_GPU's row and DeviceGraph's default).
+    monkeypatch.setitem(device_api_module._APIS, device_api_module.TORCH_CUDA, api)
     return api
 
 
@@ -246,7 +247,7 @@ def test_runner_warms_each_size_up_once_on_the_capture_stream(fake: FakeDevice) 
 
 
 def test_the_real_api_calls_what_this_torch_has() -> None:
-    """TorchDeviceAPI runs only on a GPU; at least the names and parameters it uses exist here."""
+    """TorchCudaAPI runs only on a GPU; at least the names and parameters it uses exist here."""
     import inspect
 
     for name in ("set_stream", "Stream", "graph_pool_handle", "get_sync_debug_mode", "set_sync_debug_mode",
@@ -261,9 +262,9 @@ def test_no_device_is_a_clear_error_before_any_device_call() -> None:
 
     if torch.cuda.is_available():
         pytest.skip("a device is present")
-    with pytest.raises(RuntimeError, match="no CUDA/HIP device is available"):
+    with pytest.raises(RuntimeError, match="no device is available to TorchCudaAPI"):
         DeviceGraph().capture(lambda: None)
-    with pytest.raises(RuntimeError, match="no CUDA/HIP device is available"), capture_session("device", "cuda"):
+    with pytest.raises(RuntimeError, match="no device is available"), capture_session("device", "cuda"):
         pass
     with capture_session("emulated", "cpu") as pool:
         assert pool is None

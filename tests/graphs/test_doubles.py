@@ -27,7 +27,8 @@ from attnhal.graphs.step import MetadataOwner
 #: Class doubles of device paths, and what each stands for.
 CLASS_DOUBLES = {
     "FakeDevice": (FakeDevice, device_module.DeviceAPI),
-    "TorchDeviceAPI": (device_module.TorchDeviceAPI, device_module.DeviceAPI),  # the real one, same protocol
+    "TorchCudaAPI": (device_module.TorchCudaAPI, device_module.DeviceAPI),  # the real ones, same protocol
+    "TorchXpuAPI": (device_module.TorchXpuAPI, device_module.DeviceAPI),
     "graph_steps.Meta": (Meta, MetadataOwner),
 }
 
@@ -66,7 +67,7 @@ def test_signature_drift_catches_a_planted_double() -> None:
 
 def test_stand_ins_refuse_what_the_real_function_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bound to ``new_graph``'s signature: defaults applied, an unknown keyword a TypeError."""
-    calls = stand_in(monkeypatch, runner_module, "new_graph", lambda bound: bound.arguments["kind"])
+    calls = stand_in(monkeypatch, runner_module, "new_graph", lambda bound: bound.arguments["platform"])
     assert runner_module.new_graph("emulated", device="cpu") == "emulated"
     assert calls[0].arguments["pool"] is None and calls[0].arguments["warmup_iters"] == 1
     with pytest.raises(TypeError, match="stream"):

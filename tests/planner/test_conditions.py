@@ -170,9 +170,15 @@ def test_registry_holds_one_descriptor_per_vendor_under_one_name():
 def test_new_vendors_plan_like_the_others(platform):
     caps = toml(ALL_GRAPHS, "any", '["cuda", "hip", "xpu", "npu", "musa"]')
     p = plan_with(caps, CHAIN, platform)
-    assert p.valid and set(p.captured) == {Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND, Phase.TARGET_VERIFY}
-    assert plan_with(caps, CHAIN, platform).to_dict()["phases"] == plan_with(caps, CHAIN, "cuda:sm90").to_dict()[
-        "phases"]
+    graph_phases = {Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND, Phase.TARGET_VERIFY}
+    if platform == "xpu:pvc":  # its row names an implementation (torch.xpu): planned like CUDA
+        assert p.valid and set(p.captured) == graph_phases
+        assert p.to_dict()["phases"] == plan_with(caps, CHAIN, "cuda:sm90").to_dict()["phases"]
+    else:  # NPU and MUSA rows name none: never "captured", with the reason
+        assert p.valid and p.captured == ()
+        assert {ph: codes(p[ph]) for ph in graph_phases} == dict.fromkeys(graph_phases,
+                                                                            [ReasonCode.GRAPH_DEVICE_UNAVAILABLE])
+        assert "graph_device=none" in p[Phase.TARGET_VERIFY].reasons[0].message
     cuda_only = toml(ALL_GRAPHS, "c", '["cuda"]')
     assert codes(plan_with(cuda_only, CHAIN, platform)[Phase.PREFILL]) == [ReasonCode.VENDOR]
     nographs = plan_with(caps, CHAIN, platform + ",nographs")

@@ -172,9 +172,10 @@ def test_unclaimed_features_page_sizes_and_kv_dtypes_are_refused_at_construction
                    kv_dtypes=frozenset({"float32"}))
     cfg = AttentionConfig(num_q_heads=4, num_kv_heads=2, head_size=16, sliding_window=8, logit_softcap=2.0)
     reasons = [r.message for r in config_reasons(caps, cfg, _pool(torch.float8_e5m2, page_size=16))]
-    assert reasons == ["feature=logit_softcap (supported: {custom_mask})",
-                       "feature=sliding_window (supported: {custom_mask})",
-                       "page_size=16 (supported: {1})", "kv_dtype=fp8_e5m2 (supported: {float32})"]
+    # in the order of the capabilities' rule (request_reasons), which config_reasons applies
+    assert reasons == ["kv_dtype=fp8_e5m2 (supported: {float32})", "page_size=16 (supported: {1})",
+                       "feature=logit_softcap (supported: {custom_mask})",
+                       "feature=sliding_window (supported: {custom_mask})"]
 
     class WindowLess(TorchBackend):
         capabilities = caps

@@ -93,7 +93,7 @@ def _owner(target: Target, claim: Claim, config: AttentionConfig, pool: KVPool, 
     """The metadata owner of a graph step (a backend, or a MultiStepDraft) and its step backends."""
     with blame(claim, "constructing the backend"):
         if multi:
-            draft = MultiStepDraft(target.backend_cls, config, pool, spec, **target.backend_kwargs)
+            draft = MultiStepDraft(target.backend_cls, config, pool, spec, **target.build_options)
             return draft, [draft.backend(s) for s in range(draft.num_forwards)]
         backend = target.new_backend(config, pool)
         return backend, [backend]

@@ -32,7 +32,7 @@ def _eager_steps(target: Target, case: Case, multi: bool) -> tuple[list[Attentio
     """Fresh backends with the eager metadata of ``case``: one per draft step when ``multi``."""
     if multi:
         draft = MultiStepDraft(target.backend_cls, case.config, case.pool, case.recipe.spec or SpecConfig(),
-                               **target.backend_kwargs)
+                               **target.build_options)
         draft.init_forward_metadata(case.batch)
         return [draft.backend(s) for s in range(draft.num_forwards)], draft.step_batches(case.batch)
     backend = target.new_backend(case.config, case.pool)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import Phase as HypothesisPhase
 from hypothesis.database import ExampleDatabase
 
-from attnhal.backend import AttentionBackend, AttentionConfig, KVPool
+from attnhal.backend import AttentionBackend, AttentionConfig, KVPool, new_backend
 from attnhal.capabilities import BackendCapabilities
 from attnhal.platform import Platform
 from attnhal.spec import DTYPES
@@ -33,7 +33,7 @@ class Target:
     max_examples: random hypothesis examples per check, on top of the fixed ones
         (one per claimed head size, plus edge cases); ``0`` runs the fixed ones only.
         With ``seconds``: the most random examples.
-    backend_kwargs: passed to every ``backend_cls(config, pool, **backend_kwargs)``.
+    backend_kwargs: passed to every backend built (:meth:`new_backend`).
     capture_sizes: graph capture sizes (requests).
     max_requests, max_seq_len, max_cost: bounds of drawn batches and of the fixed
         examples (see :func:`attnhal.testing.strategies.batch_cost`; keep them small for
@@ -65,8 +65,15 @@ class Target:
     def device(self) -> str:
         return self.platform.torch_device
 
+    @property
+    def build_options(self) -> dict[str, Any]:
+        """What every backend (or multi-step draft) is built with: :attr:`platform` and
+        ``backend_kwargs`` (a ``platform`` there wins)."""
+        return {"platform": self.platform, **self.backend_kwargs}
+
     def new_backend(self, config: AttentionConfig, pool: KVPool) -> AttentionBackend:
-        return self.backend_cls(config, pool, **self.backend_kwargs)
+        """``backend_cls`` built for :attr:`platform` (:func:`attnhal.backend.new_backend`)."""
+        return new_backend(self.backend_cls, config, pool, **self.build_options)
 
     def hypothesis_settings(self, explicit: bool = True) -> settings:
         """Settings of one hypothesis run; ``explicit=False`` leaves out the fixed examples."""
