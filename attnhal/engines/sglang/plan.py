@@ -12,7 +12,7 @@ from typing import Any
 from attnhal.engines.base import OwnFlag
 from attnhal.engines.flags import Flag
 from attnhal.engines.sglang import executed
-from attnhal.engines.sglang.flags import FIELD_FLAGS, FLAGS, HARMLESS, SGLANG_VERSION, parse_cli
+from attnhal.engines.sglang.flags import FIELD_FLAGS, FLAGS, HARMLESS, SGLANG_VERSION, SGLANG_VERSIONS, parse_cli
 from attnhal.engines.sglang.resolution import DRAFT_EXTEND_GRAPH_OFF, SglangConfig, from_server_args
 from attnhal.planner import GraphPlan
 from attnhal.platform import ENV_VAR, Platform
@@ -33,6 +33,8 @@ class SglangAdapter:
 
     name = "sglang"
     version = SGLANG_VERSION
+    versions = SGLANG_VERSIONS
+    distribution = "sglang"
     flags: Mapping[str, Flag] = FLAGS
     harmless = HARMLESS
     own_flags = (OwnFlag("engine-resolution", "resolve the flags with SGLang's own code (engine) or attnhal's "

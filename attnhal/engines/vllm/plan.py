@@ -9,7 +9,7 @@ from typing import Any
 from attnhal.catalog import load
 from attnhal.engines.base import EngineConfig, OwnFlag
 from attnhal.engines.flags import EngineArgError, Flag, check, model_kind
-from attnhal.engines.vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_VERSION, parse_cli
+from attnhal.engines.vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_VERSION, VLLM_VERSIONS, parse_cli
 from attnhal.engines.vllm.levels import Level, support_on
 from attnhal.engines.vllm.resolution import GraphMode, ModeResolution, resolve_mode
 from attnhal.phases import Phase, phases_run
@@ -125,6 +125,8 @@ class VllmAdapter:
 
     name = "vllm"
     version = VLLM_VERSION
+    versions = VLLM_VERSIONS
+    distribution = "vllm"
     flags: Mapping[str, Flag] = FLAGS
     harmless = HARMLESS
     own_flags = (OwnFlag("trtllm-cubins", "whether FlashInfer's trtllm-gen cubins are available (its graph level "
