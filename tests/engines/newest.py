@@ -10,7 +10,7 @@
    editable, as ``setup.sh`` builds the pinned one;
 3. the engine's tier in it (``tests/engines/ENGINE``), recording the release's executed
    decisions to a temporary file (``ATTNHAL_RECORD_TO``) instead of comparing them;
-4. what changed against ``tests/engines/recorded/ENGINE-*.jsonl`` (``recording_diff.report``),
+4. what changed against the engine's recording in ``tests/engines/recorded/`` (``recording_diff.report``),
    and the tier's failures: the adapter's, catalogue's or plugin's work for the new release.
 
 Needs the network for step 2 (the tier itself refuses it). Exit 0 when the tier passed and no

@@ -7,7 +7,7 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnhal.engines.base import OwnFlag
 from attnhal.engines.flags import Flag
@@ -17,6 +17,9 @@ from attnhal.engines.sglang.resolution import DRAFT_EXTEND_GRAPH_OFF, SglangConf
 from attnhal.planner import GraphPlan
 from attnhal.platform import ENV_VAR, Platform
 from attnhal.spec import ModelKind
+
+if TYPE_CHECKING:
+    from attnhal.engines.advice import Advice
 
 __all__ = ["ADAPTER", "SglangAdapter", "plan_server_args"]
 
@@ -45,6 +48,15 @@ class SglangAdapter:
 
     def parse(self, argv: Sequence[str]) -> dict[str, Any]:
         return parse_cli(argv)
+
+    def advise(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None], *,
+               top: int = 3, vary: Sequence[str] | None = None) -> Advice:
+        """``attnhal advise --engine sglang``: :func:`attnhal.engines.sglang.advice.advise` with the
+        draft-extend graph switch read from the environment, as :meth:`resolve` reads it."""
+        from attnhal.engines.sglang.advice import advise
+
+        env = {DRAFT_EXTEND_GRAPH_OFF: os.environ.get(DRAFT_EXTEND_GRAPH_OFF, "")}
+        return advise(values, platform, own.get("model"), env=env, vary=vary, top=top)
 
     def resolve(self, values: Mapping[str, Any], platform: Platform,
                 own: Mapping[str, str | None]) -> SglangConfig:

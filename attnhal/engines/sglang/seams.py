@@ -119,11 +119,12 @@ def _parse(backend: str, cls: str, table: Any) -> Seams:
             raise InvalidValue(f"{where}.{key}", table[key], "SGLang's reason text, '' where the prep may be glued")
     models = table.get("models")
     staging, max_topk = _staging(where, table["supports_draft_extend_metadata_staging"])
+    flag = {key: _bool(where, key, table[key])
+            for key in ("supports_ragged_verify_graph", "draft_extend_metadata_captured_in_graph")}
     return Seams(backend, cls, frozenset(models) if models is not None else None,
-                 _bool(where, "supports_ragged_verify_graph", table["supports_ragged_verify_graph"]),
-                 staging, max_topk,
-                 _bool(where, "draft_extend_metadata_captured_in_graph", table["draft_extend_metadata_captured_in_graph"]),
-                 table["glue_target_verify_metadata"], table["glue_draft_metadata"])
+                 flag["supports_ragged_verify_graph"], staging, max_topk,
+                 flag["draft_extend_metadata_captured_in_graph"], table["glue_target_verify_metadata"],
+                 table["glue_draft_metadata"])
 
 
 def seams_of(backend: str, model: str | None = None) -> tuple[Seams, ...]:
