@@ -87,3 +87,21 @@ def test_the_plan_for_musa_names_d9_and_every_eagle_plan_says_its_seams() -> Non
     off = sglang.from_server_args({**SEED, "disable_cuda_graph": True})
     assert any("no draft-extend runner (decode graphs are off" in line
                for line in off.remarks(as_platform("cuda:sm90"), off.plan("cuda:sm90")))
+
+
+def test_plan_json_carries_the_seams(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from attnhal.cli import main
+
+    argv = ["plan", "--engine", "sglang", "--json", "--platform", "cuda:sm90", "--", "--attention-backend", "fa3",
+            "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4"]
+    assert main(argv) == 0
+    seams_report = json.loads(capsys.readouterr().out)["seams"]
+    assert seams_report == {"backend": "sglang:fa3", "class": "FlashAttentionBackend", "ragged_verify_graph": True,
+                            "draft_extend_metadata": "rebuilt in the graph",
+                            "multi_layer_eagle_runner": "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner",
+                            "why": "every step's backend rebuilds its draft-extend metadata in the graph or stages it "
+                                   "before replay"}
+

@@ -96,7 +96,15 @@ class SglangConfig(EngineConfig):
 
         return {**super().report(platform), "resolution": self.choice.to_dict() if self.choice else None,
                 "page_size": self.page_size(platform).to_dict(),
-                "engine_differs": [d.to_dict() for d in engine_differs(self, platform)]}
+                "engine_differs": [d.to_dict() for d in engine_differs(self, platform)], "seams": self.seams()}
+
+    def seams(self) -> dict[str, Any] | None:
+        """SGLang's capability seams for the draft-extend backend (:func:`~attnhal.engines.sglang.seams.plan_seams`)."""
+        from attnhal.engines.sglang.seams import plan_seams
+
+        extend_off = {DRAFT_EXTEND_GRAPH_OFF: "1"} if Phase.DRAFT_EXTEND in self.policy.disabled_phases else {}
+        model = self.context.model.value if self.context.model is not None else None
+        return plan_seams(self.roles, model, self.spec.topk, self.policy.enabled, extend_off)
 
     def summary(self, platform: Platform) -> list[str]:
         return [f"engine: SGLang {self.version} flags -> roles: "
@@ -111,9 +119,7 @@ class SglangConfig(EngineConfig):
         from attnhal.engines.sglang.audit import engine_differs
         from attnhal.engines.sglang.seams import plan_lines
 
-        extend_off = {DRAFT_EXTEND_GRAPH_OFF: "1"} if Phase.DRAFT_EXTEND in self.policy.disabled_phases else {}
-        model = self.context.model.value if self.context.model is not None else None
-        seams = plan_lines(self.roles, model, self.spec.topk, self.policy.enabled, extend_off)
+        seams = plan_lines(self.seams())
         why = [f"why: {phase.value} is captured: {decision.backend} declares {phase.value} graphs and their "
                "limits hold, the platform has a graph API and the policy allows them"
                for phase, decision in result.phases.items() if decision.capture]

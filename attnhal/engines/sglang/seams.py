@@ -33,7 +33,7 @@ from attnhal.errors import InvalidValue
 from attnhal.platform import Platform, Vendor
 
 __all__ = ["DRAFT_RUNNERS", "DRAFT_EXTEND_GRAPH_OFF", "SINGLE_GRAPH_DRAFT", "OutOfTree", "Seams", "device_of",
-           "draft_runner", "env_bool", "multi_layer_runner", "plan_lines", "seams_of"]
+           "draft_runner", "env_bool", "multi_layer_runner", "plan_lines", "plan_seams", "seams_of"]
 
 #: SGLang's switch for every draft-extend graph (``environ.py:1587``, default off).
 DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
@@ -204,21 +204,29 @@ def draft_runner(phase: str, device: str | None = None, out_of_tree: OutOfTree |
     return runner
 
 
-def plan_lines(roles: Mapping[str, str | None], model: str | None, topk: int, graphs: bool,
-               env: Mapping[str, str]) -> list[str]:
-    """What SGLang's seams decide for these roles, for ``plan --engine sglang``: the draft-extend
-    backend's declarations and the runner multi-layer EAGLE would build with them (the flag
-    ``--enable-multi-layer-eagle`` itself is not modelled: its steps are not attnhal phases)."""
+def plan_seams(roles: Mapping[str, str | None], model: str | None, topk: int, graphs: bool,
+               env: Mapping[str, str]) -> dict[str, Any] | None:
+    """What SGLang's seams decide for these roles, for ``plan --engine sglang`` (``--json``:
+    ``seams``): the draft-extend backend's declarations and the runner multi-layer EAGLE would
+    build with them (the flag ``--enable-multi-layer-eagle`` itself is not modelled: its steps are
+    not attnhal phases). ``None``: no draft extend, or no single class (a model kind not given)."""
     extend = roles.get("draft_extend")
-    if extend is None:
-        return []
-    found = seams_of(f"sglang:{extend}", model)
-    if len(found) != 1:  # no table, or a class per model kind and no model given
-        return []
+    found = seams_of(f"sglang:{extend}", model) if extend is not None else ()
+    if len(found) != 1:
+        return None
     seam = found[0]
     metadata = ("rebuilt in the graph" if seam.metadata_in_graph else
                 "staged before replay" if seam.stages_draft_extend(topk) else "prepared eagerly before each replay")
     runner, why = multi_layer_runner([seam], topk, graphs, env)
-    return [f"seams: sglang:{extend} ({seam.cls}): ragged verify graph {'yes' if seam.ragged_verify_graph else 'no'}, "
-            f"draft-extend metadata {metadata}; with --enable-multi-layer-eagle SGLang builds "
-            f"{runner or 'no draft-extend runner'} ({why})"]
+    return {"backend": seam.backend, "class": seam.cls, "ragged_verify_graph": seam.ragged_verify_graph,
+            "draft_extend_metadata": metadata, "multi_layer_eagle_runner": runner, "why": why}
+
+
+def plan_lines(seams: Mapping[str, Any] | None) -> list[str]:
+    """:func:`plan_seams`' answer as the plan's text line."""
+    if seams is None:
+        return []
+    return [f"seams: {seams['backend']} ({seams['class']}): ragged verify graph "
+            f"{'yes' if seams['ragged_verify_graph'] else 'no'}, draft-extend metadata "
+            f"{seams['draft_extend_metadata']}; with --enable-multi-layer-eagle SGLang builds "
+            f"{seams['multi_layer_eagle_runner'] or 'no draft-extend runner'} ({seams['why']})"]
