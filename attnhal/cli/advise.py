@@ -1,14 +1,14 @@
-"""``attnhal advise --engine sglang|vllm [--platform P] [--model M] -- <the server flags>``: the engine's
+"""``attnhal advise --engine NAME [--platform P] [--model M] -- <the server flags>``: the engine's
 attention-backend flags that capture the most for this model on this GPU, before the server starts.
 
-The answer is :func:`attnhal.engines.advise`'s; this module splits attnhal's flags from the
+The answer is the engine adapter's (:class:`attnhal.engines.base.Adviser`, optional: an adapter
+without it is refused by name); this module names no engine: it splits attnhal's flags from the
 engine's (as ``plan --engine`` does, :func:`attnhal.cli.engine.split_own_flags`) and prints it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from attnhal.cli.app import UsageError
@@ -16,8 +16,9 @@ from attnhal.cli.args import bounded, choice
 from attnhal.cli.engine import engine_message, own_flags, split_own_flags
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import print_json
-from attnhal.engines import ENGINES, advise, registry
+from attnhal.engines import registry
 from attnhal.engines.advice import PRIORITY, Advice, Option
+from attnhal.engines.base import adviser
 from attnhal.engines.flags import EngineArgError
 
 __all__ = ["register", "run"]
@@ -25,27 +26,39 @@ __all__ = ["register", "run"]
 
 def register(sub: Any) -> None:
     p = sub.add_parser("advise", help="the engine's attention-backend flags that capture the most, before it starts")
-    p.add_argument("--engine", type=choice(ENGINES), required=True, help="the engine whose flags follow `--`")
+    p.add_argument("--engine", type=choice(registry.names()), required=True,
+                   help="the engine whose flags follow `--` (" + ", ".join(advising()) + " give advice)")
     p.add_argument("--platform", help="the GPU to advise for, e.g. hip:gfx942 (default: this machine's)")
     p.add_argument("--model", type=choice(("mha", "gqa", "mla")),
                    help="the model's attention kind (the engine reads it from the checkpoint)")
     p.add_argument("--top", type=bounded(1, 20), default=3, help="how many flag sets to print at most")
     p.add_argument("--vary", type=lambda text: tuple(text.split(",")),
-                   help="with --engine sglang: only these flags may change, comma-separated (attention-backend, "
-                        "decode-attention-backend, speculative-draft-attention-backend, speculative-attention-mode, "
-                        "speculative-num-steps; default: all)")
+                   help="only these engine flags may change, comma-separated, without dashes (default: every flag "
+                        "the engine's advice varies; an engine that varies one flag refuses it)")
     p.add_argument("--json", action="store_true", help="print the advice as JSON")
     p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="the engine's own flags")
     p.set_defaults(func=run)
 
 
+def advising() -> list[str]:
+    """The registered engines whose adapter gives advice (loads every adapter)."""
+    return [a.name for a in registry.adapters() if adviser(a) is not None]
+
+
 def run(args: argparse.Namespace) -> int:
-    """Exit 0 with advice (the best flags: the user's or others), 1 when no flag set the engine takes is left."""
+    """Exit 0 with advice (the best flags: the user's or others), 1 when no flag set the engine takes is left;
+    2 for bad input and for an engine whose adapter gives no advice."""
+    adapter = registry.get(args.engine)
+    advises = adviser(adapter)
+    if advises is None:
+        raise UsageError(f"--engine={args.engine!r}: the {args.engine} adapter gives no advice (supported: "
+                         f"{', '.join(advising())}; `attnhal plan --engine {args.engine}` plans its flags)")
     try:
-        names = own_flags(registry.get(args.engine))  # another engine's own flag reaches the parser: refused
+        names = own_flags(adapter)  # another engine's own flag reaches the parser: refused
         given, argv = split_own_flags(args.engine_args, names)
         own = {name: given.get(name) or getattr(args, name.replace("-", "_"), None) for name in names}
-        advice = _advise(args, own, argv)
+        advice = advises.advise(adapter.parse(argv), resolve_platform(own["platform"]), own, top=args.top,
+                                vary=args.vary)
     except EngineArgError as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # an InvalidValue among them: named by the engine's flag
@@ -55,26 +68,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_advice(advice))
     return 0 if advice.recommended or advice.current.blocked is None else 1
-
-
-def _advise(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> Advice:
-    from attnhal.engines import sglang, vllm
-
-    platform = resolve_platform(own["platform"])
-    options: dict[str, Any] = {"top": args.top}
-    if args.engine == "sglang":
-        if own.get("trtllm-cubins"):
-            raise EngineArgError("--trtllm-cubins", "--trtllm-cubins is vLLM's FlashInfer assumption (supported: "
-                                                    "with --engine vllm)")
-        env = {sglang.DRAFT_EXTEND_GRAPH_OFF: os.environ.get(sglang.DRAFT_EXTEND_GRAPH_OFF, "")}
-        return advise("sglang", sglang.parse_cli(argv), platform, own["model"], env=env, vary=args.vary, **options)
-    if args.vary is not None:
-        raise EngineArgError("--vary", "--vary (supported: with --engine sglang; vLLM's choice is one flag, "
-                                       "--attention-backend)")
-    cubins = own.get("trtllm-cubins") or "yes"
-    if cubins not in ("yes", "no"):
-        raise EngineArgError("--trtllm-cubins", f"--trtllm-cubins={cubins!r} (supported: yes, no)")
-    return advise("vllm", vllm.parse_cli(argv), platform, own["model"], trtllm_cubins=cubins == "yes", **options)
 
 
 def _phases(option: Option) -> str:

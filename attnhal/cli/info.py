@@ -1,4 +1,5 @@
-"""``attnhal info``: the platform, the Triton distribution, the registered backends and their capabilities."""
+"""``attnhal info``: the platform, the Triton distribution, the registered backends and their capabilities,
+and the engine releases attnhal supports next to the installed ones."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from attnhal.capabilities import AttentionRequest, BackendCapabilities
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import cell, print_json, table, yes_no
+from attnhal.engines import versions
 from attnhal.platform import ENV_VAR, Platform
 from attnhal.registry import BackendEntry, Registry
 
@@ -75,11 +77,13 @@ def run(args: argparse.Namespace) -> int:
     p = resolve_platform(args.platform)
     backends = {e.name: backend_status(e, p) for e in args.registry.ordered(p)}
     builds = native_builds(args.registry, p) if args.build else None
+    engines = versions.table()
     if args.json:
         print_json({"platform": p.name, "device": p.device_name, "simulated": p.simulated,
                     "vendor": p.vendor.value, "arch": p.arch, "warp_size": p.warp_size,
                     "fp8": p.fp8_flavor.value, "graph_api": p.has_graph_api, "graph_kind": p.graph_kind.value,
                     "torch_device": p.torch_device, "triton": triton_status(), "backends": backends,
+                    "engines": [row.to_dict() for row in engines],
                     **({"builds": builds} if builds is not None else {})})
         return 0
     print(f"platform: {p.name} ({p.device_name}{', simulated' if p.simulated else ''})")
@@ -94,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
             for name, b in backends.items() if b["capabilities"] is not None]
     print("\ncapabilities:\n" + table(("name", "vendors", "phases", "graph", "multi_step", "dtypes",
                                        "head_sizes", "features"), caps))
+    print("\nengines (the plugins audit only on a release not listed as supported):\n"
+          + table(("engine", "supported", "installed", "status"),
+                  [(e.engine, ", ".join(e.supported), e.installed or "-", e.status) for e in engines]))
     if builds is not None:
         print("\nnative builds (first use builds, later runs load the cache):\n"
               + table(("name", "build"), list(builds.items()) or [("-", "none")]))

@@ -44,8 +44,9 @@ def advise(engine: str, args: Mapping[str, Any], platform: Any, model: Any = Non
         return sglang_advise(args, platform, model, **options)
     if engine == "vllm":
         from attnhal.engines.vllm.advice import advise as vllm_advise
+        from attnhal.engines.vllm.plan import from_engine_args
 
-        return vllm_advise(args, platform, model, **options)
+        return vllm_advise(args, platform, model, translate=from_engine_args, **options)
     from attnhal.engines.flags import EngineArgError
 
     raise EngineArgError("--engine", f"--engine={engine!r} (supported: {', '.join(ENGINES)})")

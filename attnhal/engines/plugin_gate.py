@@ -1,5 +1,10 @@
 """What both engine plugins decide before they touch the engine: the mode the user set, and
-whether the installed engine is the release the plugin was written and tested against.
+what the plugin may do on the installed release.
+
+One rule (:func:`plugin_mode`): on a release the adapter supports (its ``versions``, the table
+``attnhal info`` prints, :mod:`attnhal.engines.versions`) the plugin runs in the mode asked; on
+another release it audits only, and says so once per process — its hooks read that release's
+private code, so it changes no engine decision it was not tested against.
 
 Nothing here imports an engine; the answers are logged on the engine's own logger.
 """
@@ -9,7 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-__all__ = ["installed", "mode_from", "release_matches"]
+__all__ = ["AUDIT", "installed", "mode_from", "plugin_mode"]
+
+#: The mode every plugin has that changes nothing (it logs).
+AUDIT = "audit"
+_said: set[tuple[str, str | None]] = set()
 
 
 def installed(distribution: str) -> str | None:
@@ -33,11 +42,23 @@ def mode_from(env: Mapping[str, str], var: str, modes: Sequence[str], log: loggi
     return mode
 
 
-def release_matches(engine: str, version: str | None, expected: str, var: str, log: logging.Logger) -> bool:
-    """Whether the installed ``version`` of ``engine`` is ``expected``; otherwise one warning says
-    the plugin stays off (the hooks read that release's private code)."""
-    if version == expected:
-        return True
-    log.warning("attnhal: %s %s is installed; attnhal's plugin is written and tested against %s %s only: "
-                "it stays off (%s=off silences this)", engine, version, engine, expected, var)
-    return False
+def plugin_mode(engine: str, version: str | None, supported: Sequence[str], mode: str | None, var: str,
+                log: logging.Logger) -> str | None:
+    """The mode the plugin runs in: ``None`` (off) for ``None`` or ``"off"`` and where the engine is
+    not installed (``version`` ``None``: nothing to hook, said once); ``mode`` on a ``supported``
+    release; :data:`AUDIT` on any other, with one warning per process and release."""
+    if mode is None or mode == "off":
+        return None
+    if version in supported:
+        return mode
+    first = (engine, version) not in _said
+    _said.add((engine, version))
+    if version is None:
+        if first:
+            log.warning("attnhal: %s is not installed here: the plugin stays off", engine)
+        return None
+    if first:
+        needs = "" if mode == AUDIT else f"{var}={mode} needs a tested release; "
+        log.warning("attnhal: %s %s is installed; attnhal's plugin is tested against %s %s: it audits only "
+                    "(%s%s=off silences this)", engine, version, engine, ", ".join(supported), needs, var)
+    return AUDIT

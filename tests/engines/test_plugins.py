@@ -57,12 +57,15 @@ def test_the_tiers_overlay_declares_the_tables_of_pyproject() -> None:
 
 def test_without_an_engine_registering_warns_and_does_nothing(caplog: pytest.LogCaptureFixture,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnhal.engines import plugin_gate
+
+    monkeypatch.setattr(plugin_gate, "_said", set())  # said once per process: this test must see it
     monkeypatch.delenv(plugin.MODE_VAR, raising=False)
     monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
     with caplog.at_level(logging.WARNING):
         plugin.register()
         vllm_plugin.register()
-    assert "SGLang None is installed" in caplog.text and "vLLM None is installed" in caplog.text
+    assert "SGLang is not installed here" in caplog.text and "vLLM is not installed here" in caplog.text
     assert "sglang" not in sys.modules and "vllm" not in sys.modules
 
 

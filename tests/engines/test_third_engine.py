@@ -159,9 +159,21 @@ def test_the_out_of_tree_engine_is_checked_in_its_own_words(fake_engine: Path) -
     assert done.returncode == 2 and "fake" in done.stderr and "sglang" in done.stderr
 
 
-def test_the_command_line_names_no_engine() -> None:
-    source = (ROOT / "attnhal" / "cli" / "engine.py").read_text(encoding="utf-8").lower()
+@pytest.mark.parametrize("module", ["engine.py", "advise.py"])
+def test_the_command_line_names_no_engine(module: str) -> None:
+    source = (ROOT / "attnhal" / "cli" / module).read_text(encoding="utf-8").lower()
     assert "sglang" not in source and "vllm" not in source
+
+
+def test_advise_refuses_an_engine_whose_adapter_gives_no_advice_by_name(fake_engine: Path) -> None:
+    """Advice is optional in the adapter protocol (``attnhal.engines.base.Adviser``): the fake
+    adapter has none, so ``advise --engine fake`` exits 2 naming it and the engines that advise."""
+    done = _attnhal(fake_engine, "advise", "--engine", "fake", "--", "--draft-steps", "3", "--platform", "cuda:sm90")
+    assert done.returncode == 2, done.stderr
+    assert ("--engine='fake': the fake adapter gives no advice (supported: sglang, vllm; "
+            "`attnhal plan --engine fake` plans its flags)") in done.stderr
+    done = _attnhal(fake_engine, "advise", "--help")
+    assert "(sglang, vllm give advice)" in " ".join(done.stdout.split())
 
 
 def test_the_shipped_fallback_is_the_pyproject_table() -> None:

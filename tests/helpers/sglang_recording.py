@@ -3,7 +3,8 @@ adapter against the engine's own code on machines without SGLang.
 
 The SGLang tier executes every case (``harness.engine_view``) and asserts that this recording is
 what SGLang decides today (``test_recording_is_what_sglang_decides``); with
-``ATTNHAL_RECORD=1`` it writes the recording instead. The file: a header line (the engine, the
+``ATTNHAL_RECORD=1`` it writes the recording instead; ``ATTNHAL_RECORD_TO=FILE`` writes the installed
+release's recording to FILE and compares nothing (``tests/engines/newest.py``). The file: a header line (the engine, the
 row's columns, the refusals' first lines), then one JSON row per case in grid order.
 """
 
@@ -42,7 +43,7 @@ def normal(view: View) -> View:
                 captured=view.captured)
 
 
-def write(views: Iterable[tuple[Case, View]], path: Path = PATH) -> None:
+def write(views: Iterable[tuple[Case, View]], path: Path = PATH, engine: str = ENGINE) -> None:
     refusals: dict[str, int] = {}
     rows = []
     for case, view in views:
@@ -50,7 +51,7 @@ def write(views: Iterable[tuple[Case, View]], path: Path = PATH) -> None:
         rows.append(json.dumps([getattr(case, f) for f in CASE_FIELDS] + [
             view.accepted, view.page_size, *view.roles, _letters(view.runs), _letters(view.captured), why],
                                separators=(",", ":")))
-    header = {"engine": ENGINE, "columns": [*CASE_FIELDS, *VIEW_FIELDS], "refusals": list(refusals)}
+    header = {"engine": engine, "columns": [*CASE_FIELDS, *VIEW_FIELDS], "refusals": list(refusals)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join([json.dumps(header, indent=1), *rows]) + "\n", encoding="utf-8")
 

@@ -82,6 +82,13 @@ def _hip_extend_eager(config: SglangConfig, platform: Platform) -> bool:
             and roles.get("draft_decode") != "aiter" and not (extend == "aiter" and spec.topk > 1))
 
 
+def _extend_gets_decode_runner(platform: Platform) -> bool:
+    from attnhal.engines.sglang.seams import DRAFT_RUNNERS, device_of
+
+    device = device_of(platform)
+    return device is not None and DRAFT_RUNNERS["draft_extend"][device] == DRAFT_RUNNERS["draft_decode"][device]
+
+
 def _split(config: SglangConfig) -> bool:
     return config.roles.get("prefill") != config.roles.get("decode")
 
@@ -106,6 +113,10 @@ RULES: Mapping[str, Rule] = {
     "D4": lambda c, p: _tree(c) and c.roles.get("target_verify") == "dsa" and _page_one(c, p),
     "D6": lambda c, p: (_tree(c) and c.spec.algorithm is SpecAlgorithm.NGRAM
                         and c.roles.get("target_verify") == "torch_native" and _page_one(c, p)),
+    # Where SGLang's runner table gives draft extend the draft-decode runner class (MUSA), for a
+    # draft extend the CUDA/MUSA allowlist admits (eagle_worker_v2.py:539-544, 567-611): triton.
+    "D9": lambda c, p: (_extend_gets_decode_runner(p) and c.roles.get("draft_extend") == "triton"
+                        and c.spec.algorithm is not SpecAlgorithm.NGRAM),
 }
 
 
@@ -134,6 +145,7 @@ class Direction(str, Enum):
     SGLANG_CAPTURES = "SGLang captures, attnhal eager"
     ATTNHAL_INVALID = "SGLang runs it, attnhal: the backend cannot run it"
     RUNS_DIFFER = "one runs the phase, the other does not"
+    OTHER_RUNNER = "SGLang captures it with the other phase's graph runner"
 
 
 #: docs/catalog.md entry -> the phase and the direction it shows in.
@@ -144,6 +156,7 @@ SHOWN: Mapping[str, tuple[Phase, Direction]] = {
     "D3": (Phase.TARGET_VERIFY, Direction.ATTNHAL_INVALID),
     "D4": (Phase.TARGET_VERIFY, Direction.ATTNHAL_INVALID),
     "D6": (Phase.TARGET_VERIFY, Direction.ATTNHAL_INVALID),
+    "D9": (Phase.DRAFT_EXTEND, Direction.OTHER_RUNNER),
 }
 
 

@@ -13,11 +13,13 @@ from attnhal.catalog import CatalogError, entries, load
 from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, Flag, one_of, positive, positive_list, truth
 
-__all__ = ["ALGORITHMS", "ALIASES", "DTYPES", "FIELD_FLAGS", "FLAGS", "HARMLESS", "KV_CACHE_DTYPES", "SGLANG_VERSION",
+__all__ = ["ALGORITHMS", "ALIASES", "DTYPES", "FIELD_FLAGS", "FLAGS", "HARMLESS", "KV_CACHE_DTYPES", "SGLANG_VERSION", "SGLANG_VERSIONS",
            "UNMODELLED", "parse_cli"]
 
 #: The release whose flags this module reads and whose backends ``attnhal/catalog/sglang`` describes.
 SGLANG_VERSION = "0.5.23"
+#: The releases the adapter and the plugin are tested against (``attnhal info``; the plugin audits only on others).
+SGLANG_VERSIONS = (SGLANG_VERSION,)
 
 #: Deprecated names SGLang still accepts (arg_groups/choices.py:75, 87; speculative/draft_utils.py:109, 140).
 ALIASES = {"nsa": "dsa", "tokenspeed_mla": "cutedsl_mla"}

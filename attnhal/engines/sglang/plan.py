@@ -7,16 +7,19 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnhal.engines.base import OwnFlag
 from attnhal.engines.flags import Flag
 from attnhal.engines.sglang import executed
-from attnhal.engines.sglang.flags import FIELD_FLAGS, FLAGS, HARMLESS, SGLANG_VERSION, parse_cli
+from attnhal.engines.sglang.flags import FIELD_FLAGS, FLAGS, HARMLESS, SGLANG_VERSION, SGLANG_VERSIONS, parse_cli
 from attnhal.engines.sglang.resolution import DRAFT_EXTEND_GRAPH_OFF, SglangConfig, from_server_args
 from attnhal.planner import GraphPlan
 from attnhal.platform import ENV_VAR, Platform
 from attnhal.spec import ModelKind
+
+if TYPE_CHECKING:
+    from attnhal.engines.advice import Advice
 
 __all__ = ["ADAPTER", "SglangAdapter", "plan_server_args"]
 
@@ -33,6 +36,8 @@ class SglangAdapter:
 
     name = "sglang"
     version = SGLANG_VERSION
+    versions = SGLANG_VERSIONS
+    distribution = "sglang"
     flags: Mapping[str, Flag] = FLAGS
     harmless = HARMLESS
     own_flags = (OwnFlag("engine-resolution", "resolve the flags with SGLang's own code (engine) or attnhal's "
@@ -43,6 +48,15 @@ class SglangAdapter:
 
     def parse(self, argv: Sequence[str]) -> dict[str, Any]:
         return parse_cli(argv)
+
+    def advise(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None], *,
+               top: int = 3, vary: Sequence[str] | None = None) -> Advice:
+        """``attnhal advise --engine sglang``: :func:`attnhal.engines.sglang.advice.advise` with the
+        draft-extend graph switch read from the environment, as :meth:`resolve` reads it."""
+        from attnhal.engines.sglang.advice import advise
+
+        env = {DRAFT_EXTEND_GRAPH_OFF: os.environ.get(DRAFT_EXTEND_GRAPH_OFF, "")}
+        return advise(values, platform, own.get("model"), env=env, vary=vary, top=top)
 
     def resolve(self, values: Mapping[str, Any], platform: Platform,
                 own: Mapping[str, str | None]) -> SglangConfig:

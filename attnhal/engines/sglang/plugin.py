@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from attnhal.engines.plugin_gate import installed, mode_from, release_matches
+from attnhal.engines.plugin_gate import installed, mode_from, plugin_mode
 from attnhal.errors import AttnhalError
 
 __all__ = ["HOOKS", "LOGGER", "MODES", "MODE_VAR", "DraftPlan", "Unplannable", "installed_sglang", "register"]
@@ -69,11 +69,11 @@ def installed_sglang() -> str | None:
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: register the hooks the mode asks for."""
-    from attnhal.engines.sglang.flags import SGLANG_VERSION
+    from attnhal.engines.sglang.flags import SGLANG_VERSIONS
 
-    mode = mode_from(os.environ, MODE_VAR, MODES, log)
-    if mode is None or mode == "off" or not release_matches("SGLang", installed_sglang(), SGLANG_VERSION,
-                                                             MODE_VAR, log):
+    mode = plugin_mode("SGLang", installed_sglang(), SGLANG_VERSIONS, mode_from(os.environ, MODE_VAR, MODES, log),
+                       MODE_VAR, log)
+    if mode is None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

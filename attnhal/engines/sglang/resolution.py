@@ -96,7 +96,15 @@ class SglangConfig(EngineConfig):
 
         return {**super().report(platform), "resolution": self.choice.to_dict() if self.choice else None,
                 "page_size": self.page_size(platform).to_dict(),
-                "engine_differs": [d.to_dict() for d in engine_differs(self, platform)]}
+                "engine_differs": [d.to_dict() for d in engine_differs(self, platform)], "seams": self.seams()}
+
+    def seams(self) -> dict[str, Any] | None:
+        """SGLang's capability seams for the draft-extend backend (:func:`~attnhal.engines.sglang.seams.plan_seams`)."""
+        from attnhal.engines.sglang.seams import plan_seams
+
+        extend_off = {DRAFT_EXTEND_GRAPH_OFF: "1"} if Phase.DRAFT_EXTEND in self.policy.disabled_phases else {}
+        model = self.context.model.value if self.context.model is not None else None
+        return plan_seams(self.roles, model, self.spec.topk, self.policy.enabled, extend_off)
 
     def summary(self, platform: Platform) -> list[str]:
         return [f"engine: SGLang {self.version} flags -> roles: "
@@ -109,12 +117,14 @@ class SglangConfig(EngineConfig):
     def remarks(self, platform: Platform, result: GraphPlan) -> list[str]:
         """Why each captured phase is captured, the notes, SGLang's known differences, the ignored flags."""
         from attnhal.engines.sglang.audit import engine_differs
+        from attnhal.engines.sglang.seams import plan_lines
 
+        seams = plan_lines(self.seams())
         why = [f"why: {phase.value} is captured: {decision.backend} declares {phase.value} graphs and their "
                "limits hold, the platform has a graph API and the policy allows them"
                for phase, decision in result.phases.items() if decision.capture]
         return [*why, *(f"note: {note}" for note in self.notes), *(str(d) for d in engine_differs(self, platform)),
-                *self.ignored_lines()]
+                *seams, *self.ignored_lines()]
 
 
 def _spec(values: Mapping[str, Any], notes: list[str]) -> SpecConfig:

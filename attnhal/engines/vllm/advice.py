@@ -10,8 +10,8 @@ resolution raises is refused at startup and not proposed; each downgrade of the 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 from attnhal.capabilities import AttentionRequest, not_supported_reasons
 from attnhal.catalog import entries, load
@@ -19,10 +19,17 @@ from attnhal.engines.advice import (MAX_COMBINATIONS, PRIORITY, Advice, Option, 
                                     model_of, rank_key, served_kinds)
 from attnhal.engines.flags import EngineArgError, check, model_kind
 from attnhal.engines.vllm.flags import FLAGS, HARMLESS, VLLM_VERSION
-from attnhal.engines.vllm.plan import from_engine_args
 from attnhal.platform import Platform, as_platform
 from attnhal.reasons import ReasonCode
 from attnhal.spec import ModelKind
+
+if TYPE_CHECKING:
+    from attnhal.engines.vllm.plan import VllmConfig
+
+#: Engine arguments -> a :class:`~attnhal.engines.vllm.plan.VllmConfig`: the adapter's
+#: ``from_engine_args(args, platform, trtllm_cubins, model)``, passed in by the adapter (whose
+#: module imports this one for ``advise``, so this one cannot import it back).
+Translate = Callable[[Mapping[str, Any], Platform, bool, ModelKind], "VllmConfig"]
 
 __all__ = ["advise"]
 
@@ -40,10 +47,10 @@ def _fitting(model: ModelKind, platform: Platform, named: str | None,
             and not not_supported_reasons(e.descriptor, request, platform)]
 
 
-def _evaluate(flags: Mapping[str, Any], given: Mapping[str, Any], platform: Platform, model: ModelKind,
-              trtllm_cubins: bool) -> Option | None:
+def _evaluate(translate: Translate, flags: Mapping[str, Any], given: Mapping[str, Any], platform: Platform,
+              model: ModelKind, trtllm_cubins: bool) -> Option | None:
     """The option (``None``: vLLM raises resolving its graph mode, or attnhal cannot plan it)."""
-    config = from_engine_args(flags, platform, trtllm_cubins, model)
+    config = translate(flags, platform, trtllm_cubins, model)
     if config.resolution.error is not None:
         return None
     result = config.plan(platform)
@@ -64,13 +71,14 @@ def _evaluate(flags: Mapping[str, Any], given: Mapping[str, Any], platform: Plat
 
 
 def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind | str | None = None, *,
-           trtllm_cubins: bool = True, top: int = 3, among: Collection[str] | None = None,
+           translate: Translate, trtllm_cubins: bool = True, top: int = 3, among: Collection[str] | None = None,
            limit: int = MAX_COMBINATIONS) -> Advice:
     """The vLLM ``--attention-backend`` values that capture the most on ``platform`` for this model,
     ranked (:func:`attnhal.engines.advice.rank_key`), against the user's engine arguments ``args``.
 
-    ``among``: the backend names it may propose (``FLASH_ATTN``; default every catalogued one that
-    fits); ``trtllm_cubins``: FlashInfer's assumption (:func:`~attnhal.engines.vllm.support_on`).
+    ``translate``: the adapter's ``from_engine_args``; ``among``: the backend names it may propose
+    (``FLASH_ATTN``; default every catalogued one that fits); ``trtllm_cubins``: FlashInfer's
+    assumption (:func:`~attnhal.engines.vllm.support_on`).
     Raises :class:`EngineArgError` naming the flag for bad arguments, as the adapter does.
     """
     where = as_platform(platform)
@@ -86,18 +94,19 @@ def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind |
     check_size(len(names), ("attention_backend",), limit)
     current = Option(flags=given, label="(vLLM's pick)", blocked=_NOT_GIVEN)
     if named:
-        current = _evaluate(given, given, where, kind, trtllm_cubins) or Option(
-            flags=given, label=named, blocked=f"refused: {_refusal(given, where, kind, trtllm_cubins)}")
+        current = _evaluate(translate, given, given, where, kind, trtllm_cubins) or Option(
+            flags=given, label=named, blocked=f"refused: {_refusal(translate, given, where, kind, trtllm_cubins)}")
     options = [o for name in names if name != named
-               for o in [_evaluate({**given, "attention_backend": name.split(":", 1)[1]}, given, where, kind,
-                                   trtllm_cubins)] if o]
+               for o in [_evaluate(translate, {**given, "attention_backend": name.split(":", 1)[1]}, given, where,
+                                   kind, trtllm_cubins)] if o]
     ranked = sorted(options, key=rank_key)
     recommended = frontier(o for o in ranked if rank_key(o) < rank_key(current))[:top]
     return Advice(_ENGINE, where.name, kind.value, current, recommended, (), len(names))
 
 
-def _refusal(given: Mapping[str, Any], platform: Platform, model: ModelKind, trtllm_cubins: bool) -> str:
-    config = from_engine_args(given, platform, trtllm_cubins, model)
+def _refusal(translate: Translate, given: Mapping[str, Any], platform: Platform, model: ModelKind,
+             trtllm_cubins: bool) -> str:
+    config = translate(given, platform, trtllm_cubins, model)
     if config.resolution.error is not None:
         return f"vLLM raises resolving cudagraph_mode: {config.resolution.error}"
     result = config.plan(platform)

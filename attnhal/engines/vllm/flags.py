@@ -10,10 +10,12 @@ from attnhal.engines.flags import EngineArgError, Flag, json_object, one_of, pos
 from attnhal.engines.flags import parse_cli as parse_flags
 from attnhal.engines.vllm.resolution import GraphMode
 
-__all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "VLLM_VERSION", "parse_cli"]
+__all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "VLLM_VERSION", "VLLM_VERSIONS", "parse_cli"]
 
 #: The release whose arguments this module reads and whose backends ``attnhal/catalog/vllm`` describes.
 VLLM_VERSION = "0.33.0"
+#: The releases the adapter and the plugin are tested against (``attnhal info``; the plugin audits only on others).
+VLLM_VERSIONS = (VLLM_VERSION,)
 
 #: Planner field (an :class:`~attnhal.errors.InvalidValue`'s ``field``) -> the flags that set it, in
 #: the order :func:`~attnhal.engines.vllm.plan.from_engine_args` reads them, each with how a message

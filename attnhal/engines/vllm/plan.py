@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnhal.catalog import load
 from attnhal.engines.base import EngineConfig, OwnFlag
 from attnhal.engines.flags import EngineArgError, Flag, check, model_kind
-from attnhal.engines.vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_VERSION, parse_cli
+from attnhal.engines.vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_VERSION, VLLM_VERSIONS, parse_cli
 from attnhal.engines.vllm.levels import Level, support_on
 from attnhal.engines.vllm.resolution import GraphMode, ModeResolution, resolve_mode
 from attnhal.phases import Phase, phases_run
 from attnhal.planner import GraphPolicy, PhaseBackends
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm, SpecConfig
+
+if TYPE_CHECKING:
+    from attnhal.engines.advice import Advice
 
 __all__ = ["ADAPTER", "VllmAdapter", "VllmConfig", "from_engine_args"]
 
@@ -125,6 +128,8 @@ class VllmAdapter:
 
     name = "vllm"
     version = VLLM_VERSION
+    versions = VLLM_VERSIONS
+    distribution = "vllm"
     flags: Mapping[str, Flag] = FLAGS
     harmless = HARMLESS
     own_flags = (OwnFlag("trtllm-cubins", "whether FlashInfer's trtllm-gen cubins are available (its graph level "
@@ -134,6 +139,20 @@ class VllmAdapter:
 
     def parse(self, argv: Sequence[str]) -> dict[str, Any]:
         return parse_cli(argv)
+
+    def advise(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None], *,
+               top: int = 3, vary: Sequence[str] | None = None) -> Advice:
+        """``attnhal advise --engine vllm``: :func:`attnhal.engines.vllm.advice.advise` (one flag varies)."""
+        from attnhal.engines.vllm.advice import advise
+
+        if vary is not None:
+            raise EngineArgError("--vary", "--vary (supported: with --engine sglang; vLLM's choice is one flag, "
+                                           "--attention-backend)")
+        cubins = own.get("trtllm-cubins") or "yes"
+        if cubins not in ("yes", "no"):
+            raise EngineArgError("--trtllm-cubins", f"--trtllm-cubins={cubins!r} (supported: yes, no)")
+        return advise(values, platform, own.get("model"), translate=from_engine_args, trtllm_cubins=cubins == "yes",
+                      top=top)
 
     def resolve(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None]) -> VllmConfig:
         return from_engine_args(values, platform, _cubins(own.get("trtllm-cubins")), own.get("model"))

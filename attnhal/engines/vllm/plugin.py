@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from attnhal.engines.plugin_gate import installed, mode_from, release_matches
+from attnhal.engines.plugin_gate import installed, mode_from, plugin_mode
 
 __all__ = ["ENV_VAR", "LOGGER", "MODES", "TARGET", "installed_vllm", "register"]
 
@@ -54,10 +54,9 @@ def register() -> None:
 
 
 def _register(env: Mapping[str, str]) -> None:
-    from attnhal.engines.vllm.flags import VLLM_VERSION
+    from attnhal.engines.vllm.flags import VLLM_VERSIONS
 
-    mode = mode_from(env, ENV_VAR, MODES, log)
-    if mode is None or mode == "off" or not release_matches("vLLM", installed_vllm(), VLLM_VERSION, ENV_VAR, log):
+    if plugin_mode("vLLM", installed_vllm(), VLLM_VERSIONS, mode_from(env, ENV_VAR, MODES, log), ENV_VAR, log) is None:
         return
     module = sys.modules.get(TARGET[0])
     if module is not None:

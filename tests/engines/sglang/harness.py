@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from platforms import emulate
+from platforms import PLATFORMS, emulate
 from sglang_grid import Case, View
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -162,12 +162,25 @@ def skipped_backend_init(context_len: int) -> Iterator[None]:
         self.max_context_len = context_len
         self.kv_index_translator = model_runner.kv_index_translator  # read by metadata-staging queries
         self.attnhal_built_with = kwargs  # skip_prefill, kv_indptr_buf, ... as the factory passed them
+        # What the seam queries read (flashattention_backend.py:531-560): the draft's topk, no SWA pool.
+        for name, value in (("topk", _spec_topk()), ("use_sliding_window_kv_pool", False)):
+            if not isinstance(getattr(type(self), name, None), property):
+                setattr(self, name, value)
 
     with contextlib.ExitStack() as stack:
         for cls in _attention_backend_classes():
             if "__init__" in vars(cls):
                 stack.enter_context(mock.patch.object(cls, "__init__", init))
         yield
+
+
+def _spec_topk() -> int:
+    from sglang.srt.runtime_context import get_spec
+
+    try:
+        return int(get_spec().speculative_eagle_topk or 1)
+    except Exception:  # no runtime context (a target backend built outside a draft worker)
+        return 1
 
 
 def draft_runner(server_args: Any, num_requests: int = 4, draft: bool = True) -> Any:
@@ -235,9 +248,11 @@ def _class_name(obj: Any) -> str | None:
 
 
 def draft_graphs(resolution: Resolution, platform: str, env: Mapping[str, str] | None = None,
-                 worker: tuple[str, str] = WORKERS["EAGLE"]) -> DraftGraphs:
+                 worker: tuple[str, str] = WORKERS["EAGLE"], out_of_tree: Any = None) -> DraftGraphs:
     """Execute an EAGLE-family draft worker's backend construction and graph decision
-    (``speculative/eagle_worker_v2.py``: ``init_attention_backend``, ``_capture_cuda_graphs``)."""
+    (``speculative/eagle_worker_v2.py``: ``init_attention_backend``, ``_capture_cuda_graphs``).
+    ``out_of_tree``: ``(graph_capture, {phase: runner name or None})``, an out-of-tree SGLang
+    platform answering ``get_speculative_graph_runner_cls`` (``None``: the emulated in-tree one)."""
     from sglang.srt import runtime_context
     from sglang.srt.speculative import eagle_worker_v2 as module
 
@@ -255,14 +270,20 @@ def draft_graphs(resolution: Resolution, platform: str, env: Mapping[str, str] |
                              ("draft_extend", ("EAGLEDraftExtendCudaGraphRunner", "EAGLEDraftExtendNpuGraphRunner"))):
             for name in names:
                 stack.enter_context(mock.patch.object(module, name, _Recorder(name, built, phase)))
+        if out_of_tree is not None:
+            stack.enter_context(mock.patch.object(module, "current_platform", _out_of_tree(*out_of_tree, built)))
         draft = _draft_worker(server_args, runner, worker)
+        draft.target_worker = types.SimpleNamespace(device=PLATFORMS[platform].device)
         try:
             draft.init_attention_backend()
         except Exception as exc:  # the factory's or a multi-step backend's refusal
             return DraftGraphs(error=_error(exc))
         draft._capture_cuda_graphs()
+        # Each phase's runner as the worker keeps it (not as the recorder was named): SGLang may
+        # build one phase's runner class for the other (MUSA's draft extend, docs/catalog.md D9).
+        slots = {"draft_decode": draft.cuda_graph_runner, "draft_extend": draft.cuda_graph_runner_for_draft_extend}
         return DraftGraphs(_class_name(draft.draft_attn_backend), _class_name(draft.draft_extend_attn_backend),
-                           dict(built))
+                           {phase: r.name for phase, r in slots.items() if isinstance(r, _Recorder)})
 
 
 def target_verify_graph(resolution: Resolution, platform: str) -> bool:
@@ -377,6 +398,17 @@ def _block_draft_shell(module: Any, class_name: str, available_gb: float, built:
     worker._draft_sampler, worker.selector = None, None
     worker._draft_worker = _DraftGraphSwitch(built)
     return worker
+
+
+def _out_of_tree(capture: bool, runners: Mapping[str, str | None], built: dict[str, str]) -> Any:
+    """An out-of-tree SGLang platform: ``capabilities.graph_capture`` and, per phase, the runner
+    class its ``get_speculative_graph_runner_cls(algorithm, phase)`` returns (a recorder)."""
+    def runner_cls(algorithm: str, phase: str) -> Any:
+        name = runners.get(phase)
+        return _Recorder(name, built, phase) if name is not None else None
+
+    return types.SimpleNamespace(is_out_of_tree=lambda: True, get_speculative_graph_runner_cls=runner_cls,
+                                 capabilities=types.SimpleNamespace(graph_capture=capture))
 
 
 def _graph_capture_platform(capture: bool) -> Any:

@@ -22,10 +22,15 @@ from typing import Any
 class Emulated:
     """One platform's answers (attnhal's platform spec, SGLang's facts)."""
 
-    spec: str  # "cuda:sm90", "cuda:sm100", "hip:gfx942"
-    vendor: str
+    spec: str  # "cuda:sm90", "cuda:sm100", "hip:gfx942", "musa:mp31"
+    vendor: str  # "cuda" | "hip" | "musa"
     capability: tuple[int, int]
     memory_mib: int  # what SGLang's memory query answers (sizes capture batch sizes)
+
+    @property
+    def device(self) -> str:
+        """The torch device SGLang's workers carry (ROCm's is "cuda"; MUSA's is "musa")."""
+        return "musa" if self.vendor == "musa" else "cuda"
 
     @property
     def sm(self) -> int:
@@ -33,11 +38,11 @@ class Emulated:
 
     def probes(self) -> dict[str, Any]:
         """SGLang probe function name -> answer on this platform."""
-        cuda, hip = self.vendor == "cuda", self.vendor == "hip"
+        cuda, hip, musa = self.vendor == "cuda", self.vendor == "hip", self.vendor == "musa"
         major = self.capability[0]
         return {
             "is_cuda": cuda, "is_hip": hip, "is_cuda_alike": cuda or hip, "is_cpu": False, "is_npu": False,
-            "is_xpu": False, "is_musa": False, "is_mps": False, "is_hpu": False, "is_sail": False,
+            "is_xpu": False, "is_musa": musa, "is_mps": False, "is_hpu": False, "is_sail": False,
             "is_habana_available": False, "cpu_has_amx_support": False,
             "is_flashinfer_available": cuda,
             "is_sm80_supported": cuda and major == 8, "is_ampere_with_cuda_12_3": cuda and major == 8,
@@ -51,13 +56,13 @@ class Emulated:
             "get_device_sm": self.sm if cuda else 0,
             "get_device_capability": self.capability,
             "get_device_count": 1, "get_device_memory_capacity": self.memory_mib,
-            "get_device": "cuda",
+            "get_device": self.device,
         }
 
     def facts(self) -> dict[str, Any]:
         """SGLang's runtime-context platform facts (``runtime_context.override_platform``)."""
         p = self.probes()
-        return {"is_cuda": p["is_cuda"], "is_hip": p["is_hip"], "is_npu": False, "is_xpu": False, "is_musa": False,
+        return {"is_cuda": p["is_cuda"], "is_hip": p["is_hip"], "is_npu": False, "is_xpu": False, "is_musa": p["is_musa"],
                 "is_mps": False, "is_sm90": p["is_sm90_supported"], "is_sm100": p["is_sm100_supported"],
                 "is_sm100_or_sm110": p["is_sm100_or_sm110_supported"], "is_sm110": p["is_sm110_supported"],
                 "is_sm120": p["is_sm120_supported"], "is_blackwell": p["is_blackwell"],
@@ -70,6 +75,8 @@ PLATFORMS = {
     "cuda:sm90": Emulated("cuda:sm90", "cuda", (9, 0), 80 * 1024),  # H100 80 GB
     "cuda:sm100": Emulated("cuda:sm100", "cuda", (10, 0), 180 * 1024),  # B200
     "hip:gfx942": Emulated("hip:gfx942", "hip", (9, 4), 192 * 1024),  # MI300X
+    # Moore Threads S5000 (MUSA is CUDA-alike to SGLang: platforms/musa.py); no SM of CUDA's.
+    "musa:mp31": Emulated("musa:mp31", "musa", (3, 1), 80 * 1024),
 }
 
 #: Module flags set at import from the probes (``_is_hip = is_hip()``), by flag -> probe.

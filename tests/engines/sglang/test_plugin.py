@@ -167,15 +167,23 @@ def test_sglang_plugins_filters_attnhal_in_and_out(caplog: pytest.LogCaptureFixt
         assert _hooks_applied()
 
 
-def test_another_sglang_release_gets_one_warning_and_no_hook(monkeypatch: pytest.MonkeyPatch,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_another_sglang_release_audits_only_said_once(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """enforce on an untested release: the hooks run in audit mode (SGLang's decision kept:
+    no draft-extend runner for the seed), and one warning says so, however often plugins load."""
+    from attnhal.engines import plugin_gate
+
     monkeypatch.setattr(plugin, "installed_sglang", lambda: "0.5.24")
-    with caplog.at_level(logging.WARNING, logger=plugin.LOGGER), loaded("enforce"):
-        assert not _hooks_applied()
-        assert runners(SEED) == {}
-    warnings = [r.getMessage() for r in caplog.records if r.name == plugin.LOGGER]
-    assert warnings == ["attnhal: SGLang 0.5.24 is installed; attnhal's plugin is written and tested against "
-                        "SGLang 0.5.23 only: it stays off (ATTNHAL_SGLANG_GRAPHS=off silences this)"]
+    monkeypatch.setattr(plugin_gate, "_said", set())
+    with caplog.at_level(logging.WARNING, logger=plugin.LOGGER):
+        for _ in range(2):
+            with loaded("enforce"):
+                assert _hooks_applied()
+                assert runners(SEED) == {}
+    warnings = [r.getMessage() for r in caplog.records if r.name == plugin.LOGGER and "installed" in r.getMessage()]
+    assert warnings == ["attnhal: SGLang 0.5.24 is installed; attnhal's plugin is tested against SGLang 0.5.23: "
+                        "it audits only (ATTNHAL_SGLANG_GRAPHS=enforce needs a tested release; "
+                        "ATTNHAL_SGLANG_GRAPHS=off silences this)"]
 
 
 # --- the seed ----------------------------------------------------------------------------------------------

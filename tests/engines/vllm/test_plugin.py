@@ -124,12 +124,19 @@ def test_load_general_plugins_wraps_the_mode_check_once_and_off_does_not() -> No
         assert not _wrapped()
 
 
-def test_another_vllm_release_gets_one_warning_and_no_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plugin, "installed_vllm", lambda: "0.34.0")
+def test_another_vllm_release_audits_said_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An untested release: the plugin audits (its only mode), and one warning says the release is untested."""
+    from attnhal.engines import plugin_gate
+
+    monkeypatch.setattr(plugin, "installed_vllm", lambda: "0.99.0")
+    monkeypatch.setattr(plugin_gate, "_said", set())
     with loaded() as lines:
-        assert not _wrapped()
-    assert lines == ["attnhal: vLLM 0.34.0 is installed; attnhal's plugin is written and tested against vLLM 0.33.0 "
-                     "only: it stays off (ATTNHAL_VLLM=off silences this)"]
+        assert _wrapped()
+    with loaded() as again:
+        assert _wrapped()
+    assert lines == ["attnhal: vLLM 0.99.0 is installed; attnhal's plugin is tested against vLLM 0.33.0: it audits "
+                     "only (ATTNHAL_VLLM=off silences this)"]
+    assert again == []
 
 
 def test_flashinfer_with_speculation_on_sm90_names_the_downgrade_and_its_cause() -> None:

@@ -1,0 +1,59 @@
+"""The supported engine releases: one table, from the registered adapters' own data.
+
+An adapter may declare ``versions`` (the releases its flags, catalogue and plugin are tested
+against; default: its ``version`` alone) and ``distribution`` (the package whose installed
+release is read; default: its ``name``). ``attnhal info`` prints :func:`table`; the plugins
+apply :func:`attnhal.engines.plugin_gate.plugin_mode` to the same releases: on another release
+they audit only, and say so once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from attnhal.engines import registry
+from attnhal.engines.plugin_gate import installed as installed_release
+
+if TYPE_CHECKING:
+    from attnhal.engines.base import EngineAdapter
+
+__all__ = ["EngineVersions", "supported", "table"]
+
+
+def supported(adapter: EngineAdapter) -> tuple[str, ...]:
+    """The releases ``adapter`` is tested against (its ``versions``, else its ``version``)."""
+    return tuple(getattr(adapter, "versions", None) or (adapter.version,))
+
+
+@dataclass(frozen=True)
+class EngineVersions:
+    """One engine's row: the releases attnhal supports and the one installed here."""
+
+    engine: str
+    distribution: str
+    supported: tuple[str, ...]
+    installed: str | None  # None: not installed
+
+    @property
+    def status(self) -> str:
+        """``supported``, ``not installed`` or what the plugin does on another release."""
+        if self.installed is None:
+            return "not installed"
+        if self.installed in self.supported:
+            return "supported"
+        return "another release: the plugin audits only"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"engine": self.engine, "distribution": self.distribution, "supported": list(self.supported),
+                "installed": self.installed, "status": self.status}
+
+
+def table(installed: Callable[[str], str | None] = installed_release) -> list[EngineVersions]:
+    """Every registered engine's row, in name order (``installed``: distribution -> release)."""
+    rows = []
+    for adapter in registry.adapters():
+        distribution = str(getattr(adapter, "distribution", None) or adapter.name)
+        rows.append(EngineVersions(adapter.name, distribution, supported(adapter), installed(distribution)))
+    return rows
