@@ -22,6 +22,7 @@ from attnhal.engines import sglang, vllm
 from attnhal.engines.flags import EngineArgError
 from attnhal.engines.sglang import engine_resolution
 from attnhal.engines.sglang.differs import engine_differs
+from attnhal.engines.sglang.late import late_failures
 from attnhal.planner import GraphPlan
 from attnhal.platform import ENV_VAR, Platform
 from attnhal.spec import RequestContext, SpecConfig
@@ -251,7 +252,8 @@ def _sglang_json(config: sglang.EngineConfig, platform: Platform,
     """What the SGLang adapter decided besides the plan: resolution, roles, page size, notes, engine differences."""
     return {"version": sglang.SGLANG_VERSION, "resolution": choice.to_dict(), "roles": dict(config.roles),
             "page_size": config.page_size(platform).to_dict(), "ignored": list(config.ignored),
-            "notes": list(config.notes), "engine_differs": [d.to_dict() for d in engine_differs(config, platform)]}
+            "notes": list(config.notes), "engine_differs": [d.to_dict() for d in engine_differs(config, platform)],
+            "late_failures": [f.to_dict() for f in late_failures(config, platform)]}
 
 
 def _sglang_plan(args: argparse.Namespace, own: dict[str, str | None], argv: list[str]) -> int:
@@ -271,7 +273,7 @@ def _sglang_plan(args: argparse.Namespace, own: dict[str, str | None], argv: lis
                   "their limits hold, the platform has a graph API and the policy allows them")
     for note in config.notes:
         print(f"note: {note}")
-    for differs in engine_differs(config, platform):
+    for differs in (*engine_differs(config, platform), *late_failures(config, platform)):
         print(differs)
     _print_ignored(config.ignored)
     return 0 if result.valid else 1

@@ -25,8 +25,8 @@ from attnhal.planner import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind, RequestContext, SpecConfig
 
-__all__ = ["DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "EngineConfig", "capture_sizes",
-           "from_server_args", "roles"]
+__all__ = ["BOOL_ENV", "DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "EngineConfig",
+           "capture_sizes", "env_bool", "from_server_args", "roles"]
 
 #: Backends whose draft extend and default prefill SGLang builds on another backend: cute-dsl MLA
 #: is decode-only; both run trtllm-gen (draft_utils.py:137-138; arg_groups/overrides.py:1233-1260).
@@ -35,6 +35,12 @@ _EXTEND_ON = {"cutedsl_mla": "trtllm_mla"}
 DEFAULT_MAX_BS = 32
 #: The environment variable that turns the draft-extend graph off (environ.py; eagle_worker_v2.py:627).
 DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
+#: Every SGLang environment variable attnhal reads, with SGLang's default (``environ.py:1587``:
+#: ``EnvBool(False)``). SGLang reads them through ``EnvBool.get`` (``environ.py:67-86, 143-150``).
+BOOL_ENV: Mapping[str, bool] = {DRAFT_EXTEND_GRAPH_OFF: False}
+#: ``EnvBool.parse``: the lower-cased value in one of these; anything else (an empty string,
+#: padding, "on") is invalid and SGLang warns and takes the default.
+_TRUE, _FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,23 @@ def capture_sizes(max_bs: int, speculative: bool, padding: bool = True) -> tuple
     return tuple(sorted({b for b in sizes if b <= max_bs} | {max_bs}))
 
 
+def env_bool(env: Mapping[str, str], name: str) -> bool:
+    """``env[name]`` as SGLang 0.5.23 reads it (``EnvBool``): unset or invalid -> the default.
+
+    ``name`` must be one of :data:`BOOL_ENV`: a variable SGLang reads otherwise (its older
+    ``get_bool_env_var`` takes only true/1) would need its own rule here.
+    """
+    if name not in BOOL_ENV:
+        raise InvalidValue("name", name, ", ".join(BOOL_ENV))
+    raw = env.get(name)
+    value = raw.lower() if raw is not None else None
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    return BOOL_ENV[name]
+
+
 def _policy(values: Mapping[str, Any], env: Mapping[str, str], spec: SpecConfig) -> GraphPolicy:
     disabled = (values.get("disable_cuda_graph", False) or values.get("disable_decode_cuda_graph", False)
                 or values.get("cuda_graph_backend_decode") == "disabled")
@@ -170,7 +193,7 @@ def _policy(values: Mapping[str, Any], env: Mapping[str, str], spec: SpecConfig)
     max_bs = max_bs or DEFAULT_MAX_BS
     if sizes is None:
         sizes = capture_sizes(max_bs, spec.speculative, not values.get("disable_cuda_graph_padding", False))
-    off = env.get(DRAFT_EXTEND_GRAPH_OFF, "").lower() in ("1", "true")
+    off = env_bool(env, DRAFT_EXTEND_GRAPH_OFF)
     return GraphPolicy(enabled=not disabled, max_batch_size=max_bs, batch_sizes=sizes,
                        disabled_phases=frozenset((Phase.DRAFT_EXTEND,)) if off else frozenset())
 
