@@ -185,6 +185,16 @@ def test_the_lowest_group_sets_the_level_and_agreement_is_quiet() -> None:
     assert not any(line.startswith(("downgrade", "differs: attnhal")) for line in result.lines)
 
 
+def test_every_group_always_names_the_backends() -> None:
+    """Issue 30 item 6: no group below ALWAYS sets the level, so the line names all of them."""
+    groups = [GroupLevel(0, "FLASH_ATTN", CGSupport.ALWAYS, "FullAttentionSpec"),
+              GroupLevel(1, "TRITON_ATTN", CGSupport.ALWAYS, "SlidingWindowSpec")]
+    result = audit_mode(groups, GraphMode.FULL_AND_PIECEWISE, GraphMode.FULL_AND_PIECEWISE, query_len=4)
+    assert result.lines[1] == ("level ALWAYS: every attention group is (FLASH_ATTN (KV-cache group 0, "
+                               "FullAttentionSpec), TRITON_ATTN (KV-cache group 1, SlidingWindowSpec))")
+    assert audit_mode([], GraphMode.FULL, GraphMode.FULL).lines[1] == "level ALWAYS (no attention group)"
+
+
 def test_a_mode_vllm_refuses_is_explained_and_an_uncatalogued_backend_said() -> None:
     groups = [GroupLevel(0, "CUSTOM", CGSupport.NEVER)]
     result = audit_mode(groups, GraphMode.FULL, None, error="ValueError: not supported")

@@ -280,8 +280,7 @@ def test_cli_plans_with_the_page_size_sglang_sets_and_says_so(capsys: pytest.Cap
     ({"attention_backend": "flashmla"}, "cuda:sm90", "mla", (64, None, "flashmla")),
     ({"attention_backend": "flashmla", "page_size": 32}, "cuda:sm90", "mla", (64, 32, "flashmla")),
     ({"attention_backend": "trtllm_mla", "page_size": 32}, "cuda:sm100", "mla", (32, 32, None)),
-    head = "late failure (docs/catalog.md, Late failures; sglang:aiter)"
-    late = [x for x in out.splitlines() if x.startswith(head)]
+    ({"attention_backend": "fa3", "decode_attention_backend": "cutedsl_mla"}, "cuda:sm100", "mla", (64, None, "cutedsl_mla")),
     ({"attention_backend": "trtllm_mha", "page_size": 8}, "cuda:sm90", "mha", (64, 8, "trtllm_mha")),
     ({"attention_backend": "trtllm_mha", "page_size": 128}, "cuda:sm90", "mha", (128, 128, None)),
     ({"attention_backend": "triton", "speculative_draft_attention_backend": "trtllm_mha"}, "cuda:sm90", "mha",

@@ -8,6 +8,7 @@ draft extend, at the first draft extend otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +42,18 @@ class LateFailure:
                 "why": self.why}
 
 
+#: Per vendor, the role whose backend must be aiter's for SGLang 0.5.23 to build an aiter
+#: draft-extend runner: on HIP the multi-step draft backend (``AiterMultiStepDraftBackend``,
+#: num_steps > 1; eagle_worker_v2.py:546-565). aiter runs on no other vendor.
+_AITER_EXTEND_CAPTURED_BY: Mapping[Vendor, str] = {Vendor.HIP: "draft_decode"}
+
+
 def _sglang_captures_aiter_extend(config: EngineConfig, platform: Platform) -> bool:
-    """SGLang 0.5.23 builds the draft-extend runner for aiter only on HIP with aiter's multi-step
-    draft backend (num_steps > 1; eagle_worker_v2.py:546-565), graphs on and the env switch off
-    (eagle_worker_v2.py:625-628)."""
-    return (platform.vendor is Vendor.HIP and config.roles.get("draft_decode") == "aiter"
-            and config.policy.enabled and Phase.DRAFT_EXTEND not in config.policy.disabled_phases)
+    """Whether SGLang builds aiter's draft-extend runner: the role above is aiter, graphs are on
+    and the env switch is off (eagle_worker_v2.py:625-628)."""
+    role = _AITER_EXTEND_CAPTURED_BY.get(platform.vendor)
+    return (role is not None and config.roles.get(role) == "aiter" and config.policy.enabled
+            and Phase.DRAFT_EXTEND not in config.policy.disabled_phases)
 
 
 def late_failures(config: EngineConfig, platform: Platform | str) -> tuple[LateFailure, ...]:
