@@ -171,3 +171,53 @@ def resolve(config: Any, backend: str, platform: str) -> Resolution:
         return Resolution(support=support, mode=recorded[-1] if recorded else mode.name,
                           capture_sizes=tuple(config.compilation_config.cudagraph_capture_sizes or ()),
                           dispatcher_modes=tuple(recorded))
+
+
+#: Compute capabilities the arch check is executed on (``DeviceCapability(major, minor)``).
+ARCH_CHECKED = ((7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1))
+
+
+@contextlib.contextmanager
+def _capability(major: int, minor: int) -> Iterator[None]:
+    """vLLM's platform reports ``major.minor`` (the rest of :func:`emulate` applies)."""
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    with mock.patch.object(type(current_platform), "get_device_capability",
+                           classmethod(lambda c, device_id=0: DeviceCapability(major, minor))):
+        yield
+
+
+def arch_refusals(backend: str, model: str) -> dict[tuple[int, int], str | None]:
+    """Per capability of :data:`ARCH_CHECKED`, why vLLM's backend selection refuses ``backend`` for
+    its arch (``None``: it does not): the class's ``supports_compute_capability`` (what
+    ``validate_configuration`` asks, v1/attention/backend.py:328-329), then its
+    ``supports_combination`` where that answer depends on the device (FlashMLA's dense kernels
+    ask for Hopper there). The compiled FlashMLA extension is absent here: it is assumed built,
+    as on a GPU; a combination answer that is the same on every capability is not about the arch."""
+    import torch
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from vllm.config import set_current_vllm_config
+
+    config = engine_config(backend, model)
+    # Imported as the CPU platform: under emulation its modules would import the CUDA-only
+    # vllm_flash_attn and fail, half-imported, for every later import too.
+    cls = AttentionBackendEnum[backend].get_class()
+    with emulate("cuda:sm90"), set_current_vllm_config(config), \
+            mock.patch("vllm.v1.attention.ops.flashmla._is_flashmla_available", lambda: (True, None)):
+        capability, combination = {}, {}
+        for major, minor in ARCH_CHECKED:
+            cap = DeviceCapability(major, minor)
+            with _capability(major, minor):
+                capability[(major, minor)] = cls.supports_compute_capability(cap)
+                try:
+                    combination[(major, minor)] = cls.supports_combination(
+                        config.model_config.get_head_size(), torch.bfloat16, None, None, model == "mla", False,
+                        cls.is_sparse(), False, cap)
+                except ImportError as exc:  # a kernel package absent here (b12x: cuda-python): not checked
+                    combination[(major, minor)] = f"not checked here: {exc}"
+    by_arch = len(set(combination.values())) > 1
+    return {cap: "compute capability not supported" if not capability[cap]
+            else combination[cap] if by_arch else None for cap in ARCH_CHECKED}
