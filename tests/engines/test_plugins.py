@@ -227,7 +227,8 @@ def test_the_vllm_plugin_wraps_its_target_when_the_module_is_first_imported(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "stand_in_runner.py").write_text(RUNNER_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(vllm_plugin, "TARGET", ("stand_in_runner", "Runner", "_check_and_update_cudagraph_mode"))
+    monkeypatch.setattr(vllm_plugin, "RELEASES", {"0.33.0": (vllm_plugin.Target(
+        "stand_in_runner", "Runner", "_check_and_update_cudagraph_mode", "runner"),)})
     monkeypatch.setattr(vllm_plugin, "installed_vllm", lambda: "0.33.0")
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
@@ -245,6 +246,83 @@ def test_the_vllm_plugin_wraps_its_target_when_the_module_is_first_imported(
     assert runner.compilation_config.cudagraph_mode.name == "PIECEWISE"  # vLLM's own decision
     assert "attnhal: cudagraph_mode: FULL_AND_PIECEWISE -> PIECEWISE" in caplog.text
     assert "attnhal: downgrade FULL_AND_PIECEWISE -> PIECEWISE: spec decode (query len 4)" in caplog.text
+
+
+V2_MODULE = '''
+class Config:
+    def __init__(self, requested, resolves_to):
+        self.cudagraph_mode, self.resolves_to = requested, resolves_to
+    def splitting_ops_contain_attention(self):
+        return True
+    def resolve_cudagraph_mode_and_sizes(self, min_cg_support, min_cg_attn_backend, uniform_decode_query_len=1,
+                                         kv_cache_config=None, piecewise_capture_available=True):
+        self.cudagraph_mode = self.resolves_to
+        return self.resolves_to
+
+def get_attn_cg_support(attn_groups, vllm_config, checked_layer_names=None):
+    return min(g.get_metadata_builder(0).get_cudagraph_support(vllm_config, g.kv_cache_spec).value
+               for groups in attn_groups for g in groups)
+
+class Speculator:
+    def init_cudagraph_manager(self, cudagraph_mode):
+        self.decode_cudagraph_manager = Manager(self.decides)
+
+class Manager:
+    def __init__(self, mode):
+        self.cudagraph_mode = mode
+'''
+
+
+def _v2_targets() -> dict[str, tuple[object, ...]]:
+    target = vllm_plugin.Target
+    return {"0.34.0": (target("stand_in_v2", None, "get_attn_cg_support", "groups"),
+                       target("stand_in_v2", "Config", "resolve_cudagraph_mode_and_sizes", "resolution"),
+                       target("stand_in_v2", "Speculator", "init_cudagraph_manager", "drafter"))}
+
+
+def test_the_vllm_034_hooks_log_every_group_the_resolution_and_the_drafter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM 0.34's V2 runner, on stand-ins: the groups' levels remembered, the mode resolution audited
+    (every backend named when all are ALWAYS), the drafter's mode said; vLLM's answers unchanged."""
+    (tmp_path / "stand_in_v2.py").write_text(V2_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(vllm_plugin, "RELEASES", _v2_targets())
+    monkeypatch.setattr(vllm_plugin, "installed_vllm", lambda: "0.34.0")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
+    vllm_plugin.register()
+    module = import_module("stand_in_v2")
+    monkeypatch.delitem(sys.modules, "stand_in_v2")
+    mode = types.SimpleNamespace
+    always = mode(name="ALWAYS", value=3)
+    builder = mode(get_cudagraph_support=lambda config, spec: always)
+    group = mode(get_metadata_builder=lambda i: builder, kv_cache_spec=type("FullAttentionSpec", (), {})(),
+                 backend=type("TritonAttentionBackend", (), {}))
+    with caplog.at_level(logging.INFO, logger=vllm_plugin.LOGGER):
+        assert module.get_attn_cg_support([[group, group]], None) == 3
+        config = module.Config(mode(name="FULL_AND_PIECEWISE"), mode(name="FULL_AND_PIECEWISE"))
+        assert config.resolve_cudagraph_mode_and_sizes(always, None, 4).name == "FULL_AND_PIECEWISE"
+        speculator = module.Speculator()
+        speculator.decides = mode(name="FULL_DECODE_ONLY")
+        speculator.init_cudagraph_manager(mode(name="FULL_AND_PIECEWISE"))
+    assert "attnhal: level ALWAYS: every attention group is (TritonAttentionBackend (KV-cache group 0, " \
+           "FullAttentionSpec), TritonAttentionBackend (KV-cache group 0, FullAttentionSpec))" in caplog.text
+    assert "attnhal: cudagraph_mode: FULL_AND_PIECEWISE -> FULL_AND_PIECEWISE" in caplog.text
+    assert ("attnhal: drafter Speculator: draft decode FULL_DECODE_ONLY (the target's decode graphs are FULL)"
+            in caplog.text)
+    assert "failed" not in caplog.text
+
+
+def test_another_vllm_release_is_said_once_with_the_supported_ones(monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(vllm_plugin, "installed_vllm", lambda: "0.35.0")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
+    with caplog.at_level(logging.INFO, logger=vllm_plugin.LOGGER):
+        vllm_plugin.register()
+    assert caplog.messages == ["attnhal: vLLM 0.35.0 is installed; attnhal's plugin hooks vLLM 0.33.0, 0.34.0 only: "
+                               "it stays off (ATTNHAL_VLLM=off silences this)"]
+    assert not any(type(f).__name__ == "_WrapOnImport" for f in sys.meta_path)
 
 
 # --- planning a draft worker, on stand-ins for SGLang's objects -----------------------------------------

@@ -125,11 +125,11 @@ def test_load_general_plugins_wraps_the_mode_check_once_and_off_does_not() -> No
 
 
 def test_another_vllm_release_gets_one_warning_and_no_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plugin, "installed_vllm", lambda: "0.34.0")
+    monkeypatch.setattr(plugin, "installed_vllm", lambda: "0.35.0")
     with loaded() as lines:
         assert not _wrapped()
-    assert lines == ["attnhal: vLLM 0.34.0 is installed; attnhal's plugin is written and tested against vLLM 0.33.0 "
-                     "only: it stays off (ATTNHAL_VLLM=off silences this)"]
+    assert lines == ["attnhal: vLLM 0.35.0 is installed; attnhal's plugin hooks vLLM 0.33.0, 0.34.0 only: it stays "
+                     "off (ATTNHAL_VLLM=off silences this)"]
 
 
 def test_flashinfer_with_speculation_on_sm90_names_the_downgrade_and_its_cause() -> None:
