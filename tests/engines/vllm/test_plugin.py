@@ -1,6 +1,7 @@
-"""attnhal's vLLM plugin inside vLLM 0.33.0: loaded by vLLM's own ``load_general_plugins()`` from the
-entry point installed in this environment, then vLLM's real ``_check_and_update_cudagraph_mode``
-executed as in ``test_vllm_executed.py`` (emulated SM90/SM100)."""
+"""attnhal's vLLM plugin inside vLLM 0.33.0 or 0.34.0: loaded by vLLM's own ``load_general_plugins()``
+from the entry point installed in this environment, then vLLM's real mode resolution executed as in
+``test_vllm_executed.py`` (emulated SM90/SM100): 0.33's ``_check_and_update_cudagraph_mode``, 0.34's
+V2-runner steps (``harness.resolve``)."""
 
 from __future__ import annotations
 
@@ -22,22 +23,31 @@ from attnhal.engines.vllm import plugin
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 
-def _target() -> tuple[type, str]:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+def _targets() -> list[tuple[Any, str]]:
+    """(owner, attribute) of every function the plugin wraps in the installed vLLM release."""
+    import importlib
 
-    return GPUModelRunner, plugin.TARGET[2]
+    out = []
+    for target in plugin.RELEASES[harness.release()]:
+        module = importlib.import_module(target.module)
+        out.append((getattr(module, target.owner) if target.owner else module, target.name))
+    return out
+
+
+def _target() -> tuple[Any, str]:
+    """The mode check (0.33) or the mode resolution (0.34): the wrapper every cell goes through."""
+    targets = _targets()
+    return targets[0] if len(targets) == 1 else targets[1]
 
 
 def _wrapped() -> bool:
-    cls, name = _target()
-    return bool(getattr(vars(cls)[name], "__attnhal_audit__", False))
+    return all(getattr(vars(owner)[name], "__attnhal_audit__", False) for owner, name in _targets())
 
 
-def _original() -> Any:
-    """vLLM's own method, under any wrapper of the plugin (vLLM itself loads its general plugins
+def _original(owner: Any, name: str) -> Any:
+    """vLLM's own function, under any wrapper of the plugin (vLLM itself loads its general plugins
     while it builds a config, so the tier process has the plugin before these tests load it)."""
-    cls, name = _target()
-    method = vars(cls)[name]
+    method = vars(owner)[name]
     while getattr(method, "__attnhal_audit__", False):
         method = method.__wrapped__
     return method
@@ -45,12 +55,13 @@ def _original() -> Any:
 
 @pytest.fixture(autouse=True, scope="module")
 def unwrapped() -> Iterator[None]:
-    """These tests compare vLLM with and without the plugin: vLLM's method unwrapped between loads."""
-    cls, name = _target()
-    current = vars(cls)[name]
-    setattr(cls, name, _original())
+    """These tests compare vLLM with and without the plugin: vLLM's functions unwrapped between loads."""
+    current = [(owner, name, vars(owner)[name]) for owner, name in _targets()]
+    for owner, name, _ in current:
+        setattr(owner, name, _original(owner, name))
     yield
-    setattr(cls, name, current)
+    for owner, name, function in current:
+        setattr(owner, name, function)
 
 
 @contextlib.contextmanager
@@ -59,8 +70,7 @@ def loaded(mode: str | None = None) -> Iterator[list[str]]:
     plugin allowed; yields the plugin's log lines; the wrapper and vLLM's load-once flag undone after."""
     from vllm import plugins
 
-    cls, name = _target()
-    original = _original()
+    originals = [(owner, name, _original(owner, name)) for owner, name in _targets()]
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
@@ -83,7 +93,8 @@ def loaded(mode: str | None = None) -> Iterator[list[str]]:
     finally:
         lines.extend(r.getMessage() for r in records)
         plugins.plugins_loaded = False
-        setattr(cls, name, original)
+        for owner, name, original in originals:
+            setattr(owner, name, original)
         logger.removeHandler(handler)
         logger.setLevel(level)
         for var, value in old.items():

@@ -1,17 +1,21 @@
-"""attnhal's vLLM adapter against vLLM 0.33.0's own graph-mode code, executed.
+"""attnhal's vLLM adapter against vLLM's own graph-mode code (0.33.0 or 0.34.0), executed.
 
 Grid: every catalogued CUDA backend whose metadata builder imports on CPU x the model config
 it serves (MHA / MLA) x no speculation, ngram, eagle (3 speculative tokens) x requested
 cudagraph_mode {vLLM's default, FULL, FULL_DECODE_ONLY, PIECEWISE} x emulated SM90 / SM100.
-Per cell: the builder's ``AttentionCGSupport`` (``get_cudagraph_support``) against the
-catalogue's ``meta.cg_support``, and the mode vLLM resolves (or its error) against
-``attnhal.engines.vllm.from_engine_args``. ``RULES`` explains every difference (see
+Per cell: whether vLLM's backend selection refuses the backend for the arch
+(``harness.arch_refusals``) against an ``[arch]`` reason in attnhal's plan; where neither
+refuses, the builder's ``AttentionCGSupport`` (``get_cudagraph_support``) against the
+catalogue's ``meta.cg_support``, the mode vLLM resolves (or its error) against
+``attnhal.engines.vllm.from_engine_args``, and on 0.34 the drafter's draft-decode mode against
+attnhal's plan of draft_decode. ``RULES`` explains every difference (see
 ``tests/engines/sglang/expected.py`` for the two kinds).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -21,6 +25,8 @@ import harness
 from harness import NOT_REACHED
 import pytest
 from tier_summary import LINES as SUMMARY
+
+from attnhal.phases import Phase
 
 PLATFORMS = ("cuda:sm90", "cuda:sm100")
 MODES = (None, "FULL", "FULL_DECODE_ONLY", "PIECEWISE")  # None: vLLM's default
@@ -76,12 +82,20 @@ class Outcome:
     mode: str | None
     error: str | None
     sizes: tuple[int, ...] = ()
+    refused: bool = False  # the backend refused for the arch (vLLM's selection / attnhal's [arch])
+    drafter: str | None = None  # vLLM 0.34: the drafter's draft-decode mode
+
+
+@functools.cache
+def _arch_refusals(backend: str, model: str) -> dict[tuple[int, int], str | None]:
+    return harness.arch_refusals(backend, model)
 
 
 def engine_outcome(case: Case) -> Outcome:
+    refused = _arch_refusals(case.backend, case.model)[harness.CAPABILITIES[case.platform]] is not None
     config = harness.engine_config(case.backend, case.model, case.speculative(), case.mode)
     r = harness.resolve(config, case.backend, case.platform)
-    return Outcome(r.support, r.mode, r.error, r.capture_sizes)
+    return Outcome(r.support, r.mode, r.error, r.capture_sizes, refused, r.drafter)
 
 
 def attnhal_outcome(case: Case) -> Outcome:
@@ -96,10 +110,19 @@ def attnhal_outcome(case: Case) -> Outcome:
     config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False)
     r = config.resolution
     assert config.level is not None
-    return Outcome(config.level.support.name, r.mode.value if r.mode else None, r.error)
+    plan = config.plan(case.platform, case.model)
+    refused = any(reason.code == "arch" for decision in plan.phases.values() for reason in decision.reasons)
+    drafter = None
+    if harness.V2_RUNNER[harness.release()] and case.spec == "eagle":
+        drafter = "FULL_DECODE_ONLY" if plan[Phase.DRAFT_DECODE].capture else "NONE"
+    return Outcome(config.level.support.name, r.mode.value if r.mode else None, r.error, refused=refused,
+                   drafter=drafter)
 
 
 def differences(engine: Outcome, attnhal: Outcome) -> frozenset[str]:
+    if engine.refused or attnhal.refused:  # a refused backend builds nothing: only the refusal compares
+        return frozenset() if engine.refused == attnhal.refused else frozenset(
+            {"vLLM refuses the arch, attnhal plans it" if engine.refused else "attnhal refuses the arch, vLLM takes it"})
     out = set()
     if engine.support != attnhal.support:
         out.add(f"support: engine {engine.support}, catalogue {attnhal.support}")
@@ -107,6 +130,8 @@ def differences(engine: Outcome, attnhal: Outcome) -> frozenset[str]:
         out.add("engine raises, attnhal resolves" if engine.error else "attnhal raises, engine resolves")
     elif engine.mode != attnhal.mode:
         out.add(f"mode: engine {engine.mode}, attnhal {attnhal.mode}")
+    if engine.drafter != attnhal.drafter:
+        out.add(f"drafter: engine {engine.drafter}, attnhal {attnhal.drafter}")
     return frozenset(out)
 
 
@@ -146,13 +171,15 @@ def _params() -> Iterator[object]:
 @pytest.fixture(scope="module")
 def outcomes() -> dict[Case, tuple[Outcome, Outcome]]:
     out = {case: (engine_outcome(case), attnhal_outcome(case)) for case in ALL}
-    SUMMARY.append(f"grid: {len(out)} cases; not reached here: " + ", ".join(sorted(NOT_REACHED)))
+    SUMMARY.append(f"grid (vLLM {harness.release()}): {len(out)} cases, "
+                   f"{sum(engine.refused for engine, _ in out.values())} refused for the arch by vLLM; "
+                   "not reached here: " + ", ".join(sorted(NOT_REACHED)))
     per: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for case, (engine, attnhal) in out.items():
         labels = differences(engine, attnhal)
         causes = sorted({r.cause for r in rules_for(case) for label in labels if r.explains(label)})
         per[case.backend][", ".join(causes) or ("agree" if not labels else "UNEXPLAINED")] += 1
-        per[case.backend][f"vLLM {engine.mode or 'raises'}"] += 1
+        per[case.backend]["refused (arch)" if engine.refused else f"vLLM {engine.mode or 'raises'}"] += 1
     for backend, counts in sorted(per.items()):
         SUMMARY.append(f"  {backend:22} " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
     return out
