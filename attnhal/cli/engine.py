@@ -23,6 +23,7 @@ from attnhal.engines.flags import EngineArgError
 from attnhal.engines.sglang import engine_resolution
 from attnhal.engines.sglang.differs import engine_differs
 from attnhal.engines.sglang.late import late_failures
+from attnhal.engines.sglang.report import plan_report
 from attnhal.planner import GraphPlan
 from attnhal.platform import ENV_VAR, Platform
 from attnhal.spec import RequestContext, SpecConfig
@@ -275,6 +276,7 @@ def _sglang_plan(args: argparse.Namespace, own: dict[str, str | None], argv: lis
         print(f"note: {note}")
     for differs in (*engine_differs(config, platform), *late_failures(config, platform)):
         print(differs)
+    print(plan_report(result, engine_differs(config, platform), f"SGLang {sglang.SGLANG_VERSION} on {platform.name}"))
     _print_ignored(config.ignored)
     return 0 if result.valid else 1
 

@@ -508,3 +508,31 @@ def test_no_late_failure_for_chains(capsys: pytest.CaptureFixture[str]) -> None:
                        "aiter", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
                        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
     assert code == 0 and "late failure" not in out
+
+
+def test_cli_plan_prints_the_graph_report_with_the_catalogued_engine_decision(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before launch: the plugin's start-up table, D1's phase marked eager by SGLang with the switch."""
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--platform", "hip:gfx942", "--", "--attention-backend",
+                       "aiter", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+                       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2")
+    rows = out[out.index("attnhal graph report: SGLang 0.5.23 on hip:gfx942"):].splitlines()
+    assert rows[1].split()[:4] == ["phase", "capture", "sizes", "graph"]
+    extend = next(row for row in rows if row.startswith("draft_extend"))
+    assert extend.split()[1:4] == ["-", "eager", "(SGLang)"] and "docs/catalog.md D1 (sglang:aiter)" in extend
+    assert extend.endswith("ATTNHAL_SGLANG_GRAPHS=enforce")
+    verify = next(row for row in rows if row.startswith("target_verify"))
+    assert verify.split()[1:5] == ["1..32", "(20", "sizes)", "captured"] and code == 0
+
+
+def test_graph_report_sizes_and_a_switch_for_the_env_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnhal.engines.report import sizes_text
+    from attnhal.engines.sglang.report import plan_report
+
+    assert (sizes_text(()), sizes_text((8,)), sizes_text((1, 2, 4))) == ("-", "8", "1..4 (3 sizes)")
+    config = sglang.from_server_args(EAGLE, env={sglang.DRAFT_EXTEND_GRAPH_OFF: "y"}, model="mha")
+    report = plan_report(config.plan("cuda:sm90"), (), "SGLang on cuda:sm90")
+    extend = next(row for row in report.splitlines() if row.startswith("draft_extend"))
+    assert "eager (attnhal's plan)" in extend and extend.endswith(f"unset {sglang.DRAFT_EXTEND_GRAPH_OFF}")
+    off = sglang.from_server_args({**EAGLE, "disable_cuda_graph": True}, model="mha")
+    assert "drop --disable-cuda-graph" in plan_report(off.plan("cuda:sm90"), (), "x")

@@ -122,7 +122,8 @@ def attnhal_outcome(case: Case) -> Outcome:
 def differences(engine: Outcome, attnhal: Outcome) -> frozenset[str]:
     if engine.refused or attnhal.refused:  # a refused backend builds nothing: only the refusal compares
         return frozenset() if engine.refused == attnhal.refused else frozenset(
-            {"vLLM refuses the arch, attnhal plans it" if engine.refused else "attnhal refuses the arch, vLLM takes it"})
+            {"vLLM refuses the arch, attnhal plans it" if engine.refused
+             else "attnhal refuses the arch, vLLM takes it"})
     out = set()
     if engine.support != attnhal.support:
         out.add(f"support: engine {engine.support}, catalogue {attnhal.support}")
