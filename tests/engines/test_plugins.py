@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from repo import ROOT
 
+import attnhal_hooks.sglang as sglang_entry
 from attnhal import catalog
 from attnhal.engines import sglang
 from attnhal.engines.sglang import classes, plugin
@@ -34,7 +35,7 @@ ENGINES_AND_HEAVY = ("sglang", "vllm", "torch", "triton")
 
 
 def test_the_plugin_modules_import_no_engine_and_no_torch() -> None:
-    code = ("import sys, attnhal.engines.sglang.plugin, attnhal.engines.vllm.plugin\n"
+    code = ("import sys, attnhal_hooks.sglang, attnhal.engines.sglang.plugin, attnhal.engines.vllm.plugin\n"
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {ENGINES_AND_HEAVY!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
@@ -42,7 +43,7 @@ def test_the_plugin_modules_import_no_engine_and_no_torch() -> None:
 
 def test_pyproject_registers_both_plugins_under_the_engines_groups() -> None:
     tables = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
-    for group, target in (("sglang.srt.plugins", plugin.register), ("vllm.general_plugins", vllm_plugin.register)):
+    for group, target in (("sglang.srt.plugins", sglang_entry.register), ("vllm.general_plugins", vllm_plugin.register)):
         module, _, name = tables[group]["attnhal"].partition(":")
         assert getattr(import_module(module), name) is target
 
@@ -51,9 +52,18 @@ def test_the_tiers_overlay_declares_the_tables_of_pyproject() -> None:
     from entry_point_overlay import entry_points_txt
 
     text = entry_points_txt()
-    assert "[sglang.srt.plugins]\nattnhal = attnhal.engines.sglang.plugin:register\n" in text
+    assert "[sglang.srt.plugins]\nattnhal = attnhal_hooks.sglang:register\n" in text
     assert "[vllm.general_plugins]\nattnhal = attnhal.engines.vllm.plugin:register\n" in text
     assert "[console_scripts]\nattnhal = attnhal.cli:main\n" in text
+
+
+def test_sglangs_entry_point_imports_nothing_of_attnhal_and_waits_for_the_hooked_workers() -> None:
+    """The entry point loads attnhal's plugin when a worker its hooks name is imported, not before."""
+    code = ("import sys, attnhal_hooks.sglang\n"
+            "print(sorted(m for m in sys.modules if m == 'attnhal' or m.startswith('attnhal.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+    assert set(sglang_entry.WORKERS) == {target.rsplit(".", 2)[0] for target in plugin.HOOKS}
 
 
 def test_without_an_engine_registering_warns_and_does_nothing(caplog: pytest.LogCaptureFixture,

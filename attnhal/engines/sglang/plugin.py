@@ -3,7 +3,7 @@ that explains, and on request corrects, the speculative workers' graph decisions
 
 SGLang's ``load_plugins()`` (engine, scheduler and detokenizer processes) calls :func:`register`,
 which registers AROUND hooks with SGLang's ``HookRegistry`` on each speculative worker's graph
-decision (:data:`HOOKS`). ``ATTNHAL_SGLANG_GRAPHS`` picks what the hooks do:
+decision (:data:`HOOKS`) when the worker's module is first imported (:mod:`.on_import`). ``ATTNHAL_SGLANG_GRAPHS`` picks what the hooks do:
 
 - ``audit`` (default): SGLang decides; attnhal plans the same worker (backends by class,
   :mod:`~attnhal.engines.sglang.classes`; the resolved server arguments through the adapter)
@@ -80,10 +80,10 @@ def register() -> None:
     if mode is None or mode == "off" or not release_matches("SGLang", installed_sglang(), SGLANG_VERSION,
                                                              MODE_VAR, log):
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from attnhal.engines.sglang.on_import import register_on_import
 
-    for target, make in HOOKS.items():
-        HookRegistry.register(target, make(mode), HookType.AROUND)
+    # A server without speculation never imports the workers: their hooks cost it nothing.
+    register_on_import({target: make(mode) for target, make in HOOKS.items()})
 
 
 # --- logging ---------------------------------------------------------------------------------

@@ -151,7 +151,9 @@ def lines(caplog: pytest.LogCaptureFixture) -> Any:
 # --- installed, loaded by SGLang's loader -------------------------------------------------------------
 
 def test_the_entry_point_is_installed_in_this_environment() -> None:
-    assert installed_entry_point("sglang.srt.plugins", "sglang").load() is plugin.register
+    import attnhal_hooks.sglang
+
+    assert installed_entry_point("sglang.srt.plugins", "sglang").load() is attnhal_hooks.sglang.register
 
 
 def test_load_plugins_registers_the_hooks_and_off_registers_none() -> None:
