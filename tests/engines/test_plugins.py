@@ -321,6 +321,27 @@ def test_the_vllm_034_hooks_log_every_group_the_resolution_and_the_drafter(
     assert ("attnhal: drafter Speculator: draft decode FULL_DECODE_ONLY (the target's decode graphs are FULL)"
             in caplog.text)
     assert "failed" not in caplog.text
+    report = next(m for m in caplog.messages if m.startswith("attnhal: attnhal graph report: vLLM on "))
+    assert [row.split()[:3] for row in report.splitlines()[2:]] == [
+        ["decode", "-", "full"], ["prefill+decode", "-", "piecewise"], ["target_verify", "-", "full"]]
+
+
+def test_vllm_strict_refuses_where_attnhals_reading_captures_decode_and_vllms_does_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnhal.engines.report import StrictRefusal
+    from attnhal.engines.vllm import startup
+
+    groups = [GroupLevel(0, "FLASHINFER", CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "FullAttentionSpec")]
+    monkeypatch.setenv(startup.MODE_VAR, "strict")
+    monkeypatch.setattr(startup, "_REPORTED", [True])
+    with pytest.raises(StrictRefusal, match=r"attnhal plans decode \(and target verify\) captured with full "
+                                            r"graphs \(FULL_AND_PIECEWISE\), vLLM resolves PIECEWISE \(FLASHINFER"):
+        startup.at_start(groups, GraphMode.FULL_AND_PIECEWISE, GraphMode.PIECEWISE, 4, True, (1, 2), None,
+                         parse("cuda:sm90"))
+    ready = [GroupLevel(0, "FLASHINFER", CGSupport.UNIFORM_BATCH, "FullAttentionSpec")]  # with trtllm-gen cubins
+    startup.at_start(ready, GraphMode.FULL_AND_PIECEWISE, GraphMode.FULL_AND_PIECEWISE, 4, True, (1, 2), None,
+                     parse("cuda:sm90"))  # vLLM captures what attnhal plans: it starts
+    assert startup.MODE_VAR == vllm_plugin.ENV_VAR and "strict" in vllm_plugin.MODES
 
 
 def test_another_vllm_release_is_said_once_with_the_supported_ones(monkeypatch: pytest.MonkeyPatch,

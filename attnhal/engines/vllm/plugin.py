@@ -16,7 +16,10 @@ resolved mode, every downgrade with its cause and where attnhal's reading differ
 (:func:`attnhal.engines.vllm.audit.audit_mode`); on 0.34 also the drafter's mode. vLLM's
 decision is never changed.
 
-``ATTNHAL_VLLM=off`` disables it. Another vLLM release: one warning, no wrapper. vLLM's
+``ATTNHAL_VLLM=strict`` is audit plus a refusal: where attnhal's reading of the same backends
+captures decode graphs vLLM's resolution does not, the server does not start
+(:class:`~attnhal.engines.report.StrictRefusal`). Once per process on rank 0 the plugin logs the
+graph report (:mod:`~attnhal.engines.vllm.startup`). ``ATTNHAL_VLLM=off`` disables it. Another vLLM release: one warning, no wrapper. vLLM's
 loader does not catch a plugin's exceptions: nothing here raises into vLLM; an error inside
 the wrapper is logged and vLLM's own resolution stands.
 """
@@ -35,11 +38,12 @@ from types import ModuleType
 from typing import Any
 
 from attnhal.engines.plugin_gate import installed, mode_from
+from attnhal.engines.report import StrictRefusal
 
 __all__ = ["ENV_VAR", "LOGGER", "MODES", "RELEASES", "TARGET", "Target", "installed_vllm", "register"]
 
 ENV_VAR = "ATTNHAL_VLLM"
-MODES = ("audit", "off")
+MODES = ("audit", "strict", "off")
 #: A child of vLLM's own ``vllm`` logger (vLLM configures its handlers).
 LOGGER = "vllm.attnhal"
 _MARK = "__attnhal_audit__"
@@ -92,6 +96,7 @@ def _register(env: Mapping[str, str]) -> None:
     mode = mode_from(env, ENV_VAR, MODES, log)
     if mode is None or mode == "off":
         return
+
     version = installed_vllm()
     targets = RELEASES.get(version or "")
     if targets is None:
@@ -164,7 +169,7 @@ def _audited(original: Callable[..., Any]) -> Callable[..., Any]:
         except ValueError as exc:  # vLLM refuses the mode: explain it, then let vLLM raise
             _report(self, before, str(exc))
             raise
-        _report(self, before, None)
+        _report(self, before, None)  # raises StrictRefusal in strict mode
         return result
 
     return wrapper
@@ -197,6 +202,7 @@ def _report(runner: Any, before: tuple[Any, Any] | None, error: str | None) -> N
     try:
         from attnhal.engines.vllm.audit import audit_mode
         from attnhal.engines.vllm.resolution import GraphMode
+        from attnhal.engines.vllm.startup import at_start
 
         groups, requested = before
         config = runner.compilation_config
@@ -206,6 +212,10 @@ def _report(runner: Any, before: tuple[Any, Any] | None, error: str | None) -> N
                             _platform())
         for line in result.lines:
             log.info("attnhal: %s", line)
+        sizes = tuple(config.cudagraph_capture_sizes or ())
+        at_start(groups, requested, resolved, runner.uniform_decode_query_len, split, sizes, error, _platform())
+    except StrictRefusal:
+        raise
     except Exception:
         log.exception("attnhal: explaining vLLM's cudagraph_mode failed; vLLM's resolution stands")
 

@@ -102,6 +102,9 @@ def _groups(min_cg_support: Any, min_cg_attn_backend: str | None) -> list[Any]:
 
 def _report(config: Any, requested: Any, min_cg_support: Any, min_cg_attn_backend: str | None, query_len: int,
             resolved: Any, error: str | None, kwargs: dict[str, Any]) -> None:
+    from attnhal.engines.report import StrictRefusal
+    from attnhal.engines.vllm.startup import at_start
+
     try:
         from attnhal.engines.vllm.audit import audit_mode
         from attnhal.engines.vllm.resolution import GraphMode
@@ -111,12 +114,17 @@ def _report(config: Any, requested: Any, min_cg_support: Any, min_cg_attn_backen
         asked = GraphMode(requested.name if requested is not None else "NONE")
         mode = None if error else GraphMode(resolved.name)
         split = bool(config.splitting_ops_contain_attention())
-        result = audit_mode(groups, asked, mode, query_len, split, error, detect())  # ATTNHAL_PLATFORM overrides
+        platform = detect()  # ATTNHAL_PLATFORM overrides
+        result = audit_mode(groups, asked, mode, query_len, split, error, platform)
         for line in result.lines:
             log.info("attnhal: %s", line)
+        sizes = tuple(getattr(config, "cudagraph_capture_sizes", None) or ())
+        at_start(groups, asked, mode, query_len, split, sizes, error, platform)
         if not kwargs.get("piecewise_capture_available", True):
             log.info("attnhal: the model has neither a compiled submodule nor breakable CUDA graphs: vLLM "
                      "drops the piecewise part of the mode (config/compilation.py:1631-1643)")
+    except StrictRefusal:
+        raise
     except Exception:
         log.exception("attnhal: explaining vLLM's cudagraph_mode failed; vLLM's resolution stands")
 

@@ -18,9 +18,12 @@ from entry_point_overlay import overlay
 import pytest
 from tier_summary import LINES as SUMMARY
 
-from attnhal.engines.vllm import plugin
+from attnhal.engines.vllm import plugin, startup
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+#: How the start-up graph report begins; the last loaded() block's reports are kept in REPORTS.
+REPORT = "attnhal: attnhal graph report: "
+REPORTS: list[str] = []
 
 
 def _targets() -> list[tuple[Any, str]]:
@@ -85,13 +88,15 @@ def loaded(mode: str | None = None) -> Iterator[list[str]]:
     else:
         os.environ[plugin.ENV_VAR] = mode
     plugins.plugins_loaded = False
+    startup._REPORTED.clear()  # a fresh server: the graph report comes once, with the first resolution
     lines: list[str] = []
     try:
         with overlay():  # this clone's entry points, whoever reinstalled the shared environment last
             plugins.load_general_plugins()
         yield lines
     finally:
-        lines.extend(r.getMessage() for r in records)
+        lines.extend(r.getMessage() for r in records if not r.getMessage().startswith(REPORT))
+        REPORTS[:] = [r.getMessage() for r in records if r.getMessage().startswith(REPORT)]
         plugins.plugins_loaded = False
         for owner, name, original in originals:
             setattr(owner, name, original)
@@ -160,6 +165,25 @@ def test_flashinfer_with_speculation_on_sm90_names_the_downgrade_and_its_cause()
     assert len(lines) == 5, lines
     SUMMARY.append("vLLM plugin, FLASHINFER + ngram (3 tokens), SM90:")
     SUMMARY.extend(f"  {line}" for line in lines)
+
+
+def test_the_report_comes_once_per_server_and_strict_refuses_the_flashinfer_downgrade() -> None:
+    from attnhal.engines.report import StrictRefusal
+
+    with loaded():
+        _resolve("FLASHINFER", "mha", NGRAM, "cuda:sm90")
+        _resolve("TRITON_ATTN", "mha", NGRAM, "cuda:sm90")
+    assert len(REPORTS) == 1, REPORTS
+    rows = REPORTS[0].removeprefix("attnhal: ").splitlines()
+    assert rows[0] == "attnhal graph report: vLLM on cuda:sm90"
+    assert [row.split()[0] for row in rows[2:]] == ["decode", "prefill+decode", "target_verify"]
+    assert all(row.split()[2] == "piecewise" for row in rows[2:]), rows
+    SUMMARY.append("vLLM plugin, FLASHINFER + ngram (3 tokens), SM90, the start-up graph report:")
+    SUMMARY.extend(f"  {row}" for row in rows)
+    with loaded("strict"):
+        with pytest.raises(StrictRefusal, match="ATTNHAL_VLLM=strict refuses to start: attnhal plans decode"):
+            _resolve("FLASHINFER", "mha", NGRAM, "cuda:sm90")
+        assert _resolve("TRITON_ATTN", "mha", NGRAM, "cuda:sm90").mode == "FULL_AND_PIECEWISE"  # agrees: starts
 
 
 def test_a_mode_vllm_refuses_is_explained_and_still_refused() -> None:
