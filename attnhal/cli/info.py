@@ -9,6 +9,7 @@ from typing import Any
 from attnhal.capabilities import AttentionRequest, BackendCapabilities
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import cell, print_json, table, yes_no
+from attnhal.engines.versions import engine_rows
 from attnhal.platform import ENV_VAR, Platform
 from attnhal.registry import BackendEntry, Registry
 
@@ -80,12 +81,15 @@ def run(args: argparse.Namespace) -> int:
                     "vendor": p.vendor.value, "arch": p.arch, "warp_size": p.warp_size,
                     "fp8": p.fp8_flavor.value, "graph_api": p.has_graph_api, "graph_kind": p.graph_kind.value,
                     "torch_device": p.torch_device, "triton": triton_status(), "backends": backends,
+                    "engines": [dict(zip(("engine", "supported", "installed", "plugin"), row))
+                                for row in engine_rows()],
                     **({"builds": builds} if builds is not None else {})})
         return 0
     print(f"platform: {p.name} ({p.device_name}{', simulated' if p.simulated else ''})")
     print(f"  vendor={p.vendor.value} arch={p.arch} warp_size={p.warp_size} fp8={p.fp8_flavor.value} "
           f"graph_api={yes_no(p.has_graph_api)} graph_kind={p.graph_kind.value} device={p.torch_device}")
     print(f"triton: {triton_info()}")
+    print("\nengines:\n" + table(("engine", "supported", "installed", "attnhal's plugin"), engine_rows()))
     rows = [(name, "available" if b["available"] else "unavailable",
              "; ".join(f"[{r['code']}] {r['message']}" for r in b["reasons"]) or "-", b["source"])
             for name, b in backends.items()]

@@ -66,6 +66,22 @@ def test_sglangs_entry_point_imports_nothing_of_attnhal_and_waits_for_the_hooked
     assert set(sglang_entry.WORKERS) == {target.rsplit(".", 2)[0] for target in plugin.HOOKS}
 
 
+def test_one_table_of_supported_releases_and_info_shows_it(capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnhal.cli import main
+    from attnhal.engines import versions
+    from attnhal.engines.sglang.flags import SGLANG_VERSION
+
+    assert tuple(vllm_plugin.RELEASES) == versions.SUPPORTED["vllm"]
+    assert versions.SUPPORTED["sglang"] == (SGLANG_VERSION,)
+    assert catalog.ENGINES["vllm"] == versions.SUPPORTED["vllm"][0]  # the catalogue describes the first
+    monkeypatch.setattr(versions, "installed", {"vllm": "0.35.0", "sglang": "0.5.23"}.get)
+    main(["info"])
+    out = capsys.readouterr().out
+    assert re.search(r"^vllm +0\.33\.0, 0\.34\.0 +0\.35\.0 +stays off \(another release", out, re.MULTILINE), out
+    assert re.search(r"^sglang +0\.5\.23 +0\.5\.23 +hooks it$", out, re.MULTILINE), out
+
+
 def test_without_an_engine_registering_warns_and_does_nothing(caplog: pytest.LogCaptureFixture,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(plugin.MODE_VAR, raising=False)
