@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,26 +24,17 @@ import harness
 from harness import NOT_REACHED
 import pytest
 from tier_summary import LINES as SUMMARY
-
-from attnhal.phases import Phase
+import vllm_recording
+from vllm_recording import Outcome, differences
 
 PLATFORMS = ("cuda:sm90", "cuda:sm100")
 MODES = (None, "FULL", "FULL_DECODE_ONLY", "PIECEWISE")  # None: vLLM's default
 SPECS = (None, "ngram", "eagle")
-SPEC_TOKENS = 3
+SPEC_TOKENS = vllm_recording.SPEC_TOKENS
 
 
-
-@dataclass(frozen=True)
-class Case:
-    backend: str
-    model: str
-    spec: str | None
-    mode: str | None
-    platform: str
-
-    def __str__(self) -> str:
-        return f"{self.platform}:{self.backend}:{self.model}:{self.spec or 'nospec'}:{self.mode or 'default'}"
+class Case(vllm_recording.Case):
+    """A grid cell (``vllm_recording.Case``) with vLLM's speculative config for it."""
 
     def speculative(self) -> dict[str, object] | None:
         if self.spec is None:
@@ -76,16 +66,6 @@ def cases() -> Iterator[Case]:
                     yield Case(backend, model, spec, mode, platform)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    support: str | None
-    mode: str | None
-    error: str | None
-    sizes: tuple[int, ...] = ()
-    refused: bool = False  # the backend refused for the arch (vLLM's selection / attnhal's [arch])
-    drafter: str | None = None  # vLLM 0.34: the drafter's draft-decode mode
-
-
 @functools.cache
 def _arch_refusals(backend: str, model: str) -> dict[tuple[int, int], str | None]:
     return harness.arch_refusals(backend, model)
@@ -99,41 +79,7 @@ def engine_outcome(case: Case) -> Outcome:
 
 
 def attnhal_outcome(case: Case) -> Outcome:
-    from attnhal.engines import vllm
-
-    args: dict[str, object] = {"attention_backend": case.backend}
-    if case.spec is not None:
-        args["speculative_config"] = json.dumps({"method": case.spec, "num_speculative_tokens": SPEC_TOKENS})
-    if case.mode is not None:
-        args["compilation_config"] = json.dumps({"cudagraph_mode": case.mode})
-    # The harness answers FlashInfer's cubin check "no cubins": the same assumption, stated.
-    config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False)
-    r = config.resolution
-    assert config.level is not None
-    plan = config.plan(case.platform, case.model)
-    refused = any(reason.code == "arch" for decision in plan.phases.values() for reason in decision.reasons)
-    drafter = None
-    if harness.V2_RUNNER[harness.release()] and case.spec == "eagle":
-        drafter = "FULL_DECODE_ONLY" if plan[Phase.DRAFT_DECODE].capture else "NONE"
-    return Outcome(config.level.support.name, r.mode.value if r.mode else None, r.error, refused=refused,
-                   drafter=drafter)
-
-
-def differences(engine: Outcome, attnhal: Outcome) -> frozenset[str]:
-    if engine.refused or attnhal.refused:  # a refused backend builds nothing: only the refusal compares
-        return frozenset() if engine.refused == attnhal.refused else frozenset(
-            {"vLLM refuses the arch, attnhal plans it" if engine.refused
-             else "attnhal refuses the arch, vLLM takes it"})
-    out = set()
-    if engine.support != attnhal.support:
-        out.add(f"support: engine {engine.support}, catalogue {attnhal.support}")
-    if (engine.error is None) != (attnhal.error is None):
-        out.add("engine raises, attnhal resolves" if engine.error else "attnhal raises, engine resolves")
-    elif engine.mode != attnhal.mode:
-        out.add(f"mode: engine {engine.mode}, attnhal {attnhal.mode}")
-    if engine.drafter != attnhal.drafter:
-        out.add(f"drafter: engine {engine.drafter}, attnhal {attnhal.drafter}")
-    return frozenset(out)
+    return vllm_recording.attnhal_outcome(case, harness.V2_RUNNER[harness.release()])
 
 
 @dataclass(frozen=True)
@@ -218,3 +164,16 @@ def test_flashinfer_with_speculation_on_sm90_resolves_piecewise_in_vllms_code() 
                                                          "prompt_lookup_max": 3, "prompt_lookup_min": 1})
     r = harness.resolve(config, "FLASHINFER", "cuda:sm90")
     assert (r.support, r.mode) == ("UNIFORM_SINGLE_TOKEN_DECODE", "PIECEWISE"), r
+
+
+def test_the_recording_is_what_vllm_decides(outcomes: dict[Case, tuple[Outcome, Outcome]]) -> None:
+    """``tests/engines/recorded/vllm-RELEASE.jsonl`` holds this release's decisions, checked in the main
+    suite (``tests/engines/test_vllm_grid.py``); ``ATTNHAL_RECORD=1`` writes it."""
+    import os
+
+    release = harness.release()
+    engine = [(vllm_recording.Case(*(getattr(c, f) for f in vllm_recording.CASE_FIELDS)), e)
+              for c, (e, _) in outcomes.items()]
+    if os.environ.get("ATTNHAL_RECORD") == "1":
+        vllm_recording.write(release, engine)
+    assert vllm_recording.load(release) == {c: vllm_recording.kept(e) for c, e in engine}
