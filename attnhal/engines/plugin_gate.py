@@ -3,8 +3,9 @@ what the plugin may do on the installed release.
 
 One rule (:func:`plugin_mode`): on a release the adapter supports (its ``versions``, the table
 ``attnhal info`` prints, :mod:`attnhal.engines.versions`) the plugin runs in the mode asked; on
-another release it audits only, and says so once per process — its hooks read that release's
-private code, so it changes no engine decision it was not tested against.
+another release it audits only — or stays off, where it knows no code of that release to hook
+(vLLM moves its runner between releases) — and says so once per process: its hooks read that
+release's private code, so it changes no engine decision it was not tested against.
 
 Nothing here imports an engine; the answers are logged on the engine's own logger.
 """
@@ -43,10 +44,11 @@ def mode_from(env: Mapping[str, str], var: str, modes: Sequence[str], log: loggi
 
 
 def plugin_mode(engine: str, version: str | None, supported: Sequence[str], mode: str | None, var: str,
-                log: logging.Logger) -> str | None:
+                log: logging.Logger, *, other: str | None = AUDIT) -> str | None:
     """The mode the plugin runs in: ``None`` (off) for ``None`` or ``"off"`` and where the engine is
     not installed (``version`` ``None``: nothing to hook, said once); ``mode`` on a ``supported``
-    release; :data:`AUDIT` on any other, with one warning per process and release."""
+    release; ``other`` on any other (:data:`AUDIT`, or ``None``: the plugin knows no code of it to
+    hook and stays off), with one warning per process and release."""
     if mode is None or mode == "off":
         return None
     if version in supported:
@@ -58,7 +60,8 @@ def plugin_mode(engine: str, version: str | None, supported: Sequence[str], mode
             log.warning("attnhal: %s is not installed here: the plugin stays off", engine)
         return None
     if first:
-        needs = "" if mode == AUDIT else f"{var}={mode} needs a tested release; "
-        log.warning("attnhal: %s %s is installed; attnhal's plugin is tested against %s %s: it audits only "
-                    "(%s%s=off silences this)", engine, version, engine, ", ".join(supported), needs, var)
-    return AUDIT
+        does = "it audits only" if other == AUDIT else "it stays off"
+        needs = "" if mode == other else f"{var}={mode} needs a tested release; "
+        log.warning("attnhal: %s %s is installed; attnhal's plugin is tested against %s %s: %s "
+                    "(%s%s=off silences this)", engine, version, engine, ", ".join(supported), does, needs, var)
+    return other

@@ -35,6 +35,8 @@ class EngineVersions:
     distribution: str
     supported: tuple[str, ...]
     installed: str | None  # None: not installed
+    #: What the engine's plugin does on another release (the adapter's ``other_release``).
+    other: str = "audits only"
 
     @property
     def status(self) -> str:
@@ -43,7 +45,7 @@ class EngineVersions:
             return "not installed"
         if self.installed in self.supported:
             return "supported"
-        return "another release: the plugin audits only"
+        return f"another release: the plugin {self.other}"
 
     def to_dict(self) -> dict[str, object]:
         return {"engine": self.engine, "distribution": self.distribution, "supported": list(self.supported),
@@ -55,5 +57,6 @@ def table(installed: Callable[[str], str | None] = installed_release) -> list[En
     rows = []
     for adapter in registry.adapters():
         distribution = str(getattr(adapter, "distribution", None) or adapter.name)
-        rows.append(EngineVersions(adapter.name, distribution, supported(adapter), installed(distribution)))
+        rows.append(EngineVersions(adapter.name, distribution, supported(adapter), installed(distribution),
+                                   str(getattr(adapter, "other_release", None) or "audits only")))
     return rows

@@ -8,5 +8,8 @@ directory is collected.
 
 import os
 
-collect_ignore = [tier for tier in ("sglang", "vllm") if os.environ.get("ATTNHAL_ENGINE_TIER") != tier]
+#: The tier (``ATTNHAL_ENGINE_TIER``: the key setup.sh takes) -> the directory it collects: both vLLM
+#: releases run tests/engines/vllm (its harness executes the installed release's code).
+TIER_DIRS = {"sglang": "sglang", "vllm": "vllm", "vllm-0.34": "vllm"}
+collect_ignore = [tier for tier in ("sglang", "vllm") if TIER_DIRS.get(os.environ.get("ATTNHAL_ENGINE_TIER", "")) != tier]
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds, or reuses, the test environment of one engine:   tests/engines/setup.sh sglang|vllm
+# Builds, or reuses, the test environment of one engine:   tests/engines/setup.sh sglang|vllm|vllm-0.34
+# (the key names an engine release: vllm is the 0.33 tier, vllm-0.34 the vLLM 0.34 tier)
 #
 # One venv per engine (their pins conflict): torch 2.13.0 (CPU) first, then the pinned
 # requirement file tests/engines/requirements-ENGINE.txt with --no-deps (every package the
@@ -18,8 +19,8 @@ set -euo pipefail
 
 engine=${1:-}
 case "$engine" in
-  sglang|vllm) ;;
-  *) echo "engine=${engine:-<missing>} (supported: sglang, vllm)" >&2; exit 2 ;;
+  sglang|vllm|vllm-0.34) ;;
+  *) echo "engine=${engine:-<missing>} (supported: sglang, vllm, vllm-0.34)" >&2; exit 2 ;;
 esac
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -84,7 +85,12 @@ rm -rf "$env"
 
 echo "$hash" > "$stamp"
 # Older environments of this engine (other pins) are removed once the new one is complete.
+# Only ENGINE-HASH (16 hex digits): "vllm-*" must not take the vllm-0.34 environments.
 for old in "$root/$engine"-*; do
+  case "${old#"$root/$engine"-}" in
+    ????????????????|????????????????.log) ;;
+    *) continue ;;
+  esac
   if [ "$old" != "$env" ] && [ "$old" != "$env.log" ]; then rm -rf "$old"; fi
 done
 echo "engine env: built in $(( $(date +%s) - start )) s" >&2

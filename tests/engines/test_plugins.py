@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from repo import ROOT
 
+import attnhal_hooks.sglang as sglang_entry
 from attnhal import catalog
 from attnhal.engines import sglang
 from attnhal.engines.sglang import classes, plugin
@@ -33,7 +34,7 @@ ENGINES_AND_HEAVY = ("sglang", "vllm", "torch", "triton")
 
 
 def test_the_plugin_modules_import_no_engine_and_no_torch() -> None:
-    code = ("import sys, attnhal.engines.sglang.plugin, attnhal.engines.vllm.plugin\n"
+    code = ("import sys, attnhal_hooks.sglang, attnhal.engines.sglang.plugin, attnhal.engines.vllm.plugin\n"
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {ENGINES_AND_HEAVY!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
@@ -41,7 +42,7 @@ def test_the_plugin_modules_import_no_engine_and_no_torch() -> None:
 
 def test_pyproject_registers_both_plugins_under_the_engines_groups() -> None:
     tables = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
-    for group, target in (("sglang.srt.plugins", plugin.register), ("vllm.general_plugins", vllm_plugin.register)):
+    for group, target in (("sglang.srt.plugins", sglang_entry.register), ("vllm.general_plugins", vllm_plugin.register)):
         module, _, name = tables[group]["attnhal"].partition(":")
         assert getattr(import_module(module), name) is target
 
@@ -50,10 +51,25 @@ def test_the_tiers_overlay_declares_the_tables_of_pyproject() -> None:
     from entry_point_overlay import entry_points_txt
 
     text = entry_points_txt()
-    assert "[sglang.srt.plugins]\nattnhal = attnhal.engines.sglang.plugin:register\n" in text
+    assert "[sglang.srt.plugins]\nattnhal = attnhal_hooks.sglang:register\n" in text
     assert "[vllm.general_plugins]\nattnhal = attnhal.engines.vllm.plugin:register\n" in text
     assert "[console_scripts]\nattnhal = attnhal.cli:main\n" in text
 
+
+def test_sglangs_entry_point_imports_nothing_of_attnhal_and_waits_for_the_hooked_workers() -> None:
+    """The entry point loads attnhal's plugin when a worker its hooks name is imported, not before."""
+    code = ("import sys, attnhal_hooks.sglang\n"
+            "print(sorted(m for m in sys.modules if m == 'attnhal' or m.startswith('attnhal.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+    assert set(sglang_entry.WORKERS) == {target.rsplit(".", 2)[0] for target in plugin.HOOKS}
+
+
+def test_the_plugins_hook_the_releases_the_adapters_support() -> None:
+    from attnhal.engines import registry, versions
+
+    assert tuple(vllm_plugin.RELEASES) == versions.supported(registry.get("vllm"))
+    assert catalog.ENGINES["vllm"] == versions.supported(registry.get("vllm"))[0]  # the catalogue describes the first
 
 def test_without_an_engine_registering_warns_and_does_nothing(caplog: pytest.LogCaptureFixture,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,6 +203,16 @@ def test_the_lowest_group_sets_the_level_and_agreement_is_quiet() -> None:
     assert not any(line.startswith(("downgrade", "differs: attnhal")) for line in result.lines)
 
 
+def test_every_group_always_names_the_backends() -> None:
+    """Issue 30 item 6: no group below ALWAYS sets the level, so the line names all of them."""
+    groups = [GroupLevel(0, "FLASH_ATTN", CGSupport.ALWAYS, "FullAttentionSpec"),
+              GroupLevel(1, "TRITON_ATTN", CGSupport.ALWAYS, "SlidingWindowSpec")]
+    result = audit_mode(groups, GraphMode.FULL_AND_PIECEWISE, GraphMode.FULL_AND_PIECEWISE, query_len=4)
+    assert result.lines[1] == ("level ALWAYS: every attention group is (FLASH_ATTN (KV-cache group 0, "
+                               "FullAttentionSpec), TRITON_ATTN (KV-cache group 1, SlidingWindowSpec))")
+    assert audit_mode([], GraphMode.FULL, GraphMode.FULL).lines[1] == "level ALWAYS (no attention group)"
+
+
 def test_a_mode_vllm_refuses_is_explained_and_an_uncatalogued_backend_said() -> None:
     groups = [GroupLevel(0, "CUSTOM", CGSupport.NEVER)]
     result = audit_mode(groups, GraphMode.FULL, None, error="ValueError: not supported")
@@ -219,7 +245,8 @@ def test_the_vllm_plugin_wraps_its_target_when_the_module_is_first_imported(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "stand_in_runner.py").write_text(RUNNER_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(vllm_plugin, "TARGET", ("stand_in_runner", "Runner", "_check_and_update_cudagraph_mode"))
+    monkeypatch.setattr(vllm_plugin, "RELEASES", {"0.33.0": (vllm_plugin.Target(
+        "stand_in_runner", "Runner", "_check_and_update_cudagraph_mode", "runner"),)})
     monkeypatch.setattr(vllm_plugin, "installed_vllm", lambda: "0.33.0")
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
@@ -237,6 +264,104 @@ def test_the_vllm_plugin_wraps_its_target_when_the_module_is_first_imported(
     assert runner.compilation_config.cudagraph_mode.name == "PIECEWISE"  # vLLM's own decision
     assert "attnhal: cudagraph_mode: FULL_AND_PIECEWISE -> PIECEWISE" in caplog.text
     assert "attnhal: downgrade FULL_AND_PIECEWISE -> PIECEWISE: spec decode (query len 4)" in caplog.text
+
+
+V2_MODULE = '''
+class Config:
+    def __init__(self, requested, resolves_to):
+        self.cudagraph_mode, self.resolves_to = requested, resolves_to
+    def splitting_ops_contain_attention(self):
+        return True
+    def resolve_cudagraph_mode_and_sizes(self, min_cg_support, min_cg_attn_backend, uniform_decode_query_len=1,
+                                         kv_cache_config=None, piecewise_capture_available=True):
+        self.cudagraph_mode = self.resolves_to
+        return self.resolves_to
+
+def get_attn_cg_support(attn_groups, vllm_config, checked_layer_names=None):
+    return min(g.get_metadata_builder(0).get_cudagraph_support(vllm_config, g.kv_cache_spec).value
+               for groups in attn_groups for g in groups)
+
+class Speculator:
+    def init_cudagraph_manager(self, cudagraph_mode):
+        self.decode_cudagraph_manager = Manager(self.decides)
+
+class Manager:
+    def __init__(self, mode):
+        self.cudagraph_mode = mode
+'''
+
+
+def _v2_targets() -> dict[str, tuple[object, ...]]:
+    target = vllm_plugin.Target
+    return {"0.34.0": (target("stand_in_v2", None, "get_attn_cg_support", "groups"),
+                       target("stand_in_v2", "Config", "resolve_cudagraph_mode_and_sizes", "resolution"),
+                       target("stand_in_v2", "Speculator", "init_cudagraph_manager", "drafter"))}
+
+
+def test_the_vllm_034_hooks_log_every_group_the_resolution_and_the_drafter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM 0.34's V2 runner, on stand-ins: the groups' levels remembered, the mode resolution audited
+    (every backend named when all are ALWAYS), the drafter's mode said; vLLM's answers unchanged."""
+    (tmp_path / "stand_in_v2.py").write_text(V2_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(vllm_plugin, "RELEASES", _v2_targets())
+    monkeypatch.setattr(vllm_plugin, "installed_vllm", lambda: "0.34.0")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
+    vllm_plugin.register()
+    module = import_module("stand_in_v2")
+    monkeypatch.delitem(sys.modules, "stand_in_v2")
+    mode = types.SimpleNamespace
+    always = mode(name="ALWAYS", value=3)
+    builder = mode(get_cudagraph_support=lambda config, spec: always)
+    group = mode(get_metadata_builder=lambda i: builder, kv_cache_spec=type("FullAttentionSpec", (), {})(),
+                 backend=type("TritonAttentionBackend", (), {}))
+    with caplog.at_level(logging.INFO, logger=vllm_plugin.LOGGER):
+        assert module.get_attn_cg_support([[group, group]], None) == 3
+        config = module.Config(mode(name="FULL_AND_PIECEWISE"), mode(name="FULL_AND_PIECEWISE"))
+        assert config.resolve_cudagraph_mode_and_sizes(always, None, 4).name == "FULL_AND_PIECEWISE"
+        speculator = module.Speculator()
+        speculator.decides = mode(name="FULL_DECODE_ONLY")
+        speculator.init_cudagraph_manager(mode(name="FULL_AND_PIECEWISE"))
+    assert "attnhal: level ALWAYS: every attention group is (TritonAttentionBackend (KV-cache group 0, " \
+           "FullAttentionSpec), TritonAttentionBackend (KV-cache group 0, FullAttentionSpec))" in caplog.text
+    assert "attnhal: cudagraph_mode: FULL_AND_PIECEWISE -> FULL_AND_PIECEWISE" in caplog.text
+    assert ("attnhal: drafter Speculator: draft decode FULL_DECODE_ONLY (the target's decode graphs are FULL)"
+            in caplog.text)
+    assert "failed" not in caplog.text
+    report = next(m for m in caplog.messages if m.startswith("attnhal: attnhal graph report: vLLM on "))
+    assert [row.split()[:3] for row in report.splitlines()[2:]] == [
+        ["decode", "-", "full"], ["prefill+decode", "-", "piecewise"], ["target_verify", "-", "full"]]
+
+
+def test_vllm_strict_refuses_where_attnhals_reading_captures_decode_and_vllms_does_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnhal.engines.report import StrictRefusal
+    from attnhal.engines.vllm import startup
+
+    groups = [GroupLevel(0, "FLASHINFER", CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "FullAttentionSpec")]
+    monkeypatch.setenv(startup.MODE_VAR, "strict")
+    monkeypatch.setattr(startup, "_REPORTED", [True])
+    with pytest.raises(StrictRefusal, match=r"attnhal plans decode \(and target verify\) captured with full "
+                                            r"graphs \(FULL_AND_PIECEWISE\), vLLM resolves PIECEWISE \(FLASHINFER"):
+        startup.at_start(groups, GraphMode.FULL_AND_PIECEWISE, GraphMode.PIECEWISE, 4, True, (1, 2), None,
+                         parse("cuda:sm90"))
+    ready = [GroupLevel(0, "FLASHINFER", CGSupport.UNIFORM_BATCH, "FullAttentionSpec")]  # with trtllm-gen cubins
+    startup.at_start(ready, GraphMode.FULL_AND_PIECEWISE, GraphMode.FULL_AND_PIECEWISE, 4, True, (1, 2), None,
+                     parse("cuda:sm90"))  # vLLM captures what attnhal plans: it starts
+    assert startup.MODE_VAR == vllm_plugin.ENV_VAR and "strict" in vllm_plugin.MODES
+
+
+def test_another_vllm_release_is_said_once_with_the_supported_ones(monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(vllm_plugin, "installed_vllm", lambda: "0.35.0")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
+    with caplog.at_level(logging.INFO, logger=vllm_plugin.LOGGER):
+        vllm_plugin.register()
+    assert caplog.messages == ["attnhal: vLLM 0.35.0 is installed; attnhal's plugin hooks vLLM 0.33.0, 0.34.0 only: "
+                               "it stays off (ATTNHAL_VLLM=off silences this)"]
+    assert not any(type(f).__name__ == "_WrapOnImport" for f in sys.meta_path)
 
 
 # --- planning a draft worker, on stand-ins for SGLang's objects -----------------------------------------

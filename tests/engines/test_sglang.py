@@ -95,9 +95,11 @@ def test_graph_switches() -> None:
     for off in ({"disable_cuda_graph": True}, {"disable_decode_cuda_graph": "true"},
                 {"cuda_graph_backend_decode": "disabled"}):
         assert not sglang.plan_server_args({**EAGLE, **off}, "cuda:sm90", model="mha").captured
-    env = {sglang.DRAFT_EXTEND_GRAPH_OFF: "1"}
-    result = sglang.plan_server_args(EAGLE, "cuda:sm90", env=env, model="mha")
-    assert not result[Phase.DRAFT_EXTEND].capture and result[Phase.TARGET_VERIFY].capture
+    # SGLang's EnvBool rule: true/1/yes/y (any case) turn it off; anything else is its default.
+    for raw, off in (("1", True), ("yes", True), ("Y", True), ("TRUE", True), ("no", False), ("on", False),
+                     (" 1", False), ("", False)):
+        result = sglang.plan_server_args(EAGLE, "cuda:sm90", env={sglang.DRAFT_EXTEND_GRAPH_OFF: raw}, model="mha")
+        assert result[Phase.DRAFT_EXTEND].capture is not off and result[Phase.TARGET_VERIFY].capture, raw
     sizes = sglang.from_server_args({**EAGLE, "cuda_graph_bs_decode": "1 3 5"}).policy
     assert sizes.capture_sizes() == (1, 3, 5) and sizes.max_batch_size == 5
     policy = sglang.from_server_args({**EAGLE, "cuda_graph_max_bs": 40}).policy
@@ -462,3 +464,75 @@ def test_cli_says_sglang_picked_the_attention_backend(capsys: pytest.CaptureFixt
     assert "page_size=64 (set by SGLang for trtllm_mla)" in out
     code, _, err = run(capsys, "plan", "--engine", "sglang", "--platform", "cuda:sm100", "--", *flags)
     assert code == 2 and "--model" in err
+
+
+def test_env_bool_refuses_a_variable_without_a_rule() -> None:
+    from attnhal.errors import InvalidValue
+
+    with pytest.raises(InvalidValue, match="name='SGLANG_OTHER'"):
+        sglang.resolution.env_bool({}, "SGLANG_OTHER")
+
+
+def test_cli_truthiness_repro_plans_draft_extend_eager(capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30 item 4: ``yes`` is true to SGLang (``EnvBool``), so draft extend is eager."""
+    monkeypatch.setenv(sglang.DRAFT_EXTEND_GRAPH_OFF, "yes")
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--platform", "cuda:sm90", "--", "--attention-backend",
+                       "triton", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+                       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2")
+    line = next(x for x in out.splitlines() if x.startswith("draft_extend"))
+    assert code == 0 and line.split()[1:3] == ["yes", "no"] and "[graphs_disabled]" in line
+
+
+@pytest.mark.parametrize(("steps", "extra", "when"), [
+    (3, (), "during the draft-extend graph capture at server start-up"),
+    (3, ("--disable-cuda-graph",), "at the first draft extend"),
+    (2, ("--decode-attention-backend", "triton"), "at the first draft extend"),
+])
+def test_cli_aiter_tree_names_its_late_failure_and_when(capsys: pytest.CaptureFixture[str], steps: int,
+                                                        extra: tuple[str, ...], when: str) -> None:
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--platform", "hip:gfx942", "--", "--attention-backend",
+                       "aiter", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(steps),
+                       "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4", *extra)
+    head = "late failure (docs/catalog.md, Late failures; sglang:aiter)"
+    late = [x for x in out.splitlines() if x.startswith(head)]
+    assert code == 1 and len(late) == 1 and when in late[0] and "aiter_backend.py:1396-1401" in late[0]
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--json", "--platform", "hip:gfx942", "--",
+                       "--attention-backend", "aiter", "--speculative-algorithm", "EAGLE", "--speculative-num-steps",
+                       str(steps), "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "4", *extra)
+    assert [f["when"].startswith(when) for f in json.loads(out)["late_failures"]] == [True]
+
+
+def test_no_late_failure_for_chains(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--platform", "hip:gfx942", "--", "--attention-backend",
+                       "aiter", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+                       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+    assert code == 0 and "late failure" not in out
+
+
+def test_cli_plan_prints_the_graph_report_with_the_catalogued_engine_decision(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before launch: the plugin's start-up table, D1's phase marked eager by SGLang with the switch."""
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--platform", "hip:gfx942", "--", "--attention-backend",
+                       "aiter", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+                       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2")
+    rows = out[out.index("attnhal graph report: SGLang 0.5.23 on hip:gfx942"):].splitlines()
+    assert rows[1].split()[:4] == ["phase", "capture", "sizes", "graph"]
+    extend = next(row for row in rows if row.startswith("draft_extend"))
+    assert extend.split()[1:4] == ["-", "eager", "(SGLang)"] and "docs/catalog.md D1 (sglang:aiter)" in extend
+    assert extend.endswith("ATTNHAL_SGLANG_GRAPHS=enforce")
+    verify = next(row for row in rows if row.startswith("target_verify"))
+    assert verify.split()[1:5] == ["1..32", "(20", "sizes)", "captured"] and code == 0
+
+
+def test_graph_report_sizes_and_a_switch_for_the_env_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnhal.engines.report import sizes_text
+    from attnhal.engines.sglang.report import plan_report
+
+    assert (sizes_text(()), sizes_text((8,)), sizes_text((1, 2, 4))) == ("-", "8", "1..4 (3 sizes)")
+    config = sglang.from_server_args(EAGLE, env={sglang.DRAFT_EXTEND_GRAPH_OFF: "y"}, model="mha")
+    report = plan_report(config.plan("cuda:sm90"), (), "SGLang on cuda:sm90")
+    extend = next(row for row in report.splitlines() if row.startswith("draft_extend"))
+    assert "eager (attnhal's plan)" in extend and extend.endswith(f"unset {sglang.DRAFT_EXTEND_GRAPH_OFF}")
+    off = sglang.from_server_args({**EAGLE, "disable_cuda_graph": True}, model="mha")
+    assert "drop --disable-cuda-graph" in plan_report(off.plan("cuda:sm90"), (), "x")

@@ -65,6 +65,7 @@ PARTS = {
     "sglang": ("sglang", ["tests/engines/sglang", "--ignore=tests/engines/sglang/test_kit.py"]),
     "sglang-kit": ("sglang", ["tests/engines/sglang/test_kit.py"]),
     "vllm": ("vllm", ["tests/engines/vllm"]),
+    "vllm-0.34": ("vllm-0.34", ["tests/engines/vllm"]),
 }
 
 

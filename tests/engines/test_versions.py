@@ -18,7 +18,7 @@ def test_the_table_is_the_adapters_data_and_says_what_is_installed() -> None:
     rows = {row.engine: row for row in versions.table(installed)}
     assert rows["sglang"].supported == registry.get("sglang").versions == ("0.5.23",)
     assert rows["vllm"].supported == registry.get("vllm").versions
-    assert (rows["sglang"].status, rows["vllm"].status) == ("supported", "another release: the plugin audits only")
+    assert (rows["sglang"].status, rows["vllm"].status) == ("supported", "another release: the plugin stays off")
     assert [r.status for r in versions.table(lambda name: None)] == ["not installed"] * len(rows)
     assert rows["vllm"].to_dict()["installed"] == "0.99.0"
 

@@ -3,7 +3,7 @@ that explains, and on request corrects, the speculative workers' graph decisions
 
 SGLang's ``load_plugins()`` (engine, scheduler and detokenizer processes) calls :func:`register`,
 which registers AROUND hooks with SGLang's ``HookRegistry`` on each speculative worker's graph
-decision (:data:`HOOKS`). ``ATTNHAL_SGLANG_GRAPHS`` picks what the hooks do:
+decision (:data:`HOOKS`) when the worker's module is first imported (:mod:`.on_import`). ``ATTNHAL_SGLANG_GRAPHS`` picks what the hooks do:
 
 - ``audit`` (default): SGLang decides; attnhal plans the same worker (backends by class,
   :mod:`~attnhal.engines.sglang.classes`; the resolved server arguments through the adapter)
@@ -12,7 +12,12 @@ decision (:data:`HOOKS`). ``ATTNHAL_SGLANG_GRAPHS`` picks what the hooks do:
 - ``enforce``: as audit, and where attnhal captures a phase SGLang leaves eager, the phase's
   runner is built with the class SGLang itself uses for that phase on that device; where the
   phase's backend descriptor says it cannot be captured, SGLang's runner is not built.
+- ``strict``: as audit, and where attnhal plans a phase captured that SGLang would run
+  eagerly, the server does not start (:class:`~attnhal.engines.report.StrictRefusal`, naming
+  the phase, the catalogue entry and the flag that changes it).
 - ``off``: no hook.
+
+Once per server (rank 0) the hook logs the graph report (:mod:`attnhal.engines.sglang.report`).
 
 What attnhal cannot plan (a backend class outside the table, an argument the adapter does not
 model, a platform without device graphs, an out-of-tree platform's runners) is left to
@@ -38,7 +43,7 @@ from attnhal.errors import AttnhalError
 __all__ = ["HOOKS", "LOGGER", "MODES", "MODE_VAR", "DraftPlan", "Unplannable", "installed_sglang", "register"]
 
 MODE_VAR = "ATTNHAL_SGLANG_GRAPHS"
-MODES = ("audit", "enforce", "off")
+MODES = ("audit", "enforce", "strict", "off")
 #: attnhal's log lines go to this child of SGLang's own ``sglang`` logger.
 LOGGER = "sglang.srt.plugins.attnhal"
 
@@ -75,10 +80,10 @@ def register() -> None:
                        MODE_VAR, log)
     if mode is None:
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from attnhal.engines.sglang.on_import import register_on_import
 
-    for target, make in HOOKS.items():
-        HookRegistry.register(target, make(mode), HookType.AROUND)
+    # A server without speculation never imports the workers: their hooks cost it nothing.
+    register_on_import({target: make(mode) for target, make in HOOKS.items()})
 
 
 # --- logging ---------------------------------------------------------------------------------
@@ -246,6 +251,7 @@ class EagleDraftHook:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.log = _Log()
+        self.reported = False
 
     def __call__(self, original: Callable[..., Any], worker: Any, *args: Any, **kwargs: Any) -> Any:
         module = sys.modules[_EAGLE]
@@ -261,12 +267,17 @@ class EagleDraftHook:
         refused: dict[str, str] = {}
         with _refusing(module, held_back, refused):
             result = original(worker, *args, **kwargs)
+        rows: tuple[Any, ...] = ()
         try:
-            self._report(module, worker, planned, refused)
+            rows = self._report(module, worker, planned, refused)
         except Exception:
             log.exception("attnhal: the %s hook failed after SGLang's decision; SGLang's own decision stands",
                           type(worker).__name__)
             self._restore(module, worker, refused)
+        if self.mode == "strict":  # outside the try: this error is meant to stop the server
+            from attnhal.engines.sglang.report import refuse_eager
+
+            refuse_eager(f"{type(worker).__name__} on {planned.platform}", rows)
         return result
 
     def _plan(self, module: Any, worker: Any) -> DraftPlan:
@@ -283,8 +294,10 @@ class EagleDraftHook:
             return frozenset()
         return frozenset(p.value for p in planned.names if descriptor_limit(planned.plan[p]))
 
-    def _report(self, module: Any, worker: Any, planned: DraftPlan, refused: Mapping[str, str]) -> None:
+    def _report(self, module: Any, worker: Any, planned: DraftPlan, refused: Mapping[str, str]) -> tuple[Any, ...]:
+        """Log one line per phase (and the graph report, once); return the audit rows."""
         from attnhal.engines.sglang.audit import Verdict, audit
+        from attnhal.engines.sglang.report import server_report
         from attnhal.phases import Phase
 
         backends = {Phase.DRAFT_DECODE: worker.draft_attn_backend, Phase.DRAFT_EXTEND: worker.draft_extend_attn_backend}
@@ -293,11 +306,16 @@ class EagleDraftHook:
             built = getattr(worker, _RUNNER_ATTRS[phase.value], None) is not None or phase.value in refused
             sglang[phase] = Verdict.NOT_RUN if backend is None else Verdict.CAPTURED if built else Verdict.EAGER
         head = f"{self.mode}: {type(worker).__name__} on {planned.platform}"
-        for row in audit(planned.plan, sglang, names=planned.names, applicable=planned.applicable):
+        rows = audit(planned.plan, sglang, names=planned.names, applicable=planned.applicable)
+        for row in rows:
             action = self._act(module, worker, row, refused)
             self.log.info(f"{head}: {row.line()}" + (f"; enforce: {action}" if action else ""))
         if Verdict.EAGER in sglang.values():
             self._advise(head, planned)
+        if not self.reported:  # one table per server: the first worker planned (adaptive states follow)
+            self.reported = True
+            self.log.info(server_report(head, planned.plan, rows))
+        return rows
 
     def _advise(self, head: str, planned: DraftPlan) -> None:
         """One line: the flags that capture every phase here (``attnhal advise``), where SGLang left one eager."""

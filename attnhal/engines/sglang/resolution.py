@@ -27,8 +27,8 @@ from attnhal.planner import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
-__all__ = ["DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "Choice", "SglangConfig", "capture_sizes",
-           "from_server_args", "roles"]
+__all__ = ["BOOL_ENV", "DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "SINGLE_GRAPH_DRAFT", "Choice", "SglangConfig",
+           "capture_sizes", "env_bool", "from_server_args", "roles"]
 
 #: Backends whose draft extend and default prefill SGLang builds on another backend: cute-dsl MLA
 #: is decode-only; both run trtllm-gen (draft_utils.py:137-138; arg_groups/overrides.py:1233-1260).
@@ -37,6 +37,14 @@ _EXTEND_ON = {"cutedsl_mla": "trtllm_mla"}
 DEFAULT_MAX_BS = 32
 #: The environment variable that turns the draft-extend graph off (environ.py; eagle_worker_v2.py:627).
 DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
+#: Multi-layer EAGLE's one-graph draft extend (environ.py: ``EnvBool(True)``).
+SINGLE_GRAPH_DRAFT = "SGLANG_ENABLE_SINGLE_CG_DRAFT"
+#: Every SGLang environment variable attnhal reads, with SGLang's default (``environ.py:1587``:
+#: ``EnvBool(False)``). SGLang reads them through ``EnvBool.get`` (``environ.py:67-86, 143-150``).
+BOOL_ENV: Mapping[str, bool] = {DRAFT_EXTEND_GRAPH_OFF: False, SINGLE_GRAPH_DRAFT: True}
+#: ``EnvBool.parse``: the lower-cased value in one of these; anything else (an empty string,
+#: padding, "on") is invalid and SGLang warns and takes the default.
+_TRUE, _FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
 
 
 @dataclass(frozen=True)
@@ -94,9 +102,12 @@ class SglangConfig(EngineConfig):
         """Besides the base entries: the resolution used, the page size and the engine's known differences."""
         from attnhal.engines.sglang.audit import engine_differs
 
+        from attnhal.engines.sglang.late import late_failures
+
         return {**super().report(platform), "resolution": self.choice.to_dict() if self.choice else None,
                 "page_size": self.page_size(platform).to_dict(),
-                "engine_differs": [d.to_dict() for d in engine_differs(self, platform)], "seams": self.seams()}
+                "engine_differs": [d.to_dict() for d in engine_differs(self, platform)], "seams": self.seams(),
+                "late_failures": [f.to_dict() for f in late_failures(self, platform)]}
 
     def seams(self) -> dict[str, Any] | None:
         """SGLang's capability seams for the draft-extend backend (:func:`~attnhal.engines.sglang.seams.plan_seams`)."""
@@ -115,16 +126,20 @@ class SglangConfig(EngineConfig):
         return {"page_size": self.page_size(platform).note}
 
     def remarks(self, platform: Platform, result: GraphPlan) -> list[str]:
-        """Why each captured phase is captured, the notes, SGLang's known differences, the ignored flags."""
+        """Why each captured phase is captured, the notes, SGLang's known differences and late failures,
+        the seams, the start-up graph report the plugin would log, the ignored flags."""
         from attnhal.engines.sglang.audit import engine_differs
+        from attnhal.engines.sglang.late import late_failures
+        from attnhal.engines.sglang.report import plan_report
         from attnhal.engines.sglang.seams import plan_lines
 
-        seams = plan_lines(self.seams())
+        differs = engine_differs(self, platform)
         why = [f"why: {phase.value} is captured: {decision.backend} declares {phase.value} graphs and their "
                "limits hold, the platform has a graph API and the policy allows them"
                for phase, decision in result.phases.items() if decision.capture]
-        return [*why, *(f"note: {note}" for note in self.notes), *(str(d) for d in engine_differs(self, platform)),
-                *seams, *self.ignored_lines()]
+        report = plan_report(result, differs, f"SGLang {self.version} on {as_platform(platform).name}")
+        return [*why, *(f"note: {note}" for note in self.notes), *map(str, differs),
+                *map(str, late_failures(self, platform)), *plan_lines(self.seams()), report, *self.ignored_lines()]
 
 
 def _spec(values: Mapping[str, Any], notes: list[str]) -> SpecConfig:
@@ -205,6 +220,23 @@ def capture_sizes(max_bs: int, speculative: bool, padding: bool = True) -> tuple
     return tuple(sorted({b for b in sizes if b <= max_bs} | {max_bs}))
 
 
+def env_bool(env: Mapping[str, str], name: str) -> bool:
+    """``env[name]`` as SGLang 0.5.23 reads it (``EnvBool``): unset or invalid -> the default.
+
+    ``name`` must be one of :data:`BOOL_ENV`: a variable SGLang reads otherwise (its older
+    ``get_bool_env_var`` takes only true/1) would need its own rule here.
+    """
+    if name not in BOOL_ENV:
+        raise InvalidValue("name", name, ", ".join(BOOL_ENV))
+    raw = env.get(name)
+    value = raw.lower() if raw is not None else None
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    return BOOL_ENV[name]
+
+
 def _policy(values: Mapping[str, Any], env: Mapping[str, str], spec: SpecConfig) -> GraphPolicy:
     disabled = (values.get("disable_cuda_graph", False) or values.get("disable_decode_cuda_graph", False)
                 or values.get("cuda_graph_backend_decode") == "disabled")
@@ -215,7 +247,7 @@ def _policy(values: Mapping[str, Any], env: Mapping[str, str], spec: SpecConfig)
     max_bs = max_bs or DEFAULT_MAX_BS
     if sizes is None:
         sizes = capture_sizes(max_bs, spec.speculative, not values.get("disable_cuda_graph_padding", False))
-    off = env.get(DRAFT_EXTEND_GRAPH_OFF, "").lower() in ("1", "true")
+    off = env_bool(env, DRAFT_EXTEND_GRAPH_OFF)
     return GraphPolicy(enabled=not disabled, max_batch_size=max_bs, batch_sizes=sizes,
                        disabled_phases=frozenset((Phase.DRAFT_EXTEND,)) if off else frozenset())
 

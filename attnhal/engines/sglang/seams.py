@@ -29,16 +29,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from attnhal.engines.sglang.resolution import DRAFT_EXTEND_GRAPH_OFF, SINGLE_GRAPH_DRAFT, env_bool
 from attnhal.errors import InvalidValue
 from attnhal.platform import Platform, Vendor
 
 __all__ = ["DRAFT_RUNNERS", "DRAFT_EXTEND_GRAPH_OFF", "SINGLE_GRAPH_DRAFT", "OutOfTree", "Seams", "device_of",
-           "draft_runner", "env_bool", "multi_layer_runner", "plan_lines", "plan_seams", "seams_of"]
+           "draft_runner", "multi_layer_runner", "plan_lines", "plan_seams", "seams_of"]
 
-#: SGLang's switch for every draft-extend graph (``environ.py:1587``, default off).
-DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
-#: Multi-layer EAGLE: one graph over all draft steps where every backend allows it (``environ.py:1921``, default on).
-SINGLE_GRAPH_DRAFT = "SGLANG_ENABLE_SINGLE_CG_DRAFT"
 
 _KEYS = ("models", "supports_ragged_verify_graph", "supports_draft_extend_metadata_staging",
          "draft_extend_metadata_captured_in_graph", "glue_target_verify_metadata", "glue_draft_metadata")
@@ -137,20 +134,6 @@ def seams_of(backend: str, model: str | None = None) -> tuple[Seams, ...]:
     return tuple(s for s in found if model is None or s.models is None or model in s.models)
 
 
-def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    """``env[name]`` read as SGLang's ``EnvBool`` reads it (``environ.py:143-150``): true, 1, yes, y
-    / false, 0, no, n in any case; unset or empty: ``default``; anything else SGLang refuses."""
-    raw = env.get(name, "")
-    value = raw.strip().lower()
-    if not value:
-        return default
-    if value in ("true", "1", "yes", "y"):
-        return True
-    if value in ("false", "0", "no", "n"):
-        return False
-    raise InvalidValue(name, raw, "true, 1, yes, y, false, 0, no or n (SGLang's EnvBool)")
-
-
 def multi_layer_runner(steps: Sequence[Seams], topk: int, graphs: bool, env: Mapping[str, str],
                        device: str = "cuda") -> tuple[str | None, str]:
     """The draft-extend runner multi-layer EAGLE builds, and why: ``(class name or None, reason)``.
@@ -160,12 +143,12 @@ def multi_layer_runner(steps: Sequence[Seams], topk: int, graphs: bool, env: Map
     """
     if not graphs:
         return None, "decode graphs are off (--disable-cuda-graph or the decode graph backend disabled)"
-    if env_bool(env, DRAFT_EXTEND_GRAPH_OFF, False):
+    if env_bool(env, DRAFT_EXTEND_GRAPH_OFF):
         return None, f"{DRAFT_EXTEND_GRAPH_OFF} is set"
     own = _MULTI_LAYER_OWN.get(device)
     if own is not None:
         return own, f"the {device} device's own per-step runner"
-    single = env_bool(env, SINGLE_GRAPH_DRAFT, True)
+    single = env_bool(env, SINGLE_GRAPH_DRAFT)
     blocking = [s for s in steps if not s.single_graph_step(topk)]
     if single and not blocking:
         return ("OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner",

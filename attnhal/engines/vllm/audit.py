@@ -55,6 +55,15 @@ def _why(level: Level) -> str:
     return "; ".join(parts)
 
 
+def _level_line(level: CGSupport, setter: str | None, groups: Sequence[GroupLevel]) -> str:
+    """Which group set the level; when none is below ALWAYS, the backends that all are."""
+    if setter is not None:
+        return f"level {level.name}, set by {setter}"
+    if not groups:
+        return f"level {level.name} (no attention group)"
+    return f"level {level.name}: every attention group is ({', '.join(f'{g.backend} ({g.where})' for g in groups)})"
+
+
 def audit_mode(groups: Sequence[GroupLevel], requested: GraphMode, resolved: GraphMode | None,
                query_len: int = 1, attention_split: bool = True, error: str | None = None,
                platform: Platform | None = None) -> ModeAudit:
@@ -67,7 +76,7 @@ def audit_mode(groups: Sequence[GroupLevel], requested: GraphMode, resolved: Gra
     """
     level, setter = min_support({f"{g.backend} ({g.where})": g.level for g in groups})
     lines = ["attention groups: " + ", ".join(f"{g.backend} {g.level.name} ({g.where})" for g in groups)]
-    lines.append(f"level {level.name}, set by {setter}" if setter else f"level {level.name} (no attention group)")
+    lines.append(_level_line(level, setter, groups))
     ours = resolve_mode(requested, level, query_len, attention_split)
     vllm = resolved.value if resolved is not None else f"refused ({error})"
     lines.append(f"cudagraph_mode: {requested.value} -> {vllm}")

@@ -14,8 +14,8 @@ __all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "VLLM_VERSION", "VLLM_
 
 #: The release whose arguments this module reads and whose backends ``attnhal/catalog/vllm`` describes.
 VLLM_VERSION = "0.33.0"
-#: The releases the adapter and the plugin are tested against (``attnhal info``; the plugin audits only on others).
-VLLM_VERSIONS = (VLLM_VERSION,)
+#: The releases the adapter and the plugin are tested against (``attnhal info``; the plugin stays off on others: it knows no code of theirs to hook).
+VLLM_VERSIONS = (VLLM_VERSION, "0.34.0")
 
 #: Planner field (an :class:`~attnhal.errors.InvalidValue`'s ``field``) -> the flags that set it, in
 #: the order :func:`~attnhal.engines.vllm.plan.from_engine_args` reads them, each with how a message

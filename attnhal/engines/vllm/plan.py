@@ -130,6 +130,8 @@ class VllmAdapter:
     version = VLLM_VERSION
     versions = VLLM_VERSIONS
     distribution = "vllm"
+    #: On another release the plugin knows no code to hook (0.34 moved the runner): it stays off.
+    other_release = "stays off"
     flags: Mapping[str, Flag] = FLAGS
     harmless = HARMLESS
     own_flags = (OwnFlag("trtllm-cubins", "whether FlashInfer's trtllm-gen cubins are available (its graph level "

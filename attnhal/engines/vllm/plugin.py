@@ -1,14 +1,25 @@
-"""attnhal inside vLLM 0.33.0: a general plugin (entry-point group ``vllm.general_plugins``), audit only.
+"""attnhal inside vLLM: a general plugin (entry-point group ``vllm.general_plugins``), audit only.
 
-vLLM's ``load_general_plugins()`` calls :func:`register` in every process. It wraps
-``GPUModelRunner._check_and_update_cudagraph_mode`` — when ``vllm.v1.worker.gpu_model_runner``
-is imported, so a process that never builds a model runner (the API server) imports nothing
-more — and after vLLM has resolved ``cudagraph_mode`` logs, through vLLM's logger, the level
-each attention group's builder reported, which backend / KV-cache group set the minimum, the
+vLLM's ``load_general_plugins()`` calls :func:`register` in every process. It wraps the
+functions :data:`RELEASES` names for the installed vLLM release — each when its module is first
+imported, so a process that never builds a model runner (the API server) imports nothing more:
+
+- vLLM 0.33.0: ``GPUModelRunner._check_and_update_cudagraph_mode`` (the V1 runner);
+- vLLM 0.34.0 (the V2 runner, :mod:`~attnhal.engines.vllm.runner_v2`): the weakest builder
+  level (``get_attn_cg_support``), the mode resolution
+  (``CompilationConfig.resolve_cudagraph_mode_and_sizes``) and the drafter's own mode
+  (``AutoRegressiveSpeculator.init_cudagraph_manager``).
+
+After vLLM has resolved ``cudagraph_mode`` it logs, through vLLM's logger, the level each
+attention group's builder reported, which backend / KV-cache group set the minimum, the
 resolved mode, every downgrade with its cause and where attnhal's reading differs
-(:func:`attnhal.engines.vllm.audit.audit_mode`). vLLM's decision is never changed.
+(:func:`attnhal.engines.vllm.audit.audit_mode`); on 0.34 also the drafter's mode. vLLM's
+decision is never changed.
 
-``ATTNHAL_VLLM=off`` disables it. Another vLLM release: one warning, no wrapper. vLLM's
+``ATTNHAL_VLLM=strict`` is audit plus a refusal: where attnhal's reading of the same backends
+captures decode graphs vLLM's resolution does not, the server does not start
+(:class:`~attnhal.engines.report.StrictRefusal`). Once per process on rank 0 the plugin logs the
+graph report (:mod:`~attnhal.engines.vllm.startup`). ``ATTNHAL_VLLM=off`` disables it. Another vLLM release: one warning, no wrapper. vLLM's
 loader does not catch a plugin's exceptions: nothing here raises into vLLM; an error inside
 the wrapper is logged and vLLM's own resolution stands.
 """
@@ -22,22 +33,50 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from attnhal.engines.plugin_gate import installed, mode_from, plugin_mode
+from attnhal.engines.report import StrictRefusal
 
-__all__ = ["ENV_VAR", "LOGGER", "MODES", "TARGET", "installed_vllm", "register"]
+__all__ = ["ENV_VAR", "LOGGER", "MODES", "RELEASES", "TARGET", "Target", "installed_vllm", "register"]
 
 ENV_VAR = "ATTNHAL_VLLM"
-MODES = ("audit", "off")
+MODES = ("audit", "strict", "off")
 #: A child of vLLM's own ``vllm`` logger (vLLM configures its handlers).
 LOGGER = "vllm.attnhal"
-#: (module, class, method) the plugin wraps.
-TARGET = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_check_and_update_cudagraph_mode")
 _MARK = "__attnhal_audit__"
 
 log = logging.getLogger(LOGGER)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One function the plugin wraps: ``module.owner.name`` (``owner`` None: a module function)."""
+
+    module: str
+    owner: str | None
+    name: str
+    kind: str  # which wrapper (_maker): runner, groups, resolution, drafter
+
+
+#: The vLLM releases the plugin hooks, and where (version as data: another release is audit-free,
+#: said once). 0.33.0: the V1 runner's mode check. 0.34.0 removed that runner: the V2 runner
+#: collects the weakest builder level (``v1/worker/gpu/attn_utils.py:322-347``), resolves the mode
+#: with ``CompilationConfig.resolve_cudagraph_mode_and_sizes`` (``v1/worker/gpu/model_runner.py:792``)
+#: and hands it to the drafter (``spec_decode/autoregressive/speculator.py:36-52``).
+RELEASES: Mapping[str, tuple[Target, ...]] = {
+    "0.33.0": (Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_check_and_update_cudagraph_mode",
+                      "runner"),),
+    "0.34.0": (Target("vllm.v1.worker.gpu.attn_utils", None, "get_attn_cg_support", "groups"),
+               Target("vllm.config.compilation", "CompilationConfig", "resolve_cudagraph_mode_and_sizes",
+                      "resolution"),
+               Target("vllm.v1.worker.gpu.spec_decode.autoregressive.speculator", "AutoRegressiveSpeculator",
+                      "init_cudagraph_manager", "drafter")),
+}
+#: (module, class, method) the plugin wraps in vLLM 0.33.0 (kept for callers of 0.1).
+TARGET = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_check_and_update_cudagraph_mode")
 
 
 def installed_vllm() -> str | None:
@@ -54,24 +93,36 @@ def register() -> None:
 
 
 def _register(env: Mapping[str, str]) -> None:
-    from attnhal.engines.vllm.flags import VLLM_VERSIONS
-
-    if plugin_mode("vLLM", installed_vllm(), VLLM_VERSIONS, mode_from(env, ENV_VAR, MODES, log), ENV_VAR, log) is None:
+    version = installed_vllm()
+    # Another release: no known code to hook (0.34 moved the runner), so the plugin stays off.
+    if plugin_mode("vLLM", version, tuple(RELEASES), mode_from(env, ENV_VAR, MODES, log), ENV_VAR, log,
+                   other=None) is None:
         return
-    module = sys.modules.get(TARGET[0])
-    if module is not None:
-        _wrap(module)
-    elif not any(isinstance(f, _WrapOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _WrapOnImport())
+    targets = RELEASES[str(version)]
+    waiting = []
+    for target in targets:
+        module = sys.modules.get(target.module)
+        if module is not None:
+            _wrap(module, target)
+        else:
+            waiting.append(target)
+    if waiting and not any(isinstance(f, _WrapOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _WrapOnImport(waiting))
 
 
 class _WrapOnImport(importlib.abc.MetaPathFinder):
-    """Wraps the target method right after its module is executed, the first time it is imported."""
+    """Wraps each target right after its module is executed, the first time it is imported."""
+
+    def __init__(self, targets: Sequence[Target]) -> None:
+        self.targets = list(targets)
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
-        if fullname != TARGET[0]:
+        mine = [t for t in self.targets if t.module == fullname]
+        if not mine:
             return None
-        sys.meta_path.remove(self)  # once; and the lookup below must not find this finder again
+        self.targets = [t for t in self.targets if t.module != fullname]
+        if not self.targets:
+            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
@@ -79,24 +130,29 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             execute(module)
-            try:
-                _wrap(module)
-            except Exception:
-                log.exception("attnhal: wrapping %s failed; vLLM runs without the audit", ".".join(TARGET[1:]))
+            for found in mine:
+                try:
+                    _wrap(module, found)
+                except Exception:
+                    log.exception("attnhal: wrapping %s.%s failed; vLLM runs without the audit",
+                                  found.owner or found.module, found.name)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
-def _wrap(module: ModuleType) -> None:
-    cls = getattr(module, TARGET[1])
-    original = getattr(cls, TARGET[2])
+def _wrap(module: ModuleType, target: Target) -> None:
+    owner: Any = getattr(module, target.owner) if target.owner else module
+    original = getattr(owner, target.name)
     if getattr(original, _MARK, False):
         return
-    setattr(cls, TARGET[2], _audited(original))
+    wrapper = _maker(target.kind)(original)
+    setattr(wrapper, _MARK, True)
+    setattr(owner, target.name, wrapper)
 
 
 def _audited(original: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM 0.33.0: around ``GPUModelRunner._check_and_update_cudagraph_mode``."""
     @functools.wraps(original)
     def wrapper(self: Any, attention_backends: Any, kv_cache_groups: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -109,10 +165,9 @@ def _audited(original: Callable[..., Any]) -> Callable[..., Any]:
         except ValueError as exc:  # vLLM refuses the mode: explain it, then let vLLM raise
             _report(self, before, str(exc))
             raise
-        _report(self, before, None)
+        _report(self, before, None)  # raises StrictRefusal in strict mode
         return result
 
-    setattr(wrapper, _MARK, True)
     return wrapper
 
 
@@ -143,6 +198,7 @@ def _report(runner: Any, before: tuple[Any, Any] | None, error: str | None) -> N
     try:
         from attnhal.engines.vllm.audit import audit_mode
         from attnhal.engines.vllm.resolution import GraphMode
+        from attnhal.engines.vllm.startup import at_start
 
         groups, requested = before
         config = runner.compilation_config
@@ -152,5 +208,19 @@ def _report(runner: Any, before: tuple[Any, Any] | None, error: str | None) -> N
                             _platform())
         for line in result.lines:
             log.info("attnhal: %s", line)
+        sizes = tuple(config.cudagraph_capture_sizes or ())
+        at_start(groups, requested, resolved, runner.uniform_decode_query_len, split, sizes, error, _platform())
+    except StrictRefusal:
+        raise
     except Exception:
         log.exception("attnhal: explaining vLLM's cudagraph_mode failed; vLLM's resolution stands")
+
+
+def _maker(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The wrapper of each target kind; vLLM 0.34's are in :mod:`~attnhal.engines.vllm.runner_v2`."""
+    if kind == "runner":
+        return _audited
+    from attnhal.engines.vllm import runner_v2
+
+    return {"groups": runner_v2.groups_recorded, "resolution": runner_v2.resolution_audited,
+            "drafter": runner_v2.drafter_audited}[kind]

@@ -131,14 +131,19 @@ def runners(case: Case) -> dict[str, str] | None:
     return None if graphs.error else dict(graphs.runners)
 
 
+#: How the start-up graph report begins (one message: the title line, then the table).
+REPORT = "attnhal: attnhal graph report: "
+
+
 @pytest.fixture
 def lines(caplog: pytest.LogCaptureFixture) -> Any:
+    """The plugin's log lines since the last read, without the graph report (``reports=True``: only it)."""
     caplog.set_level(logging.INFO, logger=plugin.LOGGER)
 
-    def read() -> list[str]:
+    def read(reports: bool = False) -> list[str]:
         out = [r.getMessage() for r in caplog.records if r.name == plugin.LOGGER]
         caplog.clear()
-        return out
+        return [line for line in out if line.startswith(REPORT) is reports]
 
     return read
 
@@ -146,7 +151,9 @@ def lines(caplog: pytest.LogCaptureFixture) -> Any:
 # --- installed, loaded by SGLang's loader -------------------------------------------------------------
 
 def test_the_entry_point_is_installed_in_this_environment() -> None:
-    assert installed_entry_point("sglang.srt.plugins", "sglang").load() is plugin.register
+    import attnhal_hooks.sglang
+
+    assert installed_entry_point("sglang.srt.plugins", "sglang").load() is attnhal_hooks.sglang.register
 
 
 def test_load_plugins_registers_the_hooks_and_off_registers_none() -> None:
@@ -217,6 +224,51 @@ def test_seed_enforce_builds_sglangs_own_draft_extend_runner(lines: Any) -> None
     assert found[-1].endswith(f"{D1}; enforce: built {EXTEND_RUNNER} (SGLang's draft_extend runner on device 'cuda')")
     SUMMARY.append("plugin, seed, enforce:")
     SUMMARY.append(f"  {found[-1]}")
+
+
+#: The seed's start-up report row, as logged (test_the_seed_report_is_one_table_per_server); the docs show it.
+SEED_REPORT_ROW = ("draft_extend   -                 eager (SGLang)             sglang:aiter  docs/catalog.md D1 "
+                   "(sglang:aiter): draft_extend on HIP with num_steps 1")
+
+
+def test_the_seed_report_is_one_table_per_server(lines: Any) -> None:
+    """Once per server: the first worker planned logs the table; the D1 row names the entry and the switch."""
+    with loaded("audit"):
+        runners(SEED)
+        runners(SEED)
+    reports = lines(reports=True)
+    assert len(reports) == 1, reports
+    table = reports[0].removeprefix("attnhal: ")
+    rows = table.splitlines()
+    assert rows[0] == "attnhal graph report: audit: EagleDraftWorker on hip:gfx942"
+    assert rows[1].split() == ["phase", "capture", "sizes", "graph", "backend", "why", "to", "change", "it"]
+    extend = next(row for row in rows if row.startswith("draft_extend"))
+    assert extend.startswith(SEED_REPORT_ROW) and extend.endswith("ATTNHAL_SGLANG_GRAPHS=enforce"), extend
+    assert [row.split()[0] for row in rows[2:]] == ["prefill", "decode", "draft_decode", "draft_extend",
+                                                   "target_verify"]
+    SUMMARY.append("plugin, seed, the start-up graph report:")
+    SUMMARY.extend(f"  {row}" for row in rows)
+
+
+def test_seed_strict_refuses_to_start_naming_d1(lines: Any) -> None:
+    from attnhal.engines.report import StrictRefusal
+
+    with loaded("strict"):
+        with pytest.raises(StrictRefusal) as refused:
+            runners(SEED)
+    assert str(refused.value).startswith(
+        "ATTNHAL_SGLANG_GRAPHS=strict refuses to start EagleDraftWorker on hip:gfx942: draft_extend: attnhal plans "
+        "it captured, SGLang runs it eagerly (docs/catalog.md D1 (sglang:aiter): draft_extend on HIP with num_steps 1")
+    assert str(refused.value).endswith("ATTNHAL_SGLANG_GRAPHS=enforce captures it with SGLang's own runner, "
+                                       "ATTNHAL_SGLANG_GRAPHS=audit starts as SGLang decided")
+    SUMMARY.append(f"plugin, seed, strict: {type(refused.value).__name__}: {refused.value}")
+
+
+def test_strict_starts_where_sglang_captures_what_attnhal_plans(lines: Any) -> None:
+    three = dataclasses.replace(SEED, num_steps=3)
+    with loaded("strict"):
+        assert runners(three) == {"draft_decode": DECODE_RUNNER, "draft_extend": EXTEND_RUNNER}
+    assert all(line.endswith("; agree") for line in lines() if ADVICE not in line)
 
 
 def test_a_descriptor_limit_keeps_sglangs_runner_from_being_built(monkeypatch: pytest.MonkeyPatch,
@@ -397,7 +449,8 @@ def test_audit_changes_no_decision_on_the_grid_and_its_lines_name_the_phases(dec
         assert seen["audit"] == seen["sglang"], case
         if seen["sglang"] is None:
             continue
-        found = [line for line in seen["audit-lines"] if ADVICE not in line and NO_ADVICE not in line]
+        found = [line for line in seen["audit-lines"]
+                 if ADVICE not in line and NO_ADVICE not in line and not line.startswith(REPORT)]
         rules = rules_for(case)
         assert [line.split(": ")[3] for line in found] == ["draft_decode", "draft_extend"], (case, found)
         # The advice line comes where SGLang leaves a phase eager, and only there.
@@ -448,3 +501,4 @@ def test_the_docs_show_the_lines_these_tests_check() -> None:
     text = (Path(__file__).resolve().parents[3] / "docs" / "engines" / "sglang.md").read_text(encoding="utf-8")
     assert f"draft_extend: SGLang eager, attnhal captured (sglang:aiter); {D1}" in text
     assert f"enforce: built {EXTEND_RUNNER} (SGLang's draft_extend runner on device 'cuda')" in text
+    assert SEED_REPORT_ROW in text and "ATTNHAL_SGLANG_GRAPHS=strict refuses to start EagleDraftWorker" in text

@@ -133,16 +133,3 @@ def test_out_of_tree_platform_runner_seam(capture: bool, answers: dict[str, str 
     modelled = {phase: seams.draft_runner(phase, out_of_tree=seams.OutOfTree(capture, answers))
                 for phase in seams.DRAFT_RUNNERS}
     assert executed == {phase: name for phase, name in modelled.items() if name is not None}
-
-
-def test_env_truthiness_is_sglangs_envbool() -> None:
-    from sglang.srt.environ import EnvBool
-
-    parse = EnvBool(False).parse
-    for text in ("1", "true", "TRUE", "yes", "Y", "n", "No", "0", "false"):
-        assert seams.env_bool({"X": text}, "X", not parse(text)) == parse(text), text
-    for text in ("2", "on", "maybe"):
-        with pytest.raises(ValueError):
-            parse(text)
-        with pytest.raises(ValueError):
-            seams.env_bool({"X": text}, "X", False)

@@ -1,4 +1,5 @@
-"""vLLM 0.33.0's own code, executed on a CPU-only machine: engine config, backend graph support, graph mode.
+"""vLLM's own code (0.33.0 or 0.34.0, whichever the tier's environment has), executed on a
+CPU-only machine: engine config, backend graph support, graph mode.
 
 Functions take plain inputs and import vLLM inside, so they can move into attnhal's engines
 package. ``VLLM_TARGET_DEVICE=cpu`` must be set before vLLM is imported (the tier's conftest).
@@ -8,10 +9,16 @@ package. ``VLLM_TARGET_DEVICE=cpu`` must be set before vLLM is imported (the tie
   mode; the compilation config is then replaced by a real ``CompilationConfig`` (vLLM's GPU
   default or the requested mode, ``VLLM_COMPILE``) with its splitting ops and capture sizes
   set by vLLM's own methods, as on a GPU.
-- :func:`resolve`: the real builder's ``get_cudagraph_support`` and
+- :func:`resolve`: the real builder's ``get_cudagraph_support`` and, on 0.33,
   ``GPUModelRunner._check_and_update_cudagraph_mode`` (which calls
   ``CompilationConfig.resolve_cudagraph_mode_and_sizes``) on an emulated SM90/SM100, with a
-  runner made by ``object.__new__`` and the graph dispatcher replaced by a recorder.
+  runner made by ``object.__new__`` and the graph dispatcher replaced by a recorder; on 0.34
+  (no V1 runner) what the V2 runner runs (``v1/worker/gpu/model_runner.py:724-829``):
+  ``attn_utils.get_attn_cg_support`` over the model's one attention group,
+  ``resolve_cudagraph_mode_and_sizes`` with piecewise capture available (a compiled model),
+  and the drafter's ``AutoRegressiveSpeculator.init_cudagraph_manager`` with its graph manager
+  replaced by a recorder. vLLM 0.34's CPU platform refuses a config without a Triton driver
+  (``platforms/cpu.py:241-243``): its flag is set while the config is built.
   FlashInfer's cubin check (``has_nvidia_artifactory``) answers "no cubins" instead of
   making an HTTP request: the environment of this resolution has no trtllm-gen cubins.
 """
@@ -27,6 +34,18 @@ from typing import Any
 from unittest import mock
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
+#: The vLLM releases the harness executes -> whether the release runs the V2 model runner.
+V2_RUNNER = {"0.33.0": False, "0.34.0": True}
+
+
+def release() -> str:
+    """The installed vLLM release (one of :data:`V2_RUNNER`)."""
+    from importlib.metadata import version
+
+    found = version("vllm")
+    if found not in V2_RUNNER:
+        raise RuntimeError(f"vllm=={found} is installed (supported: {', '.join(V2_RUNNER)})")
+    return found
 CAPABILITIES = {"cuda:sm90": (9, 0), "cuda:sm100": (10, 0)}
 #: Catalogued CUDA backends whose builder vLLM cannot import on a CPU-only machine, and why:
 #: their graph support is not checked here (the catalogue's citation stands alone). A failed
@@ -83,6 +102,13 @@ def emulate(platform: str) -> Iterator[None]:
             _clear_caches()
 
 
+def _cpu_config_check() -> Any:
+    """vLLM 0.34: its CPU platform's Triton-driver check passes (there is no GPU either way)."""
+    if not V2_RUNNER[release()]:
+        return contextlib.nullcontext()
+    return mock.patch("vllm.triton_utils.HAS_TRITON", True)
+
+
 def model_dir(model: str) -> str:
     path = MODELS / model
     if not (path / "config.json").is_file():
@@ -108,7 +134,8 @@ def engine_config(backend: str, model: str, speculative: Mapping[str, Any] | Non
 
     args = EngineArgs(model=model_dir(model), skip_tokenizer_init=True, attention_backend=backend,
                       speculative_config=dict(speculative) if speculative else None, max_model_len=4096)
-    config = args.create_engine_config()
+    with _cpu_config_check():
+        config = args.create_engine_config()
     mode = CUDAGraphMode[cudagraph_mode or default_cudagraph_mode()]
     compilation = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=mode)
     compilation.set_splitting_ops_for_v1(all2all_backend=config.parallel_config.all2all_backend)
@@ -126,6 +153,7 @@ class Resolution:
     capture_sizes: tuple[int, ...] = ()
     error: str | None = None
     dispatcher_modes: tuple[str, ...] = field(default_factory=tuple)
+    drafter: str | None = None  # vLLM 0.34: the drafter's draft-decode CUDAGraphMode name
 
 
 def kv_cache_spec(config: Any) -> Any:
@@ -143,7 +171,14 @@ def kv_cache_spec(config: Any) -> Any:
 
 
 def resolve(config: Any, backend: str, platform: str) -> Resolution:
-    """The builder's support level and ``GPUModelRunner._check_and_update_cudagraph_mode`` on ``platform``."""
+    """The builder's support level and the graph mode the installed vLLM resolves on ``platform``."""
+    if V2_RUNNER[release()]:
+        return _resolve_v2(config, backend, platform)
+    return _resolve_v1(config, backend, platform)
+
+
+def _resolve_v1(config: Any, backend: str, platform: str) -> Resolution:
+    """vLLM 0.33: ``GPUModelRunner._check_and_update_cudagraph_mode``."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -171,3 +206,109 @@ def resolve(config: Any, backend: str, platform: str) -> Resolution:
         return Resolution(support=support, mode=recorded[-1] if recorded else mode.name,
                           capture_sizes=tuple(config.compilation_config.cudagraph_capture_sizes or ()),
                           dispatcher_modes=tuple(recorded))
+
+
+#: Compute capabilities the arch check is executed on (``DeviceCapability(major, minor)``).
+ARCH_CHECKED = ((7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1))
+
+
+@contextlib.contextmanager
+def _capability(major: int, minor: int) -> Iterator[None]:
+    """vLLM's platform reports ``major.minor`` (the rest of :func:`emulate` applies)."""
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    with mock.patch.object(type(current_platform), "get_device_capability",
+                           classmethod(lambda c, device_id=0: DeviceCapability(major, minor))):
+        yield
+
+
+def arch_refusals(backend: str, model: str) -> dict[tuple[int, int], str | None]:
+    """Per capability of :data:`ARCH_CHECKED`, why vLLM's backend selection refuses ``backend`` for
+    its arch (``None``: it does not): the class's ``supports_compute_capability`` (what
+    ``validate_configuration`` asks, v1/attention/backend.py:328-329), then its
+    ``supports_combination`` where that answer depends on the device (FlashMLA's dense kernels
+    ask for Hopper there). The compiled FlashMLA extension is absent here: it is assumed built,
+    as on a GPU; a combination answer that is the same on every capability is not about the arch."""
+    import torch
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from vllm.config import set_current_vllm_config
+
+    config = engine_config(backend, model)
+    # Imported as the CPU platform: under emulation its modules would import the CUDA-only
+    # vllm_flash_attn and fail, half-imported, for every later import too.
+    cls = AttentionBackendEnum[backend].get_class()
+    with emulate("cuda:sm90"), set_current_vllm_config(config), \
+            mock.patch("vllm.v1.attention.ops.flashmla._is_flashmla_available", lambda: (True, None)):
+        capability, combination = {}, {}
+        for major, minor in ARCH_CHECKED:
+            cap = DeviceCapability(major, minor)
+            with _capability(major, minor):
+                capability[(major, minor)] = cls.supports_compute_capability(cap)
+                try:
+                    combination[(major, minor)] = cls.supports_combination(
+                        config.model_config.get_head_size(), torch.bfloat16, None, None, model == "mla", False,
+                        cls.is_sparse(), False, cap)
+                except ImportError as exc:  # a kernel package absent here (b12x: cuda-python): not checked
+                    combination[(major, minor)] = f"not checked here: {exc}"
+    by_arch = len(set(combination.values())) > 1
+    return {cap: "compute capability not supported" if not capability[cap]
+            else combination[cap] if by_arch else None for cap in ARCH_CHECKED}
+
+
+def _resolve_v2(config: Any, backend: str, platform: str) -> Resolution:
+    """vLLM 0.34: the V2 runner's steps (``v1/worker/gpu/model_runner.py:724-829``) on one attention group."""
+    import types as _types
+
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.worker.gpu import attn_utils
+
+    with emulate(platform), set_current_vllm_config(config):
+        backend_cls = AttentionBackendEnum[backend].get_class()
+        spec = kv_cache_spec(config)
+        builder = backend_cls.get_builder_cls()
+        group = _types.SimpleNamespace(backend=backend_cls, kv_cache_spec=spec, layer_names=["layer"],
+                                       get_metadata_builder=lambda index=0: builder)
+        info = attn_utils.get_attn_cg_support([[group]], config)
+        support = builder.get_cudagraph_support(config, spec).name
+        speculative = config.speculative_config
+        query_len = 1 + (speculative.num_speculative_tokens if speculative else 0)
+        compilation = config.compilation_config
+        try:
+            mode = compilation.resolve_cudagraph_mode_and_sizes(
+                info.min_cg_support, info.min_cg_attn_backend, query_len, kv_cache_config=None,
+                max_num_reqs=config.scheduler_config.max_num_seqs, piecewise_capture_available=True)
+        except ValueError as exc:
+            return Resolution(support=support, error=f"ValueError: {exc}")
+        autoregressive = speculative is not None and speculative.method not in NOT_AUTOREGRESSIVE
+        drafter = _drafter_mode(config, mode) if autoregressive else None
+        return Resolution(support=support, mode=mode.name,
+                          capture_sizes=tuple(compilation.cudagraph_capture_sizes or ()), drafter=drafter)
+
+
+#: Speculative methods without an autoregressive draft model (no draft decodes to capture).
+NOT_AUTOREGRESSIVE = ("ngram", "ngram_gpu", "suffix")
+
+
+def _drafter_mode(config: Any, mode: Any) -> str:
+    """The draft-decode graph mode vLLM 0.34's autoregressive drafter takes for the target's ``mode``:
+    its own ``init_cudagraph_manager`` (spec_decode/autoregressive/speculator.py:36-52), on a
+    speculator made by ``object.__new__`` with the graph manager replaced by a recorder."""
+    from vllm.v1.worker.gpu.spec_decode.autoregressive import speculator
+
+    probe = type("Probe", (speculator.AutoRegressiveSpeculator,), {})
+    probe.__abstractmethods__ = frozenset()  # type: ignore[attr-defined]
+    drafter = object.__new__(probe)
+    drafter.vllm_config, drafter.device, drafter.max_num_reqs = config, "cpu", config.scheduler_config.max_num_seqs
+    recorded: list[str] = []
+
+    def manager(vllm_config: Any, device: Any, decode_mode: Any, **kwargs: Any) -> Any:
+        recorded.append(decode_mode.name)
+        return None
+
+    with mock.patch.object(speculator, "SpeculatorCudaGraphManager", manager):
+        drafter.init_cudagraph_manager(mode)
+    return recorded[-1]

@@ -1,6 +1,7 @@
-"""attnhal's vLLM plugin inside vLLM 0.33.0: loaded by vLLM's own ``load_general_plugins()`` from the
-entry point installed in this environment, then vLLM's real ``_check_and_update_cudagraph_mode``
-executed as in ``test_vllm_executed.py`` (emulated SM90/SM100)."""
+"""attnhal's vLLM plugin inside vLLM 0.33.0 or 0.34.0: loaded by vLLM's own ``load_general_plugins()``
+from the entry point installed in this environment, then vLLM's real mode resolution executed as in
+``test_vllm_executed.py`` (emulated SM90/SM100): 0.33's ``_check_and_update_cudagraph_mode``, 0.34's
+V2-runner steps (``harness.resolve``)."""
 
 from __future__ import annotations
 
@@ -17,27 +18,39 @@ from entry_point_overlay import overlay
 import pytest
 from tier_summary import LINES as SUMMARY
 
-from attnhal.engines.vllm import plugin
+from attnhal.engines.vllm import plugin, startup
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+#: How the start-up graph report begins; the last loaded() block's reports are kept in REPORTS.
+REPORT = "attnhal: attnhal graph report: "
+REPORTS: list[str] = []
 
 
-def _target() -> tuple[type, str]:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+def _targets() -> list[tuple[Any, str]]:
+    """(owner, attribute) of every function the plugin wraps in the installed vLLM release."""
+    import importlib
 
-    return GPUModelRunner, plugin.TARGET[2]
+    out = []
+    for target in plugin.RELEASES[harness.release()]:
+        module = importlib.import_module(target.module)
+        out.append((getattr(module, target.owner) if target.owner else module, target.name))
+    return out
+
+
+def _target() -> tuple[Any, str]:
+    """The mode check (0.33) or the mode resolution (0.34): the wrapper every cell goes through."""
+    targets = _targets()
+    return targets[0] if len(targets) == 1 else targets[1]
 
 
 def _wrapped() -> bool:
-    cls, name = _target()
-    return bool(getattr(vars(cls)[name], "__attnhal_audit__", False))
+    return all(getattr(vars(owner)[name], "__attnhal_audit__", False) for owner, name in _targets())
 
 
-def _original() -> Any:
-    """vLLM's own method, under any wrapper of the plugin (vLLM itself loads its general plugins
+def _original(owner: Any, name: str) -> Any:
+    """vLLM's own function, under any wrapper of the plugin (vLLM itself loads its general plugins
     while it builds a config, so the tier process has the plugin before these tests load it)."""
-    cls, name = _target()
-    method = vars(cls)[name]
+    method = vars(owner)[name]
     while getattr(method, "__attnhal_audit__", False):
         method = method.__wrapped__
     return method
@@ -45,12 +58,13 @@ def _original() -> Any:
 
 @pytest.fixture(autouse=True, scope="module")
 def unwrapped() -> Iterator[None]:
-    """These tests compare vLLM with and without the plugin: vLLM's method unwrapped between loads."""
-    cls, name = _target()
-    current = vars(cls)[name]
-    setattr(cls, name, _original())
+    """These tests compare vLLM with and without the plugin: vLLM's functions unwrapped between loads."""
+    current = [(owner, name, vars(owner)[name]) for owner, name in _targets()]
+    for owner, name, _ in current:
+        setattr(owner, name, _original(owner, name))
     yield
-    setattr(cls, name, current)
+    for owner, name, function in current:
+        setattr(owner, name, function)
 
 
 @contextlib.contextmanager
@@ -59,8 +73,7 @@ def loaded(mode: str | None = None) -> Iterator[list[str]]:
     plugin allowed; yields the plugin's log lines; the wrapper and vLLM's load-once flag undone after."""
     from vllm import plugins
 
-    cls, name = _target()
-    original = _original()
+    originals = [(owner, name, _original(owner, name)) for owner, name in _targets()]
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
@@ -75,15 +88,18 @@ def loaded(mode: str | None = None) -> Iterator[list[str]]:
     else:
         os.environ[plugin.ENV_VAR] = mode
     plugins.plugins_loaded = False
+    startup._REPORTED.clear()  # a fresh server: the graph report comes once, with the first resolution
     lines: list[str] = []
     try:
         with overlay():  # this clone's entry points, whoever reinstalled the shared environment last
             plugins.load_general_plugins()
         yield lines
     finally:
-        lines.extend(r.getMessage() for r in records)
+        lines.extend(r.getMessage() for r in records if not r.getMessage().startswith(REPORT))
+        REPORTS[:] = [r.getMessage() for r in records if r.getMessage().startswith(REPORT)]
         plugins.plugins_loaded = False
-        setattr(cls, name, original)
+        for owner, name, original in originals:
+            setattr(owner, name, original)
         logger.removeHandler(handler)
         logger.setLevel(level)
         for var, value in old.items():
@@ -124,18 +140,18 @@ def test_load_general_plugins_wraps_the_mode_check_once_and_off_does_not() -> No
         assert not _wrapped()
 
 
-def test_another_vllm_release_audits_said_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An untested release: the plugin audits (its only mode), and one warning says the release is untested."""
+def test_another_vllm_release_gets_one_warning_and_no_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An untested release: the plugin knows no code of it to hook; one warning per process says so."""
     from attnhal.engines import plugin_gate
 
     monkeypatch.setattr(plugin, "installed_vllm", lambda: "0.99.0")
     monkeypatch.setattr(plugin_gate, "_said", set())
     with loaded() as lines:
-        assert _wrapped()
+        assert not _wrapped()
     with loaded() as again:
-        assert _wrapped()
-    assert lines == ["attnhal: vLLM 0.99.0 is installed; attnhal's plugin is tested against vLLM 0.33.0: it audits "
-                     "only (ATTNHAL_VLLM=off silences this)"]
+        assert not _wrapped()
+    assert lines == ["attnhal: vLLM 0.99.0 is installed; attnhal's plugin is tested against vLLM 0.33.0, 0.34.0: it "
+                     "stays off (ATTNHAL_VLLM=off silences this)"]
     assert again == []
 
 
@@ -156,6 +172,25 @@ def test_flashinfer_with_speculation_on_sm90_names_the_downgrade_and_its_cause()
     assert len(lines) == 5, lines
     SUMMARY.append("vLLM plugin, FLASHINFER + ngram (3 tokens), SM90:")
     SUMMARY.extend(f"  {line}" for line in lines)
+
+
+def test_the_report_comes_once_per_server_and_strict_refuses_the_flashinfer_downgrade() -> None:
+    from attnhal.engines.report import StrictRefusal
+
+    with loaded():
+        _resolve("FLASHINFER", "mha", NGRAM, "cuda:sm90")
+        _resolve("TRITON_ATTN", "mha", NGRAM, "cuda:sm90")
+    assert len(REPORTS) == 1, REPORTS
+    rows = REPORTS[0].removeprefix("attnhal: ").splitlines()
+    assert rows[0] == "attnhal graph report: vLLM on cuda:sm90"
+    assert [row.split()[0] for row in rows[2:]] == ["decode", "prefill+decode", "target_verify"]
+    assert all("  piecewise  " in row for row in rows[2:]), rows  # after the sizes ("1..512 (51 sizes)")
+    SUMMARY.append("vLLM plugin, FLASHINFER + ngram (3 tokens), SM90, the start-up graph report:")
+    SUMMARY.extend(f"  {row}" for row in rows)
+    with loaded("strict"):
+        with pytest.raises(StrictRefusal, match="ATTNHAL_VLLM=strict refuses to start: attnhal plans decode"):
+            _resolve("FLASHINFER", "mha", NGRAM, "cuda:sm90")
+        assert _resolve("TRITON_ATTN", "mha", NGRAM, "cuda:sm90").mode == "FULL_AND_PIECEWISE"  # agrees: starts
 
 
 def test_a_mode_vllm_refuses_is_explained_and_still_refused() -> None:

@@ -1,18 +1,21 @@
-"""attnhal's vLLM adapter against vLLM 0.33.0's own graph-mode code, executed.
+"""attnhal's vLLM adapter against vLLM's own graph-mode code (0.33.0 or 0.34.0), executed.
 
 Grid: every catalogued CUDA backend whose metadata builder imports on CPU x the model config
 it serves (MHA / MLA) x no speculation, ngram, eagle (3 speculative tokens) x requested
 cudagraph_mode {vLLM's default, FULL, FULL_DECODE_ONLY, PIECEWISE} x emulated SM90 / SM100.
-Per cell: the builder's ``AttentionCGSupport`` (``get_cudagraph_support``) against the
-catalogue's ``meta.cg_support``, and the mode vLLM resolves (or its error) against
-``attnhal.engines.vllm.from_engine_args``. ``RULES`` explains every difference (see
-``tests/helpers/sglang_expected.py`` for the two kinds).
+Per cell: whether vLLM's backend selection refuses the backend for the arch
+(``harness.arch_refusals``) against an ``[arch]`` reason in attnhal's plan; where neither
+refuses, the builder's ``AttentionCGSupport`` (``get_cudagraph_support``) against the
+catalogue's ``meta.cg_support``, the mode vLLM resolves (or its error) against
+``attnhal.engines.vllm.from_engine_args``, and on 0.34 the drafter's draft-decode mode against
+attnhal's plan of draft_decode. ``RULES`` explains every difference (see
+``tests/engines/sglang/expected.py`` for the two kinds).
 """
 
 from __future__ import annotations
 
 import collections
-import json
+import functools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,24 +24,17 @@ import harness
 from harness import NOT_REACHED
 import pytest
 from tier_summary import LINES as SUMMARY
+import vllm_recording
+from vllm_recording import Outcome, differences
 
 PLATFORMS = ("cuda:sm90", "cuda:sm100")
 MODES = (None, "FULL", "FULL_DECODE_ONLY", "PIECEWISE")  # None: vLLM's default
 SPECS = (None, "ngram", "eagle")
-SPEC_TOKENS = 3
+SPEC_TOKENS = vllm_recording.SPEC_TOKENS
 
 
-
-@dataclass(frozen=True)
-class Case:
-    backend: str
-    model: str
-    spec: str | None
-    mode: str | None
-    platform: str
-
-    def __str__(self) -> str:
-        return f"{self.platform}:{self.backend}:{self.model}:{self.spec or 'nospec'}:{self.mode or 'default'}"
+class Case(vllm_recording.Case):
+    """A grid cell (``vllm_recording.Case``) with vLLM's speculative config for it."""
 
     def speculative(self) -> dict[str, object] | None:
         if self.spec is None:
@@ -70,44 +66,20 @@ def cases() -> Iterator[Case]:
                     yield Case(backend, model, spec, mode, platform)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    support: str | None
-    mode: str | None
-    error: str | None
-    sizes: tuple[int, ...] = ()
+@functools.cache
+def _arch_refusals(backend: str, model: str) -> dict[tuple[int, int], str | None]:
+    return harness.arch_refusals(backend, model)
 
 
 def engine_outcome(case: Case) -> Outcome:
+    refused = _arch_refusals(case.backend, case.model)[harness.CAPABILITIES[case.platform]] is not None
     config = harness.engine_config(case.backend, case.model, case.speculative(), case.mode)
     r = harness.resolve(config, case.backend, case.platform)
-    return Outcome(r.support, r.mode, r.error, r.capture_sizes)
+    return Outcome(r.support, r.mode, r.error, r.capture_sizes, refused, r.drafter)
 
 
 def attnhal_outcome(case: Case) -> Outcome:
-    from attnhal.engines import vllm
-
-    args: dict[str, object] = {"attention_backend": case.backend}
-    if case.spec is not None:
-        args["speculative_config"] = json.dumps({"method": case.spec, "num_speculative_tokens": SPEC_TOKENS})
-    if case.mode is not None:
-        args["compilation_config"] = json.dumps({"cudagraph_mode": case.mode})
-    # The harness answers FlashInfer's cubin check "no cubins": the same assumption, stated.
-    config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False)
-    r = config.resolution
-    assert config.level is not None
-    return Outcome(config.level.support.name, r.mode.value if r.mode else None, r.error)
-
-
-def differences(engine: Outcome, attnhal: Outcome) -> frozenset[str]:
-    out = set()
-    if engine.support != attnhal.support:
-        out.add(f"support: engine {engine.support}, catalogue {attnhal.support}")
-    if (engine.error is None) != (attnhal.error is None):
-        out.add("engine raises, attnhal resolves" if engine.error else "attnhal raises, engine resolves")
-    elif engine.mode != attnhal.mode:
-        out.add(f"mode: engine {engine.mode}, attnhal {attnhal.mode}")
-    return frozenset(out)
+    return vllm_recording.attnhal_outcome(case, harness.V2_RUNNER[harness.release()])
 
 
 @dataclass(frozen=True)
@@ -146,13 +118,15 @@ def _params() -> Iterator[object]:
 @pytest.fixture(scope="module")
 def outcomes() -> dict[Case, tuple[Outcome, Outcome]]:
     out = {case: (engine_outcome(case), attnhal_outcome(case)) for case in ALL}
-    SUMMARY.append(f"grid: {len(out)} cases; not reached here: " + ", ".join(sorted(NOT_REACHED)))
+    SUMMARY.append(f"grid (vLLM {harness.release()}): {len(out)} cases, "
+                   f"{sum(engine.refused for engine, _ in out.values())} refused for the arch by vLLM; "
+                   "not reached here: " + ", ".join(sorted(NOT_REACHED)))
     per: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for case, (engine, attnhal) in out.items():
         labels = differences(engine, attnhal)
         causes = sorted({r.cause for r in rules_for(case) for label in labels if r.explains(label)})
         per[case.backend][", ".join(causes) or ("agree" if not labels else "UNEXPLAINED")] += 1
-        per[case.backend][f"vLLM {engine.mode or 'raises'}"] += 1
+        per[case.backend]["refused (arch)" if engine.refused else f"vLLM {engine.mode or 'raises'}"] += 1
     for backend, counts in sorted(per.items()):
         SUMMARY.append(f"  {backend:22} " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
     return out
@@ -190,3 +164,16 @@ def test_flashinfer_with_speculation_on_sm90_resolves_piecewise_in_vllms_code() 
                                                          "prompt_lookup_max": 3, "prompt_lookup_min": 1})
     r = harness.resolve(config, "FLASHINFER", "cuda:sm90")
     assert (r.support, r.mode) == ("UNIFORM_SINGLE_TOKEN_DECODE", "PIECEWISE"), r
+
+
+def test_the_recording_is_what_vllm_decides(outcomes: dict[Case, tuple[Outcome, Outcome]]) -> None:
+    """``tests/engines/recorded/vllm-RELEASE.jsonl`` holds this release's decisions, checked in the main
+    suite (``tests/engines/test_vllm_grid.py``); ``ATTNHAL_RECORD=1`` writes it."""
+    import os
+
+    release = harness.release()
+    engine = [(vllm_recording.Case(*(getattr(c, f) for f in vllm_recording.CASE_FIELDS)), e)
+              for c, (e, _) in outcomes.items()]
+    if os.environ.get("ATTNHAL_RECORD") == "1":
+        vllm_recording.write(release, engine)
+    assert vllm_recording.load(release) == {c: vllm_recording.kept(e) for c, e in engine}
