@@ -90,7 +90,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"  vendor={p.vendor.value} arch={p.arch} warp_size={p.warp_size} fp8={p.fp8_flavor.value} "
           f"graph_api={yes_no(p.has_graph_api)} graph_kind={p.graph_kind.value} device={p.torch_device}")
     print(f"triton: {triton_info()}")
-    print("\nengines:\n" + table(("engine", "supported", "installed", "attnhal's plugin"), engine_rows()))
     rows = [(name, "available" if b["available"] else "unavailable",
              "; ".join(f"[{r['code']}] {r['message']}" for r in b["reasons"]) or "-", b["source"])
             for name, b in backends.items()]
@@ -99,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             for name, b in backends.items() if b["capabilities"] is not None]
     print("\ncapabilities:\n" + table(("name", "vendors", "phases", "graph", "multi_step", "dtypes",
                                        "head_sizes", "features"), caps))
-    print("\nengines (the plugins audit only on a release not listed as supported):\n"
+    print("\nengines (what each plugin does on a release not listed as supported: its status):\n"
           + table(("engine", "supported", "installed", "status"),
                   [(e.engine, ", ".join(e.supported), e.installed or "-", e.status) for e in engines]))
     if builds is not None:

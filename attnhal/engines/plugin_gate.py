@@ -61,7 +61,7 @@ def plugin_mode(engine: str, version: str | None, supported: Sequence[str], mode
         return None
     if first:
         does = "it audits only" if other == AUDIT else "it stays off"
-        needs = "" if mode == other else f"{var}={mode} needs a tested release; "
+        needs = "" if other is None or mode == other else f"{var}={mode} needs a tested release; "
         log.warning("attnhal: %s %s is installed; attnhal's plugin is tested against %s %s: %s "
                     "(%s%s=off silences this)", engine, version, engine, ", ".join(supported), does, needs, var)
     return other

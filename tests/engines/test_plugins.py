@@ -354,13 +354,16 @@ def test_vllm_strict_refuses_where_attnhals_reading_captures_decode_and_vllms_do
 
 def test_another_vllm_release_is_said_once_with_the_supported_ones(monkeypatch: pytest.MonkeyPatch,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    from attnhal.engines import plugin_gate
+
     monkeypatch.setattr(vllm_plugin, "installed_vllm", lambda: "0.35.0")
+    monkeypatch.setattr(plugin_gate, "_said", set())
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delenv(vllm_plugin.ENV_VAR, raising=False)
     with caplog.at_level(logging.INFO, logger=vllm_plugin.LOGGER):
         vllm_plugin.register()
-    assert caplog.messages == ["attnhal: vLLM 0.35.0 is installed; attnhal's plugin hooks vLLM 0.33.0, 0.34.0 only: "
-                               "it stays off (ATTNHAL_VLLM=off silences this)"]
+    assert caplog.messages == ["attnhal: vLLM 0.35.0 is installed; attnhal's plugin is tested against vLLM 0.33.0, "
+                               "0.34.0: it stays off (ATTNHAL_VLLM=off silences this)"]
     assert not any(type(f).__name__ == "_WrapOnImport" for f in sys.meta_path)
 
 

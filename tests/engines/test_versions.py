@@ -49,7 +49,7 @@ def test_plugin_mode_is_one_rule_for_both_plugins(caplog: pytest.LogCaptureFixtu
 def test_info_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info", "--platform", "cuda:sm90"]) == 0
     out = capsys.readouterr().out
-    assert "engines (the plugins audit only on a release not listed as supported):" in out
+    assert "engines (what each plugin does on a release not listed as supported: its status):" in out
     assert any(line.split()[:2] == ["sglang", "0.5.23"] for line in out.splitlines())
     assert main(["info", "--platform", "cuda:sm90", "--json"]) == 0
     engines = json.loads(capsys.readouterr().out)["engines"]

@@ -1,7 +1,7 @@
 """attnhal's vLLM adapter against vLLM 0.33.0's and 0.34.0's executed decisions, without vLLM installed.
 
 Each vLLM tier executes the release's own graph-mode code over its grid and keeps the recording
-of what it decided current (``tests/engines/recorded/vllm-RELEASE.jsonl``,
+of what it decided current (``tests/engines/recorded/vllm-<release>.jsonl``,
 ``tests/helpers/vllm_recording.py``); here the adapter's outcome of every recorded cell — the
 arch refusal, the builder's level, the resolved mode or refusal and, on 0.34, the drafter's
 mode — is compared with it. No difference is catalogued for vLLM: every cell must agree.

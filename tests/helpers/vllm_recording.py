@@ -86,10 +86,10 @@ def attnhal_outcome(case: Case, drafter_modelled: bool) -> Outcome:
         args["speculative_config"] = json.dumps({"method": case.spec, "num_speculative_tokens": SPEC_TOKENS})
     if case.mode is not None:
         args["compilation_config"] = json.dumps({"cudagraph_mode": case.mode})
-    config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False)
+    config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False, model=case.model)
     r = config.resolution
     assert config.level is not None
-    plan = config.plan(case.platform, case.model)
+    plan = config.plan(case.platform)
     refused = any(reason.code == "arch" for decision in plan.phases.values() for reason in decision.reasons)
     drafter = None
     if drafter_modelled and case.spec == "eagle":

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from attnhal.engines.report import GraphRow, StrictRefusal, format_report, sizes_text
 from attnhal.engines.sglang.audit import PhaseAudit, Verdict, attnhal_verdict
 from attnhal.engines.sglang.audit import SHOWN, Direction, EngineDiffers, Explanation
-from attnhal.engines.sglang.resolution import DRAFT_EXTEND_GRAPH_OFF
+from attnhal.engines.sglang.env import DRAFT_EXTEND_GRAPH_OFF
 from attnhal.phases import Phase
 from attnhal.planner import GraphPlan, GraphPolicy, PhasePlan
 from attnhal.reasons import ReasonCode

@@ -21,6 +21,7 @@ from attnhal.errors import InvalidValue
 from attnhal.engines.sglang.flags import (ALGORITHMS, DTYPES, FIELD_FLAGS, FLAGS, HARMLESS, KV_CACHE_DTYPES,
                                           SGLANG_VERSION)
 from attnhal.engines.sglang.defaults import base_backend, needs_default
+from attnhal.engines.sglang.env import BOOL_ENV, DRAFT_EXTEND_GRAPH_OFF, SINGLE_GRAPH_DRAFT, env_bool
 from attnhal.engines.sglang.pages import DEFAULT_PAGE_SIZE, PageSize, model_note, resolve_page_size
 from attnhal.phases import Phase, phases_run
 from attnhal.planner import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, phase_roles
@@ -35,16 +36,6 @@ __all__ = ["BOOL_ENV", "DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAP
 _EXTEND_ON = {"cutedsl_mla": "trtllm_mla"}
 #: attnhal's capture limit when SGLang's is not given (SGLang sizes it from GPU memory).
 DEFAULT_MAX_BS = 32
-#: The environment variable that turns the draft-extend graph off (environ.py; eagle_worker_v2.py:627).
-DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
-#: Multi-layer EAGLE's one-graph draft extend (environ.py: ``EnvBool(True)``).
-SINGLE_GRAPH_DRAFT = "SGLANG_ENABLE_SINGLE_CG_DRAFT"
-#: Every SGLang environment variable attnhal reads, with SGLang's default (``environ.py:1587``:
-#: ``EnvBool(False)``). SGLang reads them through ``EnvBool.get`` (``environ.py:67-86, 143-150``).
-BOOL_ENV: Mapping[str, bool] = {DRAFT_EXTEND_GRAPH_OFF: False, SINGLE_GRAPH_DRAFT: True}
-#: ``EnvBool.parse``: the lower-cased value in one of these; anything else (an empty string,
-#: padding, "on") is invalid and SGLang warns and takes the default.
-_TRUE, _FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
 
 
 @dataclass(frozen=True)
@@ -218,23 +209,6 @@ def capture_sizes(max_bs: int, speculative: bool, padding: bool = True) -> tuple
     else:
         sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
     return tuple(sorted({b for b in sizes if b <= max_bs} | {max_bs}))
-
-
-def env_bool(env: Mapping[str, str], name: str) -> bool:
-    """``env[name]`` as SGLang 0.5.23 reads it (``EnvBool``): unset or invalid -> the default.
-
-    ``name`` must be one of :data:`BOOL_ENV`: a variable SGLang reads otherwise (its older
-    ``get_bool_env_var`` takes only true/1) would need its own rule here.
-    """
-    if name not in BOOL_ENV:
-        raise InvalidValue("name", name, ", ".join(BOOL_ENV))
-    raw = env.get(name)
-    value = raw.lower() if raw is not None else None
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    return BOOL_ENV[name]
 
 
 def _policy(values: Mapping[str, Any], env: Mapping[str, str], spec: SpecConfig) -> GraphPolicy:

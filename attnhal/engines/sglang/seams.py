@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from attnhal.engines.sglang.resolution import DRAFT_EXTEND_GRAPH_OFF, SINGLE_GRAPH_DRAFT, env_bool
+from attnhal.engines.sglang.env import DRAFT_EXTEND_GRAPH_OFF, SINGLE_GRAPH_DRAFT, env_bool
 from attnhal.errors import InvalidValue
 from attnhal.platform import Platform, Vendor
 

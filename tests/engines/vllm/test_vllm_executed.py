@@ -9,7 +9,7 @@ refuses, the builder's ``AttentionCGSupport`` (``get_cudagraph_support``) agains
 catalogue's ``meta.cg_support``, the mode vLLM resolves (or its error) against
 ``attnhal.engines.vllm.from_engine_args``, and on 0.34 the drafter's draft-decode mode against
 attnhal's plan of draft_decode. ``RULES`` explains every difference (see
-``tests/engines/sglang/expected.py`` for the two kinds).
+``tests/helpers/sglang_expected.py`` for the two kinds).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def test_flashinfer_with_speculation_on_sm90_resolves_piecewise_in_vllms_code() 
 
 
 def test_the_recording_is_what_vllm_decides(outcomes: dict[Case, tuple[Outcome, Outcome]]) -> None:
-    """``tests/engines/recorded/vllm-RELEASE.jsonl`` holds this release's decisions, checked in the main
+    """``tests/engines/recorded/vllm-<release>.jsonl`` holds this release's decisions, checked in the main
     suite (``tests/engines/test_vllm_grid.py``); ``ATTNHAL_RECORD=1`` writes it."""
     import os
 
