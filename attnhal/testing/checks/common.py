@@ -18,6 +18,7 @@ from attnhal.backend import ForwardBatch, KVPool
 from attnhal.capabilities import Tolerance
 from attnhal.testing.cases import Case, CaseRecipe
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
+from attnhal.testing.checks.coverage import note
 from attnhal.testing.checks.target import Target
 from attnhal.testing.oracle import real_tokens, store
 
@@ -35,6 +36,7 @@ def run_examples(target: Target, name: str, strategy: st.SearchStrategy[Any], fi
     count = [0]
 
     def test(case: Any) -> None:
+        note(case)
         body(case)
         count[0] += 1
 
