@@ -64,8 +64,10 @@ def test_row_state_reuse_shows_only_when_requests_move() -> None:
     backend = ReusesRowState(case.config, case.pool)
     set_debug(False)  # debug validation would refuse the stale table before it is read
     try:
-        for derived, wrong in ((case, False), (select_rows(case, [1, 0]), False), (move_requests(case), True)):
-            ref = reference_forward(derived.q, derived.k, derived.v, 0, derived.batch, derived.pool,
+        for make, wrong in ((lambda: case, False), (lambda: select_rows(case, [1, 0]), False),
+                            (lambda: move_requests(case), True)):  # moved only once the others ran
+            derived = make()
+            ref = reference_forward(derived.q, derived.k, derived.v, derived.layer, derived.batch, derived.pool,
                                     case.config.sm_scale)
             backend.init_forward_metadata(derived.batch)
             out = backend.forward(derived.q, derived.k, derived.v, derived.layer, derived.batch).double()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -72,9 +73,10 @@ def check_layer_pattern(target: Target, claim: Claim) -> tuple[str, int]:
     return f"{LAYERS} layers through one batch's metadata, every claimed phase ({shown}{scales}); {count} forwards", count
 
 
-def _pattern_fields(target: Target) -> dict[str, object]:
+def _pattern_fields(target: Target) -> dict[str, Any]:
     """Recipe fields of every claimed per-layer feature at once."""
-    caps, out = target.caps, {}
+    caps = target.caps
+    out: dict[str, Any] = {}
     if Feature.SLIDING_WINDOW in caps.features:
         out["sliding_window"] = WINDOWS
     if Feature.SINKS in caps.features:
@@ -148,7 +150,7 @@ def check_scale_edges(target: Target, claim: Claim) -> tuple[str, int]:
 def _long_cases(target: Target, phase: Phase) -> list[tuple[str, CaseRecipe]]:
     """A context past 2^16 in ``phase``; when thorough, a prefill extend past 4096 new tokens
     where prefill is claimed."""
-    few = {"num_q_heads": 2, "num_kv_heads": 1}
+    few: dict[str, Any] = {"num_q_heads": 2, "num_kv_heads": 1}
     out = [(f"context {LONG_CONTEXT}", replace(at_lengths(_base(target, phase), (LONG_CONTEXT,)), **few))]
     if Phase.PREFILL in target.caps.phases and target.thorough:  # its fp64 reference alone takes seconds
         extend = at_lengths(_base(target, Phase.PREFILL), (LONG_EXTEND + 3,), (LONG_EXTEND,))

@@ -108,7 +108,8 @@ def _same_rows(claim: Claim, recipe: CaseRecipe, first: torch.Tensor, case: Case
                rows: list[int], how: str) -> None:
     """Row ``j`` of ``got`` (row ``rows[j]`` of ``case``) is bitwise its output in ``first``."""
     per_row = row_tokens(case.batch)
-    ext = case.batch.extend_lens.tolist() if recipe.phase is Phase.DRAFT_EXTEND else None
+    lens = case.batch.extend_lens
+    ext = lens.tolist() if recipe.phase is Phase.DRAFT_EXTEND and lens is not None else None
     start = 0
     for j, r in enumerate(rows):
         real = per_row[r][:ext[r]] if ext is not None else per_row[r]
