@@ -132,5 +132,5 @@ def acceptance_cases(base: CaseRecipe, max_draft_tokens: int | None = None) -> l
 
 def size_cases(base: CaseRecipe, largest: int) -> list[CaseRecipe]:
     """``base`` at batch size 1 and at ``largest`` requests of mixed lengths."""
-    lens = tuple(5 + 11 * i for i in range(largest))
+    lens = tuple(3 + 5 * i for i in range(largest))
     return [at_lengths(base, (12,)), replace(at_lengths(base, lens), seed=base.seed + 5)]
