@@ -22,7 +22,6 @@ from dataclasses import replace
 import torch
 
 from attnhal.backend import ForwardBatch
-from attnhal.phases import Phase
 from attnhal.testing.cases.build import Case
 from attnhal.testing.oracle import query_tokens
 
@@ -83,8 +82,3 @@ def move_requests(case: Case, shift: int = 1) -> Case:
     reqs = torch.tensor([moved[r] for r in batch.req_pool_indices.tolist()], dtype=batch.req_pool_indices.dtype,
                         device=batch.req_pool_indices.device)
     return replace(case, batch=replace(batch, req_pool_indices=reqs))
-
-
-def is_uniform(phase: Phase) -> bool:
-    """Whether every row of ``phase`` has the same number of query tokens."""
-    return phase is not Phase.PREFILL
