@@ -1,7 +1,8 @@
 """The engine catalogue: descriptors of real engines' attention backends, shipped as data.
 
-Each file ``attnhal/catalog/<engine>/<name>.toml`` is an ordinary descriptor file
-(see ``docs/descriptors.md``) plus one ``[catalog]`` table with what the catalogue
+Each engine adapter (:mod:`attnhal.engines.registry`) may name a package whose folder holds
+its catalogue (``attnhal/catalog/<engine>/<name>.toml`` for SGLang and vLLM). Each file is an
+ordinary descriptor file (see ``docs/descriptors.md``) plus one ``[catalog]`` table with what the catalogue
 itself needs: the engine release it describes and a one-line summary. Every claim
 in a file carries a comment citing ``path.py:LINE`` of that release. The
 descriptor says what the backend *can* do; where the engine's own code decides
@@ -15,7 +16,7 @@ implementation here: they are descriptors to plan with, not backends to run.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -24,6 +25,7 @@ from typing import Any
 
 from attnhal.capabilities import BackendCapabilities
 from attnhal.capabilities.files import DescriptorError, parse_descriptor
+from attnhal.engines import registry
 from attnhal.errors import AttnhalError
 
 if sys.version_info >= (3, 11):
@@ -33,8 +35,34 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 __all__ = ["ENGINES", "CatalogEntry", "CatalogError", "Citation", "citations", "entries", "is_catalog_name", "load"]
 
-#: Engines with a catalogue directory, and the release each one describes.
-ENGINES = MappingProxyType({"sglang": "0.5.23", "vllm": "0.33.0"})
+
+class _Engines(Mapping[str, str]):
+    """Engine name -> the release its catalogue describes, for each registered adapter that names
+    a catalogue. Read on use: listing it loads the adapters, importing this module does not."""
+
+    def _found(self) -> dict[str, str]:
+        return {a.name: a.version for a in registry.adapters() if a.catalog is not None}
+
+    def __getitem__(self, name: str) -> str:
+        if name not in registry.names():
+            raise KeyError(name)
+        adapter = registry.get(name)
+        if adapter.catalog is None:
+            raise KeyError(name)
+        return adapter.version
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._found())
+
+    def __len__(self) -> int:
+        return len(self._found())
+
+    def __repr__(self) -> str:
+        return f"ENGINES({self._found()!r})"
+
+
+#: Engines with a catalogue, and the release each one describes (from the registered adapters).
+ENGINES: Mapping[str, str] = _Engines()
 
 #: Keys of the ``[catalog]`` table. ``meta`` holds engine-specific facts the adapters read.
 _CATALOG_KEYS = ("engine", "version", "summary", "meta")
@@ -67,12 +95,15 @@ def is_catalog_name(name: str) -> bool:
 
 
 def _files(engine: str) -> dict[str, Any]:
-    folder = resources.files(__name__) / engine
+    package = registry.get(engine).catalog
+    if package is None:
+        raise CatalogError(f"engine={engine} has no catalogue (supported: {', '.join(ENGINES)})")
+    folder = resources.files(package)
     return {f.name.removesuffix(".toml"): f for f in folder.iterdir() if f.name.endswith(".toml")}
 
 
 def _parse(engine: str, name: str, text: str) -> CatalogEntry:
-    where = f"attnhal/catalog/{engine}/{name}.toml"
+    where = f"{str(registry.get(engine).catalog).replace('.', '/')}/{name}.toml"
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -13,10 +13,10 @@ from typing import Any
 
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import bounded, choice
-from attnhal.cli.engine import OWN_FLAGS, engine_message, split_own_flags
+from attnhal.cli.engine import engine_message, own_flags, split_own_flags
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import print_json
-from attnhal.engines import ENGINES, advise
+from attnhal.engines import ENGINES, advise, registry
 from attnhal.engines.advice import PRIORITY, Advice, Option
 from attnhal.engines.flags import EngineArgError
 
@@ -42,13 +42,14 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Exit 0 with advice (the best flags: the user's or others), 1 when no flag set the engine takes is left."""
     try:
-        given, argv = split_own_flags(args.engine_args)
-        own = {name: given.get(name) or getattr(args, name.replace("-", "_"), None) for name in OWN_FLAGS}
+        names = own_flags(registry.get(args.engine))  # another engine's own flag reaches the parser: refused
+        given, argv = split_own_flags(args.engine_args, names)
+        own = {name: given.get(name) or getattr(args, name.replace("-", "_"), None) for name in names}
         advice = _advise(args, own, argv)
     except EngineArgError as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:
-        raise UsageError(engine_message(args.engine, str(exc), args.engine_args)) from None
+        raise UsageError(engine_message(args.engine, exc, args.engine_args)) from None
     if args.json:
         print_json(advice.to_dict())
     else:

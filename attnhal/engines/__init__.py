@@ -1,14 +1,19 @@
 """Engine adapters: an engine's own vocabulary in, attnhal's plan inputs out.
 
+- :mod:`attnhal.engines.base`: the contract (:class:`~attnhal.engines.base.EngineAdapter`) and the one
+  record every adapter resolves to (:class:`~attnhal.engines.base.EngineConfig`).
+- :mod:`attnhal.engines.registry`: the adapters registered in the ``attnhal.engines`` entry-point group.
 - :mod:`attnhal.engines.sglang`: SGLang server arguments -> spec, roles, policy, context -> plan.
 - :mod:`attnhal.engines.vllm`: descriptors <-> vLLM's ``AttentionCGSupport`` levels and graph modes.
 - :mod:`attnhal.engines.flags`: what both share: one table of modelled flags, one set of harmless ones.
 - :mod:`attnhal.engines.advice`: :func:`advise`'s answer (options, their rank), for any engine.
 
-One package per engine: ``flags`` (the engine's vocabulary), ``resolution`` (what the
-engine's own code decides from it), ``plan``, ``advice``. Neither imports its engine: they work
-from plain dicts, namespaces and names. This package imports no adapter itself (:func:`advise`
-loads the one asked for), so ``import attnhal.engines.vllm`` loads nothing of SGLang's.
+One package per engine, in a fixed layout: ``flags`` (the engine's vocabulary), ``resolution``
+(what the engine's own code decides from it), ``plan`` (the adapter); optionally ``executed``,
+``audit``, ``plugin``, ``kit``, ``advice`` (``docs/engine.md``). None imports its engine at
+module level: they work from plain dicts, namespaces and names. This package imports no adapter
+itself (:func:`advise` loads the one asked for), so ``import attnhal.engines.vllm`` loads nothing
+of SGLang's.
 """
 
 from __future__ import annotations

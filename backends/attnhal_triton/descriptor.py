@@ -9,7 +9,7 @@ from attnhal.registry import BackendPlugin
 
 __all__ = ["CAPABILITIES", "PLUGIN"]
 
-#: Every claim here is checked by ``tests/test_triton_*.py`` under the interpreter
+#: Every claim here is checked by ``backends/attnhal_triton/tests/test_*.py`` under the interpreter
 #: and the CPU graph emulator, and by the cross-target compile check.
 CAPABILITIES = BackendCapabilities(
     name="triton",

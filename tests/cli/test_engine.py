@@ -58,10 +58,10 @@ def test_flags_at_their_defaults_beside_engine_are_not_mixed(capsys):
     assert '"engine": "sglang"' in capsys.readouterr().out
 
 
-SGLANG_NAMES = ("DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "FLAGS", "HARMLESS", "SGLANG_VERSION",
-                "EngineArgError", "EngineConfig", "PageSize", "capture_sizes", "from_server_args", "parse_cli",
+SGLANG_NAMES = ("ADAPTER", "DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "FLAGS", "HARMLESS", "SGLANG_VERSION",
+                "EngineArgError", "SglangConfig", "PageSize", "capture_sizes", "from_server_args", "parse_cli",
                 "plan_server_args", "resolve_page_size", "roles")
-VLLM_NAMES = ("FLAGS", "HARMLESS", "VLLM_VERSION", "CGSupport", "EngineArgError", "GraphMode", "ModeResolution",
+VLLM_NAMES = ("ADAPTER", "FLAGS", "HARMLESS", "VLLM_VERSION", "CGSupport", "EngineArgError", "GraphMode", "ModeResolution",
               "VllmConfig", "Level", "catalog_support", "descriptor_for_level", "from_engine_args", "min_support",
               "parse_cli", "resolve_mode", "support_level", "support_on")
 

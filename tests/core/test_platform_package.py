@@ -11,7 +11,7 @@ import attnhal.platform as platform
 from attnhal.platform import Platform, Vendor, as_platform, current, parse
 from repo import ROOT
 
-#: Every public name the single-module attnhal/platform.py had.
+#: Every public name the single module ``attnhal.platform`` had (before it became a package).
 OLD_NAMES = ("ArchFacts", "ArchKey", "ArchSet", "ENV_VAR", "Fp8Flavor", "GraphKind", "Platform", "PlatformSpecError",
              "UnknownArchWarning", "VENDORS", "Vendor", "VendorRow", "arch_at_least", "arch_sets", "current",
              "detect", "normalize_arch", "parse")

@@ -19,9 +19,8 @@ from repo import ROOT
 from attnhal import catalog
 from attnhal.engines import sglang
 from attnhal.engines.sglang import classes, plugin
-from attnhal.engines.sglang.audit import PhaseAudit, Verdict, audit, descriptor_limit
-from attnhal.engines.sglang.differs import RULES, engine_differs
-from attnhal.engines.sglang.discrepancies import LATE_FAILURE, SHOWN, Direction, explain
+from attnhal.engines.sglang.audit import (LATE_FAILURE, RULES, SHOWN, Direction, PhaseAudit, Verdict, audit,
+                                          descriptor_limit, engine_differs, explain)
 from attnhal.engines.vllm import plugin as vllm_plugin
 from attnhal.engines.vllm.audit import GroupLevel, audit_mode
 from attnhal.engines.vllm.resolution import CGSupport, GraphMode
@@ -279,9 +278,9 @@ def test_the_start_up_line_names_flags_that_capture_every_phase(monkeypatch: pyt
 @pytest.mark.parametrize("worker,platform,says", [
     (_worker(extend="my_platform.attention.Mystery"), "hip:gfx942", "draft_extend backend class=my_platform"),
     (_worker(kv_cache_dtype="mxfp8"), "hip:gfx942", "server argument --kv-cache-dtype='mxfp8' (supported: "),
-    (_worker(steps=100), "hip:gfx942", "server argument --speculative-num-steps: num_steps=100 (supported: 1..64)"),
+    (_worker(steps=100), "hip:gfx942", "server argument --speculative-num-steps=100 (supported: 1..64)"),
     (types.SimpleNamespace(**{**vars(_worker()), "speculative_num_steps": 100}), "hip:gfx942",  # an adaptive state
-     "server argument --speculative-num-steps: num_steps=100 (supported: 1..64)"),
+     "server argument --speculative-num-steps=100 (supported: 1..64)"),
     (_worker(), "cpu", "platform=cpu has no device graphs here"),
 ])
 def test_what_attnhal_cannot_plan_is_said(worker: types.SimpleNamespace, platform: str, says: str,

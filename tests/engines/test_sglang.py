@@ -302,7 +302,7 @@ def test_page_size_follows_sglang_resolution(args: dict[str, object], platform: 
 
 
 def _differs(argv: list[str], platform: str, model: str | None = "mha") -> list[str]:
-    from attnhal.engines.sglang.differs import engine_differs
+    from attnhal.engines.sglang.audit import engine_differs
 
     config = sglang.from_server_args(sglang.parse_cli(argv), model=model)
     return [d.entry for d in engine_differs(config, platform)]
@@ -342,7 +342,7 @@ def test_engine_differs_notes_only_where_their_rule_applies(argv: list[str], pla
 
 def test_every_catalogued_engine_note_has_a_rule_and_a_docs_entry() -> None:
     from attnhal import catalog
-    from attnhal.engines.sglang.differs import RULES, entry_of
+    from attnhal.engines.sglang.audit import RULES, entry_of
     from repo import ROOT
 
     headings = set(re.findall(r"^### (D\d+)\b", (ROOT / "docs" / "catalog.md").read_text(encoding="utf-8"),
@@ -370,7 +370,7 @@ def test_cli_prints_and_reports_engine_differs_in_text_and_json(capsys: pytest.C
 
 
 def test_resolution_choice_says_which_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnhal.engines.sglang import engine_resolution as er
+    from attnhal.engines.sglang import executed as er
 
     monkeypatch.setattr(er, "importable", lambda: False)
     assert er.choose(None, True, "/m") == er.Choice("builtin", "SGLang is not importable")
@@ -387,7 +387,7 @@ def test_resolution_choice_says_which_and_why(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_cli_says_which_resolution_it_used(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnhal.engines.sglang import engine_resolution as er
+    from attnhal.engines.sglang import executed as er
 
     monkeypatch.setattr(er, "importable", lambda: False)  # as in the main suite's environment
     code, out, _ = run(capsys, "plan", "--engine", "sglang", *SEED)

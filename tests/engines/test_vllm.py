@@ -89,14 +89,16 @@ def test_catalog_support_refuses_other_engines() -> None:
 
 
 def test_engine_args_resolve_the_mode_and_plan() -> None:
-    config = from_engine_args({"attention_backend": "flash_attn", "spec_method": "eagle3", "spec_tokens": 3})
+    config = from_engine_args({"attention_backend": "flash_attn", "spec_method": "eagle3", "spec_tokens": 3},
+                              model="mha")
     assert config.backend == "vllm:FLASH_ATTN" and config.spec.num_draft_tokens == 4
     assert config.requested is GraphMode.FULL_AND_PIECEWISE and config.resolution.mode is GraphMode.FULL_AND_PIECEWISE
-    result = config.plan("cuda:sm90", "mha")
+    result = config.plan("cuda:sm90")
     assert result.valid and result["target_verify"].capture and result.spec.algorithm.value == "eagle3"
     cutlass = from_engine_args({"attention_backend": "CUTLASS_MLA",
-                                "speculative_config": '{"method": "deepseek_mtp", "num_speculative_tokens": 2}'})
-    assert cutlass.resolution.mode is GraphMode.PIECEWISE and not cutlass.plan("cuda:sm100", "mla").captured
+                                "speculative_config": '{"method": "deepseek_mtp", "num_speculative_tokens": 2}'},
+                               model="mla")
+    assert cutlass.resolution.mode is GraphMode.PIECEWISE and not cutlass.plan("cuda:sm100").captured
     ngram = from_engine_args({"attention_backend": "TRITON_ATTN", "spec_method": "ngram", "spec_tokens": 4,
                               "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}, "max_model_len": 8})
     assert ngram.spec.algorithm.value == "ngram" and ngram.spec.num_draft_tokens == 5 and ngram.ignored == ("max_model_len",)

@@ -9,7 +9,7 @@ terms the kernel tests think in (KV length per row, KV heads x group, ``T`` toke
 :func:`triton_cases` draws them.
 
 The tests run under the Triton interpreter: ``TRITON_INTERPRET=1`` is set by
-``tests/conftest.py`` before any kernel is defined (Triton reads it at decoration time).
+the repository's root ``conftest.py`` before any kernel is defined (Triton reads it at decoration time).
 bf16 runs the kernels' ``DOT_F32`` path (the interpreter's bf16 ``tl.dot`` is broken,
 triton-lang/triton#11584): the native bf16 dot is compiled by the compile check, not run here.
 """
@@ -36,7 +36,7 @@ from attnhal.testing.oracle import reference_forward
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("the Triton kernel tests run under the interpreter: TRITON_INTERPRET=1 "
-                f"(tests/conftest.py sets it unless the environment gives {os.environ.get('TRITON_INTERPRET')!r})",
+                f"(the root conftest.py sets it unless the environment gives {os.environ.get('TRITON_INTERPRET')!r})",
                 allow_module_level=True)
 pytest.importorskip("triton")
 

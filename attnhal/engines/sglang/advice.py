@@ -7,7 +7,7 @@ before any planning — and, with one draft step, one more step (SGLang builds n
 backend for one step, and its HIP draft-extend rule reads that backend: docs/catalog.md D1, D7).
 Each flag set goes through the adapter (:func:`~attnhal.engines.sglang.from_server_args`) and
 the planner; what SGLang's own code then captures is the plan less the catalogued engine
-decisions that apply (:mod:`~attnhal.engines.sglang.differs`).
+decisions that apply (:func:`~attnhal.engines.sglang.audit.engine_differs`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from attnhal.engines import flags as _flags
 from attnhal.engines.advice import (MAX_COMBINATIONS, PRIORITY, Advice, Option, changes, check_size, frontier,
                                     model_of, rank_key, served_kinds)
 from attnhal.engines.flags import EngineArgError, cli_name, model_kind
-from attnhal.engines.sglang.differs import engine_differs
-from attnhal.engines.sglang.discrepancies import Direction, explain
+from attnhal.engines.sglang.audit import Direction, engine_differs, explain
 from attnhal.engines.sglang.flags import FLAGS, HARMLESS, SGLANG_VERSION
 from attnhal.engines.sglang.pages import resolve_page_size
-from attnhal.engines.sglang.resolution import EngineConfig, from_server_args
+from attnhal.engines.sglang.resolution import SglangConfig, from_server_args
 from attnhal.phases import Phase, phases_run
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind
@@ -49,7 +48,7 @@ def _descriptor(name: str) -> BackendCapabilities:
     return load(f"sglang:{name}").descriptor
 
 
-def _fitting(given: Mapping[str, Any], config: EngineConfig, platform: Platform,
+def _fitting(given: Mapping[str, Any], config: SglangConfig, platform: Platform,
              among: Collection[str] | None) -> dict[str, BackendCapabilities]:
     """The catalogued backends that serve this platform, model, dtypes and the page size SGLang sets
     with each; a model-specific one (``meta.model_specific``) only when the user's flags name it."""
@@ -68,7 +67,7 @@ def _fitting(given: Mapping[str, Any], config: EngineConfig, platform: Platform,
     return out
 
 
-def _choices(given: Mapping[str, Any], config: EngineConfig, fitting: Mapping[str, BackendCapabilities],
+def _choices(given: Mapping[str, Any], config: SglangConfig, fitting: Mapping[str, BackendCapabilities],
              vary: Collection[str]) -> dict[str, list[Any]]:
     """Per varied flag, the values to try (``None``: not given); a flag not varied keeps the user's."""
     spec, roles = config.spec, config.roles
@@ -132,7 +131,7 @@ def _with_steps(flags: dict[str, Any], given: Mapping[str, Any], steps: Any) -> 
     return flags
 
 
-def _label(config: EngineConfig) -> str:
+def _label(config: SglangConfig) -> str:
     by_name: dict[str, list[str]] = {}
     for role, name in config.roles.items():
         if name is not None:
@@ -142,7 +141,7 @@ def _label(config: EngineConfig) -> str:
     return "; ".join(f"{name} ({', '.join(roles)})" for name, roles in by_name.items())
 
 
-def _costs(flags: Mapping[str, Any], config: EngineConfig, platform: Platform) -> tuple[str, ...]:
+def _costs(flags: Mapping[str, Any], config: SglangConfig, platform: Platform) -> tuple[str, ...]:
     out = []
     page = config.page_size(platform)
     if page.set_by is not None:
@@ -154,7 +153,7 @@ def _costs(flags: Mapping[str, Any], config: EngineConfig, platform: Platform) -
     return tuple(out)
 
 
-def _blocked(config: EngineConfig, result: Any, platform: Platform) -> tuple[str, bool]:
+def _blocked(config: SglangConfig, result: Any, platform: Platform) -> tuple[str, bool]:
     """Why an invalid plan is never recommended, and whether SGLang starts with it anyway
     (a late failure or a catalogued engine bug: shown) or refuses it (not shown)."""
     applicable = engine_differs(config, platform)

@@ -9,14 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from attnhal.catalog import ENGINES, CatalogError, entries, load
+from attnhal.catalog import CatalogError, entries, load
 from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, Flag, one_of, positive, positive_list, truth
 
-__all__ = ["ALGORITHMS", "ALIASES", "DTYPES", "FLAGS", "HARMLESS", "KV_CACHE_DTYPES", "SGLANG_VERSION", "UNMODELLED",
-           "parse_cli"]
+__all__ = ["ALGORITHMS", "ALIASES", "DTYPES", "FIELD_FLAGS", "FLAGS", "HARMLESS", "KV_CACHE_DTYPES", "SGLANG_VERSION",
+           "UNMODELLED", "parse_cli"]
 
-SGLANG_VERSION = ENGINES["sglang"]
+#: The release whose flags this module reads and whose backends ``attnhal/catalog/sglang`` describes.
+SGLANG_VERSION = "0.5.23"
 
 #: Deprecated names SGLang still accepts (arg_groups/choices.py:75, 87; speculative/draft_utils.py:109, 140).
 ALIASES = {"nsa": "dsa", "tokenspeed_mla": "cutedsl_mla"}
@@ -100,6 +101,22 @@ FLAGS: Mapping[str, Flag] = {
     "cuda_graph_bs": Flag(positive_list),
     "cuda_graph_bs_decode": Flag(positive_list),
     "disable_cuda_graph_padding": Flag(truth, boolean=True),
+}
+
+
+#: Planner field (an :class:`~attnhal.errors.InvalidValue`'s ``field``) -> the flags that set it, in
+#: the order the resolution reads them, each with how a message names it.
+FIELD_FLAGS: Mapping[str, tuple[tuple[str, str], ...]] = {
+    "num_steps": (("--speculative-num-steps", "--speculative-num-steps"),),
+    "topk": (("--speculative-eagle-topk", "--speculative-eagle-topk"),),
+    "num_draft_tokens": (("--speculative-num-draft-tokens", "--speculative-num-draft-tokens"),),
+    "breadth": (("--speculative-ngram-max-bfs-breadth", "--speculative-ngram-max-bfs-breadth"),),
+    "max_batch_size": (("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-decode"),
+                       ("--cuda-graph-max-bs", "--cuda-graph-max-bs"),
+                       ("--cuda-graph-bs-decode", "the largest --cuda-graph-bs-decode"),
+                       ("--cuda-graph-bs", "the largest --cuda-graph-bs")),
+    "batch_sizes": (("--cuda-graph-bs-decode", "--cuda-graph-bs-decode"), ("--cuda-graph-bs", "--cuda-graph-bs")),
+    "page_size": (("--page-size", "--page-size"),),
 }
 
 

@@ -1,20 +1,60 @@
-"""The plan SGLang server arguments lead to, in one call."""
+"""The SGLang adapter (:data:`ADAPTER`, registered as ``attnhal.engines`` entry point ``sglang``),
+and the plan SGLang server arguments lead to, in one call."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from attnhal.engines.sglang.resolution import from_server_args
+from attnhal.engines.base import OwnFlag
+from attnhal.engines.flags import Flag
+from attnhal.engines.sglang import executed
+from attnhal.engines.sglang.flags import FIELD_FLAGS, FLAGS, HARMLESS, SGLANG_VERSION, parse_cli
+from attnhal.engines.sglang.resolution import DRAFT_EXTEND_GRAPH_OFF, SglangConfig, from_server_args
 from attnhal.planner import GraphPlan
-from attnhal.platform import Platform
+from attnhal.platform import ENV_VAR, Platform
 from attnhal.spec import ModelKind
 
-__all__ = ["plan_server_args"]
+__all__ = ["ADAPTER", "SglangAdapter", "plan_server_args"]
 
 
 def plan_server_args(args: Mapping[str, Any] | argparse.Namespace, platform: Platform | str,
                      env: Mapping[str, str] | None = None, model: ModelKind | str | None = None) -> GraphPlan:
     """``from_server_args(args, env, model, platform).plan(platform)``."""
     return from_server_args(args, env, model, platform).plan(platform)
+
+
+class SglangAdapter:
+    """SGLang 0.5.23 server flags -> :class:`~attnhal.engines.sglang.resolution.SglangConfig`, resolved by
+    SGLang's own code where it can run (:mod:`~attnhal.engines.sglang.executed`), else attnhal's."""
+
+    name = "sglang"
+    version = SGLANG_VERSION
+    flags: Mapping[str, Flag] = FLAGS
+    harmless = HARMLESS
+    own_flags = (OwnFlag("engine-resolution", "resolve the flags with SGLang's own code (engine) or attnhal's "
+                                              "(builtin); default: engine where SGLang is importable, the platform "
+                                              "is this machine's and --model-path is given", executed.RESOLUTIONS),)
+    field_flags = FIELD_FLAGS
+    catalog = "attnhal.catalog.sglang"
+
+    def parse(self, argv: Sequence[str]) -> dict[str, Any]:
+        return parse_cli(argv)
+
+    def resolve(self, values: Mapping[str, Any], platform: Platform,
+                own: Mapping[str, str | None]) -> SglangConfig:
+        env = {DRAFT_EXTEND_GRAPH_OFF: os.environ.get(DRAFT_EXTEND_GRAPH_OFF, "")}
+        local = own.get("platform") is None and not os.environ.get(ENV_VAR)
+        choice = executed.choose(own.get("engine-resolution"), local, values.get("model_path"))
+        if choice.used == "engine":
+            config = executed.from_engine(values, env, own.get("model"), platform)
+        else:
+            config = from_server_args(values, env=env, model=own.get("model"), platform=platform)
+        return replace(config, choice=choice)
+
+
+#: The adapter the ``attnhal.engines`` entry point ``sglang`` names.
+ADAPTER = SglangAdapter()

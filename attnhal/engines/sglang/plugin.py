@@ -121,7 +121,7 @@ class DraftPlan:
 
     plan: Any  # attnhal.planner.GraphPlan
     names: Mapping[Any, str | None]  # Phase -> SGLang backend name of the phase
-    applicable: tuple[Any, ...]  # the catalogued engine decisions that apply (differs.EngineDiffers)
+    applicable: tuple[Any, ...]  # the catalogued engine decisions that apply (audit.EngineDiffers)
     platform: str
     args: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the server arguments planned
     model: str | None = None
@@ -172,7 +172,7 @@ def plan_draft_worker(worker: Any, graphs_enabled: bool, env: Mapping[str, str] 
     """
     from attnhal.catalog import load
     from attnhal.engines.flags import EngineArgError
-    from attnhal.engines.sglang.differs import engine_differs
+    from attnhal.engines.sglang.audit import engine_differs
     from attnhal.engines.sglang.resolution import from_server_args
     from attnhal.phases import Phase
     from attnhal.planner import plan
@@ -313,7 +313,7 @@ class EagleDraftHook:
 
     def _act(self, module: Any, worker: Any, row: Any, refused: Mapping[str, str]) -> str:
         """enforce: what attnhal changed for this phase (empty: nothing)."""
-        from attnhal.engines.sglang.discrepancies import Direction
+        from attnhal.engines.sglang.audit import Direction
 
         if self.mode != "enforce":
             return ""

@@ -15,17 +15,19 @@ from typing import Any
 from attnhal.capabilities import BackendCapabilities
 from attnhal.catalog import load
 from attnhal.engines import flags as _flags
+from attnhal.engines.base import EngineConfig, flag_error
 from attnhal.engines.flags import EngineArgError, model_kind
 from attnhal.errors import InvalidValue
-from attnhal.engines.sglang.flags import ALGORITHMS, DTYPES, FLAGS, HARMLESS, KV_CACHE_DTYPES
+from attnhal.engines.sglang.flags import (ALGORITHMS, DTYPES, FIELD_FLAGS, FLAGS, HARMLESS, KV_CACHE_DTYPES,
+                                          SGLANG_VERSION)
 from attnhal.engines.sglang.defaults import base_backend, needs_default
 from attnhal.engines.sglang.pages import DEFAULT_PAGE_SIZE, PageSize, model_note, resolve_page_size
 from attnhal.phases import Phase, phases_run
-from attnhal.planner import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, phase_roles, plan
+from attnhal.planner import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, phase_roles
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind, RequestContext, SpecConfig
 
-__all__ = ["DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "EngineConfig", "capture_sizes",
+__all__ = ["DEFAULT_MAX_BS", "DEFAULT_PAGE_SIZE", "DRAFT_EXTEND_GRAPH_OFF", "Choice", "SglangConfig", "capture_sizes",
            "from_server_args", "roles"]
 
 #: Backends whose draft extend and default prefill SGLang builds on another backend: cute-dsl MLA
@@ -38,24 +40,35 @@ DRAFT_EXTEND_GRAPH_OFF = "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH"
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class Choice:
+    """Which resolution made a config (``engine``: SGLang's own, ``builtin``: attnhal's) and why."""
+
+    used: str
+    why: str
+
+    def __str__(self) -> str:
+        who = "SGLang's own (ServerArgs.resolve_once)" if self.used == "engine" else "attnhal's built-in"
+        return f"resolution: {who}: {self.why}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"used": self.used, "why": self.why}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SglangConfig(EngineConfig):
     """SGLang arguments translated: what ``plan`` needs, and what was not used.
 
     ``context`` carries the page size SGLang sets whatever the platform; :meth:`plan` applies
     the platform's rules too (fa4 on SM100), see :meth:`page_size`.
     """
 
-    spec: SpecConfig
-    backends: PhaseBackends
-    policy: GraphPolicy
-    context: RequestContext
-    roles: Mapping[str, str | None] = field(default_factory=dict)  # role -> SGLang backend name
-    ignored: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
+    engine: str = "sglang"
+    version: str = SGLANG_VERSION
     values: Mapping[str, Any] = field(default_factory=dict)  # the converted server arguments
     resolved_by: str = "builtin"  # "engine": SGLang's own resolution made ``values``
     page: PageSize | None = None  # the page size SGLang's own resolution settled on (engine only)
     default_for: str | None = None  # the platform SGLang's default attention backend was picked for
+    choice: Choice | None = None  # which resolution the command line used, and why
 
     def page_size(self, platform: Platform | str | None = None) -> PageSize:
         """The page size SGLang runs with on ``platform`` (``None``: the platform-independent rules)."""
@@ -75,7 +88,33 @@ class EngineConfig:
             raise EngineArgError("--platform", f"--platform={where.name!r}: the default attention backend was "
                                                f"picked for {self.default_for} (supported: {self.default_for}; "
                                                "translate the flags again for another platform)")
-        return plan(self.spec, where, self.backends, self.policy, self.context_on(where))
+        return super().plan(where)
+
+    def report(self, platform: Platform) -> dict[str, object]:
+        """Besides the base entries: the resolution used, the page size and the engine's known differences."""
+        from attnhal.engines.sglang.audit import engine_differs
+
+        return {**super().report(platform), "resolution": self.choice.to_dict() if self.choice else None,
+                "page_size": self.page_size(platform).to_dict(),
+                "engine_differs": [d.to_dict() for d in engine_differs(self, platform)]}
+
+    def summary(self, platform: Platform) -> list[str]:
+        return [f"engine: SGLang {self.version} flags -> roles: "
+                + ", ".join(f"{role}={name}" for role, name in self.roles.items() if name is not None),
+                *([str(self.choice)] if self.choice else [])]
+
+    def context_notes(self, platform: Platform) -> dict[str, str | None]:
+        return {"page_size": self.page_size(platform).note}
+
+    def remarks(self, platform: Platform, result: GraphPlan) -> list[str]:
+        """Why each captured phase is captured, the notes, SGLang's known differences, the ignored flags."""
+        from attnhal.engines.sglang.audit import engine_differs
+
+        why = [f"why: {phase.value} is captured: {decision.backend} declares {phase.value} graphs and their "
+               "limits hold, the platform has a graph API and the policy allows them"
+               for phase, decision in result.phases.items() if decision.capture]
+        return [*why, *(f"note: {note}" for note in self.notes), *(str(d) for d in engine_differs(self, platform)),
+                *self.ignored_lines()]
 
 
 def _spec(values: Mapping[str, Any], notes: list[str]) -> SpecConfig:
@@ -101,16 +140,12 @@ def _spec(values: Mapping[str, Any], notes: list[str]) -> SpecConfig:
     return _spec_or_error(lambda: SpecConfig.eagle(steps, topk, tokens, algorithm=ALGORITHMS[algorithm]))
 
 
-#: SpecConfig field -> the SGLang flag that sets it (an error's ``field`` names the flag through it).
-_FLAG_OF = {"num_steps": "--speculative-num-steps", "topk": "--speculative-eagle-topk",
-            "num_draft_tokens": "--speculative-num-draft-tokens", "breadth": "--speculative-ngram-max-bfs-breadth"}
-
-
 def _spec_or_error(build: Callable[[], SpecConfig]) -> SpecConfig:
+    """The spec, or its refusal naming the flag that set the field (:data:`~.flags.FIELD_FLAGS`)."""
     try:
         return build()
     except InvalidValue as exc:
-        raise EngineArgError(_FLAG_OF[exc.field], str(exc)) from None
+        raise flag_error(exc, FIELD_FLAGS) from None
 
 
 def roles(values: Mapping[str, Any], spec: SpecConfig) -> dict[str, str | None]:
@@ -176,7 +211,7 @@ def _policy(values: Mapping[str, Any], env: Mapping[str, str], spec: SpecConfig)
 
 
 def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[str, str] | None = None,
-                     model: ModelKind | str | None = None, platform: Platform | str | None = None) -> EngineConfig:
+                     model: ModelKind | str | None = None, platform: Platform | str | None = None) -> SglangConfig:
     """Translate SGLang server arguments (names as in ``ServerArgs``) into planner inputs.
 
     ``env`` may carry ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH`` (eagle_worker_v2.py:627);
@@ -204,6 +239,6 @@ def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[
     context = RequestContext(model=kind, dtype=DTYPES.get(values.get("dtype", "auto")),
                              kv_dtype=KV_CACHE_DTYPES.get(values.get("kv_cache_dtype", "auto")),
                              page_size=resolve_page_size(values, kind).value)
-    return EngineConfig(spec=spec, backends=_backends(names, values.get("speculative_attention_mode", "prefill")),
+    return SglangConfig(spec=spec, backends=_backends(names, values.get("speculative_attention_mode", "prefill")),
                         policy=_policy(values, env or {}, spec), context=context, roles=names, ignored=ignored,
                         notes=tuple(notes), values=values, default_for=default_for)

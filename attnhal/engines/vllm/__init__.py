@@ -27,13 +27,16 @@ of the backend); vLLM has no topk: a tree (``topk > 1``) is never uniform for it
 - :mod:`~attnhal.engines.vllm.flags`: vLLM's vocabulary (modelled arguments, harmless ones).
 - :mod:`~attnhal.engines.vllm.resolution`: support levels <-> descriptors, their minimum, the graph mode.
 - :mod:`~attnhal.engines.vllm.levels`: the level a builder reports for one configuration (platform, spec, cubins).
-- :mod:`~attnhal.engines.vllm.plan`: engine arguments -> :class:`VllmConfig` -> attnhal's plan.
+- :mod:`~attnhal.engines.vllm.plan`: the adapter (:data:`ADAPTER`): engine arguments -> :class:`VllmConfig`
+  -> attnhal's plan.
+- optional: :mod:`~attnhal.engines.vllm.audit` (vLLM's mode resolution explained) and
+  :mod:`~attnhal.engines.vllm.plugin` (what runs inside vLLM).
 """
 
 from attnhal.engines.flags import EngineArgError
 from attnhal.engines.vllm.flags import FLAGS, HARMLESS, VLLM_VERSION, parse_cli
 from attnhal.engines.vllm.levels import Level, support_on
-from attnhal.engines.vllm.plan import VllmConfig, from_engine_args
+from attnhal.engines.vllm.plan import ADAPTER, VllmConfig, from_engine_args
 from attnhal.engines.vllm.resolution import (
     CGSupport,
     GraphMode,
@@ -46,6 +49,7 @@ from attnhal.engines.vllm.resolution import (
 )
 
 __all__ = [
+    "ADAPTER",
     "FLAGS",
     "HARMLESS",
     "VLLM_VERSION",

@@ -43,10 +43,10 @@ def _fitting(model: ModelKind, platform: Platform, named: str | None,
 def _evaluate(flags: Mapping[str, Any], given: Mapping[str, Any], platform: Platform, model: ModelKind,
               trtllm_cubins: bool) -> Option | None:
     """The option (``None``: vLLM raises resolving its graph mode, or attnhal cannot plan it)."""
-    config = from_engine_args(flags, platform, trtllm_cubins)
+    config = from_engine_args(flags, platform, trtllm_cubins, model)
     if config.resolution.error is not None:
         return None
-    result = config.plan(platform, model)
+    result = config.plan(platform)
     if not result.valid:
         return None
     runs = frozenset(p for p in PRIORITY if result[p].runs)
@@ -97,8 +97,8 @@ def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind |
 
 
 def _refusal(given: Mapping[str, Any], platform: Platform, model: ModelKind, trtllm_cubins: bool) -> str:
-    config = from_engine_args(given, platform, trtllm_cubins)
+    config = from_engine_args(given, platform, trtllm_cubins, model)
     if config.resolution.error is not None:
         return f"vLLM raises resolving cudagraph_mode: {config.resolution.error}"
-    result = config.plan(platform, model)
+    result = config.plan(platform)
     return "; ".join(sorted({str(r) for d in result.phases.values() if d.blocking for r in d.reasons}))

@@ -5,14 +5,23 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from attnhal.catalog import ENGINES, CatalogError, entries, load
+from attnhal.catalog import CatalogError, entries, load
 from attnhal.engines.flags import EngineArgError, Flag, json_object, one_of, positive, truth
 from attnhal.engines.flags import parse_cli as parse_flags
 from attnhal.engines.vllm.resolution import GraphMode
 
-__all__ = ["FLAGS", "HARMLESS", "METHODS", "VLLM_VERSION", "parse_cli"]
+__all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "VLLM_VERSION", "parse_cli"]
 
-VLLM_VERSION = ENGINES["vllm"]
+#: The release whose arguments this module reads and whose backends ``attnhal/catalog/vllm`` describes.
+VLLM_VERSION = "0.33.0"
+
+#: Planner field (an :class:`~attnhal.errors.InvalidValue`'s ``field``) -> the flags that set it, in
+#: the order :func:`~attnhal.engines.vllm.plan.from_engine_args` reads them, each with how a message
+#: names it (the planner validates the spec; the user never typed ``num_steps=``).
+FIELD_FLAGS: Mapping[str, tuple[tuple[str, str], ...]] = {
+    "num_steps": (("--spec-tokens", "--spec-tokens"),
+                  ("--speculative-config", "--speculative-config num_speculative_tokens")),
+}
 
 #: ``--spec-method`` / ``speculative_config.method`` -> attnhal algorithm. ``draft_model`` is a
 #: separate small draft model (attnhal's ``standalone``); ``ngram`` drafts from the context.

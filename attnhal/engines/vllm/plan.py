@@ -2,40 +2,61 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from attnhal.catalog import load
-from attnhal.engines.flags import EngineArgError, check, model_kind
-from attnhal.engines.vllm.flags import FLAGS, HARMLESS, METHODS
+from attnhal.engines.base import EngineConfig, OwnFlag
+from attnhal.engines.flags import EngineArgError, Flag, check, model_kind
+from attnhal.engines.vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_VERSION, parse_cli
 from attnhal.engines.vllm.levels import Level, support_on
 from attnhal.engines.vllm.resolution import GraphMode, ModeResolution, resolve_mode
-from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
+from attnhal.phases import Phase, phases_run
+from attnhal.planner import GraphPolicy, PhaseBackends
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind, RequestContext, SpecConfig
 
-__all__ = ["VllmConfig", "from_engine_args"]
+__all__ = ["ADAPTER", "VllmAdapter", "VllmConfig", "from_engine_args"]
 
 
-@dataclass(frozen=True)
-class VllmConfig:
-    """vLLM arguments translated: the backend, the spec, the graph mode vLLM resolves, the plan inputs."""
+@dataclass(frozen=True, kw_only=True)
+class VllmConfig(EngineConfig):
+    """vLLM arguments translated: the backend (in every role), the spec, the graph mode vLLM resolves.
 
+    ``policy`` has graphs off when vLLM's mode has no full graphs (piecewise graphs leave
+    attention eager); ``refusal`` is vLLM's own refusal of the requested mode.
+    """
+
+    engine: str = "vllm"
+    version: str = VLLM_VERSION
     backend: str  # vllm:NAME
-    spec: SpecConfig
     requested: GraphMode
     resolution: ModeResolution
-    ignored: tuple[str, ...] = ()
     level: Level | None = None  # the builder's level the resolution used (None: not resolved yet)
 
-    def plan(self, platform: Platform | str, model: ModelKind | str | None = None) -> GraphPlan:
-        """attnhal's plan with the backend's descriptor in every role; graphs off when vLLM's mode has
-        no full graphs (piecewise graphs leave attention eager)."""
-        caps = load(self.backend).descriptor
-        full = self.resolution.mode is not None and "FULL" in (self.resolution.mode.decode, self.resolution.mode.mixed)
-        return plan(self.spec, platform, PhaseBackends.same(caps, self.spec), GraphPolicy(enabled=full),
-                    RequestContext(model=model_kind(model)))
+    def refusal(self) -> str | None:
+        return self.resolution.error
+
+    def _level(self, platform: Platform) -> Level:
+        return self.level or support_on(self.backend, platform)
+
+    def report(self, platform: Platform) -> dict[str, object]:
+        """Besides the base entries: the backend, its support level and why, and the mode resolution."""
+        level, r = self._level(platform), self.resolution
+        return {**super().report(platform), "backend": self.backend, "cg_support": level.support.name,
+                "cg_level": level.to_dict(), "cg_conditions": load(self.backend).meta.get("cg_conditions"),
+                "cudagraph_mode": {"requested": r.requested.value, "resolved": r.mode.value if r.mode else None,
+                                   "steps": list(r.steps), "error": r.error}}
+
+    def summary(self, platform: Platform) -> list[str]:
+        level, r = self._level(platform), self.resolution
+        why = level.because or load(self.backend).meta.get("cg_conditions")
+        resolved = r.mode.value if r.mode else f"error: {r.error}"
+        return [f"engine: vLLM {self.version} -> {self.backend}: AttentionCGSupport {level.support.name}"
+                + (f" ({why})" if why else ""),
+                *([f"assumes: {level.assumes}"] if level.assumes else []),
+                f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps)]
 
 
 #: The ``--spec-*`` flags and the ``--speculative-config`` keys they stand for.
@@ -53,15 +74,15 @@ def _refuse_contradictions(values: Mapping[str, Any], speculative: Mapping[str, 
 
 
 def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = None,
-                     trtllm_cubins: bool = True) -> VllmConfig:
+                     trtllm_cubins: bool = True, model: ModelKind | str | None = None) -> VllmConfig:
     """Translate vLLM engine arguments (``--attention-backend``, ``--spec-method``, ``--spec-tokens``,
     ``--speculative-config``, ``--compilation-config`` ``cudagraph_mode``, ``--enforce-eager``).
 
     The requested mode defaults to vLLM's ``FULL_AND_PIECEWISE`` (``config/vllm.py:311, 332``);
     ``--enforce-eager`` makes it ``NONE``. The builder's level is the one it reports on
     ``platform`` (:func:`~attnhal.engines.vllm.levels.support_on`; without a platform, the
-    catalogue's); ``trtllm_cubins`` is the assumption FlashInfer's level rests on.
-    Raises :class:`EngineArgError` naming the flag.
+    catalogue's); ``trtllm_cubins`` is the assumption FlashInfer's level rests on; ``model``
+    the model's attention kind (vLLM reads it from the checkpoint). Raises :class:`EngineArgError` naming the flag.
     """
     values, ignored = check(args, FLAGS, HARMLESS, "attnhal.engines.vllm.HARMLESS")
     if "attention_backend" not in values:
@@ -86,4 +107,37 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     where = as_platform(platform) if platform is not None else None
     level = support_on(values["attention_backend"], where, tokens or 0, trtllm_cubins)
     resolution = resolve_mode(requested, level.support, query_len)
-    return VllmConfig(values["attention_backend"], spec, requested, resolution, ignored, level)
+    backend = values["attention_backend"]
+    full = resolution.mode is not None and "FULL" in (resolution.mode.decode, resolution.mode.mixed)
+    runs = phases_run(spec) | {Phase.PREFILL, Phase.DECODE}
+    return VllmConfig(spec=spec, backends=PhaseBackends.same(load(backend).descriptor, spec),
+                      policy=GraphPolicy(enabled=full), context=RequestContext(model=model_kind(model)),
+                      roles={p.value: backend.removeprefix("vllm:") if p in runs else None for p in Phase},
+                      ignored=ignored, backend=backend, requested=requested, resolution=resolution, level=level)
+
+
+def _cubins(value: str | None) -> bool:
+    return (value or "yes") == "yes"
+
+
+class VllmAdapter:
+    """vLLM 0.33.0 engine arguments -> :class:`VllmConfig` (attnhal's reading; vLLM is never imported)."""
+
+    name = "vllm"
+    version = VLLM_VERSION
+    flags: Mapping[str, Flag] = FLAGS
+    harmless = HARMLESS
+    own_flags = (OwnFlag("trtllm-cubins", "whether FlashInfer's trtllm-gen cubins are available (its graph level "
+                                          "rests on them)", ("yes", "no"), "yes"),)
+    field_flags = FIELD_FLAGS
+    catalog = "attnhal.catalog.vllm"
+
+    def parse(self, argv: Sequence[str]) -> dict[str, Any]:
+        return parse_cli(argv)
+
+    def resolve(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None]) -> VllmConfig:
+        return from_engine_args(values, platform, _cubins(own.get("trtllm-cubins")), own.get("model"))
+
+
+#: The adapter the ``attnhal.engines`` entry point ``vllm`` names.
+ADAPTER = VllmAdapter()

@@ -5,7 +5,7 @@ The interpreter costs ~0.3 s per kernel launch, so CI runs the kit's fixed examp
 phase only in ``backends/attnhal_triton/tests/test_kernels.py``). The kit's page-size, KV-dtype and feature
 claims (every phase eagerly and every graph phase, ~50 s each here) and its fp16 phase
 checks run with ``ATTNHAL_SLOW=1`` or ``TRITON_INTERPRET=1 attnhal conformance triton``;
-in CI those features are checked per phase by ``backends/attnhal_triton/tests/testing/test_oracle_features.py``.
+in CI those features are checked per phase by ``tests/testing/test_oracle_features.py``.
 ``ATTNHAL_CONFORMANCE_EXAMPLES=N`` adds N random examples per check. Under the interpreter
 the kernels compute bf16 dots in fp32 (the interpreter's bf16 ``tl.dot`` is wrong,
 triton#11584), so bf16 claims check loads, stores and casts, not the native bf16 dot.

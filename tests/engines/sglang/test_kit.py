@@ -1,4 +1,4 @@
-"""The conformance kit on SGLang 0.5.23's own attention backends, at the kit's default budget.
+"""The conformance kit on SGLang 0.5.23's own attention backends: fixed examples and one drawn per check.
 
 ``TorchNativeAttnBackend``, ``TritonAttnBackend`` (Triton interpreter) and
 ``TritonMultiStepDraftBackend`` run through the adapter of ``attnhal.engines.sglang.kit``
@@ -30,12 +30,17 @@ EXPECTED = {
                              "phase[target_verify, bfloat16]", "deterministic", "inputs_unchanged"}, _DEVICES),
     "sglang:triton": (set(), _DEVICES | _TRITON_BF16),
 }
+#: Random examples per check on top of the fixed ones (the kit's default is 3). SGLang's Triton
+#: kernels under the interpreter are this tier's cost: 451 s of CPU for the file at 3 (2026-12-02),
+#: 268 s at 1 (2026-12-05; docs/conformance.md). The fixed examples carry the block boundaries,
+#: head sizes and page sizes; one drawn example per check keeps a random batch in every claim.
+TIER_EXAMPLES = 1
 
 
 @pytest.mark.parametrize("ref", sorted(EXPECTED))
 def test_sglang_backend_through_the_kit(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
     start = time.perf_counter()
-    report = run_kit(ref, platform="cpu")
+    report = run_kit(ref, platform="cpu", max_examples=TIER_EXAMPLES)
     seconds = time.perf_counter() - start
     with capsys.disabled():
         print(f"\n{report.format()}\n[{ref}: {seconds:.0f} s]")

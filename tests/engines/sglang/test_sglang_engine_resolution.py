@@ -1,5 +1,5 @@
 """``--engine-resolution engine`` against ``builtin`` over the grid: attnhal's adapter fed by
-SGLang 0.5.23's own ``ServerArgs`` resolution (``attnhal.engines.sglang.engine_resolution``)
+SGLang 0.5.23's own ``ServerArgs`` resolution (``attnhal.engines.sglang.executed``)
 must plan what the built-in resolution plans, cell by cell, on each emulated platform; where
 SGLang refuses, the engine resolution raises SGLang's refusal."""
 
@@ -15,10 +15,10 @@ import sglang_grid as grid
 from tier_summary import LINES as SUMMARY
 
 from attnhal.engines import sglang
-from attnhal.engines.sglang import engine_resolution
+from attnhal.engines.sglang import executed
 
 
-def _outcome(config: sglang.EngineConfig, platform: str) -> tuple[object, ...]:
+def _outcome(config: sglang.SglangConfig, platform: str) -> tuple[object, ...]:
     plan = config.plan(platform)
     return (config.page_size(platform).value, dict(config.roles), config.spec, plan.valid,
             frozenset(plan.captured))
@@ -33,8 +33,8 @@ def test_engine_resolution_plans_as_the_builtin_one_over_the_grid() -> None:
             for case in group:
                 args = {**case.args(), "model_path": harness.model_dir(case.model)}
                 try:
-                    engine = engine_resolution.from_engine(args, model=case.model, platform=platform)
-                except engine_resolution.EngineRefused as exc:
+                    engine = executed.from_engine(args, model=case.model, platform=platform)
+                except executed.EngineRefused as exc:
                     counts["SGLang refuses"] += 1
                     assert str(exc).startswith("sglang: SGLang's own resolution refuses these flags: "), exc
                     continue
@@ -53,7 +53,7 @@ def test_engine_resolution_says_the_page_size_sglang_set() -> None:
     args = {"attention_backend": "trtllm_mla", "speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
             "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4, "model_path": harness.model_dir("mla")}
     with platforms.emulate("cuda:sm100"):
-        config = engine_resolution.from_engine(args, model="mla", platform="cuda:sm100")
+        config = executed.from_engine(args, model="mla", platform="cuda:sm100")
     page = config.page_size("cuda:sm100")
     assert (page.value, page.given, page.set_by) == (64, None, "trtllm_mla")
     assert page.note == "set by SGLang for trtllm_mla" and config.plan("cuda:sm100").valid
@@ -66,7 +66,7 @@ def test_engine_resolution_fills_what_sglang_picks_and_the_builtin_cannot() -> N
     with pytest.raises(sglang.EngineArgError, match="--speculative-num-steps"):
         sglang.from_server_args(args, model="mha")
     with platforms.emulate("cuda:sm90"):
-        config = engine_resolution.from_engine(args, model="mha", platform="cuda:sm90")
+        config = executed.from_engine(args, model="mha", platform="cuda:sm90")
     assert config.spec.speculative and config.spec.num_steps >= 1 and config.plan("cuda:sm90").valid
 
 
@@ -76,7 +76,7 @@ def test_engine_resolution_says_sglang_picked_the_attention_backend() -> None:
     args = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
             "speculative_num_draft_tokens": 4, "model_path": harness.model_dir("mla")}
     with platforms.emulate("cuda:sm100"):
-        config = engine_resolution.from_engine(args, model="mla", platform="cuda:sm100")
+        config = executed.from_engine(args, model="mla", platform="cuda:sm100")
     assert config.roles["decode"] == "trtllm_mla"
     assert "attention backend: trtllm_mla (set by SGLang's own resolution)" in config.notes
     page = config.page_size("cuda:sm100")

@@ -6,7 +6,7 @@ cudagraph_mode {vLLM's default, FULL, FULL_DECODE_ONLY, PIECEWISE} x emulated SM
 Per cell: the builder's ``AttentionCGSupport`` (``get_cudagraph_support``) against the
 catalogue's ``meta.cg_support``, and the mode vLLM resolves (or its error) against
 ``attnhal.engines.vllm.from_engine_args``. ``RULES`` explains every difference (see
-``tests/engines/sglang/expected.py`` for the two kinds).
+``tests/helpers/sglang_expected.py`` for the two kinds).
 """
 
 from __future__ import annotations

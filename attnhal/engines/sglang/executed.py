@@ -1,4 +1,4 @@
-"""SGLang's own argument resolution, used when SGLang is importable.
+"""SGLang's own argument resolution, executed: used when SGLang is importable.
 
 ``ServerArgs(...).resolve_once()`` is SGLang's pipeline: backend defaults and overrides, the
 page size it sets, speculative defaults (steps, topk and draft tokens when omitted) and every
@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, model_kind
 from attnhal.engines.sglang.flags import FLAGS, HARMLESS
 from attnhal.engines.sglang.pages import DEFAULT_PAGE_SIZE, PageSize, resolve_page_size
-from attnhal.engines.sglang.resolution import EngineConfig, from_server_args
+from attnhal.engines.sglang.resolution import Choice, SglangConfig, from_server_args
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind
 
@@ -42,21 +42,6 @@ class EngineRefused(EngineArgError):
 
     def __init__(self, message: str) -> None:
         super().__init__("sglang", f"SGLang's own resolution refuses these flags: {message}")
-
-
-@dataclass(frozen=True)
-class Choice:
-    """Which resolution a command uses (``engine`` | ``builtin``) and why."""
-
-    used: str
-    why: str
-
-    def __str__(self) -> str:
-        who = "SGLang's own (ServerArgs.resolve_once)" if self.used == "engine" else "attnhal's built-in"
-        return f"resolution: {who}: {self.why}"
-
-    def to_dict(self) -> dict[str, str]:
-        return {"used": self.used, "why": self.why}
 
 
 def importable() -> bool:
@@ -104,7 +89,7 @@ def resolve(args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def from_engine(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[str, str] | None = None,
-                model: ModelKind | str | None = None, platform: Platform | str | None = None) -> EngineConfig:
+                model: ModelKind | str | None = None, platform: Platform | str | None = None) -> SglangConfig:
     """:func:`from_server_args` on what SGLang's own resolution made of ``args`` (which must
     carry ``model_path``) on this machine, whose platform is ``platform``. The flags are checked
     as the built-in translation checks them; the page size says when SGLang changed it."""

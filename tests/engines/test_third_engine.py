@@ -1,0 +1,206 @@
+"""A third engine plugs in with no edit to attnhal: the recipe of docs/engine.md, followed out of tree.
+
+The fake engine is a package written to ``tmp_path`` (``flags``, ``resolution``, ``plan``, a
+catalogue folder) and registered by a ``*.dist-info/entry_points.txt`` of its own in the
+``attnhal.engines`` group; the CLI runs in a subprocess with that folder on ``PYTHONPATH``.
+The command line knows no engine by name (checked on its source here too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repo import ROOT
+
+FLAGS = '''
+from attnhal.engines.flags import Flag, one_of, parse_cli, positive, truth
+
+VERSION = "1.0"
+FLAGS = {"backend": Flag(one_of(("fast",))), "draft_steps": Flag(positive),
+         "no_graphs": Flag(truth, boolean=True)}
+HARMLESS = frozenset({"port"})
+FIELD_FLAGS = {"num_steps": (("--draft-steps", "--draft-steps"),)}
+
+
+def parse(argv):
+    return parse_cli(argv, FLAGS)
+'''
+
+RESOLUTION = '''
+from attnhal.catalog import load
+from attnhal.engines.base import EngineConfig
+from attnhal.engines.flags import check, model_kind
+from attnhal.phases import Phase, phases_run
+from attnhal.planner import GraphPolicy, PhaseBackends
+from attnhal.spec import RequestContext, SpecConfig
+
+from fake_engine.flags import FLAGS, HARMLESS, VERSION
+
+
+def resolve(args, platform, own):
+    values, ignored = check(args, FLAGS, HARMLESS, "fake_engine.flags.HARMLESS")
+    steps = values.get("draft_steps")
+    spec = SpecConfig.eagle(steps) if steps else SpecConfig()
+    name = values.get("backend", "fast")
+    runs = phases_run(spec) | {Phase.PREFILL, Phase.DECODE}
+    return EngineConfig(engine="fake", version=VERSION, spec=spec,
+                        backends=PhaseBackends.same(load("fake:" + name).descriptor, spec),
+                        policy=GraphPolicy(enabled=not values.get("no_graphs", False)),
+                        context=RequestContext(model=model_kind(own.get("model"))),
+                        roles={p.value: name if p in runs else None for p in Phase}, ignored=ignored)
+'''
+
+PLAN = '''
+from fake_engine import flags as vocabulary, resolution
+
+
+class FakeAdapter:
+    name = "fake"
+    version = vocabulary.VERSION
+    flags = vocabulary.FLAGS
+    harmless = vocabulary.HARMLESS
+    own_flags = ()
+    field_flags = vocabulary.FIELD_FLAGS
+    catalog = "fake_engine.catalog"
+
+    def parse(self, argv):
+        return vocabulary.parse(argv)
+
+    def resolve(self, values, platform, own):
+        return resolution.resolve(values, platform, own)
+
+
+ADAPTER = FakeAdapter()
+'''
+
+FAST_TOML = '''
+schema_version = 2
+name = "fake:fast"
+vendors = ["cuda", "hip"]
+phases = ["prefill", "decode", "draft_decode", "draft_extend", "target_verify"]
+models = ["mha", "gqa"]
+dtypes = ["float16", "bfloat16"]
+page_sizes = [16]
+multi_step = { max_topk = 1 }
+[graph]
+decode = {}
+draft_decode = {}
+target_verify = {}
+
+[catalog]
+engine = "fake"
+version = "1.0"
+summary = "the fake engine's one backend: no draft-extend graph"
+'''
+
+
+@pytest.fixture(scope="module")
+def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fake_engine_site")
+    package = root / "fake_engine"
+    (package / "catalog").mkdir(parents=True)
+    for name, text in {"__init__.py": "", "flags.py": FLAGS, "resolution.py": RESOLUTION, "plan.py": PLAN,
+                       "catalog/__init__.py": "", "catalog/fast.toml": FAST_TOML}.items():
+        (package / name).write_text(text.lstrip(), encoding="utf-8")
+    info = root / "fake_engine-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-engine\nVersion: 1.0\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text("[attnhal.engines]\nfake = fake_engine.plan:ADAPTER\n", encoding="utf-8")
+    return root
+
+
+def _attnhal(site: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT), str(ROOT / "backends")])}
+    env.pop("ATTNHAL_PLATFORM", None)
+    return subprocess.run([sys.executable, "-m", "attnhal", *argv], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+
+
+def test_plan_explain_and_catalog_take_an_engine_registered_out_of_tree(fake_engine: Path) -> None:
+    flags = ["--", "--draft-steps", "3", "--port", "8000", "--platform", "cuda:sm90", "--model", "gqa"]
+    done = _attnhal(fake_engine, "plan", "--engine", "fake", *flags)
+    assert done.returncode == 0, done.stderr
+    assert "engine: fake 1.0 flags -> roles: prefill=fast, decode=fast, draft_decode=fast" in done.stdout
+    assert re.search(r"draft_extend\s+yes\s+no\s+fake:fast", done.stdout), done.stdout
+    assert re.search(r"target_verify\s+yes\s+yes\s+fake:fast", done.stdout), done.stdout
+    assert "ignored (cannot change an attention-graph decision): --port" in done.stdout
+
+    done = _attnhal(fake_engine, "plan", "--engine", "fake", "--json", *flags)
+    data = json.loads(done.stdout)
+    assert data["engine"] == "fake" and data["version"] == "1.0" and data["roles"]["draft_extend"] == "fast"
+    assert data["plan"]["valid"] is True
+
+    done = _attnhal(fake_engine, "explain", "--engine", "fake", "--json", *flags)
+    data = json.loads(done.stdout)
+    assert done.returncode == 0 and [b["backend"] for b in data["backends"]] == ["fake:fast"]
+    assert data["backends"][0]["fits"] and "target_verify" in data["backends"][0]["roles"]
+
+    done = _attnhal(fake_engine, "catalog", "--json")
+    assert {"name": "fake:fast", "engine": "fake", "version": "1.0"}.items() <= next(
+        e for e in json.loads(done.stdout) if e["engine"] == "fake").items()
+    assert {e["engine"] for e in json.loads(done.stdout)} >= {"fake", "sglang", "vllm"}
+
+
+def test_the_out_of_tree_engine_is_checked_in_its_own_words(fake_engine: Path) -> None:
+    done = _attnhal(fake_engine, "plan", "--engine", "fake", "--", "--draft-steps", "100", "--platform", "cuda:sm90")
+    assert done.returncode == 2 and "--draft-steps=100 (supported: 1..64)" in done.stderr, done.stderr
+    done = _attnhal(fake_engine, "plan", "--engine", "fake", "--", "--draft-steps", "2", "--trtllm-cubins", "no")
+    assert done.returncode == 2 and "--trtllm-cubins=no (supported: with --engine vllm)" in done.stderr
+    done = _attnhal(fake_engine, "plan", "--engine", "fake", "--", "--beam-width", "2")
+    assert done.returncode == 2 and "--beam-width is not modelled by attnhal" in done.stderr
+    done = _attnhal(fake_engine, "plan", "--engine", "nope", "--", "--x")
+    assert done.returncode == 2 and "fake" in done.stderr and "sglang" in done.stderr
+
+
+def test_the_command_line_names_no_engine() -> None:
+    source = (ROOT / "attnhal" / "cli" / "engine.py").read_text(encoding="utf-8").lower()
+    assert "sglang" not in source and "vllm" not in source
+
+
+def test_the_shipped_fallback_is_the_pyproject_table() -> None:
+    """:data:`attnhal.engines.registry.SHIPPED` (read where the installed metadata predates the group)."""
+    from attnhal.engines import registry
+
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    table = re.search(r'^\[project\.entry-points\."attnhal\.engines"\]\n(.*?)(?:\n\n|\Z)', text, re.M | re.S)
+    assert table is not None
+    rows = dict(re.findall(r'^(\w+) = "([^"]+)"$', table.group(1), re.M))
+    assert rows == registry.SHIPPED
+
+
+def test_both_shipped_adapters_satisfy_the_protocol_and_resolve_to_the_shared_record() -> None:
+    from attnhal.engines import registry
+    from attnhal.engines.base import EngineAdapter, EngineConfig
+    from attnhal.platform import parse
+
+    argv = {"sglang": ["--attention-backend", "triton"], "vllm": ["--attention-backend", "TRITON_ATTN"]}
+    for adapter in registry.adapters():
+        assert isinstance(adapter, EngineAdapter)
+        config = adapter.resolve(adapter.parse(argv[adapter.name]), parse("cuda:sm90"),
+                                 {"platform": "cuda:sm90", "model": "mha"})
+        assert isinstance(config, EngineConfig) and config.engine == adapter.name
+        assert config.roles["decode"] is not None and config.plan("cuda:sm90").valid
+
+
+def test_a_registered_object_that_is_not_an_adapter_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    from attnhal.engines import registry
+
+    monkeypatch.setattr(registry, "_entry_points",
+                        lambda: {"bad": EntryPoint("bad", "attnhal.errors:AttnhalError", registry.GROUP)})
+    registry.get.cache_clear()
+    try:
+        with pytest.raises(registry.UnknownEngine, match="attnhal.errors:AttnhalError is not an EngineAdapter"):
+            registry.get("bad")
+        with pytest.raises(registry.UnknownEngine, match=r"engine='x' \(supported: bad\)"):
+            registry.get("x")
+    finally:
+        registry.get.cache_clear()
