@@ -39,7 +39,8 @@ def register(sub: Any) -> None:
                         "by default they are listed and do not fail the run")
     p.add_argument("--json", action="store_true", help="print the reports as JSON (with each claim's coverage)")
     p.add_argument("--coverage", action="store_true",
-                   help="after the report, the ranges each claim's examples reached (batch sizes, lengths, pools, layers)")
+                   help="after the report, the ranges each claim's examples reached "
+                        "(batch sizes, lengths, pools, layers)")
     p.set_defaults(func=run)
 
 

@@ -70,7 +70,8 @@ def check_layer_pattern(target: Target, claim: Claim) -> tuple[str, int]:
             count += _run_layers(target, claim, recipe)
     shown = ", ".join(f"{k}={v}" for k, v in fields.items() if k != "fp8_flavor") or "no per-layer feature claimed"
     scales = f", k_scale {SCALES}" if fields.get("kv_dtype") else ""
-    return f"{LAYERS} layers through one batch's metadata, every claimed phase ({shown}{scales}); {count} forwards", count
+    return (f"{LAYERS} layers through one batch's metadata, every claimed phase ({shown}{scales}); "
+            f"{count} forwards"), count
 
 
 def _pattern_fields(target: Target) -> dict[str, Any]:

@@ -157,8 +157,8 @@ def _unwritten(claim: Claim, case: Case, saved: tuple[torch.Tensor, torch.Tensor
         wrong = (bits(cache) != bits(before)).flatten(1).any(1)
         wrong[0] = False  # the padding slot: padded rows of a replay write there
         if wrong.any():
-            raise ClaimFalsified(claim, f"{what} wrote the {name} cache at slots {wrong.nonzero().flatten()[:8].tolist()} "
-                                        "(supported: nothing written)")
+            slots = wrong.nonzero().flatten()[:8].tolist()
+            raise ClaimFalsified(claim, f"{what} wrote the {name} cache at slots {slots} (supported: nothing written)")
 
 
 def _check_empty_replays(target: Target, claim: Claim) -> int:
