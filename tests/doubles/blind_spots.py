@@ -40,13 +40,13 @@ class _Blind(TorchBackend):
 # --- batch composition -------------------------------------------------------------------------
 
 class SortsRowsByLength(_Blind):
-    """Uniform phases run their rows sorted by seq len (longest first, for load balance) and
-    write the outputs in that order: never restored."""
+    """A decode of more than 4 rows runs its rows sorted by seq len (longest first, to balance
+    the work) and writes the outputs in that order: never restored."""
 
     def forward(self, q: torch.Tensor, k: Any, v: Any, layer: int, batch: ForwardBatch) -> torch.Tensor:
         out = super().forward(q, k, v, layer, batch)
         bs = batch.batch_size
-        if batch.phase is Phase.PREFILL or bs < 2:
+        if batch.phase is not Phase.DECODE or bs <= 4:
             return out
         order = torch.argsort(batch.seq_lens.cpu(), descending=True, stable=True)
         return out.view(bs, -1, *out.shape[1:])[order].reshape(out.shape)
