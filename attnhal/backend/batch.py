@@ -24,6 +24,10 @@ KV positions map to slots through ``pool.req_to_page`` (see :mod:`attnhal.backen
 
 Conventions the table relies on:
 
+* A batch may be empty (``bs = 0``, no query tokens) in every phase: an idle
+  data-parallel rank (SGLang's DP attention) runs its forwards without requests.
+  ``forward`` returns an empty ``[0, num_q_heads, v_head_size]`` output and writes
+  nothing; under graphs the runner replays the smallest capture size, every row padding.
 * Query tokens are row-major: token ``i`` of row ``r`` is ``q[r * T + i]`` in the
   uniform phases, and rows follow each other in ``prefill``.
 * Draft token ``j`` of ``target_verify`` sits at position ``seq_lens - T + j`` of the

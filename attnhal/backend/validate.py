@@ -11,6 +11,9 @@ while a graph is being captured.
 Every error is a :class:`BatchValidationError` written ``field=value (supported: ...)``,
 naming the offending element, e.g. ``seq_lens[3]=-1 (supported: >= 0)``.
 
+An empty batch (``bs = 0``, no query tokens) is valid in every phase: an idle
+data-parallel rank runs forwards without requests; ``forward`` returns an empty output.
+
 Padded rows of a captured batch (``req_pool_indices[r] == PADDING_REQ``) only get
 the range checks: their seq len is the backend's fill value and their tokens
 write to the padding slot, whatever the phase would ask of a real row.
@@ -135,9 +138,7 @@ def validate_batch(batch: ForwardBatch, pool: KVPool, config: AttentionConfig | 
     if not isinstance(batch.phase, Phase):
         raise BatchValidationError("phase", batch.phase, ", ".join(p.value for p in Phase))
     _check_tensor("req_pool_indices", batch.req_pool_indices, None, _INTS, pool.device, ndim=1)
-    bs = batch.batch_size
-    if bs < 1:
-        raise BatchValidationError("req_pool_indices.shape", tuple(batch.req_pool_indices.shape), "[bs] with bs >= 1")
+    bs = batch.batch_size  # 0 is a batch too: an idle data-parallel rank runs forwards without requests
     rows = pool.req_to_page.shape[0]
     _check_range("req_pool_indices", batch.req_pool_indices, 0, rows - 1,
                  f"0..{rows - 1}, rows of pool.req_to_page")

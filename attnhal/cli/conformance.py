@@ -37,7 +37,10 @@ def register(sub: Any) -> None:
     p.add_argument("--strict", action="store_true",
                    help="fail on vendor claims whose device is not here too (vendor[cuda] on a CPU machine); "
                         "by default they are listed and do not fail the run")
-    p.add_argument("--json", action="store_true", help="print the reports as JSON")
+    p.add_argument("--json", action="store_true", help="print the reports as JSON (with each claim's coverage)")
+    p.add_argument("--coverage", action="store_true",
+                   help="after the report, the ranges each claim's examples reached "
+                        "(batch sizes, lengths, pools, layers)")
     p.set_defaults(func=run)
 
 
@@ -84,7 +87,7 @@ def _print(args: argparse.Namespace, reports: list[Any]) -> None:
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=2))
     else:
-        print("\n\n".join(r.format() for r in reports))
+        print("\n\n".join(r.format(coverage=args.coverage) for r in reports))
 
 
 def _engine_runner(name: str) -> Any:

@@ -27,7 +27,8 @@ mixin                          claims
                                ``kv_dtype[D]``
 :class:`GraphConformance`      ``graph[P]``, ``seq_len_fill[P]``
 :class:`MultiStepConformance`  ``multi_step``
-:class:`PropertyConformance`   ``deterministic``, ``inputs_unchanged``
+:class:`PropertyConformance`   ``deterministic``, ``inputs_unchanged``, ``batch_invariant``,
+                               ``layer_pattern``, ``scale_edges``, ``empty_batch``
 =============================  =========================================================
 
 :class:`BackendConformance` adds ``vendor[V]``: where the other claims ran.
@@ -90,6 +91,7 @@ from attnhal.testing.checks import (
     not_checked_reason,
     verify,
 )
+from attnhal.testing.checks.claims import METAMORPHIC
 from attnhal.testing.checks.run import depends_on, flaky_result, with_tolerance
 from attnhal.testing.report import resolve_backend
 from attnhal.testing.settings import BUDGET, EXAMPLES, env_examples
@@ -297,9 +299,10 @@ class MultiStepConformance(_Conformance):
 
 
 class PropertyConformance(_Conformance):
-    """``deterministic`` and ``inputs_unchanged``: what every backend owes, claimed or not."""
+    """``deterministic``, ``inputs_unchanged``, ``batch_invariant``, ``layer_pattern``, ``scale_edges``,
+    ``empty_batch``: what every backend owes, claimed or not."""
 
-    claim_kinds = frozenset({ClaimKind.DETERMINISTIC, ClaimKind.INPUTS_UNCHANGED})
+    claim_kinds = frozenset({ClaimKind.DETERMINISTIC, ClaimKind.INPUTS_UNCHANGED, *METAMORPHIC})
 
     def test_deterministic(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
         """Two eager forwards of one batch, and two replays of one graph, are bitwise equal."""
@@ -308,6 +311,11 @@ class PropertyConformance(_Conformance):
     def test_inputs_unchanged(self, attnhal_target: Target, request: pytest.FixtureRequest) -> None:
         """q/k/v, the batch, the pool's table and other layers are untouched by a forward."""
         _claim(attnhal_target, request, Claim(ClaimKind.INPUTS_UNCHANGED))
+
+    @pytest.mark.parametrize("kind", [k.value for k in METAMORPHIC])
+    def test_metamorphic(self, attnhal_target: Target, request: pytest.FixtureRequest, kind: str) -> None:
+        """Batch composition, layer patterns, scale edges and empty batches (what every backend owes)."""
+        _claim(attnhal_target, request, Claim(ClaimKind(kind)))
 
 
 class BackendConformance(PhaseConformance, FeatureConformance, GraphConformance, MultiStepConformance,

@@ -41,6 +41,7 @@ from attnhal.testing.checks import (
     process_reasons,
     verify,
 )
+from attnhal.testing.checks.coverage import format_coverage
 from attnhal.testing.checks.run import depends_on
 from attnhal.testing.settings import BUDGET, EXAMPLES
 from attnhal.testing.strategies import DEFAULT_MAX_COST, DEFAULT_MAX_SEQ_LEN
@@ -138,14 +139,16 @@ class ConformanceReport:
     def counts(self) -> dict[str, int]:
         return {s.value: sum(r.status is s for r in self.results) for s in Status}
 
-    def format(self) -> str:
+    def format(self, coverage: bool = False) -> str:
         """A header, the table ``claim | status | detail``, totals, then each falsified
-        claim with its counterexample."""
+        claim with its counterexample; with ``coverage``, then where each claim's examples
+        reached (:func:`format_coverage_section`)."""
         head = [f"attnhal conformance: backend {self.backend!r} ({self.backend_class})",
                 f"platform: {self.platform} ({self.device}), graphs: {self.graph_kind}; {self._effort()}"]
         head += [f"note: {n}" for n in self.notes]
         return "\n".join([*head, "", format_results(self.results), "", f"{self._totals()} ({self.seconds:.1f} s)",
-                          *self._verdict(), *_failures(self.falsified + self.errors)])
+                          *self._verdict(), *_failures(self.falsified + self.errors),
+                          *([format_coverage_section(self.results)] if coverage else [])])
 
     def _totals(self) -> str:
         """The count of each status; ``verified`` counts what the verdict counts (a ``vendor[V]``
@@ -203,6 +206,13 @@ class ConformanceInterrupted(KeyboardInterrupt):
 
 def _names(results: Iterable[ClaimResult]) -> str:
     return ", ".join(r.claim.name for r in results)
+
+
+def format_coverage_section(results: Iterable[ClaimResult]) -> str:
+    """``coverage`` then, per claim that ran examples, the ranges they reached (batch sizes,
+    context, extend and acceptance lengths, pool slots, layers and their patterns)."""
+    lines = [f"  {r.claim.name}: {format_coverage(r.coverage)}" for r in results if r.coverage]
+    return "\n".join(["", "coverage (the ranges each claim's examples reached):", *(lines or ["  (no claim ran)"])])
 
 
 def format_results(results: Iterable[ClaimResult], width: int = 120) -> str:

@@ -139,6 +139,8 @@ class TorchBackend(AttentionBackend):
         self._plan = plans[0]
 
     def _eager_plan(self, batch: ForwardBatch, workers: int) -> _Plan:
+        if not batch.batch_size:  # an idle rank's forward: nothing to attend, an empty output
+            return _Plan(batch, [], self._eager_ws)
         if batch.phase is Phase.PREFILL:
             return _Plan(batch, self._prefill_pieces(batch), self._eager_ws, workers=workers)
         buf = self._layout_buffers(batch, rows=batch.batch_size, main_len=self._eager_main_len(batch))

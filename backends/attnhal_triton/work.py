@@ -45,10 +45,13 @@ def batch_splits(row: LaunchRow, programs_per_split: int) -> int:
     """The batch's split cap ``S``: as many KV splits as bring a launch of
     ``programs_per_split`` programs per split to ``row.fill_programs``, in ``[1, kv_splits]``.
 
-    A batch whose launch already fills the device gets 1 (no split, no partials).
+    A batch whose launch already fills the device gets 1 (no split, no partials), and so
+    does an empty batch (0 programs: an idle rank's forward launches nothing).
     """
-    if programs_per_split < 1:
-        raise ValueError(f"programs_per_split={programs_per_split} (supported: >= 1)")
+    if programs_per_split < 0:
+        raise ValueError(f"programs_per_split={programs_per_split} (supported: >= 0)")
+    if programs_per_split == 0:
+        return 1
     wanted = -(-row.fill_programs // programs_per_split)
     return max(1, min(row.kv_splits, wanted))
 

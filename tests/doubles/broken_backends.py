@@ -169,7 +169,8 @@ class HostSyncDecode(ToyDecode):
     capabilities = _caps("toy-host-sync")
 
     def context_len(self, batch: ForwardBatch) -> int:
-        return int(batch.seq_lens.max().item())  # the bug: a device-to-host sync
+        # the bug: a device-to-host sync (an empty batch has no max: one column, no row)
+        return int(batch.seq_lens.max().item()) if batch.batch_size else 1
 
 
 class StaleLenDecode(ToyDecode):
@@ -192,7 +193,7 @@ class StaleLenDecode(ToyDecode):
     def _host_len(self, batch: ForwardBatch) -> int:
         if batch.seq_lens_cpu is None:
             raise ValueError("seq_lens_cpu=None (supported: a host copy of seq_lens)")
-        return int(batch.seq_lens_cpu.max())
+        return int(batch.seq_lens_cpu.max()) if batch.batch_size else 1  # empty: one column, no row
 
     def context_len(self, batch: ForwardBatch) -> int:
         return self.ctx

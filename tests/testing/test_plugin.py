@@ -51,7 +51,7 @@ def test_backend_option_runs_the_whole_suite_in_an_empty_directory(tmp_path: Pat
     run = _pytest(tmp_path, "-p", "attnhal.testing.plugin", "--attnhal-backend", "torch",
                   "--attnhal-examples", "0", "--attnhal-allow-unchecked", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "38 passed, 16 skipped" in run.stdout  # every claim of torch; unclaimed items and other vendors skip
+    assert "42 passed, 16 skipped" in run.stdout  # every claim of torch; unclaimed items and other vendors skip
     assert "attnhal conformance: torch on cpu" in run.stdout  # the claims table
     assert "graph[target_verify]" in run.stdout and "not checked here" in run.stdout
     assert "deterministic" in run.stdout and "inputs_unchanged" in run.stdout

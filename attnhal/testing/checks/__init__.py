@@ -12,7 +12,9 @@ both drive these functions.
 One module per claim family, so each claim's check is found in one short module:
 :mod:`.phases` (``phase``, ``unclaimed``), :mod:`.features`, :mod:`.graphs` (``graph``,
 ``seq_len_fill``; capture in :mod:`.capture`), :mod:`.multi_step`, :mod:`.properties`
-(``deterministic``, ``inputs_unchanged``); :mod:`.claims` and :mod:`.target` hold the
+(``deterministic``, ``inputs_unchanged``), :mod:`.metamorphic` (``batch_invariant``,
+``empty_batch``), :mod:`.edges` (``layer_pattern``, ``scale_edges``; the far pool in
+:mod:`.far_pool`), :mod:`.coverage` (where examples reached); :mod:`.claims` and :mod:`.target` hold the
 records, :mod:`.fixed` the fixed examples, :mod:`.limits` the speculative limits of graph
 and multi-step claims, :mod:`.run` dispatches. Modules import their siblings by module
 path (``attnhal.testing.checks.fixed``), never through this package.
@@ -35,10 +37,17 @@ claim                      what is run
                            outputs and leave real rows as eager computes them
 ``multi_step``             :class:`~attnhal.backend.MultiStepDraft`: every forward matches the
                            reference while the draft tree re-parents between forwards
-``deterministic``          every backend: one batch run twice, one graph replayed twice, give
-                           bitwise-equal outputs
+``deterministic``          every backend: one batch run twice, one graph replayed twice and
+                           a second capture of it give bitwise-equal outputs
 ``inputs_unchanged``       every backend: q/k/v, the batch, the pool's table and the other
                            layers are untouched by a forward
+``batch_invariant``        every backend: a request's output whatever rows surround it, in
+                           what order, in which request row, at 1, 5 and 64 requests
+``layer_pattern``          every backend: 4 layers with differing windows, sinks, fp8 scales
+                           through one batch's metadata, each against its own reference
+``scale_edges``            every backend: a context past 2^16, a pool past 2^31 elements,
+                           (thorough) a prefill extend past 4096 tokens
+``empty_batch``            every backend: a batch of 0 requests, eager and through graphs
 =========================  ================================================================
 
 The fixed examples (:mod:`.fixed`) reach KV block boundaries, a long context, edge rows at

@@ -88,6 +88,10 @@ def _inputs(config: AttentionConfig, steps: int, multi: bool) -> dict[str, tuple
     return out
 
 
+#: The named inputs of a captured step (``q0``, ``k0``, ``v0``, ``parent1``...): ``(kind, shape, dtype)``.
+step_inputs = _inputs
+
+
 def _owner(target: Target, claim: Claim, config: AttentionConfig, pool: KVPool, spec: SpecConfig,
            multi: bool) -> tuple[Any, list[AttentionBackend]]:
     """The metadata owner of a graph step (a backend, or a MultiStepDraft) and its step backends."""

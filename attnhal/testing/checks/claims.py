@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -33,7 +33,7 @@ class Status(str, Enum):
     ERROR = "kit error"
 
 
-class ClaimKind(str, Enum):
+class ClaimKind(str, Enum):  # noqa: D101 - the claims, as the report names them
     PHASE = "phase"
     UNCLAIMED = "unclaimed"
     FEATURE = "feature"
@@ -43,9 +43,18 @@ class ClaimKind(str, Enum):
     MULTI_STEP = "multi_step"
     DETERMINISTIC = "deterministic"
     INPUTS_UNCHANGED = "inputs_unchanged"
+    BATCH_INVARIANT = "batch_invariant"
+    LAYER_PATTERN = "layer_pattern"
+    SCALE_EDGES = "scale_edges"
+    EMPTY_BATCH = "empty_batch"
     PAGE_SIZE = "page_size"
     KV_DTYPE = "kv_dtype"
     VENDOR = "vendor"
+
+
+#: Properties every backend owes whatever its descriptor says, checked by derived batches
+#: (:mod:`.metamorphic`, :mod:`.edges`).
+METAMORPHIC = (ClaimKind.BATCH_INVARIANT, ClaimKind.LAYER_PATTERN, ClaimKind.SCALE_EDGES, ClaimKind.EMPTY_BATCH)
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,8 @@ class ClaimResult:
     seconds: float = 0.0
     flaky: bool = False
     tolerance: str = ""
+    #: Per quantity, the range its examples reached (:mod:`attnhal.testing.checks.coverage`).
+    coverage: dict[str, Any] = field(default_factory=dict)
 
     @property
     def device_elsewhere(self) -> bool:
@@ -122,7 +133,7 @@ class ClaimResult:
         return {"claim": self.claim.name, "kind": self.claim.kind.value, "subject": self.claim.subject,
                 "dtype": self.claim.dtype, "status": self.status.value, "flaky": self.flaky,
                 "detail": self.detail, "counterexample": self.counterexample, "examples": self.examples,
-                "tolerance": self.tolerance, "seconds": round(self.seconds, 3)}
+                "tolerance": self.tolerance, "seconds": round(self.seconds, 3), "coverage": self.coverage}
 
 
 
@@ -155,6 +166,7 @@ def claims(caps: BackendCapabilities) -> list[Claim]:
         out.append(Claim(ClaimKind.MULTI_STEP))
     # Not descriptor fields: every backend owes them (an engine relies on both).
     out += [Claim(ClaimKind.DETERMINISTIC), Claim(ClaimKind.INPUTS_UNCHANGED)]
+    out += [Claim(k) for k in METAMORPHIC]
     out += [Claim(ClaimKind.PAGE_SIZE, str(s)) for s in sorted(caps.page_sizes) if s != 1]
     out += [Claim(ClaimKind.KV_DTYPE, d) for d in sorted(set(caps.kv_dtypes or ()) - set(caps.dtypes))]
     out += [Claim(ClaimKind.VENDOR, v.value) for v in Vendor if v in caps.vendors]

@@ -18,6 +18,7 @@ from attnhal.backend import ForwardBatch, KVPool
 from attnhal.capabilities import Tolerance
 from attnhal.testing.cases import Case, CaseRecipe
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
+from attnhal.testing.checks.coverage import note
 from attnhal.testing.checks.target import Target
 from attnhal.testing.oracle import real_tokens, store
 
@@ -33,6 +34,7 @@ def run_examples(target: Target, name: str, strategy: st.SearchStrategy[Any], fi
     examples (each its own seed) until the time is spent or ``max_examples`` are run.
     """
     count = [0]
+    body = _noted(body)  # not a line of test(): hypothesis derandomizes by test()'s source
 
     def test(case: Any) -> None:
         body(case)
@@ -57,6 +59,15 @@ def run_examples(target: Target, name: str, strategy: st.SearchStrategy[Any], fi
         seed(base + rounds)(drawn)()
         rounds += 1
     return count[0]
+
+
+def _noted(body: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``body`` noting each example it runs for the coverage report."""
+    def run(case: Any) -> None:
+        note(case)
+        body(case)
+
+    return run
 
 
 def input_tolerance(tol: Tolerance, case: Case) -> Tolerance:

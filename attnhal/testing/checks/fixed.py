@@ -10,7 +10,11 @@ scattered slots), so that a failure differs from the canonical case in one respe
   length-1 request at every position of a 3-request batch;
 * :func:`layout_cases` — MHA 8/8, GQA groups 8 and 16, MQA with 16 query heads;
 * :func:`input_cases` — an explicit scale with logits of hundreds in a fused qkv, and V
-  near the dtype's range in strided heads.
+  near the dtype's range in strided heads;
+* :func:`acceptance_cases` — boundaries by construction: draft extend with every draft
+  accepted, one accepted, and both in one batch; verify with the smallest tree (one draft
+  node after the root) and the longest chain the phase runs;
+* :func:`size_cases` — the phase at batch size 1 and at the largest capture size.
 
 Cases whose cost exceeds the target's bounds are left out (an interpreter run passes
 small ones), so the count of fixed examples depends on the target.
@@ -22,10 +26,12 @@ from dataclasses import replace
 from typing import Any
 
 from attnhal.phases import Phase
+from attnhal.spec import MAX_NUM_STEPS, SpecConfig
 from attnhal.testing.cases import MAX_EXACT_QK, CaseRecipe
 from attnhal.testing.strategies import batch_cost
 
-__all__ = ["at_lengths", "boundary_cases", "edge_cases", "fits", "input_cases", "layout_cases"]
+__all__ = ["acceptance_cases", "at_lengths", "boundary_cases", "edge_cases", "fits", "input_cases", "layout_cases",
+           "size_cases"]
 
 #: KV lengths of the boundary batches: 2^k - 1, 2^k, 2^k + 1 for k = 6, 7, 8, spread so
 #: that each batch mixes them.
@@ -103,3 +109,28 @@ def input_cases(base: CaseRecipe, dtype: str) -> list[CaseRecipe]:
     big_v = 2.0**15 if dtype == "float16" else 2.0**20
     return [replace(base, scale=0.3, qk_magnitude=MAX_EXACT_QK, qkv_layout="fused"),
             replace(base, v_magnitude=big_v, qkv_layout="strided", seed=base.seed + 1)]
+
+
+def acceptance_cases(base: CaseRecipe, max_draft_tokens: int | None = None) -> list[CaseRecipe]:
+    """Where masks and lengths meet their edges, built rather than drawn by chance.
+
+    ``draft_extend``: every request accepting all ``draft_extend_len`` tokens, every one
+    accepting a single token, and both mixed in one batch. ``target_verify``: the smallest
+    draft (the root and one node) and the longest chain the phase runs
+    (``max_draft_tokens``, else ``MAX_NUM_STEPS + 1`` tokens). Other phases: none.
+    """
+    if base.phase is Phase.DRAFT_EXTEND:
+        T = base.required_spec().draft_extend_len
+        lens = (9, 17, 5)
+        return [at_lengths(base, lens, news) for news in ((T,) * 3, (1,) * 3, (T, 1, T))]
+    if base.phase is Phase.TARGET_VERIFY:
+        longest = min(MAX_NUM_STEPS, (max_draft_tokens or MAX_NUM_STEPS + 1) - 1)
+        return [replace(base, spec=SpecConfig.eagle(steps), tree_parents=(), prefix_lens=(0, 13))
+                for steps in sorted({1, max(longest, 1)})]
+    return []
+
+
+def size_cases(base: CaseRecipe, largest: int) -> list[CaseRecipe]:
+    """``base`` at batch size 1 and at ``largest`` requests of mixed lengths."""
+    lens = tuple(3 + 5 * i for i in range(largest))
+    return [at_lengths(base, (12,)), replace(at_lengths(base, lens), seed=base.seed + 5)]

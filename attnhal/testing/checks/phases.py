@@ -10,7 +10,7 @@ import torch
 import attnhal.testing.checks.fixed as fixed
 import attnhal.testing.strategies as hst
 from attnhal.backend import AttentionBackend, UnsupportedPhase
-from attnhal.capabilities import BackendCapabilities
+from attnhal.capabilities import BackendCapabilities, SpecLimits
 from attnhal.phases import Feature, Phase
 from attnhal.spec import DTYPES, SpecConfig
 from attnhal.testing.cases import Case, CaseRecipe, build_case
@@ -91,7 +91,8 @@ def phase_examples(target: Target, phase: Phase, dtype: str) -> list[CaseRecipe]
     out = [c for h in sizes for c in canonical_cases(caps, phase, dtype, h)]
     base = canonical_cases(caps, phase, dtype, sizes[0])[0]
     out += [*fixed.boundary_cases(base, target.thorough), *fixed.edge_cases(base), *fixed.layout_cases(base),
-            *fixed.input_cases(base, dtype)]
+            *fixed.input_cases(base, dtype), *fixed.size_cases(base, max(target.capture_sizes)),
+            *fixed.acceptance_cases(base, caps.run_limits.get(phase, SpecLimits()).max_draft_tokens)]
     return [c for c in out if fixed.fits(c, target.max_seq_len, target.max_cost)]
 
 

@@ -3,8 +3,10 @@
 Both run on the plain and on every claimed fp8 cache (fixed and drawn examples).
 
 * ``deterministic`` — one backend running the same batch twice gives bitwise-equal
-  outputs (real tokens), and so do two replays of one captured graph: an engine compares
-  and caches results, and a speculative step must accept the same tokens when re-run.
+  outputs (real tokens), and so do two replays of one captured graph and the replays of
+  two independent captures of it (capture invariance: a restarted server or a re-captured
+  size must not pick other kernels or tiles): an engine compares and caches results, and a
+  speculative step must accept the same tokens when re-run.
 * ``inputs_unchanged`` — after ``init_forward_metadata`` and ``forward``: ``q``, ``k``,
   ``v`` (views of a fused tensor included), every batch tensor, the pool's table and
   every layer's K/V are as they were, except ``out_cache_loc`` (and the padding slot) of
@@ -90,7 +92,7 @@ def check_deterministic(target: Target, claim: Claim) -> tuple[str, int]:
     examples = _fixed(target, lambda base: fixed.boundary_cases(base)[:1])
     count = run_examples(target, "deterministic", _drawn(target), examples, body)
     replays = _check_replays(target, claim)
-    how = f"; two replays of {plural(replays, 'graph phase')}" if replays else ""
+    how = f"; two replays and a second capture of {plural(replays, 'graph phase')}" if replays else ""
     return f"two eager forwards bitwise equal, every claimed phase; {plural(count, 'example')}{how}", count
 
 
@@ -143,6 +145,14 @@ def _replay_twice(target: Target, claim: Claim, graph_claim: Claim, recipe: Case
         outs.append([o.clone() for o in (got if isinstance(got, tuple) else (got,))])
     for s, (a, b) in enumerate(zip(*outs)):
         _same(claim, a, b, exp.batches[s], f"{_where(recipe)}: two replays of one graph (forward {s})")
+    # A second, independent capture (a restarted server, a re-captured size) must pick the same
+    # kernels: its replay is bitwise the first capture's.
+    again = capture(target, graph_claim, (recipe,), (recipe.requests,))
+    case2 = build_case(recipe, pool=again.pool)
+    with blame(claim, f"replay of a second capture of {recipe.phase.value}"):
+        got = again.runner.run(recipe.phase, case2.batch, exp.inputs)
+    for s, (a, b) in enumerate(zip(outs[0], got if isinstance(got, tuple) else (got,))):
+        _same(claim, a, b, exp.batches[s], f"{_where(recipe)}: replays of two captures of one graph (forward {s})")
 
 
 # --- inputs unchanged ------------------------------------------------------------------------------

@@ -7,8 +7,10 @@ from collections.abc import Callable, Mapping
 
 from hypothesis.errors import Flaky
 
+import attnhal.testing.checks.coverage as coverage
 from attnhal.platform import GraphKind, Vendor
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind, ClaimResult, Status
+from attnhal.testing.checks.edges import check_layer_pattern, check_scale_edges
 from attnhal.testing.checks.features import (
     check_feature,
     check_kv_dtype,
@@ -18,6 +20,7 @@ from attnhal.testing.checks.features import (
 )
 from attnhal.testing.checks.graphs import check_fill, check_graph
 from attnhal.testing.checks.limits import claim_limits, claim_spec_configs
+from attnhal.testing.checks.metamorphic import check_batch_invariant, check_empty_batch
 from attnhal.testing.checks.multi_step import check_multi_step
 from attnhal.testing.checks.phases import check_phase, check_unclaimed
 from attnhal.testing.checks.properties import check_deterministic, check_inputs_unchanged
@@ -69,7 +72,7 @@ def verify(target: Target, claim: Claim) -> ClaimResult:
             return ClaimResult(claim, Status.VERIFIED, f"the other claims ran here, on {target.platform.name} "
                                                        f"({target.platform.device_name or target.device})")
         detail, count = check(target, claim)
-        result = ClaimResult(claim, Status.VERIFIED, detail, examples=count)
+        result = ClaimResult(claim, Status.VERIFIED, detail, examples=count, coverage=coverage.take(claim.name))
     except ClaimFalsified as exc:
         result = ClaimResult(claim, Status.FALSIFIED, _detail(claim, exc), counterexample=counterexample(exc))
     except Flaky as exc:
@@ -77,6 +80,7 @@ def verify(target: Target, claim: Claim) -> ClaimResult:
     except Exception as exc:  # noqa: BLE001 - the kit failing on one claim must not lose the others
         result = ClaimResult(claim, Status.ERROR, f"the kit failed: {type(exc).__name__}: {exc}")
     result.seconds = time.perf_counter() - start
+    result.coverage = result.coverage or coverage.take(claim.name)
     return with_tolerance(target, result)
 
 
@@ -120,6 +124,10 @@ def check(target: Target, claim: Claim) -> tuple[str, int]:
         ClaimKind.MULTI_STEP: check_multi_step,
         ClaimKind.DETERMINISTIC: check_deterministic,
         ClaimKind.INPUTS_UNCHANGED: check_inputs_unchanged,
+        ClaimKind.BATCH_INVARIANT: check_batch_invariant,
+        ClaimKind.LAYER_PATTERN: check_layer_pattern,
+        ClaimKind.SCALE_EDGES: check_scale_edges,
+        ClaimKind.EMPTY_BATCH: check_empty_batch,
     }
     if claim.kind not in runners:
         raise ValueError(f"claim={claim} (supported: {', '.join(k.value for k in runners)} run; "
@@ -127,5 +135,6 @@ def check(target: Target, claim: Claim) -> tuple[str, int]:
     breach = ceiling_breach(target.caps, claim)
     if breach is not None:  # checked with a tolerance past the ceiling, the claim would prove nothing
         raise ClaimFalsified(claim, breach)
-    return runners[claim.kind](target, claim)
+    with coverage.collecting(claim.name):
+        return runners[claim.kind](target, claim)
 

@@ -40,12 +40,13 @@ class TestTritonConformance(BackendConformance):
     @pytest.fixture(autouse=True)
     def _slow_claims_opt_in(self, request: pytest.FixtureRequest) -> None:
         name = request.node.name
-        costly = ("test_feature[", "test_page_size[", "test_kv_dtype[")
+        # batch_invariant runs 70 batches (64 rows among them): ~450 s of interpreter time
+        costly = ("test_feature[", "test_page_size[", "test_kv_dtype[", "test_metamorphic[batch_invariant]")
         # fp16 per phase also runs against the reference in CI
         # (test_triton_kernels.py::test_every_phase_every_dtype); the kit's fp16 phase checks
         # cost ~65 s of interpreter time and join the slow set.
         fp16_phase = name.startswith("test_phase[") and name.endswith("-float16]")
         if ((name.startswith(costly) and "custom_mask" not in name) or fp16_phase) \
                 and not os.environ.get("ATTNHAL_SLOW"):
-            pytest.skip("page-size, KV-dtype, feature and fp16 phase claims under the interpreter: "
-                        "set ATTNHAL_SLOW=1")
+            pytest.skip("page-size, KV-dtype, feature, batch-invariance and fp16 phase claims under the "
+                        "interpreter: set ATTNHAL_SLOW=1")

@@ -81,10 +81,11 @@ def test_partial_slots_bound_every_batch_size() -> None:
             assert slots < max_bs * tokens * row.kv_splits / 8
 
 
-def test_batch_splits_refuses_an_empty_launch() -> None:
+def test_batch_splits_of_an_empty_launch_is_one_and_a_negative_count_is_refused() -> None:
     row = lookup("decode", parse("cuda:sm90"), 128, "bfloat16")
-    with pytest.raises(ValueError, match="programs_per_split=0"):
-        work.batch_splits(row, 0)
+    assert work.batch_splits(row, 0) == 1  # an empty batch (an idle rank) launches nothing
+    with pytest.raises(ValueError, match="programs_per_split=-1"):
+        work.batch_splits(row, -1)
 
 
 @pytest.mark.parametrize("phase,tree", [(Phase.TARGET_VERIFY, False), (Phase.TARGET_VERIFY, True),
