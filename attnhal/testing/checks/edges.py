@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 import attnhal.testing.strategies as hst
+from attnhal.kv_format import kv_format
 from attnhal.testing.strategies import DEFAULT_MAX_SEQ_LEN
 from attnhal.backend import AttentionBackend
 from attnhal.phases import Feature, Phase
@@ -82,7 +83,7 @@ def _pattern_fields(target: Target) -> dict[str, Any]:
         out["sliding_window"] = WINDOWS
     if Feature.SINKS in caps.features:
         out["sinks"] = True
-    fp8 = [f for f in hst.kv_fields(caps, fp8_flavours(target)[:1]) if f["kv_dtype"].startswith("fp8")]
+    fp8 = [f for f in hst.kv_fields(caps, fp8_flavours(target)[:1]) if kv_format(f["kv_dtype"]).scaled]
     if fp8:
         out |= {"kv_dtype": fp8[0]["kv_dtype"], "fp8_flavor": fp8[0]["fp8_flavor"]}
     return out

@@ -18,6 +18,7 @@ from dataclasses import replace
 import torch
 
 import attnhal.testing.strategies as hst
+from attnhal.kv_format import kv_format
 from attnhal.backend import KVPool
 from attnhal.testing.cases import Case, CaseRecipe, build_case
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
@@ -38,7 +39,7 @@ def far_recipe(target: Target, base: CaseRecipe) -> CaseRecipe:
     """``base`` with two short requests, one KV head, one layer, in the narrowest claimed
     cache (fp8 where claimed, else a 16-bit dtype where claimed): the cheapest far pool."""
     caps = target.caps
-    fp8 = [f for f in hst.kv_fields(caps, fp8_flavours(target)[:1]) if f["kv_dtype"].startswith("fp8")]
+    fp8 = [f for f in hst.kv_fields(caps, fp8_flavours(target)[:1]) if kv_format(f["kv_dtype"]).scaled]
     narrow = [d for d in ("float16", "bfloat16") if d in caps.dtypes]
     recipe = replace(at_lengths(base, (9, 5)), num_q_heads=2, num_kv_heads=1, num_layers=1, layer=0,
                      dtype=narrow[0] if narrow else base.dtype)
