@@ -13,11 +13,11 @@ import importlib.abc
 import importlib.machinery
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["WORKERS", "register"]
+__all__ = ["WORKERS", "register", "spec_then"]
 
 #: The modules whose classes attnhal's SGLang plugin hooks (its ``HOOKS``; a test keeps the two equal).
 WORKERS = ("sglang.srt.speculative.eagle_worker_v2", "sglang.srt.speculative.multi_layer_eagle_worker_v2",
@@ -63,17 +63,24 @@ class _LoadOnImport(importlib.abc.MetaPathFinder):
         if fullname not in WORKERS:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        execute, source = spec.loader.exec_module, self.source
+        return spec_then(fullname, path, lambda: _load(self.source, apply=True),
+                         "loading attnhal's SGLang plugin failed; SGLang decides without it")
 
-        def exec_module(module: ModuleType) -> None:
-            execute(module)
-            try:
-                _load(source, apply=True)
-            except Exception:
-                log.exception("attnhal: loading attnhal's SGLang plugin failed; SGLang decides without it")
 
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+def spec_then(fullname: str, path: Sequence[str] | None, then: Callable[[], None], failed: str) -> Any:
+    """The module spec of ``fullname`` whose loader runs ``then`` right after the module is
+    executed; ``then`` failing is logged (``failed``), never raised into the engine's import."""
+    spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+    if spec is None or spec.loader is None:
         return spec
+    execute = spec.loader.exec_module
+
+    def exec_module(module: ModuleType) -> None:
+        execute(module)
+        try:
+            then()
+        except Exception:
+            log.exception("attnhal: %s", failed)
+
+    spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+    return spec

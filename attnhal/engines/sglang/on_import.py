@@ -11,12 +11,13 @@ once, as before, and applied by ``load_plugins()``.
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
+
+from attnhal_hooks.sglang import spec_then
 
 __all__ = ["module_of", "register_on_import"]
 
@@ -47,23 +48,15 @@ class _OnImport(importlib.abc.MetaPathFinder):
             return None
         if not self.pending:
             sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        execute, source = spec.loader.exec_module, self.source
+        return spec_then(fullname, path, lambda: _register_and_apply(hooks, self.source),
+                         f"hooking {fullname} failed; SGLang decides without attnhal")
 
-        def exec_module(module: ModuleType) -> None:
-            execute(module)
-            try:
-                from sglang.srt.plugins.hook_registry import HookRegistry
 
-                _register(hooks, source)
-                HookRegistry.apply_hooks()  # only the targets not patched yet
-            except Exception:
-                log.exception("attnhal: hooking %s failed; SGLang decides without attnhal", fullname)
+def _register_and_apply(hooks: Mapping[str, Callable[..., Any]], source: Any) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry
 
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
+    _register(hooks, source)
+    HookRegistry.apply_hooks()  # only the targets not patched yet
 
 
 def register_on_import(hooks: Mapping[str, Callable[..., Any]]) -> None:

@@ -20,7 +20,7 @@ from attnhal.testing.cases import Case, CaseRecipe
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.coverage import note
 from attnhal.testing.checks.target import Target
-from attnhal.testing.oracle import real_tokens, store
+from attnhal.testing.oracle import real_tokens, reference_forward, store
 
 #: Random examples per round when a check runs for a time (``Target.seconds``).
 ROUND = 4
@@ -193,3 +193,17 @@ def with_example(exc: ClaimFalsified, recipe: CaseRecipe) -> ClaimFalsified:
     exc.__notes__ = [*getattr(exc, "__notes__", []), f"Failing example: {recipe!r}"]
     return exc
 
+
+def forward_checked(target: Target, claim: Claim, backend: Any, case: Case, what: str) -> torch.Tensor:
+    """``backend.forward`` on ``case`` (its metadata already initialised) checked against the
+    oracle within the claim's tolerance for the case's inputs; returns a copy of the output."""
+    want = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale,
+                             case.config)
+    with blame(claim, f"{what}: the backend"):
+        out = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
+    tol = input_tolerance(target.caps.tolerance_for(case.recipe.dtype, case.recipe.kv_dtype), case)
+    try:
+        check_output(claim, out, case.q, want, case.batch, tol, what)
+    except ClaimFalsified as exc:
+        raise with_example(exc, case.recipe) from None
+    return out.clone()

@@ -31,14 +31,13 @@ from attnhal.backend import AttentionBackend
 from attnhal.phases import Feature, Phase
 from attnhal.testing.cases import Case, CaseRecipe, build_case, make_pool, new_qkv
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
-from attnhal.testing.checks.common import blame, check_output, heads, input_tolerance, with_example
+from attnhal.testing.checks.common import blame, forward_checked, heads
 from attnhal.testing.checks.coverage import note
 from attnhal.testing.checks.far_pool import check_far_pool
 from attnhal.testing.checks.fixed import at_lengths, fits
 from attnhal.testing.checks.phases import canonical_cases
 from attnhal.testing.checks.target import Target, checkable_dtypes
 from attnhal.testing.checks.variants import fp8_flavours
-from attnhal.testing.oracle import reference_forward
 
 __all__ = ["LAYERS", "LONG_CONTEXT", "LONG_EXTEND", "SCALES", "WINDOWS", "check_layer_pattern", "check_scale_edges"]
 
@@ -103,22 +102,10 @@ def _run_layers(target: Target, claim: Claim, recipe: CaseRecipe) -> int:
     for layer in (2, 0, 3, 1):  # not in order: a backend counting its calls to find the layer is off
         q, k, v = new_qkv(case.config, case.batch.num_tokens, gen, target.device, recipe)
         window = case.config.window(layer)
-        _forward_checked(target, claim, backend, replace(case, q=q, k=k, v=v, layer=layer),
+        forward_checked(target, claim, backend, replace(case, q=q, k=k, v=v, layer=layer),
                          f"{_where(recipe)}, layer {layer} of {LAYERS} (window {window}"
                          f"{f', k_scale {SCALES[layer]}' if pool.is_fp8 else ''})")
     return LAYERS
-
-
-def _forward_checked(target: Target, claim: Claim, backend: AttentionBackend, case: Case, what: str) -> None:
-    want = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale,
-                             case.config)
-    with blame(claim, f"{what}: the backend"):
-        out = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
-    tol = input_tolerance(target.caps.tolerance_for(case.recipe.dtype, case.recipe.kv_dtype), case)
-    try:
-        check_output(claim, out, case.q, want, case.batch, tol, what)
-    except ClaimFalsified as exc:
-        raise with_example(exc, case.recipe) from None
 
 
 def _where(recipe: CaseRecipe) -> str:
@@ -140,7 +127,7 @@ def check_scale_edges(target: Target, claim: Claim) -> tuple[str, int]:
         with blame(claim, f"{name}: the backend"):
             backend = target.new_backend(case.config, case.pool)
             backend.init_forward_metadata(case.batch)
-        _forward_checked(target, claim, backend, case, f"{name}, {_where(recipe)}")
+        forward_checked(target, claim, backend, case, f"{name}, {_where(recipe)}")
         ran.append(f"{name} ({time.perf_counter() - start:.1f} s)")
     ran.append(check_far_pool(target, claim, _base(target, phases[0])))
     out = f"{'; '.join(ran)}"

@@ -24,14 +24,13 @@ from attnhal.testing.cases import Case, CaseRecipe, build_case
 from attnhal.testing.cases.rows import move_requests, row_tokens, select_rows
 from attnhal.testing.checks.capture import capture, step_inputs
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
-from attnhal.testing.checks.common import bits, blame, check_output, heads, input_tolerance, with_example
+from attnhal.testing.checks.common import bits, blame, check_output, forward_checked, heads, with_example
 from attnhal.testing.checks.coverage import note
 from attnhal.testing.checks.fixed import at_lengths, fits
 from attnhal.testing.checks.graphs import fixed_graph_cases
 from attnhal.testing.checks.limits import claim_spec_configs, multi_step_graph
 from attnhal.testing.checks.phases import canonical_cases
 from attnhal.testing.checks.target import Target, checkable_dtypes
-from attnhal.testing.oracle import reference_forward
 
 __all__ = ["BIG_BATCH", "check_batch_invariant", "check_empty_batch"]
 
@@ -92,17 +91,9 @@ def _check_sequence(target: Target, claim: Claim, recipe: CaseRecipe, alone: boo
 
 
 def _run(target: Target, claim: Claim, backend: AttentionBackend, case: Case, what: str) -> torch.Tensor:
-    want = reference_forward(case.q, case.k, case.v, case.layer, case.batch, case.pool, case.config.sm_scale,
-                             case.config)
     with blame(claim, f"{what}: the backend"):
         backend.init_forward_metadata(case.batch)
-        out = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
-    tol = input_tolerance(target.caps.tolerance_for(case.recipe.dtype, case.recipe.kv_dtype), case)
-    try:
-        check_output(claim, out, case.q, want, case.batch, tol, what)
-    except ClaimFalsified as exc:
-        raise with_example(exc, case.recipe) from None
-    return out.clone()
+    return forward_checked(target, claim, backend, case, what)
 
 
 def _same_rows(claim: Claim, recipe: CaseRecipe, first: torch.Tensor, case: Case, got: torch.Tensor,
