@@ -10,6 +10,7 @@ SGLang or in the kit shows up here. Each falsification is written down in docs/c
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -19,16 +20,23 @@ from attnhal.engines.sglang.kit import run_kit, unrunnable
 from attnhal.testing.checks import ClaimKind, Status, claims
 
 _DEVICES = {"vendor[cuda]", "vendor[hip]"}
+#: Left to ATTNHAL_SLOW=1 under the interpreter (attnhal.engines.sglang.kit.certify).
+_SLOW = set() if os.environ.get("ATTNHAL_SLOW") == "1" else {"batch_invariant"}
 _TRITON_BF16 = {f"phase[{p}, bfloat16]" for p in ("prefill", "decode", "draft_decode", "draft_extend",
                                                     "target_verify")}
 
 #: Per entry: (falsified, not checked here). torch_native's target verify reads seq_lens as the
 #: KV length, which verify batches count without the draft (docs/catalog.md D8): its three phase
-#: claims fail, and so do the two every-phase properties through the same verify cases.
+#: claims fail, and so do the every-phase properties through the same verify cases.
 EXPECTED = {
     "sglang:torch_native": ({"phase[target_verify, float32]", "phase[target_verify, float16]",
-                             "phase[target_verify, bfloat16]", "deterministic", "inputs_unchanged"}, _DEVICES),
-    "sglang:triton": (set(), _DEVICES | _TRITON_BF16),
+                             "phase[target_verify, bfloat16]", "deterministic", "inputs_unchanged",
+                             "batch_invariant", "layer_pattern"}, _DEVICES),
+    # A batch of 0 requests, passed as SGLang's IDLE mode (an idle data-parallel rank's batch):
+    # TritonAttnBackend.init_forward_metadata divides by the request count (get_num_kv_splits,
+    # triton_backend.py:441). Shown in SGLang's code on CPU; whether SGLang's own idle path
+    # reaches it without graphs is not shown yet (docs/conformance.md).
+    "sglang:triton": ({"empty_batch"}, _DEVICES | _TRITON_BF16 | _SLOW),
 }
 #: Random examples per check on top of the fixed ones (the kit's default is 3). SGLang's Triton
 #: kernels under the interpreter are this tier's cost: 451 s of CPU for the file at 3 (2026-12-02),

@@ -166,7 +166,9 @@ def sglang_batch(d: Derived, spec_info: Any = None, host: bool = True) -> Any:
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     seq_cpu = d.seq_lens.cpu() if host else None
-    fb = SGLangBatch(forward_mode=getattr(ForwardMode, d.mode), batch_size=d.batch_size,
+    # A batch of 0 requests is what an idle data-parallel rank runs: SGLang's IDLE mode, whatever the phase.
+    mode = ForwardMode.IDLE if d.batch_size == 0 else getattr(ForwardMode, d.mode)
+    fb = SGLangBatch(forward_mode=mode, batch_size=d.batch_size,
                      input_ids=torch.zeros(d.out_cache_loc.shape[0], dtype=torch.int64, device=d.seq_lens.device),
                      req_pool_indices=d.req_pool_indices, seq_lens=d.seq_lens, seq_lens_cpu=seq_cpu,
                      out_cache_loc=d.out_cache_loc, seq_lens_sum=None if seq_cpu is None else int(seq_cpu.sum()),
