@@ -96,6 +96,11 @@ class ClaimFalsified(AttnhalError, AssertionError):
         return (ClaimFalsified, (self.claim, self.detail))
 
 
+class NothingToCheck(AttnhalError, LookupError):
+    """A check with no example to run: no fixed example fits the run's bounds and no random one
+    is drawn (``--examples 0``). The claim is *not checked here*, never verified by nothing."""
+
+
 @dataclass
 class ClaimResult:
     """The outcome of one claim. ``counterexample``: the falsifying example, as hypothesis printed it.

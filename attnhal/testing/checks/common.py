@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from attnhal.backend import ForwardBatch, KVPool
 from attnhal.capabilities import Tolerance
 from attnhal.testing.cases import Case, CaseRecipe
-from attnhal.testing.checks.claims import Claim, ClaimFalsified
+from attnhal.testing.checks.claims import Claim, ClaimFalsified, NothingToCheck
 from attnhal.testing.checks.coverage import note
 from attnhal.testing.checks.target import Target
 from attnhal.testing.oracle import real_tokens, reference_forward, store
@@ -40,6 +40,9 @@ def run_examples(target: Target, name: str, strategy: st.SearchStrategy[Any], fi
         body(case)
         count[0] += 1
 
+    if not fixed and target.max_examples == 0:
+        raise NothingToCheck(f"no fixed example of {name} fits this run's bounds and no random one is drawn "
+                             "(examples=0): nothing to check")
     test.__name__ = test.__qualname__ = name  # hypothesis names the counterexample after it
     wrapped: Any = test
     for case in reversed(fixed):

@@ -9,7 +9,7 @@ from hypothesis.errors import Flaky
 
 import attnhal.testing.checks.coverage as coverage
 from attnhal.platform import GraphKind, Vendor
-from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind, ClaimResult, Status
+from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind, ClaimResult, NothingToCheck, Status
 from attnhal.testing.checks.edges import check_layer_pattern, check_scale_edges
 from attnhal.testing.checks.features import (
     check_feature,
@@ -75,6 +75,8 @@ def verify(target: Target, claim: Claim) -> ClaimResult:
         result = ClaimResult(claim, Status.VERIFIED, detail, examples=count, coverage=coverage.take(claim.name))
     except ClaimFalsified as exc:
         result = ClaimResult(claim, Status.FALSIFIED, _detail(claim, exc), counterexample=counterexample(exc))
+    except NothingToCheck as exc:
+        result = ClaimResult(claim, Status.NOT_CHECKED, str(exc))
     except Flaky as exc:
         result = flaky_result(claim, exc)
     except Exception as exc:  # noqa: BLE001 - the kit failing on one claim must not lose the others
