@@ -299,8 +299,7 @@ class MultiStepConformance(_Conformance):
 
 
 class PropertyConformance(_Conformance):
-    """``deterministic``, ``inputs_unchanged``, ``batch_invariant``, ``layer_pattern``, ``scale_edges``,
-    ``empty_batch``: what every backend owes, claimed or not."""
+    """``deterministic``, ``inputs_unchanged`` and the metamorphic claims: what every backend owes."""
 
     claim_kinds = frozenset({ClaimKind.DETERMINISTIC, ClaimKind.INPUTS_UNCHANGED, *METAMORPHIC})
 

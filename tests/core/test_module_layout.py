@@ -51,3 +51,11 @@ def test_the_removed_aliases_stay_removed():
     gone = [(platform, "current"), (platform.Platform, "spec"), (graphs, "InputSpec"), (stress, "Case"),
             (cases, "CaseSpec")]
     assert [f"{getattr(o, '__name__', o)}.{n}" for o, n in gone if hasattr(o, n)] == []
+
+
+def test_no_source_file_is_over_400_lines() -> None:
+    """One concept per module: past 400 lines a module holds more than one (tests are not counted)."""
+    sources = [p for top in ("attnhal", "backends", "attnhal_hooks") for p in (ROOT / top).rglob("*.py")
+               if "tests" not in p.relative_to(ROOT).parts]
+    long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text().splitlines())) > 400}
+    assert sources and long == {}
