@@ -10,14 +10,15 @@ registered with SGLang's ``HookRegistry`` under attnhal's name and applied.
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["WORKERS", "register", "spec_then"]
+from attnhal_hooks import spec_then
+
+__all__ = ["WORKERS", "register"]
 
 #: The modules whose classes attnhal's SGLang plugin hooks (its ``HOOKS``; a test keeps the two equal).
 WORKERS = ("sglang.srt.speculative.eagle_worker_v2", "sglang.srt.speculative.multi_layer_eagle_worker_v2",
@@ -63,24 +64,5 @@ class _LoadOnImport(importlib.abc.MetaPathFinder):
         if fullname not in WORKERS:
             return None
         sys.meta_path.remove(self)
-        return spec_then(fullname, path, lambda: _load(self.source, apply=True),
+        return spec_then(fullname, path, lambda module: _load(self.source, apply=True), log,
                          "loading attnhal's SGLang plugin failed; SGLang decides without it")
-
-
-def spec_then(fullname: str, path: Sequence[str] | None, then: Callable[[], None], failed: str) -> Any:
-    """The module spec of ``fullname`` whose loader runs ``then`` right after the module is
-    executed; ``then`` failing is logged (``failed``), never raised into the engine's import."""
-    spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-    if spec is None or spec.loader is None:
-        return spec
-    execute = spec.loader.exec_module
-
-    def exec_module(module: ModuleType) -> None:
-        execute(module)
-        try:
-            then()
-        except Exception:
-            log.exception("attnhal: %s", failed)
-
-    spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-    return spec

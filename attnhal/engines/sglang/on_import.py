@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from attnhal_hooks.sglang import spec_then
+from attnhal_hooks import spec_then
 
 __all__ = ["module_of", "register_on_import"]
 
@@ -48,7 +48,7 @@ class _OnImport(importlib.abc.MetaPathFinder):
             return None
         if not self.pending:
             sys.meta_path.remove(self)
-        return spec_then(fullname, path, lambda: _register_and_apply(hooks, self.source),
+        return spec_then(fullname, path, lambda module: _register_and_apply(hooks, self.source), log,
                          f"hooking {fullname} failed; SGLang decides without attnhal")
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import importlib.abc
-import importlib.machinery
 import logging
 import os
 import sys
@@ -38,6 +37,7 @@ from types import ModuleType
 from typing import Any
 
 from attnhal.engines.plugin_gate import installed, mode_from, plugin_mode
+from attnhal_hooks import spec_then
 from attnhal.engines.report import StrictRefusal
 
 __all__ = ["ENV_VAR", "LOGGER", "MODES", "RELEASES", "TARGET", "Target", "installed_vllm", "register"]
@@ -123,22 +123,17 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
         self.targets = [t for t in self.targets if t.module != fullname]
         if not self.targets:
             sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        execute = spec.loader.exec_module
+        return spec_then(fullname, path, lambda module: _wrap_each(module, mine), log,
+                         f"wrapping {fullname} failed; vLLM runs without the audit")
 
-        def exec_module(module: ModuleType) -> None:
-            execute(module)
-            for found in mine:
-                try:
-                    _wrap(module, found)
-                except Exception:
-                    log.exception("attnhal: wrapping %s.%s failed; vLLM runs without the audit",
-                                  found.owner or found.module, found.name)
 
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
+def _wrap_each(module: ModuleType, targets: Sequence[Target]) -> None:
+    for found in targets:
+        try:
+            _wrap(module, found)
+        except Exception:
+            log.exception("attnhal: wrapping %s.%s failed; vLLM runs without the audit",
+                          found.owner or found.module, found.name)
 
 
 def _wrap(module: ModuleType, target: Target) -> None:
