@@ -37,8 +37,8 @@ def _catalogue_takes(backend: str, major: int, minor: int) -> bool:
 def _plan_refuses_arch(backend: str, model: str, major: int, minor: int) -> bool:
     from attnhal.engines import vllm
 
-    plan = vllm.from_engine_args({"attention_backend": backend}, f"cuda:sm{major}{minor}").plan(
-        f"cuda:sm{major}{minor}", model)
+    platform = f"cuda:sm{major}{minor}"
+    plan = vllm.from_engine_args({"attention_backend": backend}, platform, model=model).plan(platform)
     return any(r.code == "arch" for d in plan.phases.values() for r in d.reasons)
 
 
