@@ -18,18 +18,17 @@ from __future__ import annotations
 import torch
 
 from attnhal.backend import AttentionBackend
-from attnhal.phases import GRAPH_PHASES, Phase
-from attnhal.platform import GraphKind
+from attnhal.phases import Phase
 from attnhal.testing.cases import Case, CaseRecipe, build_case
 from attnhal.testing.cases.rows import move_requests, row_tokens, select_rows
 from attnhal.testing.checks.capture import capture, step_inputs
-from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
+from attnhal.testing.checks.claims import Claim, ClaimFalsified
 from attnhal.testing.checks.common import bits, blame, check_output, forward_checked, heads, with_example
 from attnhal.testing.checks.coverage import note
 from attnhal.testing.checks.fixed import at_lengths, fits
-from attnhal.testing.checks.graphs import fixed_graph_cases
-from attnhal.testing.checks.limits import claim_spec_configs, multi_step_graph
+from attnhal.testing.checks.limits import multi_step_graph
 from attnhal.testing.checks.phases import canonical_cases
+from attnhal.testing.checks.properties import graph_phase_cases
 from attnhal.testing.checks.target import Target, checkable_dtypes
 
 __all__ = ["BIG_BATCH", "check_batch_invariant", "check_empty_batch"]
@@ -153,19 +152,13 @@ def _unwritten(claim: Claim, case: Case, saved: tuple[torch.Tensor, torch.Tensor
 
 
 def _check_empty_replays(target: Target, claim: Claim) -> int:
-    if target.platform.graph_kind is GraphKind.NONE:
-        return 0
     ran = 0
-    for phase in (p for p in GRAPH_PHASES if p in target.caps.graph):
-        graph_claim = Claim(ClaimKind.GRAPH, phase.value)
-        cases = fixed_graph_cases(target, graph_claim, (1,))
-        if not cases or claim_spec_configs(target, graph_claim).is_empty:
-            continue
+    for phase, graph_claim, first in graph_phase_cases(target, 1):
         try:
-            graph = capture(target, graph_claim, (cases[0][0],), (1,))
+            graph = capture(target, graph_claim, (first,), (1,))
         except ClaimFalsified:
             continue  # no working graph: the graph claim reports why
-        case = select_rows(build_case(cases[0][0], pool=graph.pool), [])
+        case = select_rows(build_case(first, pool=graph.pool), [])
         steps = max((len(o) for o in graph.outputs.values()), default=1)
         inputs = {name: torch.zeros((0, *shape), dtype=dtype, device=target.device)
                   for name, (_, shape, dtype) in step_inputs(case.config, steps, multi_step_graph(target, graph_claim)

@@ -15,7 +15,7 @@ Both run on the plain and on every claimed fp8 cache (fixed and drawn examples).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -105,17 +105,23 @@ def _same(claim: Claim, a: torch.Tensor, b: torch.Tensor, batch: ForwardBatch, w
                                     f"in {int((x != y).sum())} of {x.numel()} elements (supported: bitwise equal)")
 
 
-def _check_replays(target: Target, claim: Claim) -> int:
-    """Replay each claimed graph phase's fixed case twice; returns how many phases ran."""
+def graph_phase_cases(target: Target, requests: int) -> Iterator[tuple[Phase, Claim, CaseRecipe]]:
+    """Each claimed graph phase this platform can capture, with its graph claim and first fixed
+    case of ``requests`` requests (a phase whose limits no spec config meets is left out)."""
     if target.platform.graph_kind is GraphKind.NONE:
-        return 0
-    ran = 0
+        return
     for phase in (p for p in GRAPH_PHASES if p in target.caps.graph):
         graph_claim = Claim(ClaimKind.GRAPH, phase.value)
-        cases = fixed_graph_cases(target, graph_claim, (2,))
-        if not cases or claim_spec_configs(target, graph_claim).is_empty:
-            continue
-        recipe = fixed.at_lengths(cases[0][0], (129, 65))
+        cases = fixed_graph_cases(target, graph_claim, (requests,))
+        if cases and not claim_spec_configs(target, graph_claim).is_empty:
+            yield phase, graph_claim, cases[0][0]
+
+
+def _check_replays(target: Target, claim: Claim) -> int:
+    """Replay each claimed graph phase's fixed case twice; returns how many phases ran."""
+    ran = 0
+    for _, graph_claim, first in graph_phase_cases(target, 2):
+        recipe = fixed.at_lengths(first, (129, 65))
         try:
             _replay_twice(target, claim, graph_claim, recipe)
         except ClaimFalsified as exc:
