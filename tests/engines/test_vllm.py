@@ -19,6 +19,7 @@ from attnhal.engines.vllm import (
     resolve_mode,
     support_level,
 )
+from attnhal.engines.vllm import plan as vllm_plan
 from attnhal.platform import parse
 
 PLATFORM = {"cuda": "cuda:sm90", "hip": "hip:gfx942", "cpu": "cpu"}
@@ -183,3 +184,58 @@ def test_cli_flashinfer_says_its_cubin_assumption_and_takes_the_other_one(capsys
     assert data["cudagraph_mode"]["resolved"] == "PIECEWISE" and data["cg_support"] == "UNIFORM_SINGLE_TOKEN_DECODE"
     assert main([*argv, "--trtllm-cubins", "maybe"]) == 2
     assert "--trtllm-cubins='maybe' (supported: yes, no)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("here,release,chosen", [
+    ("0.33.0", "0.33.0", "installed"), ("0.34.0", "0.34.0", "installed"),
+    (None, "0.34.0", "no vLLM installed: the newest supported"),
+    ("0.35.1", "0.34.0", "vLLM 0.35.1 installed, not modelled: the newest supported"),
+])
+def test_the_release_modelled_is_the_installed_one_else_the_newest(
+        monkeypatch: pytest.MonkeyPatch, here: str | None, release: str, chosen: str) -> None:
+    monkeypatch.setattr(vllm_plan, "installed", lambda distribution: here)
+    assert vllm_plan.release_for(None)[0] == release and vllm_plan.release_for(None)[1].startswith(chosen)
+    assert vllm_plan.release_for("0.33.0") == ("0.33.0", "--vllm-version")
+    with pytest.raises(EngineArgError, match=r"--vllm-version='0.36' \(supported: 0.33.0, 0.34.0\)"):
+        vllm_plan.release_for("0.36")
+
+
+EAGLE = {"attention_backend": "FLASH_ATTN", "spec_method": "eagle", "spec_tokens": 3}
+
+
+@pytest.mark.parametrize("mode,release,drafter,drafts_captured", [
+    (None, "0.33.0", "PIECEWISE", False),  # vLLM 0.33's drafter: piecewise at most, attention eager
+    ("FULL_DECODE_ONLY", "0.33.0", "NONE", False),  # no piecewise part: no drafter graphs at all
+    (None, "0.34.0", "FULL_DECODE_ONLY", True),  # 0.34: draft decodes captured with attention
+    ("PIECEWISE", "0.34.0", "NONE", False),
+])
+def test_the_drafter_follows_its_release(mode: str | None, release: str, drafter: str,
+                                         drafts_captured: bool) -> None:
+    args = {**EAGLE, **({"compilation_config": {"cudagraph_mode": mode}} if mode else {})}
+    config = from_engine_args(args, "cuda:sm90", version=release)
+    assert config.version == release and config.drafter is not None and config.drafter.mode == drafter
+    result = config.plan("cuda:sm90")
+    assert result["draft_decode"].capture is drafts_captured and result["draft_extend"].capture is (
+        drafts_captured or release == "0.34.0" and mode is None)
+    assert result["target_verify"].capture is (mode != "PIECEWISE")
+    assert any("drafter runs" in note for note in config.notes) is (release == "0.33.0")
+    assert from_engine_args({**EAGLE, "spec_method": "ngram"}, version=release).drafter is None
+
+
+def test_cli_plan_prints_the_start_up_report_of_the_release(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--engine", "vllm", "--platform", "cuda:sm90", "--vllm-version", "0.33.0", "--",
+            "--attention-backend", "FLASH_ATTN", "--spec-method", "eagle", "--spec-tokens", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "engine: vLLM 0.33.0 (--vllm-version)" in out and "drafter: draft decode PIECEWISE" in out
+    table = out[out.index("attnhal graph report (before launch): vLLM 0.33.0 on cuda:sm90"):].splitlines()
+    rows = {line.split()[0]: line for line in table[2:6]}
+    assert set(rows) == {"decode", "prefill+decode", "target_verify", "draft_decode"}
+    assert "full" in rows["target_verify"] and "piecewise" in rows["draft_decode"] and "vLLM 0.34" in rows[
+        "draft_decode"]
+    assert main(["plan", "--engine", "vllm", "--json", *argv[3:]]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["release"] == {"version": "0.33.0", "chosen": "--vllm-version"}
+    assert data["drafter"]["draft_decode"] == "PIECEWISE" and not data["drafter"]["captures_attention"]
+    assert main([*argv[:5], "--vllm-version", "0.2", *argv[7:]]) == 2
+    assert "--vllm-version='0.2' (supported: 0.33.0, 0.34.0)" in capsys.readouterr().err

@@ -41,7 +41,7 @@ class Outcome:
     error: str | None
     sizes: tuple[int, ...] = ()
     refused: bool = False  # the backend refused for the arch (vLLM's selection / attnhal's [arch])
-    drafter: str | None = None  # vLLM 0.34: the drafter's draft-decode mode
+    drafter: str | None = None  # the drafter's draft-decode mode (None: no drafter)
 
 
 CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
@@ -75,9 +75,10 @@ def load(release: str) -> dict[Case, Outcome]:
     return out
 
 
-def attnhal_outcome(case: Case, drafter_modelled: bool) -> Outcome:
-    """attnhal's adapter for the case (trtllm-gen cubins absent, as in the tier's environment);
-    ``drafter_modelled``: the release's drafter mode is compared (vLLM 0.34, eagle)."""
+def attnhal_outcome(case: Case, release: str) -> Outcome:
+    """attnhal's adapter for the case on ``release`` (trtllm-gen cubins absent, as in the tier's
+    environment). The drafter's mode is the adapter's; where the plan disagrees with it about
+    capturing draft decodes, that disagreement is the outcome (a difference)."""
     from attnhal.engines import vllm
     from attnhal.phases import Phase
 
@@ -86,14 +87,16 @@ def attnhal_outcome(case: Case, drafter_modelled: bool) -> Outcome:
         args["speculative_config"] = json.dumps({"method": case.spec, "num_speculative_tokens": SPEC_TOKENS})
     if case.mode is not None:
         args["compilation_config"] = json.dumps({"cudagraph_mode": case.mode})
-    config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False, model=case.model)
+    config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False, model=case.model, version=release)
     r = config.resolution
     assert config.level is not None
     plan = config.plan(case.platform)
     refused = any(reason.code == "arch" for decision in plan.phases.values() for reason in decision.reasons)
     drafter = None
-    if drafter_modelled and case.spec == "eagle":
-        drafter = "FULL_DECODE_ONLY" if plan[Phase.DRAFT_DECODE].capture else "NONE"
+    if config.drafter is not None and r.mode is not None:
+        drafter = config.drafter.mode
+        if plan[Phase.DRAFT_DECODE].capture != config.drafter.captures_attention:
+            drafter += f" (but the plan has draft_decode captured={plan[Phase.DRAFT_DECODE].capture})"
     return Outcome(config.level.support.name, r.mode.value if r.mode else None, r.error, refused=refused,
                    drafter=drafter)
 

@@ -27,8 +27,11 @@ of the backend); vLLM has no topk: a tree (``topk > 1``) is never uniform for it
 - :mod:`~attnhal.engines.vllm.flags`: vLLM's vocabulary (modelled arguments, harmless ones).
 - :mod:`~attnhal.engines.vllm.resolution`: support levels <-> descriptors, their minimum, the graph mode.
 - :mod:`~attnhal.engines.vllm.levels`: the level a builder reports for one configuration (platform, spec, cubins).
+- :mod:`~attnhal.engines.vllm.drafter`: the drafter's graph mode per release (0.33: piecewise at
+  most, attention eager; 0.34: FULL_DECODE_ONLY), from the target's mode.
 - :mod:`~attnhal.engines.vllm.plan`: the adapter (:data:`ADAPTER`): engine arguments -> :class:`VllmConfig`
-  -> attnhal's plan.
+  -> attnhal's plan, for the release :func:`~attnhal.engines.vllm.plan.release_for` picks
+  (``--vllm-version``; default the installed one, else the newest supported).
 - optional: :mod:`~attnhal.engines.vllm.audit` (vLLM's mode resolution explained) and
   :mod:`~attnhal.engines.vllm.plugin` (what runs inside vLLM).
 """

@@ -9,18 +9,22 @@ from typing import TYPE_CHECKING, Any
 from attnhal.catalog import load
 from attnhal.engines.base import EngineConfig, OwnFlag
 from attnhal.engines.flags import EngineArgError, Flag, check, model_kind
+from attnhal.engines.plugin_gate import installed
+from attnhal.engines.report import format_report
+from attnhal.engines.vllm.drafter import DrafterMode, drafter_mode
 from attnhal.engines.vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_VERSION, VLLM_VERSIONS, parse_cli
 from attnhal.engines.vllm.levels import Level, support_on
 from attnhal.engines.vllm.resolution import GraphMode, ModeResolution, resolve_mode
+from attnhal.engines.vllm.startup import report_rows
 from attnhal.phases import Phase, phases_run
-from attnhal.planner import GraphPolicy, PhaseBackends
+from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
 if TYPE_CHECKING:
     from attnhal.engines.advice import Advice
 
-__all__ = ["ADAPTER", "VllmAdapter", "VllmConfig", "from_engine_args"]
+__all__ = ["ADAPTER", "VllmAdapter", "VllmConfig", "from_engine_args", "release_for"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,15 +32,20 @@ class VllmConfig(EngineConfig):
     """vLLM arguments translated: the backend (in every role), the spec, the graph mode vLLM resolves.
 
     ``policy`` has graphs off when vLLM's mode has no full graphs (piecewise graphs leave
-    attention eager); ``refusal`` is vLLM's own refusal of the requested mode.
+    attention eager), and the draft phases off where the release's drafter captures no
+    attention (:mod:`~attnhal.engines.vllm.drafter`); ``refusal`` is vLLM's own refusal of the
+    requested mode; ``version`` the release modelled and ``chosen`` how it was picked.
     """
 
     engine: str = "vllm"
     version: str = VLLM_VERSION
+    chosen: str = ""
     backend: str  # vllm:NAME
     requested: GraphMode
     resolution: ModeResolution
     level: Level | None = None  # the builder's level the resolution used (None: not resolved yet)
+    drafter: DrafterMode | None = None  # None: no draft model (no speculation, or n-gram)
+    query_len: int = 1  # the uniform decode query length: 1 + speculative tokens
 
     def refusal(self) -> str | None:
         return self.resolution.error
@@ -50,16 +59,27 @@ class VllmConfig(EngineConfig):
         return {**super().report(platform), "backend": self.backend, "cg_support": level.support.name,
                 "cg_level": level.to_dict(), "cg_conditions": load(self.backend).meta.get("cg_conditions"),
                 "cudagraph_mode": {"requested": r.requested.value, "resolved": r.mode.value if r.mode else None,
-                                   "steps": list(r.steps), "error": r.error}}
+                                   "steps": list(r.steps), "error": r.error},
+                "release": {"version": self.version, "chosen": self.chosen},
+                "drafter": self.drafter.to_dict() if self.drafter else None}
 
     def summary(self, platform: Platform) -> list[str]:
         level, r = self._level(platform), self.resolution
         why = level.because or load(self.backend).meta.get("cg_conditions")
         resolved = r.mode.value if r.mode else f"error: {r.error}"
-        return [f"engine: vLLM {self.version} -> {self.backend}: AttentionCGSupport {level.support.name}"
-                + (f" ({why})" if why else ""),
+        return [f"engine: vLLM {self.version} ({self.chosen}) -> {self.backend}: AttentionCGSupport "
+                f"{level.support.name}" + (f" ({why})" if why else ""),
                 *([f"assumes: {level.assumes}"] if level.assumes else []),
-                f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps)]
+                f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps),
+                *([f"drafter: draft decode {self.drafter.mode} ({self.drafter.why})"] if self.drafter else [])]
+
+    def remarks(self, platform: Platform, result: GraphPlan) -> list[str]:
+        """The notes, the start-up graph report the plugin would log, the ignored flags."""
+        level, r = self._level(platform), self.resolution
+        rows = report_rows(self.backend.removeprefix("vllm:"), level.support, r.mode, self.query_len,
+                           "vLLM's default", r.error, self.drafter, r.requested)
+        table = format_report(f"attnhal graph report (before launch): vLLM {self.version} on {platform.name}", rows)
+        return [*(f"note: {note}" for note in self.notes), table, *self.ignored_lines()]
 
 
 #: The ``--spec-*`` flags and the ``--speculative-config`` keys they stand for.
@@ -76,8 +96,23 @@ def _refuse_contradictions(values: Mapping[str, Any], speculative: Mapping[str, 
                                        f"{speculative[key]} (supported: one of them, or both with the same value)")
 
 
+def release_for(given: str | None) -> tuple[str, str]:
+    """The vLLM release to model and how it was chosen: ``given`` (``--vllm-version``), else the
+    installed release where attnhal supports it, else the newest supported one."""
+    if given is not None:
+        if given not in VLLM_VERSIONS:
+            raise EngineArgError("--vllm-version", f"--vllm-version={given!r} (supported: {', '.join(VLLM_VERSIONS)})")
+        return given, "--vllm-version"
+    here = installed("vllm")
+    if here in VLLM_VERSIONS:
+        return str(here), "installed"
+    where = "no vLLM installed" if here is None else f"vLLM {here} installed, not modelled"
+    return VLLM_VERSIONS[-1], f"{where}: the newest supported; --vllm-version picks another"
+
+
 def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = None,
-                     trtllm_cubins: bool = True, model: ModelKind | str | None = None) -> VllmConfig:
+                     trtllm_cubins: bool = True, model: ModelKind | str | None = None,
+                     version: str | None = None) -> VllmConfig:
     """Translate vLLM engine arguments (``--attention-backend``, ``--spec-method``, ``--spec-tokens``,
     ``--speculative-config``, ``--compilation-config`` ``cudagraph_mode``, ``--enforce-eager``).
 
@@ -85,8 +120,11 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     ``--enforce-eager`` makes it ``NONE``. The builder's level is the one it reports on
     ``platform`` (:func:`~attnhal.engines.vllm.levels.support_on`; without a platform, the
     catalogue's); ``trtllm_cubins`` is the assumption FlashInfer's level rests on; ``model``
-    the model's attention kind (vLLM reads it from the checkpoint). Raises :class:`EngineArgError` naming the flag.
+    the model's attention kind (vLLM reads it from the checkpoint); ``version`` the release
+    (:func:`release_for`: default the installed one, else the newest supported). Raises
+    :class:`EngineArgError` naming the flag.
     """
+    release, chosen = release_for(version)
     values, ignored = check(args, FLAGS, HARMLESS, "attnhal.engines.vllm.HARMLESS")
     if "attention_backend" not in values:
         raise EngineArgError("--attention-backend", "--attention-backend is required (vLLM picks one per "
@@ -113,10 +151,24 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     backend = values["attention_backend"]
     full = resolution.mode is not None and "FULL" in (resolution.mode.decode, resolution.mode.mixed)
     runs = phases_run(spec) | {Phase.PREFILL, Phase.DECODE}
+    drafter = drafter_mode(release, resolution.mode) if Phase.DRAFT_DECODE in runs else None
+    notes, off = _drafter_notes(drafter) if full else ((), frozenset())
     return VllmConfig(spec=spec, backends=PhaseBackends.same(load(backend).descriptor, spec),
-                      policy=GraphPolicy(enabled=full), context=RequestContext(model=model_kind(model)),
+                      policy=GraphPolicy(enabled=full, disabled_phases=off),
+                      context=RequestContext(model=model_kind(model)),
                       roles={p.value: backend.removeprefix("vllm:") if p in runs else None for p in Phase},
-                      ignored=ignored, backend=backend, requested=requested, resolution=resolution, level=level)
+                      ignored=ignored, notes=notes, version=release, chosen=chosen, backend=backend,
+                      requested=requested, resolution=resolution, level=level, drafter=drafter,
+                      query_len=query_len)
+
+
+def _drafter_notes(drafter: DrafterMode | None) -> tuple[tuple[str, ...], frozenset[Phase]]:
+    """The draft phases the release's drafter leaves eager while the target captures, and why."""
+    if drafter is None or drafter.captures_attention:
+        return (), frozenset()
+    graphs = "no graphs" if drafter.mode == "NONE" else f"{drafter.mode} graphs"
+    return ((f"vLLM {drafter.release}'s drafter runs {graphs}: its attention (draft decode, draft extend) is not "
+             "captured, so attnhal plans both draft phases eager",), frozenset({Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND}))
 
 
 def _cubins(value: str | None) -> bool:
@@ -124,7 +176,8 @@ def _cubins(value: str | None) -> bool:
 
 
 class VllmAdapter:
-    """vLLM 0.33.0 engine arguments -> :class:`VllmConfig` (attnhal's reading; vLLM is never imported)."""
+    """vLLM engine arguments (0.33.0 and 0.34.0 take the same modelled flags) -> :class:`VllmConfig`
+    (attnhal's reading; vLLM is never imported)."""
 
     name = "vllm"
     version = VLLM_VERSION
@@ -135,7 +188,9 @@ class VllmAdapter:
     flags: Mapping[str, Flag] = FLAGS
     harmless = HARMLESS
     own_flags = (OwnFlag("trtllm-cubins", "whether FlashInfer's trtllm-gen cubins are available (its graph level "
-                                          "rests on them)", ("yes", "no"), "yes"),)
+                                          "rests on them)", ("yes", "no"), "yes"),
+                 OwnFlag("vllm-version", "the vLLM release to model (default: the installed one, else the newest "
+                                         "supported)", VLLM_VERSIONS))
     field_flags = FIELD_FLAGS
     catalog = "attnhal.catalog.vllm"
 
@@ -157,7 +212,8 @@ class VllmAdapter:
                       top=top)
 
     def resolve(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None]) -> VllmConfig:
-        return from_engine_args(values, platform, _cubins(own.get("trtllm-cubins")), own.get("model"))
+        return from_engine_args(values, platform, _cubins(own.get("trtllm-cubins")), own.get("model"),
+                                own.get("vllm-version"))
 
 
 #: The adapter the ``attnhal.engines`` entry point ``vllm`` names.

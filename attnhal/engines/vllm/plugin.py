@@ -205,10 +205,23 @@ def _report(runner: Any, before: tuple[Any, Any] | None, error: str | None) -> N
             log.info("attnhal: %s", line)
         sizes = tuple(config.cudagraph_capture_sizes or ())
         at_start(groups, requested, resolved, runner.uniform_decode_query_len, split, sizes, error, _platform())
+        _report_drafter(runner, resolved)
     except StrictRefusal:
         raise
     except Exception:
         log.exception("attnhal: explaining vLLM's cudagraph_mode failed; vLLM's resolution stands")
+
+
+def _report_drafter(runner: Any, resolved: Any) -> None:
+    """vLLM 0.33: the drafter's mode, read from its dispatcher once the runner initialised it."""
+    from attnhal.engines.vllm.drafter import drafter_line, observed
+
+    drafter = getattr(runner, "drafter", None)
+    dispatcher = getattr(drafter, "cudagraph_dispatcher", None)
+    if resolved is None or dispatcher is None or not getattr(runner, "speculative_config", None):
+        return  # no mode, or a drafter without graphs of its own (n-gram)
+    seen = getattr(getattr(dispatcher, "cudagraph_mode", None), "name", None)
+    log.info("attnhal: %s", drafter_line(type(drafter).__name__, observed("0.33.0", resolved, seen)))
 
 
 def _maker(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -135,8 +135,11 @@ def drafter_audited(original: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, cudagraph_mode: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, cudagraph_mode, *args, **kwargs)
         try:
-            log.info("attnhal: %s", drafter_line(type(self).__name__, cudagraph_mode.name,
-                                                 _mode_of(self, "decode_cudagraph_manager"),
+            from attnhal.engines.vllm.drafter import drafter_line, observed
+            from attnhal.engines.vllm.resolution import GraphMode
+
+            seen = observed("0.34.0", GraphMode(cudagraph_mode.name), _mode_of(self, "decode_cudagraph_manager"))
+            log.info("attnhal: %s", drafter_line(type(self).__name__, seen,
                                                  _mode_of(self, "prefill_cudagraph_manager")))
         except Exception:
             log.exception("attnhal: explaining the drafter's cudagraph mode failed; vLLM's decision stands")
@@ -149,12 +152,3 @@ def _mode_of(speculator: Any, attr: str) -> str | None:
     manager = getattr(speculator, attr, None)
     mode = getattr(manager, "cudagraph_mode", None)
     return None if mode is None else str(mode.name)
-
-
-def drafter_line(speculator: str, target_mode: str, decode: str | None, prefill: str | None) -> str:
-    """The drafter's log line: its draft-decode (and draft-prefill) graph modes and why."""
-    why = ("the target's decode graphs are FULL" if decode == "FULL_DECODE_ONLY" else
-           f"the target's mode {target_mode} has no FULL decode graphs, and PIECEWISE graphs are not "
-           "supported for draft decodes (spec_decode/autoregressive/speculator.py:36-43)")
-    line = f"drafter {speculator}: draft decode {decode or 'NONE'} ({why})"
-    return line + (f"; draft prefill {prefill}" if prefill is not None else "")

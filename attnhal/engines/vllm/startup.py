@@ -15,10 +15,11 @@ from collections.abc import Sequence
 
 from attnhal.engines.report import GraphRow, StrictRefusal, format_report, sizes_text
 from attnhal.engines.vllm.audit import GroupLevel, _attnhal_level
+from attnhal.engines.vllm.drafter import DrafterMode
 from attnhal.engines.vllm.resolution import CGSupport, GraphMode, min_support, resolve_mode
 from attnhal.platform import Platform
 
-__all__ = ["MODE_VAR", "TITLE", "at_start", "attnhal_mode", "refuse_eager", "report"]
+__all__ = ["MODE_VAR", "TITLE", "at_start", "attnhal_mode", "refuse_eager", "report", "report_rows"]
 
 TITLE = "attnhal graph report"
 #: The plugin's mode variable (``attnhal.engines.vllm.plugin.ENV_VAR``): ``strict`` refuses here.
@@ -44,26 +45,46 @@ def _weakest(groups: Sequence[GroupLevel]) -> tuple[CGSupport, str]:
 
 
 def report(head: str, groups: Sequence[GroupLevel], resolved: GraphMode | None, query_len: int,
-           sizes: Sequence[int], error: str | None = None) -> str:
-    """The table: per phase vLLM's graph (full, piecewise, none), the capture sizes, the backend
-    that decided it, why, and the flag that changes it."""
+           sizes: Sequence[int], error: str | None = None, requested: GraphMode | None = None) -> str:
+    """The table the plugin logs: per phase vLLM's graph (full, piecewise, none), the capture
+    sizes, the backend that decided it (the weakest group's), why, and the flag that changes it."""
     level, backend = _weakest(groups)
+    return format_report(f"{TITLE}: {head}", report_rows(backend, level, resolved, query_len, sizes, error,
+                                                         requested=requested))
+
+
+def report_rows(backend: str, level: CGSupport, resolved: GraphMode | None, query_len: int,
+                sizes: Sequence[int] | str, error: str | None = None, drafter: DrafterMode | None = None,
+                requested: GraphMode | None = None) -> list[GraphRow]:
+    """The report's rows for the weakest ``backend`` at ``level``: decode, mixed batches, target
+    verify (``query_len > 1``) and, given the ``drafter``'s mode, draft decode; ``sizes``: the
+    capture sizes, or text where they are decided at start (``attnhal plan``); ``requested``: the
+    mode asked for (a graph it leaves out is said as asked, not as a downgrade)."""
     if resolved is None:
-        row = GraphRow("all", "-", "refused", backend, f"vLLM refuses the mode: {error}", _MODE_FLAG)
-        return format_report(f"{TITLE}: {head}", [row])
-    shown = sizes_text(sizes)
+        return [GraphRow("all", "-", "refused", backend, f"vLLM refuses the mode: {error}", _MODE_FLAG)]
+    shown = sizes if isinstance(sizes, str) else sizes_text(sizes)
     why = f"weakest level {level.name}"
+    asked = f"cudagraph_mode {requested.value} asks for it" if requested is not None else why
     rows = [GraphRow("decode", shown if resolved.decode != "NONE" else "-", resolved.decode.lower(), backend,
-                     why if resolved.decode != "FULL" else "-", _MODE_FLAG if resolved.decode != "FULL" else "-"),
+                     "-" if resolved.decode == "FULL" else asked if requested is not None
+                     and requested.decode == resolved.decode else why,
+                     _MODE_FLAG if resolved.decode != "FULL" else "-"),
             GraphRow("prefill+decode", shown if resolved.mixed != "NONE" else "-", resolved.mixed.lower(), backend,
-                     "-" if resolved.mixed == "FULL" else f"{why}: full graphs of mixed batches need ALWAYS",
+                     "-" if resolved.mixed == "FULL" else asked if requested is not None
+                     and requested.mixed == resolved.mixed else f"{why}: full graphs of mixed batches need ALWAYS",
                      _MODE_FLAG if resolved.mixed != "FULL" else "-")]
     if query_len > 1:
         full = resolved.decode == "FULL"
         rows.append(GraphRow("target_verify", shown if full else "-", "full" if full else resolved.decode.lower(),
                              backend, "-" if full else f"{why}: spec decode needs UNIFORM_BATCH",
                              "-" if full else "--attention-backend (one graded UNIFORM_BATCH or ALWAYS)"))
-    return format_report(f"{TITLE}: {head}", rows)
+    if drafter is not None:
+        captured = drafter.captures_attention
+        rows.append(GraphRow("draft_decode", shown if drafter.mode != "NONE" else "-", drafter.mode.lower(), backend,
+                             "-" if captured else drafter.why,
+                             "-" if captured else "vLLM 0.34 (FULL_DECODE_ONLY draft decodes)"
+                             if drafter.release == "0.33.0" else _MODE_FLAG))
+    return rows
 
 
 def refuse_eager(groups: Sequence[GroupLevel], requested: GraphMode, resolved: GraphMode | None, query_len: int,
@@ -85,7 +106,8 @@ def at_start(groups: Sequence[GroupLevel], requested: GraphMode, resolved: Graph
     with ``ATTNHAL_VLLM=strict``, the refusal."""
     if not _REPORTED and _rank0():
         _REPORTED.append(True)
-        log.info("attnhal: %s", report(f"vLLM on {platform.name}", groups, resolved, query_len, sizes, error))
+        log.info("attnhal: %s", report(f"vLLM on {platform.name}", groups, resolved, query_len, sizes, error,
+                                       requested))
     if os.environ.get(MODE_VAR, "").strip().lower() == "strict":
         refuse_eager(groups, requested, resolved, query_len, split, platform)
 

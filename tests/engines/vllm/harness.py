@@ -153,7 +153,7 @@ class Resolution:
     capture_sizes: tuple[int, ...] = ()
     error: str | None = None
     dispatcher_modes: tuple[str, ...] = field(default_factory=tuple)
-    drafter: str | None = None  # vLLM 0.34: the drafter's draft-decode CUDAGraphMode name
+    drafter: str | None = None  # the drafter's draft-decode CUDAGraphMode name (None: no drafter)
 
 
 def kv_cache_spec(config: Any) -> Any:
@@ -195,9 +195,11 @@ def _resolve_v1(config: Any, backend: str, platform: str) -> Resolution:
         runner.vllm_config, runner.compilation_config = config, config.compilation_config
         runner.uniform_decode_query_len = 1 + (speculative.num_speculative_tokens if speculative else 0)
         runner.kv_cache_config, runner.max_num_reqs = None, config.scheduler_config.max_num_seqs
-        runner.speculative_config = None  # the drafter's own dispatcher keys are not part of the mode
+        runner.speculative_config = speculative
         runner.cudagraph_dispatcher = types.SimpleNamespace(
             initialize_cudagraph_keys=lambda mode, query_len: recorded.append(mode.name))
+        drafted: list[str] = []
+        runner.drafter = _drafter_probe_v1(speculative, drafted)
         try:
             runner._check_and_update_cudagraph_mode([{backend_cls}], [KVCacheGroupSpec(["layer"], spec)])
         except ValueError as exc:
@@ -205,7 +207,29 @@ def _resolve_v1(config: Any, backend: str, platform: str) -> Resolution:
         mode = config.compilation_config.cudagraph_mode
         return Resolution(support=support, mode=recorded[-1] if recorded else mode.name,
                           capture_sizes=tuple(config.compilation_config.cudagraph_capture_sizes or ()),
-                          dispatcher_modes=tuple(recorded))
+                          dispatcher_modes=tuple(recorded), drafter=drafted[-1] if drafted else None)
+
+
+def _drafter_probe_v1(speculative: Any, drafted: list[str]) -> Any:
+    """vLLM 0.33's drafter for the runner's mode check: an ``EagleProposer`` made by ``object.__new__``
+    (the class the runner asserts; draft models share its ``initialize_cudagraph_keys``,
+    ``v1/spec_decode/llm_base_proposer.py:420-435``) whose dispatcher records the mode it is given.
+    ``None`` where the runner sets up no drafter graphs (no speculation, n-gram)."""
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    if speculative is None or not (speculative.use_eagle() or speculative.uses_draft_model()):
+        return None
+    drafter = object.__new__(EagleProposer)
+    drafter.speculative_config = speculative
+    dispatcher = types.SimpleNamespace(cudagraph_mode=None)
+
+    def keys(mode: Any, *args: Any) -> None:
+        drafted.append(mode.name)
+        dispatcher.cudagraph_mode = mode  # what the real dispatcher keeps (v1/cudagraph_dispatcher.py:169)
+
+    dispatcher.initialize_cudagraph_keys = keys
+    drafter.cudagraph_dispatcher = dispatcher
+    return drafter
 
 
 #: Compute capabilities the arch check is executed on (``DeviceCapability(major, minor)``).
@@ -307,7 +331,7 @@ def _drafter_mode(config: Any, mode: Any) -> str:
 
     def manager(vllm_config: Any, device: Any, decode_mode: Any, **kwargs: Any) -> Any:
         recorded.append(decode_mode.name)
-        return None
+        return types.SimpleNamespace(cudagraph_mode=decode_mode)  # what the plugin reads of a manager
 
     with mock.patch.object(speculator, "SpeculatorCudaGraphManager", manager):
         drafter.init_cudagraph_manager(mode)

@@ -255,6 +255,21 @@ def test_no_vllm_decision_changes_on_the_grid() -> None:
                    f"{sum(line.startswith('attnhal: differs') for line in lines)} differences logged")
 
 
+def test_the_drafters_mode_is_logged_with_its_releases_reason() -> None:
+    """Each release's drafter (0.33: the proposer's dispatcher; 0.34: the speculator's decode graph
+    manager) as vLLM set it up, with the reason attnhal's rule for the release gives."""
+    import harness as h
+
+    with loaded() as lines:
+        resolution = _outcome("TRITON_ATTN", "mha", "eagle", None, "cuda:sm90")
+    drafted = [line for line in lines if line.startswith("attnhal: drafter ")]
+    expected = {"0.33.0": "draft decode PIECEWISE (the target's mixed mode is PIECEWISE; vLLM 0.33's drafter",
+                "0.34.0": "draft decode FULL_DECODE_ONLY (the target's decode graphs are FULL)"}[h.release()]
+    assert resolution.drafter in expected and len(drafted) == 1 and expected in drafted[0], drafted
+    assert "differs" not in drafted[0]
+    SUMMARY.append(f"vLLM plugin, TRITON_ATTN + eagle, SM90: {drafted[0]}")
+
+
 def test_the_docs_show_the_lines_these_tests_check() -> None:
     text = (Path(__file__).resolve().parents[3] / "docs" / "engines" / "vllm.md").read_text(encoding="utf-8")
     assert ("attnhal: downgrade FULL_AND_PIECEWISE -> PIECEWISE: spec decode (query len 4) needs UNIFORM_BATCH "

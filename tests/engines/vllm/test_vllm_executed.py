@@ -7,8 +7,8 @@ Per cell: whether vLLM's backend selection refuses the backend for the arch
 (``harness.arch_refusals``) against an ``[arch]`` reason in attnhal's plan; where neither
 refuses, the builder's ``AttentionCGSupport`` (``get_cudagraph_support``) against the
 catalogue's ``meta.cg_support``, the mode vLLM resolves (or its error) against
-``attnhal.engines.vllm.from_engine_args``, and on 0.34 the drafter's draft-decode mode against
-attnhal's plan of draft_decode. ``RULES`` explains every difference (see
+``attnhal.engines.vllm.from_engine_args``, and the drafter's draft-decode mode (each release's
+own rule) against the adapter's and its plan of draft_decode. ``RULES`` explains every difference (see
 ``tests/helpers/sglang_expected.py`` for the two kinds).
 """
 
@@ -79,7 +79,7 @@ def engine_outcome(case: Case) -> Outcome:
 
 
 def attnhal_outcome(case: Case) -> Outcome:
-    return vllm_recording.attnhal_outcome(case, harness.V2_RUNNER[harness.release()])
+    return vllm_recording.attnhal_outcome(case, harness.release())
 
 
 @dataclass(frozen=True)
