@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         print_json({"platform": p.name, "device": p.device_name, "simulated": p.simulated,
                     "vendor": p.vendor.value, "arch": p.arch, "warp_size": p.warp_size,
                     "fp8": p.fp8_flavor.value, "graph_api": p.has_graph_api, "graph_kind": p.graph_kind.value,
+                    "graph_device": p.graph_device, "graph_device_error": p.graph_device_error,
                     "torch_device": p.torch_device, "triton": triton_status(), "backends": backends,
                     "engines": [row.to_dict() for row in engines],
                     **({"builds": builds} if builds is not None else {})})
@@ -89,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"platform: {p.name} ({p.device_name}{', simulated' if p.simulated else ''})")
     print(f"  vendor={p.vendor.value} arch={p.arch} warp_size={p.warp_size} fp8={p.fp8_flavor.value} "
           f"graph_api={yes_no(p.has_graph_api)} graph_kind={p.graph_kind.value} device={p.torch_device}")
+    print(f"  graph_device={p.graph_device or '-'}"
+          + (f": cannot capture here ({p.graph_device_error}); every phase plans eager" if p.graph_device_error
+             else ""))
     print(f"triton: {triton_info()}")
     rows = [(name, "available" if b["available"] else "unavailable",
              "; ".join(f"[{r['code']}] {r['message']}" for r in b["reasons"]) or "-", b["source"])

@@ -91,6 +91,15 @@ def test_info_runs(capsys):
     assert code == 0 and "backends" in json.loads(out)
 
 
+def test_info_names_the_graph_implementation_and_why_it_cannot_capture(capsys):
+    code, out, _ = run(capsys, "info", "--platform", "npu:910b")
+    assert code == 0 and "graph_device=-: cannot capture here (the npu vendor row names none); every phase plans " \
+        "eager" in out
+    code, out, _ = run(capsys, "info", "--platform", "hip:gfx942", "--json")
+    data = json.loads(out)
+    assert data["graph_device"] == "attnhal.graphs.device_api:TorchCudaAPI" and data["graph_device_error"] is None
+
+
 def test_python_dash_m_entry():
     out = subprocess.run([sys.executable, "-m", "attnhal", "plan", "--backend", TRITON_LIKE, "--json"],
                          capture_output=True, text=True)
