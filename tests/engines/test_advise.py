@@ -129,6 +129,21 @@ def test_vllm_recommends_a_backend_whose_mode_keeps_full_graphs() -> None:
     assert [str(c) for c in best.changes] == [f"--attention-backend FLASHINFER -> {best.flags['attention_backend']}"]
 
 
+def test_vllm_advice_names_its_release_and_the_0_33_drafter_as_why_drafts_run_eager(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from attnhal.cli import main
+
+    argv = ["advise", "--engine", "vllm", "--platform", "cuda:sm90", "--model", "mha", "--", "--attention-backend",
+            "FLASH_ATTN", "--spec-method", "eagle", "--spec-tokens", "3", "--vllm-version"]
+    assert main([*argv, "0.33.0"]) == 0
+    old = capsys.readouterr().out
+    assert old.startswith("advise: vLLM 0.33.0 on cuda:sm90") and "captured: target_verify\n" in old
+    assert "draft_decode (vLLM 0.33.0's drafter runs PIECEWISE: " in old
+    assert main([*argv, "0.34.0"]) == 0
+    new = capsys.readouterr().out
+    assert new.startswith("advise: vLLM 0.34.0") and "captured: target_verify, draft_decode, draft_extend" in new
+
+
 @pytest.mark.parametrize("argv,flag", [
     (["--engine", "sglang", "--platform", "hip:gfx942", "--model", "mha", "--", *SEED_ARGV, "--no-such-flag", "1"],
      "--no-such-flag"),

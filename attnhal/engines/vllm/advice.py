@@ -1,6 +1,6 @@
 """``attnhal advise --engine vllm``: the ``--attention-backend`` that captures the most, before the engine starts.
 
-vLLM 0.33.0 runs the target and its drafter on one attention backend, so the choice is one
+vLLM runs the target and its drafter on one attention backend, so the choice is one
 flag: each catalogued backend that fits the platform and model kind (pruned before planning)
 goes through the adapter (:func:`~attnhal.engines.vllm.from_engine_args`: the builder's level on
 this platform, the graph mode vLLM resolves) and the planner. A backend for which vLLM's mode
@@ -19,8 +19,8 @@ from attnhal.engines.advice import (MAX_COMBINATIONS, PRIORITY, Advice, Option, 
                                     model_of, rank_key, served_kinds)
 from attnhal.engines.flags import EngineArgError, check, model_kind
 from attnhal.engines.vllm.flags import FLAGS, HARMLESS, VLLM_VERSION
+from attnhal.phases import Phase
 from attnhal.platform import Platform, as_platform
-from attnhal.reasons import ReasonCode
 from attnhal.spec import ModelKind
 
 if TYPE_CHECKING:
@@ -33,7 +33,6 @@ Translate = Callable[[Mapping[str, Any], Platform, bool, ModelKind], "VllmConfig
 
 __all__ = ["advise"]
 
-_ENGINE = f"vLLM {VLLM_VERSION}"
 _NOT_GIVEN = ("--attention-backend not given: vLLM picks one per platform and model, which attnhal does not model "
               "(every catalogued backend that fits is compared)")
 
@@ -59,9 +58,7 @@ def _evaluate(translate: Translate, flags: Mapping[str, Any], given: Mapping[str
     runs = frozenset(p for p in PRIORITY if result[p].runs)
     level = config.level.support.name if config.level is not None else "?"
     mode = config.resolution.mode.value if config.resolution.mode else "-"
-    full = not any(r.code is ReasonCode.GRAPHS_DISABLED for p in runs for r in result[p].reasons)
-    eager = {p: "; ".join(str(r) for r in result[p].reasons) if full
-             else f"cudagraph_mode resolves to {mode} with AttentionCGSupport {level}: attention runs eagerly"
+    eager = {p: _eager_reason(config, p, "; ".join(str(r) for r in result[p].reasons), mode, level)
              for p in PRIORITY if p in runs and not result[p].capture}
     return Option(flags=flags, label=f"{config.backend.split(':', 1)[1]} (AttentionCGSupport {level}, "
                                      f"cudagraph_mode {mode})",
@@ -70,15 +67,26 @@ def _evaluate(translate: Translate, flags: Mapping[str, Any], given: Mapping[str
                   costs=tuple(f"cudagraph_mode downgrade: {step}" for step in config.resolution.steps))
 
 
+def _eager_reason(config: VllmConfig, phase: Phase, reasons: str, mode: str, level: str) -> str:
+    """Why ``phase`` runs eagerly, in vLLM's terms: the resolved mode has no full graphs, or the
+    release's drafter captures no attention; else the planner's reasons."""
+    if not config.policy.enabled:
+        return f"cudagraph_mode resolves to {mode} with AttentionCGSupport {level}: attention runs eagerly"
+    if phase in config.policy.disabled_phases and config.drafter is not None:
+        return f"vLLM {config.drafter.release}'s drafter runs {config.drafter.mode}: {config.drafter.why}"
+    return reasons
+
+
 def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind | str | None = None, *,
            translate: Translate, trtllm_cubins: bool = True, top: int = 3, among: Collection[str] | None = None,
-           limit: int = MAX_COMBINATIONS) -> Advice:
+           limit: int = MAX_COMBINATIONS, release: str = VLLM_VERSION) -> Advice:
     """The vLLM ``--attention-backend`` values that capture the most on ``platform`` for this model,
     ranked (:func:`attnhal.engines.advice.rank_key`), against the user's engine arguments ``args``.
 
     ``translate``: the adapter's ``from_engine_args``; ``among``: the backend names it may propose
     (``FLASH_ATTN``; default every catalogued one that fits); ``trtllm_cubins``: FlashInfer's
-    assumption (:func:`~attnhal.engines.vllm.support_on`).
+    assumption (:func:`~attnhal.engines.vllm.support_on`); ``release``: the vLLM release
+    ``translate`` models (named in the advice).
     Raises :class:`EngineArgError` naming the flag for bad arguments, as the adapter does.
     """
     where = as_platform(platform)
@@ -101,7 +109,7 @@ def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind |
                                    kind, trtllm_cubins)] if o]
     ranked = sorted(options, key=rank_key)
     recommended = frontier(o for o in ranked if rank_key(o) < rank_key(current))[:top]
-    return Advice(_ENGINE, where.name, kind.value, current, recommended, (), len(names))
+    return Advice(f"vLLM {release}", where.name, kind.value, current, recommended, (), len(names))
 
 
 def _refusal(translate: Translate, given: Mapping[str, Any], platform: Platform, model: ModelKind,

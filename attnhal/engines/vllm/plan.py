@@ -208,8 +208,10 @@ class VllmAdapter:
         cubins = own.get("trtllm-cubins") or "yes"
         if cubins not in ("yes", "no"):
             raise EngineArgError("--trtllm-cubins", f"--trtllm-cubins={cubins!r} (supported: yes, no)")
-        return advise(values, platform, own.get("model"), translate=from_engine_args, trtllm_cubins=cubins == "yes",
-                      top=top)
+        release = release_for(own.get("vllm-version"))[0]
+        return advise(values, platform, own.get("model"), trtllm_cubins=cubins == "yes", top=top, release=release,
+                      translate=lambda args, where, cubins, model: from_engine_args(args, where, cubins, model,
+                                                                                     release))
 
     def resolve(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None]) -> VllmConfig:
         return from_engine_args(values, platform, _cubins(own.get("trtllm-cubins")), own.get("model"),
