@@ -34,6 +34,7 @@ class DrafterMode:
     release: str
     mode: str
     why: str
+    change: str = ""  # what else would capture the drafter's attention ("": the target's mode)
 
     @property
     def captures_attention(self) -> bool:
@@ -60,17 +61,20 @@ def _v2(target: GraphMode) -> tuple[str, str]:
                     "supported for draft decodes (spec_decode/autoregressive/speculator.py:36-43)")
 
 
-#: Release -> its rule: the target's resolved mode -> (the drafter's mode, why).
-DRAFTER_RULES: Mapping[str, Callable[[GraphMode], tuple[str, str]]] = {"0.33.0": _v1, "0.34.0": _v2}
+#: Release -> its rule (the target's resolved mode -> the drafter's mode, why) and what else would
+#: capture the drafter's attention where the rule never does ("": the target's mode decides).
+DRAFTER_RULES: Mapping[str, tuple[Callable[[GraphMode], tuple[str, str]], str]] = {
+    "0.33.0": (_v1, "vLLM 0.34 (FULL_DECODE_ONLY draft decodes)"), "0.34.0": (_v2, "")}
 
 
 def drafter_mode(release: str, target: GraphMode | None) -> DrafterMode:
     """The drafter's mode on ``release`` for the target's resolved mode (``None``: vLLM refused the
     mode and starts no drafter: ``NONE``). Raises ``KeyError`` for a release without a rule."""
+    rule, change = DRAFTER_RULES[release]
     if target is None:
-        return DrafterMode(release, "NONE", "vLLM refuses the target's mode")
-    mode, why = DRAFTER_RULES[release](target)
-    return DrafterMode(release, mode, why)
+        return DrafterMode(release, "NONE", "vLLM refuses the target's mode", change)
+    mode, why = rule(target)
+    return DrafterMode(release, mode, why, change)
 
 
 def observed(release: str, target: GraphMode, seen: str | None) -> DrafterMode:
@@ -79,7 +83,7 @@ def observed(release: str, target: GraphMode, seen: str | None) -> DrafterMode:
     rule = drafter_mode(release, target)
     mode = seen or "NONE"
     return rule if mode == rule.mode else DrafterMode(
-        release, mode, f"differs: attnhal's reading of vLLM {release}'s rule gives {rule.mode}")
+        release, mode, f"differs: attnhal's reading of vLLM {release}'s rule gives {rule.mode}", rule.change)
 
 
 def drafter_line(speculator: str, drafter: DrafterMode, prefill: str | None = None) -> str:

@@ -67,8 +67,9 @@ class VllmConfig(EngineConfig):
         level, r = self._level(platform), self.resolution
         why = level.because or load(self.backend).meta.get("cg_conditions")
         resolved = r.mode.value if r.mode else f"error: {r.error}"
-        return [f"engine: vLLM {self.version} ({self.chosen}) -> {self.backend}: AttentionCGSupport "
-                f"{level.support.name}" + (f" ({why})" if why else ""),
+        chosen = f" ({self.chosen})" if self.chosen else ""
+        return [f"engine: vLLM {self.version}{chosen} -> {self.backend}: AttentionCGSupport {level.support.name}"
+                + (f" ({why})" if why else ""),
                 *([f"assumes: {level.assumes}"] if level.assumes else []),
                 f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps),
                 *([f"drafter: draft decode {self.drafter.mode} ({self.drafter.why})"] if self.drafter else [])]
@@ -167,8 +168,9 @@ def _drafter_notes(drafter: DrafterMode | None) -> tuple[tuple[str, ...], frozen
     if drafter is None or drafter.captures_attention:
         return (), frozenset()
     graphs = "no graphs" if drafter.mode == "NONE" else f"{drafter.mode} graphs"
-    return ((f"vLLM {drafter.release}'s drafter runs {graphs}: its attention (draft decode, draft extend) is not "
-             "captured, so attnhal plans both draft phases eager",), frozenset({Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND}))
+    note = (f"vLLM {drafter.release}'s drafter runs {graphs}: its attention (draft decode, draft extend) is not "
+            "captured, so attnhal plans both draft phases eager")
+    return (note,), frozenset({Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND})
 
 
 def _cubins(value: str | None) -> bool:

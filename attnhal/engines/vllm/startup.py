@@ -64,14 +64,21 @@ def report_rows(backend: str, level: CGSupport, resolved: GraphMode | None, quer
         return [GraphRow("all", "-", "refused", backend, f"vLLM refuses the mode: {error}", _MODE_FLAG)]
     shown = sizes if isinstance(sizes, str) else sizes_text(sizes)
     why = f"weakest level {level.name}"
-    asked = f"cudagraph_mode {requested.value} asks for it" if requested is not None else why
+
+    def not_full(graph: str, asked: str | None, downgrade: str) -> str:
+        """Why a routine's graph is not full: the requested mode asks for it, or the level's downgrade."""
+        if graph == "FULL":
+            return "-"
+        if requested is not None and asked == graph:
+            return f"cudagraph_mode {requested.value} asks for it"
+        return downgrade
+
     rows = [GraphRow("decode", shown if resolved.decode != "NONE" else "-", resolved.decode.lower(), backend,
-                     "-" if resolved.decode == "FULL" else asked if requested is not None
-                     and requested.decode == resolved.decode else why,
+                     not_full(resolved.decode, requested and requested.decode, why),
                      _MODE_FLAG if resolved.decode != "FULL" else "-"),
             GraphRow("prefill+decode", shown if resolved.mixed != "NONE" else "-", resolved.mixed.lower(), backend,
-                     "-" if resolved.mixed == "FULL" else asked if requested is not None
-                     and requested.mixed == resolved.mixed else f"{why}: full graphs of mixed batches need ALWAYS",
+                     not_full(resolved.mixed, requested and requested.mixed,
+                              f"{why}: full graphs of mixed batches need ALWAYS"),
                      _MODE_FLAG if resolved.mixed != "FULL" else "-")]
     if query_len > 1:
         full = resolved.decode == "FULL"
@@ -81,9 +88,7 @@ def report_rows(backend: str, level: CGSupport, resolved: GraphMode | None, quer
     if drafter is not None:
         captured = drafter.captures_attention
         rows.append(GraphRow("draft_decode", shown if drafter.mode != "NONE" else "-", drafter.mode.lower(), backend,
-                             "-" if captured else drafter.why,
-                             "-" if captured else "vLLM 0.34 (FULL_DECODE_ONLY draft decodes)"
-                             if drafter.release == "0.33.0" else _MODE_FLAG))
+                             "-" if captured else drafter.why, "-" if captured else drafter.change or _MODE_FLAG))
     return rows
 
 
