@@ -129,6 +129,17 @@ def test_the_entry_point_is_installed_in_this_environment() -> None:
     assert installed_entry_point("vllm.general_plugins", "vllm").load() is plugin.register
 
 
+def test_attnhal_plan_models_the_installed_release_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """With vLLM installed, ``attnhal plan --engine vllm`` models that release and says so."""
+    from attnhal.cli import main
+
+    assert main(["plan", "--engine", "vllm", "--platform", "cuda:sm90", "--", "--attention-backend", "TRITON_ATTN",
+                 "--spec-method", "eagle", "--spec-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"engine: vLLM {harness.release()} (installed) -> vllm:TRITON_ATTN"), out[:200]
+    assert f"attnhal graph report (before launch): vLLM {harness.release()} on cuda:sm90" in out
+
+
 def test_load_general_plugins_wraps_the_mode_check_once_and_off_does_not() -> None:
     with loaded():
         assert _wrapped()
