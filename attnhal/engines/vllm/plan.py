@@ -153,7 +153,7 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     full = resolution.mode is not None and "FULL" in (resolution.mode.decode, resolution.mode.mixed)
     runs = phases_run(spec) | {Phase.PREFILL, Phase.DECODE}
     drafter = drafter_mode(release, resolution.mode) if Phase.DRAFT_DECODE in runs else None
-    notes, off = _drafter_notes(drafter) if full else ((), frozenset())
+    notes, off = _drafter_notes(drafter, full)
     return VllmConfig(spec=spec, backends=PhaseBackends.same(load(backend).descriptor, spec),
                       policy=GraphPolicy(enabled=full, disabled_phases=off),
                       context=RequestContext(model=model_kind(model)),
@@ -163,9 +163,10 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
                       query_len=query_len)
 
 
-def _drafter_notes(drafter: DrafterMode | None) -> tuple[tuple[str, ...], frozenset[Phase]]:
-    """The draft phases the release's drafter leaves eager while the target captures, and why."""
-    if drafter is None or drafter.captures_attention:
+def _drafter_notes(drafter: DrafterMode | None, target_full: bool) -> tuple[tuple[str, ...], frozenset[Phase]]:
+    """The draft phases the release's drafter leaves eager while the target captures (``target_full``:
+    the target's mode has full graphs), and why."""
+    if drafter is None or drafter.captures_attention or not target_full:
         return (), frozenset()
     graphs = "no graphs" if drafter.mode == "NONE" else f"{drafter.mode} graphs"
     note = (f"vLLM {drafter.release}'s drafter runs {graphs}: its attention (draft decode, draft extend) is not "
