@@ -11,7 +11,7 @@ from attnhal.cli.app import INTERRUPTED, UsageError
 from attnhal.cli.args import within
 from attnhal.errors import InvalidValue
 from attnhal.testing.settings import BUDGET, EXAMPLES, EXAMPLES_ENV, env_examples
-from attnhal.cli.inputs import resolve_platform
+from attnhal.cli.inputs import refuse_unknown_name, resolve_platform
 from attnhal.cli.output import one_line
 
 __all__ = ["Progress", "register", "run"]
@@ -52,17 +52,22 @@ def run(args: argparse.Namespace) -> int:
     missing = missing_kit()
     if missing:
         raise UsageError(missing)
-    from attnhal.testing.report import ConformanceInterrupted, run_conformance
-
     if args.examples is None:
         try:
             env_examples()  # read again by the kit: refused here, as a usage error, before any claim runs
         except InvalidValue as exc:
             raise UsageError(f"{exc} (environment)") from None
-    platform = resolve_platform(args.platform)
     if args.backend is not None and not args.backend.strip():
         raise UsageError(f"backend={args.backend!r} (supported: a registered name, module:attr or a package's "
                          "entry-point name; leave it out to check every registered backend)")
+    if args.backend is not None:
+        try:  # before the kit (and torch) loads
+            refuse_unknown_name(args.backend, args.registry)
+        except LookupError as exc:
+            raise UsageError(_naming(args.backend, exc)) from None
+    platform = resolve_platform(args.platform)  # after the other inputs: detecting the device imports torch
+    from attnhal.testing.report import ConformanceInterrupted, run_conformance  # the kit imports torch
+
     names = [args.backend] if args.backend is not None else [e.name for e in args.registry.ordered(platform)]
     progress = Progress(sys.stderr) if sys.stderr.isatty() and not args.json else None
     reports = []
@@ -73,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                                thorough=args.thorough, allow_unchecked=args.allow_unchecked,
                                strict=args.strict, progress=progress))
         except LookupError as exc:
-            raise UsageError(f"backend={name}: {one_line(str(exc))}") from None
+            raise UsageError(_naming(name, exc)) from None
         except ConformanceInterrupted as stop:  # Ctrl-C: the claims run so far are still reported
             _print(args, [*reports, stop.report])
             print("attnhal conformance: interrupted", file=sys.stderr)
@@ -81,6 +86,13 @@ def run(args: argparse.Namespace) -> int:
     _print(args, reports)
     # nothing verified, falsified, a kit error, or a claim not checked here that is not waived: the run fails
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _naming(name: str, exc: BaseException) -> str:
+    """The lookup error for ``name`` on one line, naming ``backend=NAME`` once (the lookup's own
+    messages already start with it)."""
+    text = one_line(str(exc))
+    return text if text.startswith(f"backend={name}") else f"backend={name}: {text}"
 
 
 def _print(args: argparse.Namespace, reports: list[Any]) -> None:

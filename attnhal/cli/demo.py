@@ -9,9 +9,9 @@ from typing import Any
 
 from attnhal.cli.app import INTERRUPTED, UsageError, root_parser
 from attnhal.cli.args import bounded, choice, within
-from attnhal.cli.inputs import SPEC_STEPS, add_spec_flags, resolve_platform, spec_from
+from attnhal.cli.inputs import SPEC_STEPS, add_spec_flags, refuse_unknown_name, resolve_platform, spec_from
 from attnhal.cli.output import format_plan, one_line, print_json, table, yes_no
-from attnhal.kv_format import KV_FORMATS
+from attnhal.kv_format import KV_FORMATS, kv_format
 from attnhal.spec import PAGE_SIZE
 
 __all__ = ["DRAWN_FLAGS", "demo_cases", "demo_config", "format_demo", "parsed_demo_config", "register", "run"]
@@ -81,11 +81,12 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0 when the output is lossless, 1 when not or when the plan is invalid."""
     if args.cases is not None:
         return demo_cases(args)
+    config = demo_config(args)  # every input checked before the demo (and torch) loads
     from attnhal.example_engine.demo import run_demo
     from attnhal.example_engine.worker import PlanInvalid
 
     try:
-        report = run_demo(demo_config(args))
+        report = run_demo(config)
     except PlanInvalid as exc:  # a valid question with a negative answer
         print(f"attnhal demo: {one_line(str(exc))}", file=sys.stderr)
         return 1
@@ -97,29 +98,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def demo_config(args: argparse.Namespace) -> Any:
-    """The :class:`~attnhal.example_engine.demo.DemoConfig` of parsed ``demo`` arguments."""
-    from attnhal.example_engine.demo import DemoConfig
+    """The :class:`~attnhal.example_engine.demo.DemoConfig` of parsed ``demo`` arguments.
+
+    Every input is checked before the demo's modules (and torch) load; the platform last,
+    as detecting it imports torch.
+    """
+    from attnhal.example_engine.limits import check_tree_size
 
     spec = spec_from(args)
     if not spec.speculative:
         raise UsageError(f"--spec-steps=0 (supported: 1..{SPEC_STEPS.high}; the demo runs "
                          "speculative decoding)")
-    from attnhal.example_engine.worker import check_tree_size
-
     try:
         check_tree_size(spec)
     except ValueError as exc:
         raise UsageError(f"--draft-tokens: {exc}") from None
-    from attnhal.backend.kv_pool import kv_storage_dtype
-
+    if args.backend is not None:
+        refuse_unknown_name(args.backend, args.registry)
     platform = resolve_platform(args.platform)
     try:  # fp8_e4m3 needs the platform's flavour: never guessed
-        kv_storage_dtype(args.kv_dtype, platform.fp8_flavor)
+        kv_format(args.kv_dtype).storage_name(platform.fp8_flavor)
     except ValueError:  # the API's advice (pass a flavour) is not something a command line can do
         raise UsageError(f"--kv-dtype={args.kv_dtype} on platform {platform.name}, which has no fp8 "
                          "(supported: a platform with fp8, e.g. --platform cuda:sm90 for e4m3fn or "
                          "--platform hip:gfx942 for e4m3fnuz; or --kv-dtype fp8_e5m2, which needs no "
                          "flavour)") from None
+    from attnhal.example_engine.demo import DemoConfig
+
     return DemoConfig(spec=spec, platform=platform, backend=args.backend,
                       batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, graphs=not args.no_graphs,
                       seed=args.seed, max_prompt_len=args.prompt_len, max_bs=args.max_bs,
@@ -145,13 +150,15 @@ def parsed_demo_config(argv: list[str]) -> Any:
 
 def demo_cases(args: argparse.Namespace) -> int:
     """``demo --cases N``: the reliability run (see :mod:`attnhal.example_engine.stress`)."""
-    from attnhal.example_engine.stress import StressConfig, run_cases
-
     given = [flag for flag in DRAWN_FLAGS if any(a == flag or a.startswith(flag + "=") for a in args.argv)]
     if given:
         raise UsageError(f"{given[0]} with --cases (supported: --cases draws {', '.join(DRAWN_FLAGS)}; "
                          "pin only --platform and --backend)")
+    if args.backend is not None:
+        refuse_unknown_name(args.backend, args.registry)
     platform = resolve_platform(args.platform) if args.platform is not None else None
+    from attnhal.example_engine.stress import StressConfig, run_cases  # after the inputs: it imports torch
+
     cfg = StressConfig(cases=args.cases, seed=args.seed, platform=platform.name if platform else None,
                        backend=args.backend)
     summary = run_cases(cfg, parsed_demo_config, progress=sys.stderr)

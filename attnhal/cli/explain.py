@@ -15,6 +15,7 @@ from attnhal.cli.inputs import (
     add_spec_flags,
     context_from,
     policy_from,
+    read_backends,
     resolve_backend,
     resolve_platform,
     spec_from,
@@ -79,12 +80,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.backend:
         raise UsageError("--backend is required (a registered name, a descriptor file, or sglang:NAME / vllm:NAME; "
                          "or --engine sglang|vllm -- ENGINE_FLAGS)")
-    platform = resolve_platform(args.platform)
-    spec = spec_from(args)
-    caps = resolve_backend(args.backend, "--backend", args.registry, platform)
+    spec, policy, context = spec_from(args), policy_from(args), context_from(args)
     request = request_from(args)
+    read = read_backends(args, args.registry)
+    platform = resolve_platform(args.platform)  # last: detecting the device imports torch
+    caps = read.get(args.backend) or resolve_backend(args.backend, "--backend", args.registry, platform)
     reasons = not_supported_reasons(caps, request, platform)
-    result = plan(spec, platform, PhaseBackends.same(caps, spec), policy_from(args), context_from(args))
+    result = plan(spec, platform, PhaseBackends.same(caps, spec), policy, context)
     verdict = explain_verdict(not reasons, result.valid)
     if args.json:
         print_json({"backend": caps.name, "platform": platform.name, "request": request_fields(request),

@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+from collections.abc import Mapping
 
 from attnhal.capabilities import BackendCapabilities
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import IntList, choice, within
 from attnhal.cli.output import one_line
 from attnhal.errors import InvalidValue
-from attnhal.lookup import DescriptorFileError, UnknownBackend, describe
+from attnhal.lookup import DescriptorFileError, RefShape, UnknownBackend, backend_class, describe, shape
 from attnhal.phases import Phase
 from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend
 from attnhal.platform import ENV_VAR, Platform, PlatformSpecError, detect, parse
@@ -24,8 +25,9 @@ from attnhal.registry import BackendUnavailable, Registry
 from attnhal.kv_format import KV_FORMATS
 from attnhal.spec import DTYPES, ModelKind, RequestContext, SpecAlgorithm, SpecConfig
 
-__all__ = ["DRAFT_TOKENS", "FLAG_OF", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags", "context_from", "default_backend",
-           "phase_backends", "policy_from", "resolve_backend", "resolve_platform", "spec_from"]
+__all__ = ["BACKEND_FLAGS", "DRAFT_TOKENS", "FLAG_OF", "SPEC_STEPS", "add_plan_input_flags", "add_spec_flags",
+           "context_from", "default_backend", "phase_backends", "policy_from", "read_backends", "refuse_unknown_name", "resolve_backend",
+           "resolve_platform", "spec_from"]
 
 #: Record field -> the flag of these commands that sets it: an API error's ``field``
 #: (:class:`~attnhal.errors.InvalidValue`) names the flag through this table, never its message.
@@ -42,8 +44,17 @@ SPEC_STEPS = within(SpecConfig.BOUNDS["num_steps"], off=0)
 DRAFT_TOKENS = within(SpecConfig.BOUNDS["num_draft_tokens"])
 
 
+#: The backend flags of ``plan`` and ``explain``, in the order :func:`read_backends` checks them.
+BACKEND_FLAGS = ("--backend", "--target-backend", "--prefill-backend", "--decode-backend", "--draft-backend",
+                 "--draft-extend-backend")
+
+
 def resolve_platform(spec: str | None) -> Platform:
-    """``--platform``, else ``ATTNHAL_PLATFORM``, else the detected device; errors name the source."""
+    """``--platform``, else ``ATTNHAL_PLATFORM``, else the detected device; errors name the source.
+
+    Detecting the device imports torch (seconds): a command calls this after it has checked
+    every other input, so bad input is refused before torch loads.
+    """
     try:
         return parse(spec) if spec is not None else detect()
     except PlatformSpecError as exc:
@@ -63,6 +74,31 @@ def resolve_backend(value: str, flag: str, registry: Registry,
         raise UsageError(f"{flag}: {exc.reasons[0].message}") from None
     except BackendUnavailable as exc:  # known, but failed to load
         raise UsageError(f"{flag}={value}: {exc.reasons[0].message}") from None
+
+
+def read_backends(args: argparse.Namespace, registry: Registry) -> dict[str, BackendCapabilities]:
+    """Every backend flag of :data:`BACKEND_FLAGS` given, checked before the platform is known
+    (detecting it imports torch): a descriptor file, ``ENGINE:NAME`` or ``module:attr`` is read
+    now (none depends on the platform); a registered name is checked to exist, and read later
+    with the platform (it may have one descriptor per vendor). Returns value -> descriptor read."""
+    read: dict[str, BackendCapabilities] = {}
+    for flag in BACKEND_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if not value or value in read:
+            continue
+        if shape(value) is not RefShape.REGISTERED:
+            read[value] = resolve_backend(value, flag, registry)
+        elif value not in registry.names():
+            resolve_backend(value, flag, registry)  # raises the unknown name's error, listing the known ones
+    return read
+
+
+def refuse_unknown_name(value: str, registry: Registry) -> None:
+    """A registered-name reference that names nothing raises the lookup's own ``LookupError``
+    (listing the names known) now, before an implementation (and torch) loads; other shapes
+    and known names are read where they are used."""
+    if shape(value) is RefShape.REGISTERED and value not in registry.names():
+        backend_class(value, registry=registry)
 
 
 def default_backend(platform: Platform, registry: Registry) -> BackendCapabilities:
@@ -154,11 +190,14 @@ def context_from(args: argparse.Namespace) -> RequestContext:
 
 
 def phase_backends(args: argparse.Namespace, spec: SpecConfig, platform: Platform,
-                   registry: Registry) -> PhaseBackends:
+                   registry: Registry, read: Mapping[str, BackendCapabilities] | None = None) -> PhaseBackends:
     """--backend for every role, overridden per role by the role rule (:meth:`PhaseBackends.build`);
-    without --backend, the registry's choice for the platform."""
+    without --backend, the registry's choice for the platform. ``read``: descriptors
+    :func:`read_backends` already read, by value."""
     def named(value: str | None, flag: str) -> BackendCapabilities | None:
-        return resolve_backend(value, flag, registry, platform) if value else None
+        if not value:
+            return None
+        return (read or {}).get(value) or resolve_backend(value, flag, registry, platform)
 
     @functools.cache
     def every_role() -> BackendCapabilities:

@@ -12,6 +12,7 @@ from attnhal.cli.inputs import (
     context_from,
     phase_backends,
     policy_from,
+    read_backends,
     resolve_platform,
     spec_from,
 )
@@ -39,10 +40,10 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0 for a valid plan, 1 for an invalid one."""
     if args.engine or args.engine_args:
         return engine.run_plan(args)
-    platform = resolve_platform(args.platform)
-    spec = spec_from(args)
-    result = plan(spec, platform, phase_backends(args, spec, platform, args.registry), policy_from(args),
-                  context_from(args))
+    spec, policy, context = spec_from(args), policy_from(args), context_from(args)
+    read = read_backends(args, args.registry)
+    platform = resolve_platform(args.platform)  # last: detecting the device imports torch
+    result = plan(spec, platform, phase_backends(args, spec, platform, args.registry, read), policy, context)
     if args.json:
         print_json(result.to_dict())
     else:

@@ -40,6 +40,7 @@ from attnhal.backend import (
 )
 from attnhal.capabilities import AttentionRequest
 from attnhal.errors import AttnhalError
+from attnhal.example_engine.limits import check_tree_size
 from attnhal.example_engine.model import TinyLlama
 from attnhal.example_engine.requests import Request, admit, append_slots, free_row
 from attnhal.example_engine.steps import decode_step, draft_decode_step, extend_step
@@ -98,20 +99,6 @@ def _pick(registry: Registry, platform: Platform, model: TinyLlama, name: str | 
 
 def _int(values: list[int], device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype, device=device)
-
-
-def check_tree_size(spec: SpecConfig) -> None:
-    """Raise ``ValueError`` if ``spec`` verifies more nodes than this worker's tree holds.
-
-    Engines such as SGLang pick the verified nodes among every candidate child
-    (:attr:`SpecConfig.max_draft_tokens`); this worker keeps only the ``topk`` branches of
-    each level (``tree.py``), so it verifies at most ``topk * num_steps + 1`` tokens.
-    """
-    limit = spec.topk * spec.num_steps + 1
-    if spec.speculative and spec.num_draft_tokens > limit:
-        raise ValueError(f"num_draft_tokens={spec.num_draft_tokens} (supported: 2..{limit} in the reference "
-                         f"worker for num_steps={spec.num_steps}, topk={spec.topk}: its tree keeps topk nodes "
-                         "per level)")
 
 
 class SpecWorker:
