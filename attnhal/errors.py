@@ -11,10 +11,19 @@ CLI maps it to the flag it declared for it) without reading the message back.
 
 from __future__ import annotations
 
-__all__ = ["AttnhalError", "InvalidValue"]
+__all__ = ["AttnhalError", "InvalidValue", "shown"]
 
 #: How much of a rejected value a message repeats (a pasted megabyte stays one short line).
 _SHOWN = 60
+
+
+def shown(value: object, limit: int = 20) -> str:
+    """``value`` as a message about a name repeats it: cut to ``limit`` characters, text quoted
+    (``'xxxxxxxxxxxxxxxxxxxx...'``), so a pasted megabyte in a flag or an environment variable
+    stays one short line."""
+    text = str(value)
+    cut = text[:limit] + "..." if len(text) > limit else text
+    return repr(cut) if isinstance(value, str) else cut
 
 
 class AttnhalError(Exception):

@@ -47,7 +47,8 @@ def parse_descriptor(data: Mapping[str, Any]) -> BackendCapabilities:
 
 def _read(path: Path) -> str:
     """The file's text; a FIFO, a device or a file over :data:`MAX_FILE_BYTES` is refused before
-    reading (a FIFO would block forever, ``/dev/zero`` never end)."""
+    reading (a FIFO would block forever, ``/dev/zero`` never end). A UTF-8 byte-order mark, which
+    some editors write, marks the encoding and is not part of the text (``utf-8-sig``)."""
     try:
         info = path.stat()
         if not stat.S_ISREG(info.st_mode):
@@ -55,7 +56,7 @@ def _read(path: Path) -> str:
             raise DescriptorError(f"{path}: cannot read ({kind}; supported: a .json or .toml file)")
         if info.st_size > MAX_FILE_BYTES:
             raise DescriptorError(f"{path}: {info.st_size} bytes (supported: at most {MAX_FILE_BYTES})")
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DescriptorError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:

@@ -28,18 +28,10 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from attnhal.bounds import Bound, FloatBound
-from attnhal.errors import AttnhalError, InvalidValue
+from attnhal.errors import AttnhalError, InvalidValue, shown
 
 __all__ = ["BadArgument", "Bounded", "Choice", "IntList", "ParamType", "Real", "bounded", "choice", "int_list",
            "seconds", "within"]
-
-#: How much of a rejected value a message repeats (a pasted megabyte stays one short line).
-_SHOWN = 20
-
-
-def _shown(text: str) -> str:
-    return text[:_SHOWN] + "..." if len(text) > _SHOWN else text
-
 
 class BadArgument(AttnhalError, argparse.ArgumentTypeError, ValueError):
     """A command-line value a parameter type refuses.
@@ -57,7 +49,7 @@ class BadArgument(AttnhalError, argparse.ArgumentTypeError, ValueError):
     @property
     def shown(self) -> str:
         """The value as a message repeats it: cut to 20 characters, text quoted."""
-        return repr(_shown(self.value)) if isinstance(self.value, str) else _shown(str(self.value))
+        return shown(self.value)
 
     def __reduce__(self) -> tuple[type[BadArgument], tuple[object, str]]:
         return (type(self), (self.value, self.supported))

@@ -16,7 +16,7 @@ from attnhal.capabilities import BackendCapabilities
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import IntList, choice, within
 from attnhal.cli.output import one_line
-from attnhal.errors import InvalidValue
+from attnhal.errors import InvalidValue, shown
 from attnhal.lookup import DescriptorFileError, RefShape, UnknownBackend, backend_class, describe, shape
 from attnhal.phases import Phase
 from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend
@@ -58,7 +58,7 @@ def resolve_platform(spec: str | None) -> Platform:
     try:
         return parse(spec) if spec is not None else detect()
     except PlatformSpecError as exc:
-        source = "--platform" if spec is not None else f"{ENV_VAR}={os.environ.get(ENV_VAR, '')!r} (environment)"
+        source = "--platform" if spec is not None else f"{ENV_VAR}={shown(os.environ.get(ENV_VAR, ''))} (environment)"
         raise UsageError(f"{source}: {exc}") from None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+from attnhal.errors import shown
 from attnhal.platform.archs import arch_at_least
 from attnhal.platform.graph_device import graph_device_reason
 from attnhal.platform.vendors import VENDORS, Fp8Flavor, GraphKind, PlatformSpecError, UnknownArchWarning, Vendor
@@ -140,17 +141,17 @@ def parse(spec: str) -> Platform:
     head, *options = [part.strip() for part in spec.strip().lower().split(",")]
     bad = [o for o in options if o not in _OPTIONS]
     if bad:
-        raise PlatformSpecError(f"platform option={bad[0]!r} (supported: {', '.join(_OPTIONS)})")
+        raise PlatformSpecError(f"platform option={shown(bad[0])} (supported: {', '.join(_OPTIONS)})")
     vendor_name, colon, arch = head.partition(":")
     try:
         vendor = Vendor(vendor_name)
     except ValueError:
-        raise PlatformSpecError(f"platform={spec!r} (supported: {', '.join(v.value for v in Vendor)}, "
+        raise PlatformSpecError(f"platform={shown(spec)} (supported: {', '.join(v.value for v in Vendor)}, "
                                 f"e.g. {_examples()})") from None
     if vendor is Vendor.CPU and arch not in ("", "cpu"):
-        raise PlatformSpecError(f"platform={spec!r} (supported: 'cpu' takes no arch)")
+        raise PlatformSpecError(f"platform={shown(spec)} (supported: 'cpu' takes no arch)")
     if vendor is not Vendor.CPU and not arch:
-        raise PlatformSpecError(f"platform={spec!r} (supported: {vendor.value}:ARCH with an arch; "
+        raise PlatformSpecError(f"platform={shown(spec)} (supported: {vendor.value}:ARCH with an arch; "
                                 f"{VENDORS[vendor].notation})")
     arch = VENDORS[vendor].normalize(arch or "cpu")
     return make_platform(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-from attnhal.errors import AttnhalError
+from attnhal.errors import AttnhalError, shown
 
 __all__ = [
     "EMULATOR",
@@ -139,7 +139,7 @@ class VendorRow:
     def match(self, arch: str) -> re.Match[str]:
         m = self.pattern.match(arch.strip().lower())
         if m is None:
-            raise PlatformSpecError(f"arch={arch!r} (supported: {self.notation})")
+            raise PlatformSpecError(f"arch={shown(arch)} (supported: {self.notation})")
         return m
 
     def normalize(self, arch: str) -> str:

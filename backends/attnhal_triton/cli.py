@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 
-from attnhal.cli.args import bounded
+from attnhal.cli.args import BadArgument, ParamType, bounded
 from attnhal.cli.plugins import Command
+from attnhal.platform import VENDORS, UnknownArchWarning, Vendor
 
 __all__ = ["COMMAND"]
 
@@ -20,12 +22,38 @@ MAX_HEAD_SIZE = 512
 MAX_JOBS = 64
 
 
+class Target(ParamType):
+    """A compile target: ``cuda:ARCH`` or ``hip:ARCH`` with an arch of attnhal's table. An arch
+    missing from it (``cuda:999``) is refused here: LLVM does not know it either, and Triton
+    would warn per kernel and then abort in C++."""
+
+    VENDORS = (Vendor.CUDA, Vendor.HIP)
+
+    def __call__(self, text: str) -> str:
+        from attnhal_triton.compile_check import target_platform
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UnknownArchWarning)
+                platform = target_platform(text)
+        except ValueError:
+            raise BadArgument(text, str(self)) from None
+        if platform.vendor not in self.VENDORS or not platform.known_arch:
+            raise BadArgument(text, str(self))
+        return text
+
+    def __str__(self) -> str:
+        known = "; ".join(f"{v.value}: {', '.join(a.removeprefix('sm') for a in VENDORS[v].known)}"
+                          for v in self.VENDORS)
+        return f"cuda:ARCH or hip:ARCH with an arch of attnhal's table ({known})"
+
+
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     from attnhal_triton.compile_check import DEFAULT_TARGETS, DTYPES, HEAD_SIZES, VARIANTS
 
     p.add_argument("--kernels", nargs="+", choices=list(VARIANTS), metavar="KERNEL",
                    help=f"kernel variants: {', '.join(VARIANTS)} (default: all)")
-    p.add_argument("--targets", nargs="+", metavar="TARGET",
+    p.add_argument("--targets", nargs="+", metavar="TARGET", type=Target(),
                    help=f"targets like cuda:90 or hip:gfx942 (default: {' '.join(DEFAULT_TARGETS)})")
     p.add_argument("--dtypes", nargs="+", choices=DTYPES, metavar="DTYPE",
                    help=f"{', '.join(DTYPES)} (default: all)")
