@@ -107,6 +107,17 @@ def _attnhal_flags_given(args: argparse.Namespace) -> list[str]:
             if k not in _NOT_MIXED and k not in own and v != parser.get_default(k)]
 
 
+def _refuse_command_flags(engine: str, engine_argv: Sequence[str], parser: argparse.ArgumentParser) -> None:
+    """A flag of the attnhal command itself (``--json``, ``--debug``) given after ``--``, where
+    only the engine's flags go: say where it belongs rather than "not modelled"."""
+    ours = {"--json", "--debug"} & set(parser._option_string_actions)
+    for arg in engine_argv:
+        flag = arg.partition("=")[0]
+        if flag in ours:
+            raise UsageError(f"{flag} after `--` (supported: put it before `--`, which starts the engine's own "
+                             f"flags: attnhal {parser.prog.split()[-1]} --engine {engine} {flag} -- ENGINE_FLAGS)")
+
+
 def engine_message(engine: str, exc: Exception, argv: Sequence[str]) -> str:
     """An adapter's error in the engine's words: an :class:`~attnhal.errors.InvalidValue` names the
     flag of the adapter's ``field_flags`` the user gave (``argv``); else the message as it is."""
@@ -121,15 +132,17 @@ def _run(args: argparse.Namespace, command: EngineCommand) -> int:
     if not args.engine:
         raise UsageError(f"{' '.join(args.engine_args)}: engine flags need --engine "
                          f"(supported: {', '.join(registry.names())})")
+    adapter = registry.get(args.engine)
     mixed = _attnhal_flags_given(args)
     if mixed:
-        raise UsageError(f"{mixed[0]} with --engine (supported: the engine's own flags after `--`, "
-                         f"and {', '.join('--' + f for f in (*own_flags(), 'json'))})")
-    adapter = registry.get(args.engine)
+        raise UsageError(f"{mixed[0]} with --engine {adapter.name} (supported: the engine's own flags after `--`, "
+                         f"and {', '.join('--' + f for f in (*own_flags(adapter), 'json'))})")
     try:
         own, engine_argv = _own_values(args, adapter)
-        platform = resolve_platform(own["platform"])
-        config = adapter.resolve(adapter.parse(engine_argv), platform, own)
+        _refuse_command_flags(adapter.name, engine_argv, args.parser)
+        parsed = adapter.parse(engine_argv)
+        platform = resolve_platform(own["platform"])  # last: detecting the device imports torch
+        config = adapter.resolve(parsed, platform, own)
         return command(args, config, platform)
     except EngineArgError as exc:
         raise UsageError(str(exc)) from None

@@ -40,12 +40,18 @@ def cli_name(name: str) -> str:
 
 
 def positive(flag: str, value: Any) -> int:
+    """An integer >= 1 from text or JSON. A JSON number with a fraction (``3.5``), an infinite one
+    (``1e400`` reads as ``inf``) or ``nan`` is refused, as the engines' typed configs refuse it;
+    an integral one (``3.0``) is the integer, as they take it."""
+    if isinstance(value, float) and not value.is_integer():
+        raise EngineArgError(flag, f"{flag}={_shown(value)} (supported: an integer >= 1; a number with a "
+                                   "fraction, inf or nan is refused by the engine too)")
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise EngineArgError(flag, f"{flag}={value!r} (supported: an integer)") from None
+        raise EngineArgError(flag, f"{flag}={_shown(value)} (supported: an integer)") from None
     if number < 1 or isinstance(value, bool):
-        raise EngineArgError(flag, f"{flag}={value!r} (supported: an integer >= 1)")
+        raise EngineArgError(flag, f"{flag}={_shown(value)} (supported: an integer >= 1)")
     return number
 
 

@@ -69,3 +69,55 @@ def test_compile_check_refuses_a_target_outside_the_arch_table_before_compiling(
     line, = err.strip().splitlines()
     assert line.startswith(f"attnhal compile-check: error: --targets={target!r} (supported: cuda:ARCH or hip:ARCH")
     assert "90, 100" in line and "gfx942" in line
+
+
+@pytest.mark.parametrize("tokens", ["1e400", "3.5", "NaN", "-1", "true"])
+def test_vllm_num_speculative_tokens_that_vllm_refuses_exit_2(capsys, tokens):
+    """vLLM's typed config refuses a fraction, an infinity (JSON 1e400) and nan; it was exit 3
+    (OverflowError) for 1e400 and planned as 3 for 3.5."""
+    config = f'{{"method": "eagle", "num_speculative_tokens": {tokens}}}'
+    code, out, err = run(capsys, "plan", "--engine", "vllm", "--", "--attention-backend", "FLASH_ATTN",
+                         "--speculative-config", config, "--platform", "cuda:sm90")
+    assert code == 2 and out == "", err
+    assert "num_speculative_tokens=" in err and "(supported: an integer >= 1" in err
+
+
+def test_vllm_takes_an_integral_json_number_as_vllm_does(capsys):
+    code, out, err = run(capsys, "plan", "--engine", "vllm", "--", "--attention-backend", "FLASH_ATTN",
+                         "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3.0}',
+                         "--platform", "cuda:sm90")
+    assert code == 0, err
+    assert "num_steps=3, topk=1, num_draft_tokens=4" in out
+
+
+def test_sglang_spec_flags_without_an_algorithm_are_said_to_be_ignored(capsys):
+    """SGLang reads the speculative flags only with --speculative-algorithm: planned without
+    speculation, as SGLang runs, and said in a note (JSON and text)."""
+    argv = ["--attention-backend", "fa3", "--speculative-num-steps", "3", "--platform", "cuda:sm90"]
+    code, out, err = run(capsys, "plan", "--engine", "sglang", "--json", "--", *argv)
+    assert code == 0, err
+    report = json.loads(out)
+    assert not any(report["plan"]["phases"][p]["runs"] for p in ("draft_decode", "draft_extend", "target_verify"))
+    assert ("--speculative-num-steps without --speculative-algorithm: SGLang ignores it (no speculative decoding)"
+            in report["notes"])
+    code, out, _ = run(capsys, "plan", "--engine", "sglang", "--", *argv)
+    assert code == 0 and "note: --speculative-num-steps without --speculative-algorithm" in out
+
+
+@pytest.mark.parametrize("flag", ["--json", "--debug"])
+def test_a_command_flag_after_the_double_dash_says_put_it_before(capsys, flag):
+    code, out, err = run(capsys, "plan", "--engine", "sglang", "--", "--attention-backend", "fa3", flag,
+                         "--platform", "cuda:sm90")
+    assert code == 2 and out == ""
+    assert f"{flag} after `--` (supported: put it before `--`" in err
+    assert f"attnhal plan --engine sglang {flag} -- ENGINE_FLAGS" in err
+
+
+@pytest.mark.parametrize("engine, theirs, others", [("sglang", ["--engine-resolution"], ["--trtllm-cubins",
+                                                                                         "--vllm-version"]),
+                                                    ("vllm", ["--trtllm-cubins", "--vllm-version"],
+                                                     ["--engine-resolution"])])
+def test_the_flags_allowed_beside_an_engine_are_that_engines(capsys, engine, theirs, others):
+    code, _, err = run(capsys, "plan", "--engine", engine, "--spec-steps", "2", "--", "--platform", "cpu")
+    assert code == 2 and f"--spec-steps with --engine {engine}" in err
+    assert all(flag in err for flag in theirs) and not any(flag in err for flag in others), err

@@ -45,7 +45,7 @@ def test_an_attnhal_flag_beside_engine_is_refused_without_a_second_parser(flags,
     monkeypatch.setattr(app, "root_parser", no_parser)
     monkeypatch.setattr(cli, "build_parser", no_parser)
     assert app.run(args) == 2
-    assert capsys.readouterr().err.startswith(f"attnhal plan: error: {mixed} with --engine (supported: ")
+    assert capsys.readouterr().err.startswith(f"attnhal plan: error: {mixed} with --engine sglang (supported: ")
 
 
 def test_flags_at_their_defaults_beside_engine_are_not_mixed(capsys):

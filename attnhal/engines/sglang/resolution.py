@@ -16,7 +16,7 @@ from attnhal.capabilities import BackendCapabilities
 from attnhal.catalog import load
 from attnhal.engines import flags as _flags
 from attnhal.engines.base import EngineConfig, flag_error
-from attnhal.engines.flags import EngineArgError, model_kind
+from attnhal.engines.flags import EngineArgError, cli_name, model_kind
 from attnhal.errors import InvalidValue
 from attnhal.engines.sglang.flags import (ALGORITHMS, DTYPES, FIELD_FLAGS, FLAGS, HARMLESS, KV_CACHE_DTYPES,
                                           SGLANG_VERSION)
@@ -133,9 +133,18 @@ class SglangConfig(EngineConfig):
                 *map(str, late_failures(self, platform)), *plan_lines(self.seams()), report, *self.ignored_lines()]
 
 
+#: The flags that shape speculative decoding, read only with ``--speculative-algorithm``.
+_SPEC_FLAGS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+               "speculative_ngram_max_bfs_breadth", "speculative_draft_attention_backend")
+
+
 def _spec(values: Mapping[str, Any], notes: list[str]) -> SpecConfig:
     algorithm = values.get("speculative_algorithm")
     if algorithm is None:
+        unused = [cli_name(name) for name in _SPEC_FLAGS if name in values]
+        if unused:  # SGLang reads them only for an algorithm (arg_groups/speculative_hook.py): said, not dropped
+            notes.append(f"{', '.join(unused)} without --speculative-algorithm: SGLang ignores "
+                         f"{'them' if len(unused) > 1 else 'it'} (no speculative decoding)")
         return SpecConfig()
     if algorithm == "NGRAM":
         if "speculative_num_draft_tokens" not in values:
