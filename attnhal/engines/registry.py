@@ -2,7 +2,7 @@
 
 An entry point's name is the engine's name (``--engine NAME``, ``NAME:BACKEND`` in the
 catalogue); its value names an object satisfying :class:`~attnhal.engines.base.EngineAdapter`
-(``attnhal.engines.sglang.plan:ADAPTER``). Listing the names loads nothing; an adapter is
+(``attnhal_sglang.adapter:ADAPTER``). Listing the names loads nothing; an adapter is
 loaded when it is first asked for. This module imports nothing of attnhal's, so the catalogue
 (below the engines) can ask it which engines exist.
 """
@@ -25,7 +25,7 @@ GROUP = "attnhal.engines"
 #: attnhal's own adapters as ``pyproject.toml`` registers them (a test keeps the two equal).
 #: Read only where attnhal's installed metadata predates the group (an editable install made
 #: before it existed, or a source tree on ``PYTHONPATH``): ``pip install -e .`` makes it moot.
-SHIPPED = {"sglang": "attnhal.engines.sglang.plan:ADAPTER", "vllm": "attnhal.engines.vllm.plan:ADAPTER"}
+SHIPPED = {"sglang": "attnhal_sglang.adapter:ADAPTER", "vllm": "attnhal_vllm.adapter:ADAPTER"}
 
 
 class UnknownEngine(AttnhalError, LookupError):

@@ -1,6 +1,6 @@
 """A third engine plugs in with no edit to attnhal: the recipe of docs/engine.md, followed out of tree.
 
-The fake engine is a package written to ``tmp_path`` (``flags``, ``resolution``, ``plan``, a
+The fake engine is a package written to ``tmp_path`` (``flags``, ``resolution``, ``adapter``, a
 catalogue folder) and registered by a ``*.dist-info/entry_points.txt`` of its own in the
 ``attnhal.engines`` group; the CLI runs in a subprocess with that folder on ``PYTHONPATH``.
 The command line knows no engine by name (checked on its source here too).
@@ -106,18 +106,19 @@ def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fake_engine_site")
     package = root / "fake_engine"
     (package / "catalog").mkdir(parents=True)
-    for name, text in {"__init__.py": "", "flags.py": FLAGS, "resolution.py": RESOLUTION, "plan.py": PLAN,
+    for name, text in {"__init__.py": "", "flags.py": FLAGS, "resolution.py": RESOLUTION, "adapter.py": PLAN,
                        "catalog/__init__.py": "", "catalog/fast.toml": FAST_TOML}.items():
         (package / name).write_text(text.lstrip(), encoding="utf-8")
     info = root / "fake_engine-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-engine\nVersion: 1.0\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text("[attnhal.engines]\nfake = fake_engine.plan:ADAPTER\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text("[attnhal.engines]\nfake = fake_engine.adapter:ADAPTER\n", encoding="utf-8")
     return root
 
 
 def _attnhal(site: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT), str(ROOT / "backends")])}
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(site), str(ROOT), str(ROOT / "backends"), str(ROOT / "engines")])}
     env.pop("ATTNHAL_PLATFORM", None)
     return subprocess.run([sys.executable, "-m", "attnhal", *argv], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=120)
