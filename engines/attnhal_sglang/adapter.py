@@ -50,13 +50,14 @@ class SglangAdapter:
         return parse_cli(argv)
 
     def advise(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None], *,
-               top: int = 3, vary: Sequence[str] | None = None) -> Advice:
+               top: int = 3, vary: Sequence[str] | None = None, **options: Any) -> Advice:
         """``attnhal advise --engine sglang``: :func:`attnhal_sglang.advice.advise` with the
-        draft-extend graph switch read from the environment, as :meth:`resolve` reads it."""
+        draft-extend graph switch read from the environment, as :meth:`resolve` reads it (``env=``
+        replaces it; ``among=``, ``limit=`` as there)."""
         from attnhal_sglang.advice import advise
 
-        env = {DRAFT_EXTEND_GRAPH_OFF: os.environ.get(DRAFT_EXTEND_GRAPH_OFF, "")}
-        return advise(values, platform, own.get("model"), env=env, vary=vary, top=top)
+        env = options.pop("env", {DRAFT_EXTEND_GRAPH_OFF: os.environ.get(DRAFT_EXTEND_GRAPH_OFF, "")})
+        return advise(values, platform, own.get("model"), env=env, vary=vary, top=top, **options)
 
     def resolve(self, values: Mapping[str, Any], platform: Platform,
                 own: Mapping[str, str | None]) -> SglangConfig:

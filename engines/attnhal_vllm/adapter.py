@@ -201,8 +201,9 @@ class VllmAdapter:
         return parse_cli(argv)
 
     def advise(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None], *,
-               top: int = 3, vary: Sequence[str] | None = None) -> Advice:
-        """``attnhal advise --engine vllm``: :func:`attnhal_vllm.advice.advise` (one flag varies)."""
+               top: int = 3, vary: Sequence[str] | None = None, **options: Any) -> Advice:
+        """``attnhal advise --engine vllm``: :func:`attnhal_vllm.advice.advise` (one flag varies;
+        ``trtllm_cubins=`` replaces ``--trtllm-cubins``, ``among=`` and ``limit=`` as there)."""
         from attnhal_vllm.advice import advise
 
         if vary is not None:
@@ -212,7 +213,8 @@ class VllmAdapter:
         if cubins not in ("yes", "no"):
             raise EngineArgError("--trtllm-cubins", f"--trtllm-cubins={cubins!r} (supported: yes, no)")
         release = release_for(own.get("vllm-version"))[0]
-        return advise(values, platform, own.get("model"), trtllm_cubins=cubins == "yes", top=top, release=release,
+        options.setdefault("trtllm_cubins", cubins == "yes")
+        return advise(values, platform, own.get("model"), top=top, release=release, **options,
                       translate=lambda args, where, cubins, model: from_engine_args(args, where, cubins, model,
                                                                                      release))
 
