@@ -27,7 +27,7 @@ __all__ = ["register", "run"]
 def register(sub: Any) -> None:
     p = sub.add_parser("advise", help="the engine's attention-backend flags that capture the most, before it starts")
     p.add_argument("--engine", type=choice(registry.names()), required=True,
-                   help="the engine whose flags follow `--` (" + ", ".join(advising()) + " give advice)")
+                   help="the engine whose flags follow `--` (" + ", ".join(registry.names()) + ")")
     p.add_argument("--platform", help="the GPU to advise for, e.g. hip:gfx942 (default: this machine's)")
     p.add_argument("--model", type=choice(("mha", "gqa", "mla")),
                    help="the model's attention kind (the engine reads it from the checkpoint)")

@@ -108,7 +108,7 @@ def _engine_runner(name: str) -> Any:
 
     if shape(name) is not RefShape.CATALOGUE or not name.startswith("sglang:"):
         return None
-    from attnhal.engines.sglang.kit import runner
+    from attnhal_sglang.kit import runner
 
     return runner(name)
 

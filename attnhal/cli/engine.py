@@ -26,8 +26,11 @@ from attnhal.errors import InvalidValue
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 
-__all__ = ["COMMON_OWN_FLAGS", "add_engine_flags", "engine_message", "own_flags", "register_catalog", "run_catalog",
-           "run_explain", "run_plan", "split_own_flags"]
+__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "engine_message", "own_flags",
+           "register_catalog", "requested_engine", "run_catalog", "run_explain", "run_plan", "split_own_flags"]
+
+#: The commands that take ``--engine E`` and the engine's own flags on either side of ``--``.
+ENGINE_COMMANDS = ("plan", "explain")
 
 #: attnhal's own flags every engine command takes among the engine's flags (after ``--``), as in
 #: ``attnhal plan --engine E -- <E's flags> --platform hip:gfx942``; an adapter adds its own
@@ -45,17 +48,36 @@ def own_flags(adapter: EngineAdapter | None = None) -> tuple[str, ...]:
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """``--engine E``, each adapter's own flags, and the engine's flags after ``--`` (for ``plan`` and ``explain``)."""
+    """``--engine E`` and the engine's flags after ``--`` (for ``plan`` and ``explain``); reads the
+    registered names only (the requested adapter's own flags: :func:`add_own_flags`)."""
     p.add_argument("--engine", type=choice(registry.names()),
                    help="read the engine's own flags after `--` (" + ", ".join(registry.names()) + ")")
-    declared: dict[str, list[str]] = {}
-    for adapter in registry.adapters():
-        for flag in adapter.own_flags:
-            if flag.name not in declared:
-                p.add_argument(f"--{flag.name}", dest=flag.name, type=choice(flag.choices), default=None,
-                               metavar="|".join(flag.choices), help=f"with --engine {adapter.name}: {flag.help}")
-            declared.setdefault(flag.name, []).append(adapter.name)
     p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
+
+
+def requested_engine(argv: Sequence[str]) -> str | None:
+    """The ``--engine NAME`` of a command line (before ``--``), or None."""
+    head = list(argv[:argv.index("--")] if "--" in argv else argv)
+    for i, word in enumerate(head):
+        if word == "--engine" and i + 1 < len(head):
+            return head[i + 1]
+        if word.startswith("--engine="):
+            return word.partition("=")[2]
+    return None
+
+
+def add_own_flags(p: argparse.ArgumentParser, engine: str | None) -> None:
+    """The own flags of the adapter ``engine`` names, so that they may stand before ``--`` too. Only
+    that adapter is loaded; an unknown or unavailable one adds nothing (running the command says why)."""
+    if engine is None or engine not in registry.names():
+        return
+    try:
+        adapter = registry.get(engine)
+    except LookupError:
+        return
+    for flag in adapter.own_flags:
+        p.add_argument(f"--{flag.name}", dest=flag.name, type=choice(flag.choices), default=None,
+                       metavar="|".join(flag.choices), help=f"with --engine {adapter.name}: {flag.help}")
 
 
 def split_own_flags(argv: Sequence[str], names: Sequence[str] | None = None) -> tuple[dict[str, str], list[str]]:

@@ -1,6 +1,6 @@
 """What ``attnhal advise`` answers, for any engine: options (flag sets) and how they rank.
 
-An engine's advice module (:mod:`attnhal.engines.sglang.advice`, :mod:`attnhal.engines.vllm.advice`)
+An engine's advice module (:mod:`attnhal_sglang.advice`, :mod:`attnhal_vllm.advice`)
 enumerates the attention-backend flag sets the engine accepts and predicts, per set, what the
 engine's own code captures; this module ranks them and says why one beats the user's flags.
 

@@ -90,11 +90,12 @@ class Adviser(Protocol):
     without it is refused by name)."""
 
     def advise(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None], *,
-               top: int = 3, vary: Sequence[str] | None = None) -> Advice:
+               top: int = 3, vary: Sequence[str] | None = None, **options: Any) -> Advice:
         """The engine's flag sets that capture the most, ranked against the parsed flags ``values``
         (:meth:`EngineAdapter.parse`); ``own`` as for :meth:`EngineAdapter.resolve`; ``top``: how many
         to recommend; ``vary``: the engine flags that may change (``None``: the adapter's default;
-        an adapter that varies one flag only refuses it with an :class:`EngineArgError` naming ``--vary``)."""
+        an adapter that varies one flag only refuses it with an :class:`EngineArgError` naming ``--vary``);
+        ``options``: the engine's own keywords of the Python API (:func:`attnhal.engines.advise`)."""
         ...
 
 

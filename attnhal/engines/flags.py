@@ -134,7 +134,7 @@ def check(args: Mapping[str, Any], flags: Mapping[str, Flag], harmless: Collecti
           where: str) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Converted modelled values (``None`` values dropped) and the sorted ignored names.
 
-    ``where`` names the harmless set in the error (``attnhal.engines.sglang.HARMLESS``).
+    ``where`` names the harmless set in the error (``attnhal_sglang.HARMLESS``).
     """
     values, ignored = {}, []
     for name, value in args.items():

@@ -36,7 +36,7 @@ LIMITS = {"max_topk": "TOPK", "max_num_steps": "NUM_STEPS", "max_draft_tokens": 
 def _bound_calls() -> list[tuple[str, str]]:
     """(file, field) of every ``Bound("field", ...)`` / ``FloatBound("field", ...)`` in the code."""
     out = []
-    for tree in ("attnhal", "backends"):
+    for tree in ("attnhal", "backends", "engines"):
         for path in (ROOT / tree).rglob("*.py"):
             if "tests" in path.parts:
                 continue

@@ -9,14 +9,19 @@ import pytest
 
 from attnhal import catalog, lookup
 from attnhal.cli import main
+from attnhal.engines import registry
 from attnhal.registry import BackendUnavailable, default_registry
 
 CITATION = re.compile(r"[\w/]+\.py:\d+")
 
 
+def folder(engine: str):  # type: ignore[no-untyped-def]
+    """The folder of the package the engine's adapter names as its catalogue."""
+    return resources.files(str(registry.get(engine).catalog))
+
+
 def files() -> list[tuple[str, str]]:
-    root = resources.files("attnhal.catalog")
-    return [(engine, f.name) for engine in catalog.ENGINES for f in (root / engine).iterdir()
+    return [(engine, f.name) for engine in catalog.ENGINES for f in folder(engine).iterdir()
             if f.name.endswith(".toml")]
 
 
@@ -30,7 +35,7 @@ def test_every_file_loads_with_its_engine_release_and_summary() -> None:
 
 @pytest.mark.parametrize("engine,name", files())
 def test_every_file_cites_the_engine_source(engine: str, name: str) -> None:
-    text = (resources.files("attnhal.catalog") / engine / name).read_text(encoding="utf-8")
+    text = (folder(engine) / name).read_text(encoding="utf-8")
     assert CITATION.search(text), f"{engine}/{name} cites no path.py:LINE"
     # Every graph and run-limit claim sits in a table whose header or line cites a source.
     for header in re.findall(r"^\[(?:graph|run_limits|phase_fill)\].*$", text, flags=re.MULTILINE):

@@ -11,9 +11,11 @@ from repo import ROOT
 
 
 def error_classes():
-    """(module, class name) of every exception class defined in attnhal/ (by its bases' names)."""
-    for path in sorted((ROOT / "attnhal").rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
+    """(module, class name) of every exception class defined in attnhal/ and the engine packages
+    beside it (engines/attnhal_*/), by its bases' names."""
+    for path in sorted([*(ROOT / "attnhal").rglob("*.py"), *(ROOT / "engines").rglob("*.py")]):
+        base = ROOT / "engines" if path.is_relative_to(ROOT / "engines") else ROOT
+        parts = path.relative_to(base).with_suffix("").parts
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.ClassDef) and any(

@@ -11,7 +11,8 @@ from repo import ROOT
 
 # One rule for the core and every backend package: the same sources, the same patterns (a backend's
 # tests, beside it, simulate vendors on purpose and are not scanned).
-SOURCES = sorted(p for d in ("attnhal", "backends") for p in (ROOT / d).rglob("*.py") if "tests" not in p.parts)
+SOURCES = sorted(p for d in ("attnhal", "backends", "engines") for p in (ROOT / d).rglob("*.py")
+                 if "tests" not in p.parts)
 #: The one module that may probe the device's vendor (it asks torch what it sees).
 PROBE_HOME = "attnhal/platform/detection.py"
 #: The one package that may compare vendors (its rows and records are keyed by them).

@@ -89,6 +89,6 @@ def test_no_code_reads_a_kv_format_from_its_name() -> None:
     name in 7 places; the row's fields say it now. The engine packages are left out: they model
     an engine's own flag values (SGLang's FA3 refuses ``--kv-cache-dtype fp8_e5m2`` by that string)."""
     sniff = re.compile(r"""(startswith\(\s*["']fp8|[!=]=\s*["']fp8_e[45]m[23]["'])""")
-    hits = [f"{p.relative_to(ROOT)}" for tree in ("attnhal", "backends") for p in (ROOT / tree).rglob("*.py")
+    hits = [f"{p.relative_to(ROOT)}" for tree in ("attnhal", "backends", "engines") for p in (ROOT / tree).rglob("*.py")
             if not {"tests", "engines"} & set(p.parts) and sniff.search(p.read_text())]
     assert hits == []

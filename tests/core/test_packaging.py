@@ -13,7 +13,7 @@ from attnhal.cli import main
 from repo import ROOT
 
 #: What the metadata build reads: the project files, no tests and no virtual environment.
-SOURCES = ("pyproject.toml", "PACKAGE.md", "README.md", "MANIFEST.in", "attnhal", "backends", "docs")
+SOURCES = ("pyproject.toml", "PACKAGE.md", "README.md", "MANIFEST.in", "attnhal", "backends", "engines", "docs")
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ def test_the_request_is_built_by_its_constructor_only() -> None:
     """``AttentionRequest(...)`` with fields is written in one place, :meth:`AttentionRequest.of`
     (the empty request, "check nothing", stays a plain call)."""
     sites = []
-    for tree in ("attnhal", "backends"):
+    for tree in ("attnhal", "backends", "engines"):
         for path in (ROOT / tree).rglob("*.py"):
             if "tests" in path.parts:
                 continue

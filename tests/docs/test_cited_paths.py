@@ -1,6 +1,6 @@
 """Every repository path the docs, the catalogue files, the docstrings and the comments cite exists.
 
-A path is cited as ``attnhal/...``, ``backends/...``, ``tests/...``, ``docs/...``,
+A path is cited as ``attnhal/...``, ``backends/...``, ``engines/attnhal_*/...``, ``tests/...``, ``docs/...``,
 ``benchmarks/...`` or ``.ci/...`` ending in a file extension (a ``*`` in it must match a file).
 Engine source citations (``layers/attention/aiter_backend.py:12``) name the engines' wheels,
 not this repository, and are not read.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from repo import ROOT
 
-CITED = re.compile(r"(?<![\w./-])((?:attnhal|backends|tests|docs|benchmarks|\.ci)/[\w/.*-]*"
+CITED = re.compile(r"(?<![\w./-])((?:attnhal|backends|engines(?=/attnhal_)|tests|docs|benchmarks|\.ci)/[\w/.*-]*"
                    r"\.(?:py|md|toml|txt|sh|json|jsonl|cpp|h|yml|yaml|cfg))\b")
 
 #: Paths cited on purpose that are not this repository's: the file a backend author writes in
@@ -24,6 +24,7 @@ NOT_OURS = frozenset({"tests/test_attnhal_conformance.py", "tests/test_conforman
 
 def _sources(root: Path) -> list[Path]:
     patterns = ("*.md", "docs/**/*.md", "tests/**/*.md", "attnhal/**/*.toml", "attnhal/**/*.py", "backends/**/*.py",
+                "engines/**/*.toml", "engines/**/*.py",
                 "tests/**/*.py", "benchmarks/**/*.py")
     this = Path(__file__).resolve()  # its planted paths are the self-test's
     return sorted({p for pattern in patterns for p in root.glob(pattern) if ".venv" not in p.parts and p.resolve() != this})

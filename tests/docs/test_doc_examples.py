@@ -117,7 +117,7 @@ def missing_imports(block):
 
 
 def test_missing_imports_finds_an_unimported_module():
-    assert missing_imports("from attnhal.engines import sglang\nconfig = sglang.x(env=os.environ)\n") == ["os"]
+    assert missing_imports("import attnhal_sglang as sglang\nconfig = sglang.x(env=os.environ)\n") == ["os"]
     assert missing_imports("import os\nprint(os.environ, backend, Phase.DECODE)\n") == ["Phase"]
     assert missing_imports("def forward(self) -> Tensor\n") is None
 

@@ -74,7 +74,7 @@ def build(engine: str, version: str) -> Path:
 def run_tier(engine: str, env: Path, record: Path) -> tuple[int, list[str]]:
     """The tier's exit status and its failure lines."""
     environ = {**os.environ, "ATTNHAL_ENGINE_TIER": engine, "ATTNHAL_RECORD_TO": str(record),
-               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "backends")])}
+               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "backends"), str(REPO / "engines")])}
     done = subprocess.run([str(env / "bin" / "python"), "-m", "pytest", f"tests/engines/{engine}", "-q", "-rf",
                            "--confcutdir", "tests/engines", "-p", "no:attnhal"], cwd=REPO, env=environ,
                           capture_output=True, text=True)

@@ -18,13 +18,13 @@ from repo import ROOT
 
 import attnhal_hooks.sglang as sglang_entry
 from attnhal import catalog
-from attnhal.engines import sglang
-from attnhal.engines.sglang import classes, plugin
-from attnhal.engines.sglang.audit import (LATE_FAILURE, RULES, SHOWN, Direction, PhaseAudit, Verdict, audit,
+import attnhal_sglang as sglang
+from attnhal_sglang import classes, plugin
+from attnhal_sglang.audit import (LATE_FAILURE, RULES, SHOWN, Direction, PhaseAudit, Verdict, audit,
                                           descriptor_limit, engine_differs, explain)
-from attnhal.engines.vllm import plugin as vllm_plugin
-from attnhal.engines.vllm.audit import GroupLevel, audit_mode
-from attnhal.engines.vllm.resolution import CGSupport, GraphMode
+from attnhal_vllm import plugin as vllm_plugin
+from attnhal_vllm.audit import GroupLevel, audit_mode
+from attnhal_vllm.resolution import CGSupport, GraphMode
 from attnhal.phases import Phase
 from attnhal.platform import parse
 
@@ -34,7 +34,7 @@ ENGINES_AND_HEAVY = ("sglang", "vllm", "torch", "triton")
 
 
 def test_the_plugin_modules_import_no_engine_and_no_torch() -> None:
-    code = ("import sys, attnhal_hooks.sglang, attnhal.engines.sglang.plugin, attnhal.engines.vllm.plugin\n"
+    code = ("import sys, attnhal_hooks.sglang, attnhal_sglang.plugin, attnhal_vllm.plugin\n"
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {ENGINES_AND_HEAVY!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
@@ -52,7 +52,7 @@ def test_the_tiers_overlay_declares_the_tables_of_pyproject() -> None:
 
     text = entry_points_txt()
     assert "[sglang.srt.plugins]\nattnhal = attnhal_hooks.sglang:register\n" in text
-    assert "[vllm.general_plugins]\nattnhal = attnhal.engines.vllm.plugin:register\n" in text
+    assert "[vllm.general_plugins]\nattnhal = attnhal_vllm.plugin:register\n" in text
     assert "[console_scripts]\nattnhal = attnhal.cli:main\n" in text
 
 
@@ -337,7 +337,7 @@ def test_the_vllm_034_hooks_log_every_group_the_resolution_and_the_drafter(
 def test_vllm_strict_refuses_where_attnhals_reading_captures_decode_and_vllms_does_not(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from attnhal.engines.report import StrictRefusal
-    from attnhal.engines.vllm import startup
+    from attnhal_vllm import startup
 
     groups = [GroupLevel(0, "FLASHINFER", CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "FullAttentionSpec")]
     monkeypatch.setenv(startup.MODE_VAR, "strict")
@@ -394,7 +394,7 @@ def test_a_draft_worker_is_planned_from_its_backend_classes_and_arguments(monkey
 
 def test_the_start_up_line_names_flags_that_capture_every_phase(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where SGLang leaves a phase eager, the hook adds one line: ``attnhal advise``'s best flag set."""
-    from attnhal.engines.sglang.advice import every_phase_line
+    from attnhal_sglang.advice import every_phase_line
 
     monkeypatch.setenv("ATTNHAL_PLATFORM", "hip:gfx942")
     planned = plugin.plan_draft_worker(_worker(), graphs_enabled=True, env={})

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from attnhal.cli import main
-from attnhal.engines import sglang
+import attnhal_sglang as sglang
 from attnhal.phases import Phase
 
 EAGLE = {"attention_backend": "triton", "speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
@@ -304,7 +304,7 @@ def test_page_size_follows_sglang_resolution(args: dict[str, object], platform: 
 
 
 def _differs(argv: list[str], platform: str, model: str | None = "mha") -> list[str]:
-    from attnhal.engines.sglang.audit import engine_differs
+    from attnhal_sglang.audit import engine_differs
 
     config = sglang.from_server_args(sglang.parse_cli(argv), model=model)
     return [d.entry for d in engine_differs(config, platform)]
@@ -344,7 +344,7 @@ def test_engine_differs_notes_only_where_their_rule_applies(argv: list[str], pla
 
 def test_every_catalogued_engine_note_has_a_rule_and_a_docs_entry() -> None:
     from attnhal import catalog
-    from attnhal.engines.sglang.audit import RULES, entry_of
+    from attnhal_sglang.audit import RULES, entry_of
     from repo import ROOT
 
     headings = set(re.findall(r"^### (D\d+)\b", (ROOT / "docs" / "catalog.md").read_text(encoding="utf-8"),
@@ -372,7 +372,7 @@ def test_cli_prints_and_reports_engine_differs_in_text_and_json(capsys: pytest.C
 
 
 def test_resolution_choice_says_which_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnhal.engines.sglang import executed as er
+    from attnhal_sglang import executed as er
 
     monkeypatch.setattr(er, "importable", lambda: False)
     assert er.choose(None, True, "/m") == er.Choice("builtin", "SGLang is not importable")
@@ -389,7 +389,7 @@ def test_resolution_choice_says_which_and_why(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_cli_says_which_resolution_it_used(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnhal.engines.sglang import executed as er
+    from attnhal_sglang import executed as er
 
     monkeypatch.setattr(er, "importable", lambda: False)  # as in the main suite's environment
     code, out, _ = run(capsys, "plan", "--engine", "sglang", *SEED)
@@ -527,7 +527,7 @@ def test_cli_plan_prints_the_graph_report_with_the_catalogued_engine_decision(
 
 def test_graph_report_sizes_and_a_switch_for_the_env_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     from attnhal.engines.report import sizes_text
-    from attnhal.engines.sglang.report import plan_report
+    from attnhal_sglang.report import plan_report
 
     assert (sizes_text(()), sizes_text((8,)), sizes_text((1, 2, 4))) == ("-", "8", "1..4 (3 sizes)")
     config = sglang.from_server_args(EAGLE, env={sglang.DRAFT_EXTEND_GRAPH_OFF: "y"}, model="mha")

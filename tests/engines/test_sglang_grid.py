@@ -17,7 +17,7 @@ import pytest
 import sglang_grid
 import sglang_recording
 from attnhal import catalog
-from attnhal.engines import sglang
+import attnhal_sglang as sglang
 from attnhal.phases import Phase
 from sglang_expected import RULES, check
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from attnhal.cli import main
-from attnhal.engines.sglang.kit import runtime
+from attnhal_sglang.kit import runtime
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_other_catalogue_names_are_still_descriptors(capsys: pytest.CaptureFixtu
 
 
 def test_the_kit_imports_no_sglang() -> None:
-    code = ("import sys, attnhal.engines.sglang.kit, attnhal.cli.conformance; "
+    code = ("import sys, attnhal_sglang.kit, attnhal.cli.conformance; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'triton')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

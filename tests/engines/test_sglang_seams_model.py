@@ -1,13 +1,13 @@
-"""attnhal.engines.sglang.seams without SGLang: the catalogue tables read, bad tables refused by
+"""attnhal_sglang.seams without SGLang: the catalogue tables read, bad tables refused by
 field, the two decisions and the plan's line (SGLang's executed side: sglang/test_sglang_seams.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from attnhal.engines import sglang
-from attnhal.engines.sglang import seams
-from attnhal.engines.sglang.seams import _parse
+import attnhal_sglang as sglang
+from attnhal_sglang import seams
+from attnhal_sglang.seams import _parse
 from attnhal.errors import InvalidValue
 from attnhal.platform import as_platform
 

@@ -51,9 +51,9 @@ def _tier_env(engine: str) -> dict[str, str]:
     # Subprocesses the engines start (vLLM inspects models in one) are outside the tier's socket
     # guard: the hubs' own offline switches cover them.
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    # This clone's attnhal and backends first: the environment may have been built from another clone.
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "backends"), env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep)
+    # This clone's attnhal, backends and engines first: the environment may have been built from another clone.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "backends"), str(REPO / "engines"),
+                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     return env

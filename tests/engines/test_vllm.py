@@ -9,7 +9,7 @@ import pytest
 from attnhal import catalog
 from attnhal.cli import main
 from attnhal.engines.flags import EngineArgError
-from attnhal.engines.vllm import (
+from attnhal_vllm import (
     CGSupport,
     GraphMode,
     catalog_support,
@@ -19,7 +19,7 @@ from attnhal.engines.vllm import (
     resolve_mode,
     support_level,
 )
-from attnhal.engines.vllm import plan as vllm_plan
+from attnhal_vllm import adapter as vllm_plan
 from attnhal.platform import parse
 
 PLATFORM = {"cuda": "cuda:sm90", "hip": "hip:gfx942", "cpu": "cpu"}
@@ -156,7 +156,7 @@ def test_cli_plan_with_vllm_flags(capsys: pytest.CaptureFixture[str]) -> None:
 ])
 def test_builder_level_per_configuration(backend: str, platform: str, tokens: int, cubins: bool,
                                          level: CGSupport, assumes: bool) -> None:
-    from attnhal.engines.vllm import support_on
+    from attnhal_vllm import support_on
     from attnhal.platform import parse
 
     got = support_on(backend, parse(platform), tokens, cubins)

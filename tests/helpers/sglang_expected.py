@@ -6,7 +6,7 @@ platform, the model) and which difference labels it explains (a pattern). Two ki
 - ``CATALOGUED``: an engine discrepancy of ``docs/catalog.md`` (``D1``..), or a catalogued
   engine behaviour ("late failures"). SGLang's code decides differently from the backend's
   ability; attnhal keeps the ability. These tests pass.
-- ``ADAPTER``: a defect of attnhal's SGLang adapter (``attnhal.engines.sglang``) to fix. Its
+- ``ADAPTER``: a defect of attnhal's SGLang adapter (``attnhal_sglang``) to fix. Its
   cases are strict xfails: when the adapter is fixed, the difference is gone and the test
   fails until the rule is removed.
 

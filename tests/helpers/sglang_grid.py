@@ -4,7 +4,7 @@ A case is one command line a user could type (backend flags, speculative flags, 
 model kind) on one emulated platform. SGLang's view comes from executing its own code (the
 SGLang tier's ``harness.engine_view``), or from the recording of that execution
 (:mod:`sglang_recording`) where SGLang is not installed; attnhal's from its public adapter
-(``attnhal.engines.sglang``). A difference is a short label; :mod:`sglang_expected` says which
+(``attnhal_sglang``). A difference is a short label; :mod:`sglang_expected` says which
 are catalogued engine discrepancies and which are adapter defects.
 """
 
@@ -183,7 +183,7 @@ class View:
 
 def attnhal_view(case: Case) -> View:
     """attnhal's adapter and plan for the same flags (public API only)."""
-    from attnhal.engines import sglang
+    import attnhal_sglang as sglang
 
     try:
         config = sglang.from_server_args(case.args(), model=case.model, platform=case.platform)

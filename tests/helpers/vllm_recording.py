@@ -79,7 +79,7 @@ def attnhal_outcome(case: Case, release: str) -> Outcome:
     """attnhal's adapter for the case on ``release`` (trtllm-gen cubins absent, as in the tier's
     environment). The drafter's mode is the adapter's; where the plan disagrees with it about
     capturing draft decodes, that disagreement is the outcome (a difference)."""
-    from attnhal.engines import vllm
+    import attnhal_vllm as vllm
     from attnhal.phases import Phase
 
     args: dict[str, object] = {"attention_backend": case.backend}

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from attnhal.capabilities import BackendCapabilities, SpecLimits
-from attnhal.engines import sglang
+import attnhal_sglang as sglang
 from attnhal.phases import GRAPH_PHASES, Phase
 from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend, phase_roles, plan
 from attnhal.spec import SpecConfig
@@ -126,9 +126,9 @@ def test_build_checks_its_arguments():
 
 
 def old_sglang_roles(values, spec):
-    """``attnhal.engines.sglang.roles`` as written before it used phase_roles and phases_run."""
+    """``attnhal_sglang.roles`` as written before it used phase_roles and phases_run."""
     from attnhal.phases import ALGORITHM_PHASES
-    from attnhal.engines.sglang.resolution import _EXTEND_ON as on
+    from attnhal_sglang.resolution import _EXTEND_ON as on
     base = values.get("attention_backend")
     decode = values.get("decode_attention_backend", base)
     prefill = values.get("prefill_attention_backend") or on.get(decode) or base

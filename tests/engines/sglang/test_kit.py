@@ -1,7 +1,7 @@
 """The conformance kit on SGLang 0.5.23's own attention backends: fixed examples and one drawn per check.
 
 ``TorchNativeAttnBackend``, ``TritonAttnBackend`` (Triton interpreter) and
-``TritonMultiStepDraftBackend`` run through the adapter of ``attnhal.engines.sglang.kit``
+``TritonMultiStepDraftBackend`` run through the adapter of ``attnhal_sglang.kit``
 against the catalogue entries ``sglang:torch_native`` and ``sglang:triton``. The report is
 printed; the sets of falsified and not-checked claims are asserted exactly, so a change in
 SGLang or in the kit shows up here. Each falsification is written down in docs/catalog.md
@@ -16,11 +16,11 @@ import time
 import pytest
 
 from attnhal import catalog
-from attnhal.engines.sglang.kit import run_kit, unrunnable
+from attnhal_sglang.kit import run_kit, unrunnable
 from attnhal.testing.checks import ClaimKind, Status, claims
 
 _DEVICES = {"vendor[cuda]", "vendor[hip]"}
-#: Left to ATTNHAL_SLOW=1 under the interpreter (attnhal.engines.sglang.kit.certify).
+#: Left to ATTNHAL_SLOW=1 under the interpreter (attnhal_sglang.kit.certify).
 _SLOW = set() if os.environ.get("ATTNHAL_SLOW") == "1" else {"batch_invariant"}
 _TRITON_BF16 = {f"phase[{p}, bfloat16]" for p in ("prefill", "decode", "draft_decode", "draft_extend",
                                                     "target_verify")}
@@ -79,7 +79,7 @@ def test_other_sglang_entries_are_reported_not_checked_with_the_reason() -> None
 def test_the_command_runs_the_kit(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """``attnhal conformance sglang:triton`` hands its options to the kit and prints its report."""
     from attnhal.cli import main
-    from attnhal.engines.sglang.kit import certify
+    from attnhal_sglang.kit import certify
 
     calls: list[tuple[str, dict[str, object]]] = []
 

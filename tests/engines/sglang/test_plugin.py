@@ -29,7 +29,7 @@ import pytest
 from sglang_grid import Case
 from tier_summary import LINES as SUMMARY
 
-from attnhal.engines.sglang import plugin
+from attnhal_sglang import plugin
 
 EXTEND_RUNNER = "EAGLEDraftExtendCudaGraphRunner"
 DECODE_RUNNER = "EAGLEDraftCudaGraphRunner"
@@ -303,7 +303,7 @@ def test_a_descriptor_limit_keeps_sglangs_runner_from_being_built(monkeypatch: p
 
 def test_an_unknown_backend_class_is_left_to_sglang_with_one_warning(monkeypatch: pytest.MonkeyPatch,
                                                                       lines: Any) -> None:
-    from attnhal.engines.sglang import classes
+    from attnhal_sglang import classes
 
     table = {k: v for k, v in classes.BACKEND_CLASSES.items() if "aiter" not in v}
     monkeypatch.setattr(classes, "BACKEND_CLASSES", table)
@@ -311,7 +311,7 @@ def test_an_unknown_backend_class_is_left_to_sglang_with_one_warning(monkeypatch
         assert runners(SEED) == {}
         assert runners(SEED) == {}
     assert lines() == ["attnhal: EagleDraftWorker: draft_extend backend class=sglang.srt.layers.attention."
-                       "aiter_backend.AiterAttnBackend (supported: the classes of attnhal.engines.sglang.classes."
+                       "aiter_backend.AiterAttnBackend (supported: the classes of attnhal_sglang.classes."
                        "BACKEND_CLASSES and their subclasses); its graph decision is left to SGLang"]
 
 
@@ -351,7 +351,7 @@ def test_an_error_after_sglangs_decision_restores_it(monkeypatch: pytest.MonkeyP
                                                      caplog: pytest.LogCaptureFixture) -> None:
     """Under enforce with a descriptor limit, attnhal kept SGLang's runner from being built; when the
     hook then fails, SGLang's runner is built after all."""
-    from attnhal.engines.sglang import audit
+    from attnhal_sglang import audit
 
     monkeypatch.setattr(plugin.EagleDraftHook, "_not_captured", lambda self, planned: frozenset({"draft_extend"}))
 
@@ -490,7 +490,7 @@ def test_enforce_decides_cuda_and_hip_alike_for_backends_on_both(decisions: Any)
 def test_the_class_table_names_classes_sglang_has() -> None:
     import pkgutil
 
-    from attnhal.engines.sglang.classes import BACKEND_CLASSES
+    from attnhal_sglang.classes import BACKEND_CLASSES
 
     for path in BACKEND_CLASSES:
         module, _, name = path.rpartition(".")

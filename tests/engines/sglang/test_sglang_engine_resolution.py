@@ -1,5 +1,5 @@
 """``--engine-resolution engine`` against ``builtin`` over the grid: attnhal's adapter fed by
-SGLang 0.5.23's own ``ServerArgs`` resolution (``attnhal.engines.sglang.executed``)
+SGLang 0.5.23's own ``ServerArgs`` resolution (``attnhal_sglang.executed``)
 must plan what the built-in resolution plans, cell by cell, on each emulated platform; where
 SGLang refuses, the engine resolution raises SGLang's refusal."""
 
@@ -14,8 +14,8 @@ import pytest
 import sglang_grid as grid
 from tier_summary import LINES as SUMMARY
 
-from attnhal.engines import sglang
-from attnhal.engines.sglang import executed
+import attnhal_sglang as sglang
+from attnhal_sglang import executed
 
 
 def _outcome(config: sglang.SglangConfig, platform: str) -> tuple[object, ...]:

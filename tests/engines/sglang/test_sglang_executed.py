@@ -144,7 +144,7 @@ def test_seed_bug_d1_hip_aiter_one_step_builds_no_draft_extend_runner() -> None:
     assert _runners("aiter", "hip:gfx942", 2) == {"draft_decode": "EAGLEDraftCudaGraphRunner",
                                                    "draft_extend": "EAGLEDraftExtendCudaGraphRunner"}
     assert _runners("triton", "cuda:sm90", 1) == {"draft_extend": "EAGLEDraftExtendCudaGraphRunner"}
-    from attnhal.engines import sglang
+    import attnhal_sglang as sglang
 
     plan = sglang.plan_server_args({"attention_backend": "aiter", "speculative_algorithm": "EAGLE",
                                     "speculative_num_steps": 1, "speculative_eagle_topk": 1,
@@ -168,7 +168,7 @@ def test_d7_hip_split_draft_extend_follows_the_draft_decode_backend() -> None:
 
 
 def test_draft_extend_graph_env_switch_is_read_by_the_executed_worker_and_the_adapter() -> None:
-    from attnhal.engines import sglang
+    import attnhal_sglang as sglang
 
     env = {sglang.DRAFT_EXTEND_GRAPH_OFF: "1"}
     assert _runners("triton", "cuda:sm90", 3, env=env) == {"draft_decode": "EAGLEDraftCudaGraphRunner"}
@@ -199,7 +199,7 @@ def test_every_catalogued_cause_is_an_entry_of_catalog_md_marked_as_shown() -> N
 @pytest.mark.parametrize("backend", ["fa3", None])
 def test_fa3_with_fp8_e5m2_kv_runs_on_triton_in_sglang_and_in_the_adapter(backend: str | None) -> None:
     """fa3 reads fp8 KV as e4m3 only: SGLang swaps it for triton, given or picked by default."""
-    from attnhal.engines import sglang
+    import attnhal_sglang as sglang
 
     args = {"kv_cache_dtype": "fp8_e5m2", **({"attention_backend": backend} if backend else {})}
     resolution = harness.resolve(args, "cuda:sm90", "mha")

@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's capability seams (``attnhal.engines.sglang.seams``) against SGLang's executed code.
+"""SGLang 0.5.23's capability seams (``attnhal_sglang.seams``) against SGLang's executed code.
 
 - the catalogue's ``[catalog.meta.seams.CLASS]`` tables equal what each backend class answers
   (class attributes, properties and methods called on an instance, ``__init__`` skipped);
@@ -16,8 +16,8 @@ import types
 import harness
 import pytest
 
-from attnhal.engines.sglang import seams
-from attnhal.engines.sglang.classes import BACKEND_CLASSES
+from attnhal_sglang import seams
+from attnhal_sglang.classes import BACKEND_CLASSES
 
 SINGLE_STEP = {path: names for path, names in BACKEND_CLASSES.items() if "MultiStep" not in path}
 
@@ -107,8 +107,8 @@ def test_in_tree_runner_per_phase_and_device(platform: str, steps: int) -> None:
 def test_d9_musa_draft_extend_gets_the_draft_decode_runner_and_the_plan_says_so() -> None:
     """docs/catalog.md D9, executed on an emulated MUSA platform: the draft-extend slot holds the
     draft-*decode* runner class (``Device2ExtendCudaGraphRunner["musa"]``), at one step and more."""
-    from attnhal.engines import sglang
-    from attnhal.engines.sglang.audit import engine_differs
+    import attnhal_sglang as sglang
+    from attnhal_sglang.audit import engine_differs
 
     for steps in (1, 3):
         runners = harness.draft_graphs(_eagle("musa:mp31", steps), "musa:mp31").runners

@@ -1,7 +1,7 @@
 """The graph decisions of SGLang 0.5.23's other speculative workers, executed on each emulated platform.
 
 attnhal has no algorithm for multi-layer EAGLE, frozen-KV MTP or the block drafters (the
-adapter refuses them by name, saying why: ``attnhal.engines.sglang.flags.UNMODELLED``): these
+adapter refuses them by name, saying why: ``attnhal_sglang.flags.UNMODELLED``): these
 tests record what SGLang's own code decides, so an algorithm added to attnhal can be compared
 with it. EAGLE, EAGLE3, NEXTN and STANDALONE are in the differential grid
 (``test_sglang_executed.py``); NGRAM builds no draft runner (its only graph is the target's
@@ -42,7 +42,7 @@ def test_multi_layer_eagle_captures_draft_extend_on_cuda_and_hip_alike(platform:
 
 
 def test_multi_layer_eagle_draft_extend_graph_off_by_env_and_by_flag() -> None:
-    from attnhal.engines import sglang
+    import attnhal_sglang as sglang
 
     resolution = _resolve("hip:gfx942", "aiter", 3, enable_multi_layer_eagle=True)
     assert harness.multi_layer_eagle_graphs(resolution, "hip:gfx942", env={sglang.DRAFT_EXTEND_GRAPH_OFF: "1"}).runners == {}
@@ -147,7 +147,7 @@ def test_uno_requires_fa3_and_captures_its_tree_draft_only_in_tree_mode() -> Non
 
 @pytest.mark.parametrize("algorithm", ["DFLASH", "DSPARK", "UNO"])
 def test_the_adapter_refuses_the_algorithms_these_workers_run_saying_why(algorithm: str) -> None:
-    from attnhal.engines import sglang
+    import attnhal_sglang as sglang
 
     with pytest.raises(sglang.EngineArgError, match=f"^--speculative-algorithm: .*{algorithm}'? is not modelled: "):
         sglang.from_server_args({"attention_backend": "fa3", "speculative_algorithm": algorithm})

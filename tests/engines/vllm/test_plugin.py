@@ -18,7 +18,7 @@ from entry_point_overlay import overlay
 import pytest
 from tier_summary import LINES as SUMMARY
 
-from attnhal.engines.vllm import plugin, startup
+from attnhal_vllm import plugin, startup
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 #: How the start-up graph report begins; the last loaded() block's reports are kept in REPORTS.
@@ -216,7 +216,7 @@ def test_a_mode_vllm_refuses_is_explained_and_still_refused() -> None:
 
 
 def test_an_error_inside_the_wrapper_leaves_vllms_resolution_and_is_logged(monkeypatch: pytest.MonkeyPatch) -> None:
-    from attnhal.engines.vllm import audit
+    from attnhal_vllm import audit
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("attnhal broke")

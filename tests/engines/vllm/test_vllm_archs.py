@@ -35,7 +35,7 @@ def _catalogue_takes(backend: str, major: int, minor: int) -> bool:
 
 
 def _plan_refuses_arch(backend: str, model: str, major: int, minor: int) -> bool:
-    from attnhal.engines import vllm
+    import attnhal_vllm as vllm
 
     platform = f"cuda:sm{major}{minor}"
     plan = vllm.from_engine_args({"attention_backend": backend}, platform, model=model).plan(platform)

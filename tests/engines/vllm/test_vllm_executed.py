@@ -7,7 +7,7 @@ Per cell: whether vLLM's backend selection refuses the backend for the arch
 (``harness.arch_refusals``) against an ``[arch]`` reason in attnhal's plan; where neither
 refuses, the builder's ``AttentionCGSupport`` (``get_cudagraph_support``) against the
 catalogue's ``meta.cg_support``, the mode vLLM resolves (or its error) against
-``attnhal.engines.vllm.from_engine_args``, and the drafter's draft-decode mode (each release's
+``attnhal_vllm.from_engine_args``, and the drafter's draft-decode mode (each release's
 own rule) against the adapter's and its plan of draft_decode. ``RULES`` explains every difference (see
 ``tests/helpers/sglang_expected.py`` for the two kinds).
 """
@@ -93,7 +93,7 @@ class Rule:
 
 
 #: Nothing differs: FLASHINFER's level (trtllm-gen cubins) and HPC_ATTN's (speculation) are
-#: decided per configuration by ``attnhal.engines.vllm.levels``. A new difference needs a rule.
+#: decided per configuration by ``attnhal_vllm.levels``. A new difference needs a rule.
 RULES: tuple[Rule, ...] = ()
 
 

@@ -1,0 +1,81 @@
+"""vLLM's vocabulary (release 0.33.0): the modelled engine arguments and the harmless ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from attnhal.catalog import CatalogError, entries, load
+from attnhal.engines.flags import EngineArgError, Flag, json_object, one_of, positive, truth
+from attnhal.engines.flags import parse_cli as parse_flags
+from attnhal_vllm.resolution import GraphMode
+
+__all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "VLLM_VERSION", "VLLM_VERSIONS", "parse_cli"]
+
+#: The release whose arguments this module reads and whose backends ``engines/attnhal_vllm/catalog`` describes.
+VLLM_VERSION = "0.33.0"
+#: The releases the adapter and the plugin are tested against (``attnhal info``; the plugin stays off on others: it knows no code of theirs to hook).
+VLLM_VERSIONS = (VLLM_VERSION, "0.34.0")
+
+#: Planner field (an :class:`~attnhal.errors.InvalidValue`'s ``field``) -> the flags that set it, in
+#: the order :func:`~attnhal_vllm.adapter.from_engine_args` reads them, each with how a message
+#: names it (the planner validates the spec; the user never typed ``num_steps=``).
+FIELD_FLAGS: Mapping[str, tuple[tuple[str, str], ...]] = {
+    "num_steps": (("--spec-tokens", "--spec-tokens"),
+                  ("--speculative-config", "--speculative-config num_speculative_tokens")),
+}
+
+#: ``--spec-method`` / ``speculative_config.method`` -> attnhal algorithm. ``draft_model`` is a
+#: separate small draft model (attnhal's ``standalone``); ``ngram`` drafts from the context.
+METHODS = {"eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp", "deepseek_mtp": "mtp", "draft_model": "standalone",
+           "ngram": "ngram"}
+
+#: Flags that cannot change the attention graph decision: accepted, listed as ignored.
+HARMLESS = frozenset("""
+model tokenizer revision host port served_model_name trust_remote_code seed tensor_parallel_size
+pipeline_parallel_size data_parallel_size gpu_memory_utilization max_model_len max_num_seqs
+max_num_batched_tokens dtype quantization spec_model load_format download_dir api_key
+""".split())
+
+
+def _backend(flag: str, value: Any) -> str:
+    name = f"vllm:{str(value).upper()}"
+    try:
+        load(name)
+    except CatalogError:
+        known = ", ".join(e.name for e in entries("vllm"))
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: {known})") from None
+    return name
+
+
+def _json_table(keys: Mapping[str, Flag]) -> Callable[[str, Any], dict[str, Any]]:
+    """A JSON object flag (``--speculative-config '{...}'``) whose keys are checked like flags."""
+    def convert(flag: str, value: Any) -> dict[str, Any]:
+        table = json_object(flag, value)
+        out = {}
+        for key, item in table.items():
+            if key not in keys:
+                raise EngineArgError(f"{flag}.{key}", f"{flag}.{key} is not modelled by attnhal "
+                                     f"(modelled: {', '.join(keys)})")
+            out[key] = keys[key].convert(f"{flag}.{key}", item)
+        return out
+    return convert
+
+
+_METHOD = Flag(one_of(tuple(METHODS)))
+_MODE = Flag(one_of(tuple(m.value for m in GraphMode)))
+
+#: The modelled arguments (vLLM 0.33.0 names: vllm/engine/arg_utils.py:1114, 1866-1873, 1891).
+FLAGS: Mapping[str, Flag] = {
+    "attention_backend": Flag(_backend),
+    "spec_method": _METHOD,
+    "spec_tokens": Flag(positive),
+    "speculative_config": Flag(_json_table({"method": _METHOD, "num_speculative_tokens": Flag(positive)})),
+    "compilation_config": Flag(_json_table({"cudagraph_mode": _MODE})),
+    "enforce_eager": Flag(truth, boolean=True),
+}
+
+
+def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
+    """vLLM command-line flags -> ``{argument_name: text}``."""
+    return parse_flags(argv, FLAGS)
