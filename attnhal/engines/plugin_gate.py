@@ -32,15 +32,17 @@ def installed(distribution: str) -> str | None:
         return None
 
 
-def mode_from(env: Mapping[str, str], var: str, modes: Sequence[str], log: logging.Logger) -> str | None:
-    """``env[var]`` as one of ``modes`` (unset or empty: the first); ``None``, with one error
-    logged, for any other value: the plugin then stays off."""
-    raw = env.get(var, "")
-    mode = raw.strip().lower() or modes[0]
-    if mode not in modes:
-        log.error("attnhal: %s=%r (supported: %s): the plugin stays off", var, raw, ", ".join(modes))
-        return None
-    return mode
+def mode_from(env: Mapping[str, str], var: str, modes: Sequence[str], log: logging.Logger) -> str:
+    """``env[var]`` as one of ``modes`` (unset or empty: the first). Any other value fails closed:
+    logged as an error on the engine's logger, then :class:`attnhal_hooks.SwitchRefused` (a
+    ``SystemExit``) ends the server's start (:func:`attnhal_hooks.switch`)."""
+    from attnhal_hooks import SwitchRefused, switch
+
+    try:
+        return switch(env, var, modes)
+    except SwitchRefused as refused:
+        log.error("%s", refused)
+        raise
 
 
 def plugin_mode(engine: str, version: str | None, supported: Sequence[str], mode: str | None, var: str,

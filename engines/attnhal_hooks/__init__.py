@@ -6,11 +6,34 @@ from __future__ import annotations
 
 import importlib.machinery
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["spec_then"]
+__all__ = ["SwitchRefused", "spec_then", "switch"]
+
+
+class SwitchRefused(SystemExit):
+    """An unknown value of a plugin's switch (``ATTNHAL_SGLANG_GRAPHS``, ``ATTNHAL_VLLM``): the
+    server does not start. A user who typed a value meant something (``strcit`` meant ``strict``);
+    starting without the hook would give the opposite of what was asked.
+
+    A :class:`SystemExit`, not an ``Exception``: SGLang's plugin loader runs each plugin under
+    ``except Exception`` and would log it and start the server anyway; this ends the process with
+    the message, exit status 1.
+    """
+
+
+def switch(env: Mapping[str, str], var: str, modes: Sequence[str]) -> str:
+    """``env[var]`` as one of ``modes`` (unset or empty: the first, case and spaces ignored);
+    any other value raises :class:`SwitchRefused` naming the variable, the value and ``modes``."""
+    raw = env.get(var, "")
+    mode = raw.strip().lower() or modes[0]
+    if mode not in modes:
+        shown = raw[:20] + "..." if len(raw) > 20 else raw
+        raise SwitchRefused(f"attnhal: {var}={shown!r} (supported: {', '.join(modes)}): the server does not start "
+                            f"with a value attnhal does not know; unset {var} for {modes[0]}, or give one of those")
+    return mode
 
 
 def spec_then(fullname: str, path: Sequence[str] | None, then: Callable[[ModuleType], None], log: logging.Logger,

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import importlib.abc
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from attnhal_hooks import spec_then
+from attnhal_hooks import spec_then, switch
 
-__all__ = ["WORKERS", "register"]
+__all__ = ["MODES", "MODE_VAR", "WORKERS", "register"]
+
+#: The switch of attnhal's SGLang plugin and its values (the first is the default); another value
+#: refuses to start the server (:func:`attnhal_hooks.switch`), in every process, before SGLang runs.
+MODE_VAR = "ATTNHAL_SGLANG_GRAPHS"
+MODES = ("audit", "enforce", "strict", "off")
 
 #: The modules whose classes attnhal's SGLang plugin hooks (its ``HOOKS``; a test keeps the two equal).
 WORKERS = ("sglang.srt.speculative.eagle_worker_v2", "sglang.srt.speculative.multi_layer_eagle_worker_v2",
@@ -28,7 +34,10 @@ log = logging.getLogger("sglang.srt.plugins.attnhal")
 
 
 def register() -> None:
-    """The entry point: attnhal's plugin now if a hooked worker is imported, else when one is."""
+    """The entry point: attnhal's plugin now if a hooked worker is imported, else when one is.
+    An unknown :data:`MODE_VAR` ends the start here (:class:`attnhal_hooks.SwitchRefused`), also in
+    a server that never loads the plugin: a typo must not pass silently where it would matter."""
+    switch(os.environ, MODE_VAR, MODES)
     from sglang.srt.plugins.hook_registry import _current_plugin_source
 
     source = _current_plugin_source.get()  # "attnhal", as load_plugins() set it

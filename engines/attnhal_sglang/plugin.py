@@ -38,12 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnhal.engines.plugin_gate import installed, mode_from, plugin_mode
+from attnhal_hooks.sglang import MODE_VAR, MODES
 from attnhal.errors import AttnhalError
 
 __all__ = ["HOOKS", "LOGGER", "MODES", "MODE_VAR", "DraftPlan", "Unplannable", "installed_sglang", "register"]
 
-MODE_VAR = "ATTNHAL_SGLANG_GRAPHS"
-MODES = ("audit", "enforce", "strict", "off")
 #: attnhal's log lines go to this child of SGLang's own ``sglang`` logger.
 LOGGER = "sglang.srt.plugins.attnhal"
 

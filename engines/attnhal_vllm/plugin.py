@@ -20,8 +20,9 @@ decision is never changed.
 captures decode graphs vLLM's resolution does not, the server does not start
 (:class:`~attnhal.engines.report.StrictRefusal`). Once per process on rank 0 the plugin logs the
 graph report (:mod:`~attnhal_vllm.startup`). ``ATTNHAL_VLLM=off`` disables it. Another vLLM release: one warning, no wrapper. vLLM's
-loader does not catch a plugin's exceptions: nothing here raises into vLLM; an error inside
-the wrapper is logged and vLLM's own resolution stands.
+loader does not catch a plugin's exceptions: nothing here raises into vLLM but an unknown
+``ATTNHAL_VLLM`` value, which fails closed (:class:`attnhal_hooks.SwitchRefused`, a ``SystemExit``:
+the server does not start); an error inside the wrapper is logged and vLLM's own resolution stands.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def installed_vllm() -> str | None:
 def register() -> None:
     """The ``vllm.general_plugins`` entry point (may run several times per process: idempotent)."""
     try:
-        _register(os.environ)
+        _register(os.environ)  # an unknown ATTNHAL_VLLM raises SwitchRefused, a SystemExit: it ends the start
     except Exception:  # vLLM's loader would let it crash the process
         log.exception("attnhal: registering the vLLM plugin failed; vLLM runs without it")
 

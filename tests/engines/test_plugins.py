@@ -17,6 +17,7 @@ import pytest
 from repo import ROOT
 
 import attnhal_hooks.sglang as sglang_entry
+from attnhal_hooks import SwitchRefused, switch
 from attnhal import catalog
 import attnhal_sglang as sglang
 from attnhal_sglang import classes, plugin
@@ -85,14 +86,33 @@ def test_without_an_engine_registering_warns_and_does_nothing(caplog: pytest.Log
     assert "sglang" not in sys.modules and "vllm" not in sys.modules
 
 
-@pytest.mark.parametrize("module,var", [(plugin, plugin.MODE_VAR), (vllm_plugin, vllm_plugin.ENV_VAR)])
-def test_a_bad_mode_is_an_error_naming_the_variable_the_value_and_the_choices(
-        module: types.ModuleType, var: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(var, "enforce-all")
-    with caplog.at_level(logging.ERROR):
+@pytest.mark.parametrize("module,var", [(plugin, plugin.MODE_VAR), (vllm_plugin, vllm_plugin.ENV_VAR),
+                                        (sglang_entry, sglang_entry.MODE_VAR)])
+@pytest.mark.parametrize("value", ["enforce-all", "strcit", "bogus"])
+def test_an_unknown_mode_fails_closed_naming_the_variable_the_value_and_the_choices(
+        module: types.ModuleType, var: str, value: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo of ``strict`` must not start a server without the hook: the start ends with a
+    SystemExit, which the engines' plugin loaders (``except Exception``) do not swallow."""
+    monkeypatch.setenv(var, value)
+    with caplog.at_level(logging.ERROR), pytest.raises(SwitchRefused) as refused:
         module.register()
-    assert f"{var}='enforce-all' (supported: " in caplog.text
-    assert "audit" in caplog.text and "off" in caplog.text
+    assert isinstance(refused.value, SystemExit) and not isinstance(refused.value, Exception)
+    message = str(refused.value)
+    assert f"{var}={value!r} (supported: " in message and "the server does not start" in message
+    assert "audit" in message and "off" in message
+    assert "sglang" not in sys.modules and "vllm" not in sys.modules  # refused before the engine is touched
+
+
+@pytest.mark.parametrize("value", ["", " AUDIT ", "off", "strict"])
+def test_a_known_mode_any_case_is_read(value: str) -> None:
+    assert switch({"V": value}, "V", ("audit", "strict", "off")) == (value.strip().lower() or "audit")
+
+
+def test_the_switch_message_cuts_a_long_value() -> None:
+    with pytest.raises(SwitchRefused) as refused:
+        switch({"V": "x" * 10_000}, "V", ("audit", "off"))
+    assert len(str(refused.value)) < 300 and "'xxxxxxxxxxxxxxxxxxxx...'" in str(refused.value)
 
 
 # --- the class table -------------------------------------------------------------------------------
