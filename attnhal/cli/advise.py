@@ -13,7 +13,7 @@ from typing import Any
 
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import bounded, choice
-from attnhal.cli.engine import engine_message, own_flags, split_own_flags
+from attnhal.cli.engine import check_values, engine_message, own_flags, split_own_flags
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import print_json
 from attnhal.engines import registry
@@ -57,8 +57,10 @@ def run(args: argparse.Namespace) -> int:
         names = own_flags(adapter)  # another engine's own flag reaches the parser: refused
         given, argv = split_own_flags(args.engine_args, names)
         own = {name: given.get(name) or getattr(args, name.replace("-", "_"), None) for name in names}
-        advice = advises.advise(adapter.parse(argv), resolve_platform(own["platform"]), own, top=args.top,
-                                vary=args.vary)
+        values = adapter.parse(argv)
+        check_values(adapter, values)
+        platform = resolve_platform(own["platform"])  # last: detecting the device imports torch
+        advice = advises.advise(values, platform, own, top=args.top, vary=args.vary)
     except EngineArgError as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # an InvalidValue among them: named by the engine's flag

@@ -21,12 +21,12 @@ from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import format_plan, print_json, table
 from attnhal.engines import registry
 from attnhal.engines.base import EngineAdapter, EngineConfig, in_engine_words
-from attnhal.engines.flags import EngineArgError
+from attnhal.engines.flags import EngineArgError, check
 from attnhal.errors import InvalidValue
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 
-__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "engine_message", "own_flags",
+__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "check_values", "engine_message", "own_flags",
            "register_catalog", "requested_engine", "run_catalog", "run_explain", "run_plan", "split_own_flags"]
 
 #: The commands that take ``--engine E`` and the engine's own flags on either side of ``--``.
@@ -140,6 +140,14 @@ def _refuse_command_flags(engine: str, engine_argv: Sequence[str], parser: argpa
                              f"flags: attnhal {parser.prog.split()[-1]} --engine {engine} {flag} -- ENGINE_FLAGS)")
 
 
+def check_values(adapter: EngineAdapter, values: Mapping[str, Any]) -> None:
+    """Every flag converted by the adapter's table and every unknown one refused
+    (:func:`attnhal.engines.flags.check`, as :meth:`~attnhal.engines.base.EngineAdapter.resolve`
+    does) before the platform is detected: a bad value never waits for torch."""
+    package = type(adapter).__module__.partition(".")[0]
+    check(values, adapter.flags, adapter.harmless, f"{package}.HARMLESS")
+
+
 def engine_message(engine: str, exc: Exception, argv: Sequence[str]) -> str:
     """An adapter's error in the engine's words: an :class:`~attnhal.errors.InvalidValue` names the
     flag of the adapter's ``field_flags`` the user gave (``argv``); else the message as it is."""
@@ -163,6 +171,7 @@ def _run(args: argparse.Namespace, command: EngineCommand) -> int:
         own, engine_argv = _own_values(args, adapter)
         _refuse_command_flags(adapter.name, engine_argv, args.parser)
         parsed = adapter.parse(engine_argv)
+        check_values(adapter, parsed)
         platform = resolve_platform(own["platform"])  # last: detecting the device imports torch
         config = adapter.resolve(parsed, platform, own)
         return command(args, config, platform)

@@ -35,6 +35,12 @@ BAD = [
     ["demo", "--spec-steps", "0"],
     ["demo", "--cases", "3", "--spec-steps", "2"],
     ["info", "--platform", "cuda"],
+    ["plan", "--engine", "sglang", "--", "--attention-backend", "nosuch"],
+    ["plan", "--engine", "sglang", "--", "--attention-backend", "fa3", "--nope", "1"],
+    ["plan", "--engine", "sglang", "--", "--attention-backend", "fa3", "--json"],
+    ["explain", "--engine", "vllm", "--", "--attention-backend", "FLASH_ATTN", "--speculative-config",
+     '{"method": "eagle", "num_speculative_tokens": 1e400}'],
+    ["advise", "--engine", "sglang", "--", "--attention-backend", "nosuch"],
 ]
 
 
