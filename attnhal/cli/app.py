@@ -141,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     command = args.command
     try:
         with warnings.catch_warnings():
-            warnings.showwarning = lambda message, *_a, **_k: _say(command, f"warning: {one_line(str(message))}")
+            warnings.showwarning = _show_warning(command, warnings.showwarning)
             code: int = args.func(args)
         sys.stdout.flush()
         return code
@@ -161,6 +161,31 @@ def _run(args: argparse.Namespace) -> int:
         _say(command, f"internal error: {type(exc).__name__}: {one_line(str(exc))[:300]} "
                       "(a bug: rerun with --debug for the traceback)")
         return INTERNAL_ERROR
+
+
+def _show_warning(command: str, original: Any) -> Any:
+    """``warnings.showwarning`` for a command: attnhal's warnings in the command's voice (one line
+    ``attnhal COMMAND: warning: ...``); another package's (an engine's, imported by a command) as
+    Python shows it, with its file and line: its origin is kept, never relabelled attnhal's."""
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        if _from_attnhal(category, filename):
+            _say(command, f"warning: {one_line(str(message))}")
+        else:
+            original(message, category, filename, lineno, file, line)
+    return show
+
+
+def _from_attnhal(category: type[Warning], filename: str) -> bool:
+    """A warning of attnhal's: its category is attnhal's, or it was raised in a file of one of
+    attnhal's imported packages (``attnhal``, ``attnhal_triton``, ``attnhal_sglang``, ...)."""
+    if category.__module__.partition(".")[0].startswith("attnhal"):
+        return True
+    files = [getattr(module, "__file__", None) for name, module in list(sys.modules.items())
+             if "." not in name and name.startswith("attnhal")]
+    roots = [os.path.dirname(file) + os.sep for file in files if file]
+    path = os.path.abspath(filename)
+    return any(path.startswith(root) for root in roots)
 
 
 def _message(exc: BaseException) -> str:

@@ -63,7 +63,8 @@ class SglangAdapter:
                 own: Mapping[str, str | None]) -> SglangConfig:
         env = {DRAFT_EXTEND_GRAPH_OFF: os.environ.get(DRAFT_EXTEND_GRAPH_OFF, "")}
         local = own.get("platform") is None and not os.environ.get(ENV_VAR)
-        choice = executed.choose(own.get("engine-resolution"), local, values.get("model_path"))
+        choice = executed.choose(own.get("engine-resolution"), local, values.get("model_path"),
+                                 accelerator=platform.torch_device != "cpu")
         if choice.used == "engine":
             config = executed.from_engine(values, env, own.get("model"), platform)
         else:

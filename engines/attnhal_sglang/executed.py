@@ -48,10 +48,12 @@ def importable() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
-def choose(requested: str | None, local: bool, model_path: str | None) -> Choice:
+def choose(requested: str | None, local: bool, model_path: str | None, accelerator: bool = True) -> Choice:
     """The resolution to use: ``requested`` (``None``: the engine's when it can run), given
-    whether the plan is for the local platform and the ``--model-path`` given. Asking for
-    ``engine`` where it cannot run is an :class:`EngineArgError` naming ``--engine-resolution``."""
+    whether the plan is for the local platform, the ``--model-path`` given and whether this
+    machine has an accelerator (SGLang's resolution asks its device and refuses without one:
+    checked here, before SGLang is imported). Asking for ``engine`` where it cannot run is an
+    :class:`EngineArgError` naming ``--engine-resolution``."""
     if requested not in (None, *RESOLUTIONS):
         raise EngineArgError("--engine-resolution", f"--engine-resolution={requested!r} "
                                                     f"(supported: {', '.join(RESOLUTIONS)})")
@@ -59,7 +61,8 @@ def choose(requested: str | None, local: bool, model_path: str | None) -> Choice
         return Choice("builtin", "--engine-resolution builtin")
     missing = ("SGLang is not importable" if not importable() else
                "SGLang resolves for the machine it runs on; --platform names another" if not local else
-               "SGLang reads the model's config: give --model-path" if model_path is None else None)
+               "SGLang reads the model's config: give --model-path" if model_path is None else
+               "SGLang's resolution asks the device and this machine has no accelerator" if not accelerator else None)
     if missing is None:
         return Choice("engine", "SGLang is importable" if requested is None else "--engine-resolution engine")
     if requested == "engine":

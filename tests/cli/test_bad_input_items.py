@@ -121,3 +121,34 @@ def test_the_flags_allowed_beside_an_engine_are_that_engines(capsys, engine, the
     code, _, err = run(capsys, "plan", "--engine", engine, "--spec-steps", "2", "--", "--platform", "cpu")
     assert code == 2 and f"--spec-steps with --engine {engine}" in err
     assert all(flag in err for flag in theirs) and not any(flag in err for flag in others), err
+
+
+def test_an_engines_warning_keeps_its_origin_and_attnhals_is_one_line(tmp_path, monkeypatch, capsys):
+    """A warning raised in another package (an engine imported by a command) is shown as Python
+    shows it, with its file; it is not relabelled ``attnhal COMMAND: warning:``."""
+    import argparse
+    import warnings
+
+    from attnhal.cli import app
+    from attnhal.platform import UnknownArchWarning
+
+    (tmp_path / "some_engine.py").write_text("import warnings\n\ndef start():\n"
+                                             "    warnings.warn('the engine says so', FutureWarning)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import some_engine
+
+    def command(_args):
+        some_engine.start()
+        warnings.warn("arch=x is not in the table", UnknownArchWarning)
+        return 0
+    args = argparse.Namespace(command="plan", func=command, debug=False)
+    shown = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, lineno, *rest: shown.append(
+            warnings.formatwarning(message, category, filename, lineno).splitlines()[0])
+        assert app.run(args) == 0
+    err = capsys.readouterr().err
+    assert len(shown) == 1 and shown[0].endswith("some_engine.py:4: FutureWarning: the engine says so"), shown
+    assert "the engine says so" not in err
+    assert err == "attnhal plan: warning: arch=x is not in the table\n"

@@ -145,10 +145,13 @@ def test_internal_errors_are_short_and_debug_shows_the_traceback(monkeypatch, ca
 
 
 def test_warnings_are_one_line_in_the_cli_voice(monkeypatch, capsys):
+    """attnhal's warnings (an engine's keep their origin: tests/cli/test_bad_input_items.py)."""
     import warnings
 
+    from attnhal.platform import UnknownArchWarning
+
     def warn(args):
-        warnings.warn("arch=gfx999 is not in the table: conservative facts", UserWarning)
+        warnings.warn("arch=gfx999 is not in the table: conservative facts", UnknownArchWarning)
         return 0
     monkeypatch.setattr(info, "run", warn)
     assert main(["info"]) == 0

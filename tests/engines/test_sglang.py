@@ -536,3 +536,28 @@ def test_graph_report_sizes_and_a_switch_for_the_env_variable(monkeypatch: pytes
     assert "eager (attnhal's plan)" in extend and extend.endswith(f"unset {sglang.DRAFT_EXTEND_GRAPH_OFF}")
     off = sglang.from_server_args({**EAGLE, "disable_cuda_graph": True}, model="mha")
     assert "drop --disable-cuda-graph" in plan_report(off.plan("cuda:sm90"), (), "x")
+
+
+def test_sglangs_resolution_is_chosen_only_where_it_can_run(capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang installed on a machine without an accelerator: its resolution would import SGLang
+    (minutes under load) and then refuse ("No accelerator ..."); the built-in one runs, with one
+    line saying why, and SGLang is never imported."""
+    import sys
+
+    from attnhal.platform import parse
+    from attnhal_sglang import executed as er
+
+    monkeypatch.setattr(er, "importable", lambda: True)
+    assert er.choose(None, True, "/m", accelerator=False) == er.Choice(
+        "builtin", "SGLang's resolution asks the device and this machine has no accelerator")
+    with pytest.raises(sglang.EngineArgError, match="cannot run here .*no accelerator"):
+        er.choose("engine", True, "/m", accelerator=False)
+    monkeypatch.delenv("ATTNHAL_PLATFORM", raising=False)
+    monkeypatch.setattr("attnhal.cli.inputs.detect", lambda: parse("cpu"))  # this machine: no accelerator
+    code, out, err = run(capsys, "plan", "--engine", "sglang", "--", "--attention-backend", "torch_native",
+                         "--model-path", "/nonexistent/model")
+    assert code == 0, err
+    assert ("resolution: attnhal's built-in: SGLang's resolution asks the device and this machine has no "
+            "accelerator") in out
+    assert not any(m == "sglang" or m.startswith("sglang.") for m in sys.modules)
