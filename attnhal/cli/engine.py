@@ -26,8 +26,8 @@ from attnhal.errors import InvalidValue
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 
-__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "check_values", "engine_message", "own_flags",
-           "register_catalog", "requested_engine", "run_catalog", "run_explain", "run_plan", "split_own_flags"]
+__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "check_values", "engine_message",
+           "own_flags", "register_catalog", "requested_engine", "run_catalog", "run_explain", "run_plan", "split_own_flags"]
 
 #: The commands that take ``--engine E`` and the engine's own flags on either side of ``--``.
 ENGINE_COMMANDS = ("plan", "explain")

@@ -102,7 +102,7 @@ def test_compile_check_command_json(capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["compile-check", "--targets", "rocm"], "targets='rocm': platform='rocm:'"),
+    (["compile-check", "--targets", "rocm"], "--targets='rocm' (supported: cuda:ARCH or hip:ARCH"),
     (["compile-check", "--head-sizes", "0"], "--head-sizes=0 (supported: an integer 1..512)"),
     (["compile-check", "--jobs", "1000"], "--jobs=1000"),
     (["compile-check", "--kernels", "nope"], "--kernels"),
