@@ -12,6 +12,7 @@ from attnhal.cli.args import bounded, choice, within
 from attnhal.cli.inputs import SPEC_STEPS, add_spec_flags, refuse_unknown_name, resolve_platform, spec_from
 from attnhal.cli.output import format_plan, one_line, print_json, table, yes_no
 from attnhal.kv_format import KV_FORMATS, kv_format
+from attnhal.registry import default_registry
 from attnhal.spec import PAGE_SIZE
 
 __all__ = ["DRAWN_FLAGS", "demo_cases", "demo_config", "format_demo", "parsed_demo_config", "register", "run"]
@@ -113,8 +114,8 @@ def demo_config(args: argparse.Namespace) -> Any:
         check_tree_size(spec)
     except ValueError as exc:
         raise UsageError(f"--draft-tokens: {exc}") from None
-    if args.backend is not None:
-        refuse_unknown_name(args.backend, args.registry)
+    if args.backend is not None:  # a drawn case's namespace carries no registry: the default one
+        refuse_unknown_name(args.backend, getattr(args, "registry", None) or default_registry())
     platform = resolve_platform(args.platform)
     try:  # fp8_e4m3 needs the platform's flavour: never guessed
         kv_format(args.kv_dtype).storage_name(platform.fp8_flavor)

@@ -26,7 +26,7 @@ from attnhal.errors import InvalidValue
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 
-__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "check_values", "engine_message",
+__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "check_values", "engine_json", "engine_message",
            "own_flags", "register_catalog", "requested_engine", "run_catalog", "run_explain", "run_plan", "split_own_flags"]
 
 #: The commands that take ``--engine E`` and the engine's own flags on either side of ``--``.
@@ -197,13 +197,21 @@ def _plan(args: argparse.Namespace, config: EngineConfig, platform: Platform) ->
     result = config.plan(platform)
     ok = result.valid and config.refusal() is None
     if args.json:
-        print_json({"engine": config.engine, **config.report(platform), "plan": result.to_dict()})
+        print_json(engine_json(config, platform, result))
         return 0 if ok else 1
     print("\n".join(config.summary(platform)))
     print(format_plan(result, context_notes=config.context_notes(platform)))
     for line in config.remarks(platform, result):
         print(line)
     return 0 if ok else 1
+
+
+def engine_json(config: EngineConfig, platform: Platform, result: GraphPlan) -> dict[str, object]:
+    """``--engine --json``: the adapter's report, ``engine_outcome`` (what the engine will do per
+    phase: the rows the text report prints, :meth:`~attnhal.engines.base.EngineConfig.outcome`)
+    and ``plan`` (attnhal's own plan for the same flags)."""
+    return {"engine": config.engine, **config.report(platform),
+            "engine_outcome": [row.to_dict() for row in config.outcome(platform, result)], "plan": result.to_dict()}
 
 
 def _fits(described: list[tuple[BackendCapabilities, list[str]]], platform: Platform, result: GraphPlan,
@@ -228,8 +236,7 @@ def _explain(args: argparse.Namespace, config: EngineConfig, platform: Platform)
     result = config.plan(platform)
     fits, report = _fits(config.described(), platform, result, args.json)
     if args.json:
-        print_json({"engine": config.engine, "backends": report, **config.report(platform),
-                    "plan": result.to_dict()})
+        print_json({"backends": report, **engine_json(config, platform, result)})
     else:
         print()
         _plan(args, config, platform)

@@ -25,6 +25,7 @@ from attnhal.spec import RequestContext, SpecConfig
 
 if TYPE_CHECKING:
     from attnhal.engines.advice import Advice
+    from attnhal.engines.report import GraphRow
 
 __all__ = ["Adviser", "EngineAdapter", "EngineConfig", "FieldFlags", "OwnFlag", "adviser", "flag_error",
            "in_engine_words"]
@@ -150,6 +151,14 @@ class EngineConfig:
         """The JSON entries besides ``engine`` and ``plan``."""
         return {"version": self.version, "roles": dict(self.roles), "ignored": list(self.ignored),
                 "notes": list(self.notes)}
+
+    def outcome(self, platform: Platform, result: GraphPlan) -> list[GraphRow]:
+        """What the engine will do per phase (the one record the report, ``engine_outcome`` in the
+        JSON and the plugins' log lines are rendered from); an adapter that knows its engine's own
+        decisions says them here. By default attnhal's plan ``result``, said as attnhal's."""
+        from attnhal.engines.report import plan_verdict_rows
+
+        return plan_verdict_rows(result)
 
     def summary(self, platform: Platform) -> list[str]:
         """The lines printed before the plan."""

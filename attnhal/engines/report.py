@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from attnhal.errors import AttnhalError
 
-__all__ = ["GraphRow", "StrictRefusal", "format_report", "sizes_text"]
+if TYPE_CHECKING:
+    from attnhal.planner import GraphPlan
+
+__all__ = ["GraphRow", "StrictRefusal", "format_report", "plan_verdict_rows", "sizes_text"]
 
 _COLUMNS = ("phase", "capture sizes", "graph", "backend", "why", "to change it")
 
@@ -25,11 +29,16 @@ class StrictRefusal(AttnhalError, RuntimeError):
 
 @dataclass(frozen=True)
 class GraphRow:
-    """One phase of the report.
+    """One phase of what the engine will do: the one record ``attnhal plan --engine``'s report,
+    its JSON (``engine_outcome``) and the plugins' start-up log are rendered from.
 
-    ``graph``: ``captured``, ``eager`` or ``not run`` (the engine's decision where the plugin saw
-    it, else attnhal's plan, said in ``why``); ``why``: the reason or catalogue entry (``-``:
-    nothing to explain); ``change``: the flag or variable that would change it (``-``: none).
+    ``graph``: ``captured``, ``eager``, ``not run``, ``cannot run`` (SGLang) or vLLM's graph
+    (``full``, ``piecewise``, ``none``, ``refused``); ``by``: whose decision it is (``SGLang``: its
+    own rule, seen by the plugin or catalogued; ``attnhal's plan``; empty where ``graph`` is the
+    engine's resolved mode); ``why``: the reason or catalogue entry (``-``: nothing to explain);
+    ``change``: the flag or variable that would change it (``-``: none; for SGLang's eager
+    decisions ``ATTNHAL_SGLANG_GRAPHS=enforce``, under which attnhal's plugin captures the phase);
+    ``capture_sizes``: the batch sizes captured, where known before launch (``sizes`` says them short).
     """
 
     phase: str
@@ -38,9 +47,34 @@ class GraphRow:
     backend: str
     why: str = "-"
     change: str = "-"
+    by: str = ""
+    capture_sizes: tuple[int, ...] = ()
 
     def cells(self) -> tuple[str, ...]:
-        return (self.phase, self.sizes, self.graph, self.backend, self.why, self.change)
+        graph = f"{self.graph} ({self.by})" if self.by else self.graph
+        return (self.phase, self.sizes, graph, self.backend, self.why, self.change)
+
+    def to_dict(self) -> dict[str, object]:
+        """The row as JSON: the same fields the table shows, ``-`` as ``null``."""
+        def value(text: str) -> str | None:
+            return None if text == "-" else text
+        return {"phase": self.phase, "graph": self.graph, "decided_by": self.by or None,
+                "capture_sizes": list(self.capture_sizes), "sizes": value(self.sizes),
+                "backend": value(self.backend), "why": value(self.why), "to_change": value(self.change)}
+
+
+def plan_verdict_rows(plan: GraphPlan) -> list[GraphRow]:
+    """attnhal's plan as report rows (by ``attnhal's plan``): for an engine whose adapter knows no
+    decision of its own beyond the plan."""
+    rows = []
+    for phase, decision in plan.phases.items():
+        graph = ("not run" if not decision.runs else "cannot run" if decision.blocking else
+                 "captured" if decision.capture else "eager")
+        sizes = tuple(decision.capture_sizes) if decision.capture else ()
+        why = str(decision.reasons[0]) if decision.reasons and not decision.capture else "-"
+        rows.append(GraphRow(phase.value, sizes_text(sizes), graph, decision.backend or "-", why,
+                             by="attnhal's plan", capture_sizes=sizes))
+    return rows
 
 
 def sizes_text(sizes: Sequence[int]) -> str:

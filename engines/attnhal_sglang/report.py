@@ -19,7 +19,7 @@ from attnhal.phases import Phase
 from attnhal.planner import GraphPlan, GraphPolicy, PhasePlan
 from attnhal.reasons import ReasonCode
 
-__all__ = ["ENFORCE", "TITLE", "plan_report", "refuse_eager", "server_report"]
+__all__ = ["ENFORCE", "TITLE", "plan_report", "plan_rows", "refuse_eager", "server_report", "server_rows"]
 
 TITLE = "attnhal graph report"
 #: What turns on a phase SGLang leaves eager where its backend can capture it.
@@ -37,20 +37,22 @@ def _change(phase: Phase, decision: PhasePlan, policy: GraphPolicy) -> str:
 
 def _row(phase: Phase, plan: GraphPlan, graph: Verdict, entry: Explanation | None, seen: bool) -> GraphRow:
     decision = plan[phase]
-    sizes = sizes_text(decision.capture_sizes) if graph is Verdict.CAPTURED else "-"
+    captured = graph is Verdict.CAPTURED
+    sizes = sizes_text(decision.capture_sizes) if captured else "-"
+    known = tuple(decision.capture_sizes) if captured else ()
     source = "SGLang" if seen else "attnhal's plan"
     backend = decision.backend or "-"
     if entry is not None:
-        return GraphRow(phase.value, sizes, f"{graph.value} (SGLang)", backend, str(entry), ENFORCE)
-    if graph is Verdict.CAPTURED or graph is Verdict.NOT_RUN and not decision.reasons:
-        return GraphRow(phase.value, sizes, f"{graph.value} ({source})", backend)
+        return GraphRow(phase.value, sizes, graph.value, backend, str(entry), ENFORCE, "SGLang", known)
+    if captured or graph is Verdict.NOT_RUN and not decision.reasons:
+        return GraphRow(phase.value, sizes, graph.value, backend, by=source, capture_sizes=known)
     why = str(decision.reasons[0]) if decision.reasons else "-"
     change = _change(phase, decision, plan.policy)
-    return GraphRow(phase.value, sizes, f"{graph.value} ({source})", backend, why, change)
+    return GraphRow(phase.value, sizes, graph.value, backend, why, change, source, known)
 
 
-def server_report(head: str, plan: GraphPlan, rows: Sequence[PhaseAudit]) -> str:
-    """The start-up report: SGLang's decision for the audited phases, attnhal's plan for the others."""
+def server_rows(plan: GraphPlan, rows: Sequence[PhaseAudit]) -> list[GraphRow]:
+    """At start-up: SGLang's decision for the audited phases, attnhal's plan for the others."""
     seen = {row.phase: row for row in rows}
     out = []
     for phase, decision in plan.phases.items():
@@ -58,11 +60,17 @@ def server_report(head: str, plan: GraphPlan, rows: Sequence[PhaseAudit]) -> str
         graph = row.sglang if row is not None else attnhal_verdict(decision)
         entry = row.entry if row is not None and row.direction is Direction.ATTNHAL_CAPTURES else None
         out.append(_row(phase, plan, graph, entry, row is not None))
-    return format_report(f"{TITLE}: {head}", out)
+    return out
 
 
-def plan_report(plan: GraphPlan, applicable: Iterable[EngineDiffers], head: str) -> str:
-    """The report before launch: attnhal's plan, with the phases a catalogued SGLang decision leaves eager."""
+def server_report(head: str, plan: GraphPlan, rows: Sequence[PhaseAudit]) -> str:
+    """The start-up report the plugin logs: :func:`server_rows` as a table."""
+    return format_report(f"{TITLE}: {head}", server_rows(plan, rows))
+
+
+def plan_rows(plan: GraphPlan, applicable: Iterable[EngineDiffers]) -> list[GraphRow]:
+    """Before launch: attnhal's plan, with the phases a catalogued SGLang decision leaves eager
+    (``by`` SGLang, ``change`` the switch under which attnhal's plugin captures them)."""
     eager: Mapping[Phase, Explanation] = {
         SHOWN[d.entry][0]: Explanation(d.entry, d.backend, d.text) for d in applicable
         if d.entry in SHOWN and SHOWN[d.entry][1] is Direction.ATTNHAL_CAPTURES}
@@ -73,7 +81,12 @@ def plan_report(plan: GraphPlan, applicable: Iterable[EngineDiffers], head: str)
             out.append(_row(phase, plan, Verdict.EAGER, eager[phase], True))
         else:
             out.append(_row(phase, plan, ours, None, False))
-    return format_report(f"{TITLE}: {head}", out)
+    return out
+
+
+def plan_report(plan: GraphPlan, applicable: Iterable[EngineDiffers], head: str) -> str:
+    """The report before launch: :func:`plan_rows` as a table."""
+    return format_report(f"{TITLE}: {head}", plan_rows(plan, applicable))
 
 
 def refuse_eager(head: str, rows: Sequence[PhaseAudit]) -> None:

@@ -16,6 +16,7 @@ from attnhal.capabilities import BackendCapabilities
 from attnhal.catalog import load
 from attnhal.engines import flags as _flags
 from attnhal.engines.base import EngineConfig, flag_error
+from attnhal.engines.report import GraphRow
 from attnhal.engines.flags import EngineArgError, cli_name, model_kind
 from attnhal.errors import InvalidValue
 from attnhal_sglang.flags import (ALGORITHMS, DTYPES, FIELD_FLAGS, FLAGS, HARMLESS, KV_CACHE_DTYPES,
@@ -108,6 +109,13 @@ class SglangConfig(EngineConfig):
         model = self.context.model.value if self.context.model is not None else None
         return plan_seams(self.roles, model, self.spec.topk, self.policy.enabled, extend_off)
 
+    def outcome(self, platform: Platform, result: GraphPlan) -> list[GraphRow]:
+        """attnhal's plan with the phases SGLang's own rules leave eager (catalogued D-entries)."""
+        from attnhal_sglang.audit import engine_differs
+        from attnhal_sglang.report import plan_rows
+
+        return plan_rows(result, engine_differs(self, platform))
+
     def summary(self, platform: Platform) -> list[str]:
         return [f"engine: SGLang {self.version} flags -> roles: "
                 + ", ".join(f"{role}={name}" for role, name in self.roles.items() if name is not None),
@@ -121,14 +129,16 @@ class SglangConfig(EngineConfig):
         the seams, the start-up graph report the plugin would log, the ignored flags."""
         from attnhal_sglang.audit import engine_differs
         from attnhal_sglang.late import late_failures
-        from attnhal_sglang.report import plan_report
+        from attnhal.engines.report import format_report
+        from attnhal_sglang.report import TITLE
         from attnhal_sglang.seams import plan_lines
 
         differs = engine_differs(self, platform)
         why = [f"why: {phase.value} is captured: {decision.backend} declares {phase.value} graphs and their "
                "limits hold, the platform has a graph API and the policy allows them"
                for phase, decision in result.phases.items() if decision.capture]
-        report = plan_report(result, differs, f"SGLang {self.version} on {as_platform(platform).name}")
+        report = format_report(f"{TITLE}: SGLang {self.version} on {as_platform(platform).name}",
+                               self.outcome(platform, result))
         return [*why, *(f"note: {note}" for note in self.notes), *map(str, differs),
                 *map(str, late_failures(self, platform)), *plan_lines(self.seams()), report, *self.ignored_lines()]
 

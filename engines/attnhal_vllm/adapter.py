@@ -10,7 +10,7 @@ from attnhal.catalog import load
 from attnhal.engines.base import EngineConfig, OwnFlag
 from attnhal.engines.flags import EngineArgError, Flag, check, model_kind
 from attnhal.engines.plugin_gate import installed
-from attnhal.engines.report import format_report
+from attnhal.engines.report import GraphRow, format_report
 from attnhal_vllm.drafter import DrafterMode, drafter_mode
 from attnhal_vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_VERSION, VLLM_VERSIONS, parse_cli
 from attnhal_vllm.levels import Level, support_on
@@ -74,11 +74,15 @@ class VllmConfig(EngineConfig):
                 f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps),
                 *([f"drafter: draft decode {self.drafter.mode} ({self.drafter.why})"] if self.drafter else [])]
 
+    def outcome(self, platform: Platform, result: GraphPlan) -> list[GraphRow]:
+        """vLLM's graphs per routine from its mode resolution (the rows the plugin logs at start)."""
+        level, r = self._level(platform), self.resolution
+        return report_rows(self.backend.removeprefix("vllm:"), level.support, r.mode, self.query_len,
+                           "vLLM's default", r.error, self.drafter, r.requested)
+
     def remarks(self, platform: Platform, result: GraphPlan) -> list[str]:
         """The notes, the start-up graph report the plugin would log, the ignored flags."""
-        level, r = self._level(platform), self.resolution
-        rows = report_rows(self.backend.removeprefix("vllm:"), level.support, r.mode, self.query_len,
-                           "vLLM's default", r.error, self.drafter, r.requested)
+        rows = self.outcome(platform, result)
         table = format_report(f"attnhal graph report (before launch): vLLM {self.version} on {platform.name}", rows)
         return [*(f"note: {note}" for note in self.notes), table, *self.ignored_lines()]
 

@@ -1,0 +1,111 @@
+"""One record, three views: for every recorded grid cell, ``--engine --json``'s ``engine_outcome``,
+the text report and attnhal's plan are rendered from the same rows
+(:meth:`~attnhal.engines.base.EngineConfig.outcome`), and on SGLang's grid the engine outcome
+(attnhal's plan with the catalogued SGLang decisions, docs/catalog.md D-entries) is what SGLang's
+executed code did: on every cell SGLang starts with and attnhal plans valid, the same phases captured."""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+
+import pytest
+import sglang_grid
+import sglang_recording
+import vllm_recording
+
+import attnhal_sglang as sglang
+from attnhal.cli import main
+from attnhal.engines.report import GraphRow, format_report
+
+#: The seed: aiter, EAGLE one step, on gfx942 (docs/catalog.md D1).
+SEED = ["--attention-backend", "aiter", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2", "--platform", "hip:gfx942"]
+
+
+def _table(text: str) -> list[tuple[str, ...]]:
+    """The report's rows read back from the text: its columns are at the header's offsets."""
+    lines = text.splitlines()
+    header = lines[1]
+    starts = [m.start() for m in re.finditer(r"(?<=  )\S", "  " + header)]
+    starts = [s - 2 for s in starts]
+    out = []
+    for line in lines[2:]:
+        cells = [line[a:b].strip() for a, b in zip(starts, starts[1:])] + [line[starts[-1]:].strip()]
+        out.append(tuple(cells))
+    return out
+
+
+def _same(rows: list[GraphRow]) -> None:
+    """The JSON rows and the text table say the same, row by row."""
+    text = _table(format_report("title", rows))
+    for row, cells, data in zip(rows, text, (r.to_dict() for r in rows), strict=True):
+        graph = f"{data['graph']} ({data['decided_by']})" if data["decided_by"] else data["graph"]
+        assert cells == (data["phase"], data["sizes"] or "-", graph, data["backend"] or "-", data["why"] or "-",
+                         data["to_change"] or "-"), (cells, data)
+        assert json.loads(json.dumps(data)) == data
+
+
+def test_sglang_json_text_and_plan_agree_on_every_recorded_cell() -> None:
+    _, recorded = sglang_recording.load()
+    counts: collections.Counter[str] = collections.Counter()
+    for case, engine in recorded.items():
+        try:
+            config = sglang.from_server_args(case.args(), model=case.model, platform=case.platform)
+        except ValueError:
+            counts["adapter refuses"] += 1
+            continue
+        result = config.plan(case.platform)
+        rows = config.outcome(result.platform, result)
+        _same(rows)
+        by_phase = {row.phase: row for row in rows}
+        assert list(by_phase) == [p.value for p in result.phases]
+        for phase, decision in result.phases.items():
+            row = by_phase[phase.value]
+            if row.by == "attnhal's plan":  # the plan's own verdict, with its sizes
+                assert (row.graph == "captured") == decision.capture
+                assert row.capture_sizes == (tuple(decision.capture_sizes) if decision.capture else ())
+            else:  # SGLang's catalogued rule: eager where attnhal's plan captures, enforce captures it
+                assert row.by == "SGLang" and row.graph == "eager" and decision.capture
+                assert row.change == "ATTNHAL_SGLANG_GRAPHS=enforce" and "docs/catalog.md D" in row.why
+        if not engine.accepted or not result.valid:
+            counts["refused or invalid"] += 1
+            continue
+        captured = frozenset(p for p in sglang_grid.SPEC_PHASES if by_phase[p].graph == "captured")
+        assert captured == engine.captured, f"{case}: outcome {sorted(captured)}, SGLang {sorted(engine.captured)}"
+        counts["engine outcome = SGLang's executed captures"] += 1
+    assert counts["engine outcome = SGLang's executed captures"] > 1000, counts
+
+
+@pytest.mark.parametrize("release", ["0.33.0", "0.34.0"])
+def test_vllm_json_and_text_agree_on_every_recorded_cell(release: str) -> None:
+    import attnhal_vllm as vllm
+
+    cells = 0
+    for case in vllm_recording.load(release):
+        args: dict[str, object] = {"attention_backend": case.backend}
+        if case.spec is not None:
+            args["speculative_config"] = json.dumps({"method": case.spec,
+                                                     "num_speculative_tokens": vllm_recording.SPEC_TOKENS})
+        if case.mode is not None:
+            args["compilation_config"] = json.dumps({"cudagraph_mode": case.mode})
+        config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False, model=case.model, version=release)
+        result = config.plan(case.platform)
+        _same(config.outcome(result.platform, result))
+        cells += 1
+    assert cells >= 280
+
+
+def test_the_seeds_json_says_draft_extend_eager_by_sglang_and_enforce_captures_it(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", "--engine", "sglang", "--json", "--", *SEED]) == 0
+    data = json.loads(capsys.readouterr().out)
+    extend = next(row for row in data["engine_outcome"] if row["phase"] == "draft_extend")
+    assert (extend["graph"], extend["decided_by"], extend["to_change"]) == ("eager", "SGLang",
+                                                                           "ATTNHAL_SGLANG_GRAPHS=enforce")
+    assert "docs/catalog.md D1" in extend["why"]
+    assert data["plan"]["phases"]["draft_extend"]["capture"] is True  # attnhal's own plan, named apart
+    assert main(["plan", "--engine", "sglang", "--", *SEED]) == 0
+    text = capsys.readouterr().out
+    line = next(l for l in text.splitlines() if l.startswith("draft_extend") and "(SGLang)" in l)
+    assert "eager (SGLang)" in line and line.endswith("ATTNHAL_SGLANG_GRAPHS=enforce")
