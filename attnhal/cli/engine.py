@@ -265,13 +265,24 @@ def run_catalog(args: argparse.Namespace) -> int:
         raise UsageError(f"--engine: {exc}") from None
     if args.json:
         print_json([{"name": e.qualified_name, "engine": e.engine, "version": e.version,
+                     "releases": list(_releases(e.engine)),
                      "vendors": sorted(v.value for v in e.descriptor.vendors), "summary": e.summary}
                     for e in found])
         return 0
     rows = [(e.qualified_name, ",".join(sorted(v.value for v in e.descriptor.vendors)),
-             f"{e.engine} {e.version}", e.summary) for e in found]
+             f"{e.engine} {', '.join(_releases(e.engine))}", e.summary) for e in found]
     print(table(("name", "vendors", "describes", "summary"), rows))
+    cited = sorted({f"{e.engine} {e.version}" for e in found if _releases(e.engine) != (e.version,)})
+    if cited:
+        print(f"(the entries cite the source of {', '.join(cited)}; a plan models each release listed)")
     return 0
+
+
+def _releases(engine: str) -> tuple[str, ...]:
+    """The releases an engine's plans model with its catalogue (the adapter's tested releases)."""
+    from attnhal.engines.versions import supported
+
+    return supported(registry.get(engine))
 
 
 def _citations(args: argparse.Namespace) -> int:

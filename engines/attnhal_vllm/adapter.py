@@ -75,7 +75,15 @@ class VllmConfig(EngineConfig):
                 *([f"drafter: draft decode {self.drafter.mode} ({self.drafter.why})"] if self.drafter else [])]
 
     def outcome(self, platform: Platform, result: GraphPlan) -> list[GraphRow]:
-        """vLLM's graphs per routine from its mode resolution (the rows the plugin logs at start)."""
+        """vLLM's graphs per routine from its mode resolution (the rows the plugin logs at start);
+        for a plan that cannot run (the backend refuses the platform), one row saying so and none
+        claiming graphs."""
+        blocked = [(phase, decision) for phase, decision in result.phases.items() if decision.blocking]
+        if blocked:
+            phase, decision = blocked[0]
+            why = f"{phase.value}: {decision.reasons[0]}" if decision.reasons else phase.value
+            return [GraphRow("all", "-", "cannot run", self.backend.removeprefix("vllm:"), why,
+                             "--attention-backend (one that runs on this platform)", by="attnhal's plan")]
         level, r = self._level(platform), self.resolution
         return report_rows(self.backend.removeprefix("vllm:"), level.support, r.mode, self.query_len,
                            "vLLM's default", r.error, self.drafter, r.requested)

@@ -73,13 +73,16 @@ def report_rows(backend: str, level: CGSupport, resolved: GraphMode | None, quer
             return f"cudagraph_mode {requested.value} asks for it"
         return downgrade
 
-    rows = [GraphRow("decode", shown if resolved.decode != "NONE" else "-", resolved.decode.lower(), backend,
-                     not_full(resolved.decode, requested and requested.decode, why),
-                     _MODE_FLAG if resolved.decode != "FULL" else "-"),
-            GraphRow("prefill+decode", shown if resolved.mixed != "NONE" else "-", resolved.mixed.lower(), backend,
-                     not_full(resolved.mixed, requested and requested.mixed,
-                              f"{why}: full graphs of mixed batches need ALWAYS"),
-                     _MODE_FLAG if resolved.mixed != "FULL" else "-")]
+    # With speculation every uniform batch is a target verify (1 + k tokens): its row is target_verify,
+    # as in the plan, where decode does not run; without it the uniform batch is decode.
+    rows = [] if query_len > 1 else [
+        GraphRow("decode", shown if resolved.decode != "NONE" else "-", resolved.decode.lower(), backend,
+                 not_full(resolved.decode, requested and requested.decode, why),
+                 _MODE_FLAG if resolved.decode != "FULL" else "-")]
+    rows.append(GraphRow("prefill+decode", shown if resolved.mixed != "NONE" else "-", resolved.mixed.lower(),
+                         backend, not_full(resolved.mixed, requested and requested.mixed,
+                                           f"{why}: full graphs of mixed batches need ALWAYS"),
+                         _MODE_FLAG if resolved.mixed != "FULL" else "-"))
     if query_len > 1:
         full = resolved.decode == "FULL"
         rows.append(GraphRow("target_verify", shown if full else "-", "full" if full else resolved.decode.lower(),

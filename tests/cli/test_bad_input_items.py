@@ -152,3 +152,28 @@ def test_an_engines_warning_keeps_its_origin_and_attnhals_is_one_line(tmp_path, 
     assert len(shown) == 1 and shown[0].endswith("some_engine.py:4: FutureWarning: the engine says so"), shown
     assert "the engine says so" not in err
     assert err == "attnhal plan: warning: arch=x is not in the table\n"
+
+
+def test_the_catalogue_labels_the_releases_a_plan_models(capsys):
+    """Plans default to the installed or newest vLLM (0.34.0): the catalogue does not label every
+    entry 0.33.0 alone; it names the release its citations come from apart."""
+    code, out, _ = run(capsys, "catalog", "--engine", "vllm")
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.startswith("vllm:")]
+    assert rows and all("vllm 0.33.0, 0.34.0" in row for row in rows)
+    assert out.rstrip().endswith("(the entries cite the source of vllm 0.33.0; a plan models each release listed)")
+    code, out, _ = run(capsys, "catalog", "--engine", "vllm", "--json")
+    entry = json.loads(out)[0]
+    assert entry["releases"] == ["0.33.0", "0.34.0"] and entry["version"] == "0.33.0"
+
+
+def test_a_vllm_report_of_a_plan_that_cannot_run_claims_no_graphs(capsys):
+    code, out, _ = run(capsys, "plan", "--engine", "vllm", "--", "--attention-backend", "FLASH_ATTN",
+                       "--spec-method", "eagle", "--spec-tokens", "3", "--platform", "hip:gfx942", "--model", "mha")
+    assert code == 1
+    report = out[out.index("attnhal graph report"):].splitlines()
+    assert len(report) == 3 and report[2].startswith("all ") and "cannot run (attnhal's plan)" in report[2]
+    assert "[vendor] vendor=hip" in report[2]
+    code, out, _ = run(capsys, "plan", "--engine", "vllm", "--json", "--", "--attention-backend", "FLASH_ATTN",
+                       "--platform", "hip:gfx942", "--model", "mha")
+    assert [row["graph"] for row in json.loads(out)["engine_outcome"]] == ["cannot run"]

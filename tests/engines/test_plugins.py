@@ -351,7 +351,7 @@ def test_the_vllm_034_hooks_log_every_group_the_resolution_and_the_drafter(
     assert "failed" not in caplog.text
     report = next(m for m in caplog.messages if m.startswith("attnhal: attnhal graph report: vLLM on "))
     assert [row.split()[:3] for row in report.splitlines()[2:]] == [
-        ["decode", "-", "full"], ["prefill+decode", "-", "piecewise"], ["target_verify", "-", "full"]]
+        ["prefill+decode", "-", "piecewise"], ["target_verify", "-", "full"]]
 
 
 def test_vllm_strict_refuses_where_attnhals_reading_captures_decode_and_vllms_does_not(

@@ -194,7 +194,7 @@ def test_the_report_comes_once_per_server_and_strict_refuses_the_flashinfer_down
     assert len(REPORTS) == 1, REPORTS
     rows = REPORTS[0].removeprefix("attnhal: ").splitlines()
     assert rows[0] == "attnhal graph report: vLLM on cuda:sm90"
-    assert [row.split()[0] for row in rows[2:]] == ["decode", "prefill+decode", "target_verify"]
+    assert [row.split()[0] for row in rows[2:]] == ["prefill+decode", "target_verify"]  # no decode: ngram verifies
     assert all("  piecewise  " in row for row in rows[2:]), rows  # after the sizes ("1..512 (51 sizes)")
     SUMMARY.append("vLLM plugin, FLASHINFER + ngram (3 tokens), SM90, the start-up graph report:")
     SUMMARY.extend(f"  {row}" for row in rows)
