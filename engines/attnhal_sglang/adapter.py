@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +58,13 @@ class SglangAdapter:
 
         env = options.pop("env", {DRAFT_EXTEND_GRAPH_OFF: os.environ.get(DRAFT_EXTEND_GRAPH_OFF, "")})
         return advise(values, platform, own.get("model"), env=env, vary=vary, top=top, **options)
+
+    def conformance(self, ref: str) -> Callable[..., Any] | None:
+        """How ``attnhal conformance`` checks catalogue name ``ref``: the kit on SGLang's own backend
+        classes (:func:`attnhal_sglang.kit.runner`), or None (the name stays a descriptor)."""
+        from attnhal_sglang.kit import runner
+
+        return runner(ref)
 
     def resolve(self, values: Mapping[str, Any], platform: Platform,
                 own: Mapping[str, str | None]) -> SglangConfig:

@@ -167,7 +167,7 @@ def test_the_command_line_names_no_engine(module: str) -> None:
 
 
 def test_advise_refuses_an_engine_whose_adapter_gives_no_advice_by_name(fake_engine: Path) -> None:
-    """Advice is optional in the adapter protocol (``attnhal.engines.base.Adviser``): the fake
+    """Advice is optional in the adapter protocol (``attnhal.engines.advice.Adviser``): the fake
     adapter has none, so ``advise --engine fake`` exits 2 naming it and the engines that advise."""
     done = _attnhal(fake_engine, "advise", "--engine", "fake", "--", "--draft-steps", "3", "--platform", "cuda:sm90")
     assert done.returncode == 2, done.stderr
