@@ -1,8 +1,9 @@
 """The engine contract: what an engine adapter is, and the one record every adapter resolves to.
 
 An engine (SGLang, vLLM, a third one) plugs in like a backend: a package with a fixed layout
-(``flags``, ``resolution``, ``plan``; optionally ``plugin``, ``audit``, ``kit/``) whose ``plan``
-module holds an object that satisfies :class:`EngineAdapter`, registered in the
+(``flags``: parse the flags, ``config``: resolve them to the engine's config, ``adapter``: the
+object satisfying :class:`EngineAdapter`; optionally ``advice``, ``audit``, ``plugin``,
+``executed``, ``kit/``; ``docs/engine.md``), its adapter registered in the
 ``attnhal.engines`` entry-point group (:mod:`attnhal.engines.registry`). The command line
 (``attnhal plan|explain --engine NAME -- FLAGS``) knows no engine: it asks the adapter to parse
 and resolve the engine's flags into an :class:`EngineConfig`, plans with it and prints what the

@@ -13,7 +13,7 @@ from attnhal.engines.base import OwnFlag
 from attnhal.engines.flags import Flag
 from attnhal_sglang import executed
 from attnhal_sglang.flags import FIELD_FLAGS, FLAGS, HARMLESS, SGLANG_VERSION, SGLANG_VERSIONS, parse_cli
-from attnhal_sglang.resolution import DRAFT_EXTEND_GRAPH_OFF, SglangConfig, from_server_args
+from attnhal_sglang.config import DRAFT_EXTEND_GRAPH_OFF, SglangConfig, from_server_args
 from attnhal.planner import GraphPlan
 from attnhal.platform import ENV_VAR, Platform
 from attnhal.spec import ModelKind
@@ -31,7 +31,7 @@ def plan_server_args(args: Mapping[str, Any] | argparse.Namespace, platform: Pla
 
 
 class SglangAdapter:
-    """SGLang 0.5.23 server flags -> :class:`~attnhal_sglang.resolution.SglangConfig`, resolved by
+    """SGLang 0.5.23 server flags -> :class:`~attnhal_sglang.config.SglangConfig`, resolved by
     SGLang's own code where it can run (:mod:`~attnhal_sglang.executed`), else attnhal's."""
 
     name = "sglang"

@@ -25,7 +25,7 @@ mixed prefill+decode graphs nor for piecewise capture of the non-attention layer
 of the backend); vLLM has no topk: a tree (``topk > 1``) is never uniform for it.
 
 - :mod:`~attnhal_vllm.flags`: vLLM's vocabulary (modelled arguments, harmless ones).
-- :mod:`~attnhal_vllm.resolution`: support levels <-> descriptors, their minimum, the graph mode.
+- :mod:`~attnhal_vllm.modes`: support levels <-> descriptors, their minimum, the graph mode.
 - :mod:`~attnhal_vllm.levels`: the level a builder reports for one configuration (platform, spec, cubins).
 - :mod:`~attnhal_vllm.drafter`: the drafter's graph mode per release (0.33: piecewise at
   most, attention eager; 0.34: FULL_DECODE_ONLY), from the target's mode.
@@ -42,7 +42,7 @@ from attnhal_vllm.flags import FLAGS, HARMLESS, VLLM_VERSION, parse_cli
 from attnhal_vllm.levels import Level, support_on
 from attnhal_vllm.adapter import ADAPTER
 from attnhal_vllm.config import VllmConfig, from_engine_args
-from attnhal_vllm.resolution import (
+from attnhal_vllm.modes import (
     CGSupport,
     GraphMode,
     ModeResolution,

@@ -15,7 +15,7 @@ from attnhal.engines.report import format_report
 from attnhal_vllm.drafter import DrafterMode, drafter_mode
 from attnhal_vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_VERSION, VLLM_VERSIONS
 from attnhal_vllm.levels import Level, support_on
-from attnhal_vllm.resolution import GraphMode, ModeResolution, resolve_mode
+from attnhal_vllm.modes import GraphMode, ModeResolution, resolve_mode
 from attnhal_vllm.startup import report_rows
 from attnhal.phases import Phase, phases_run
 from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends

@@ -8,7 +8,7 @@ from typing import Any
 from attnhal.catalog import CatalogError, entries, load
 from attnhal.engines.flags import EngineArgError, Flag, json_object, one_of, positive, truth
 from attnhal.engines.flags import parse_cli as parse_flags
-from attnhal_vllm.resolution import GraphMode
+from attnhal_vllm.modes import GraphMode
 
 __all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "VLLM_VERSION", "VLLM_VERSIONS", "parse_cli"]
 

@@ -106,7 +106,7 @@ def test_the_checks_catch_a_planted_defect(tmp_path, planted):
         assert ["attnhal.catalog", "attnhal.engines.registry"] in circles(import_graph(tmp_path))
     elif planted == "engine circle":  # inside an engine package, as resolution <-> audit was
         victim = tmp_path / "engines" / "attnhal_sglang" / "audit.py"
-        victim.write_text(victim.read_text() + "\nif TYPE_CHECKING:\n    from attnhal_sglang.resolution import x\n")
+        victim.write_text(victim.read_text() + "\nif TYPE_CHECKING:\n    from attnhal_sglang.config import x\n")
         assert any("attnhal_sglang.audit" in group for group in circles(import_graph(tmp_path)))
     elif planted == "upward to an engine":  # the core reaching into an adapter, as the CLI's kit once did
         victim = tmp_path / "attnhal" / "cli" / "conformance.py"
