@@ -1,7 +1,7 @@
 """``attnhal advise --engine NAME [--platform P] [--model M] -- <the server flags>``: the engine's
 attention-backend flags that capture the most for this model on this GPU, before the server starts.
 
-The answer is the engine adapter's (:class:`attnhal.engines.base.Adviser`, optional: an adapter
+The answer is the engine adapter's (:class:`attnhal.engines.advice.Adviser`, optional: an adapter
 without it is refused by name); this module names no engine: it splits attnhal's flags from the
 engine's (as ``plan --engine`` does, :func:`attnhal.cli.engine.split_own_flags`) and prints it.
 """
@@ -17,8 +17,7 @@ from attnhal.cli.engine import check_values, engine_message, own_flags, split_ow
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import print_json
 from attnhal.engines import registry
-from attnhal.engines.advice import PRIORITY, Advice, Option
-from attnhal.engines.base import adviser
+from attnhal.engines.advice import PRIORITY, Advice, Option, adviser
 from attnhal.engines.flags import EngineArgError
 
 __all__ = ["register", "run"]

@@ -67,17 +67,18 @@ def requested_engine(argv: Sequence[str]) -> str | None:
 
 
 def add_own_flags(p: argparse.ArgumentParser, engine: str | None) -> None:
-    """The own flags of the adapter ``engine`` names, so that they may stand before ``--`` too. Only
-    that adapter is loaded; an unknown or unavailable one adds nothing (running the command says why)."""
-    if engine is None or engine not in registry.names():
+    """With ``--engine E`` on the command line: every adapter's own flags, so that they may stand
+    before ``--`` too (another engine's is refused by name when the command runs). Without it no
+    adapter is loaded; an unavailable one adds nothing (asking for it says why)."""
+    if engine is None:
         return
-    try:
-        adapter = registry.get(engine)
-    except LookupError:
-        return
-    for flag in adapter.own_flags:
-        p.add_argument(f"--{flag.name}", dest=flag.name, type=choice(flag.choices), default=None,
-                       metavar="|".join(flag.choices), help=f"with --engine {adapter.name}: {flag.help}")
+    declared: set[str] = set()
+    for adapter in registry.adapters():
+        for flag in adapter.own_flags:
+            if flag.name not in declared:
+                p.add_argument(f"--{flag.name}", dest=flag.name, type=choice(flag.choices), default=None,
+                               metavar="|".join(flag.choices), help=f"with --engine {adapter.name}: {flag.help}")
+            declared.add(flag.name)
 
 
 def split_own_flags(argv: Sequence[str], names: Sequence[str] | None = None) -> tuple[dict[str, str], list[str]]:

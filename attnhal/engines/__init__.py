@@ -32,7 +32,7 @@ def advise(engine: str, args: Mapping[str, Any], platform: Platform | str, model
     """The engine's attention-backend flags that capture the most for this model on ``platform``,
     ranked against the user's arguments ``args`` (names as the engine's own, e.g. ``attention_backend``).
 
-    ``engine``: any registered engine whose adapter gives advice (:class:`~attnhal.engines.base.Adviser`):
+    ``engine``: any registered engine whose adapter gives advice (:class:`~attnhal.engines.advice.Adviser`):
     the same call ``attnhal advise --engine NAME`` makes. ``own``: attnhal's own flags of that engine
     (``{"vllm-version": "0.33.0"}``); ``options``: the adapter's own keywords (SGLang: ``env``,
     ``among``, ``limit``; vLLM: ``trtllm_cubins``, ``among``, ``limit``). Returns an
@@ -40,7 +40,7 @@ def advise(engine: str, args: Mapping[str, Any], platform: Platform | str, model
     ``LookupError`` naming it.
     """
     from attnhal.engines import registry
-    from attnhal.engines.base import adviser
+    from attnhal.engines.advice import adviser
     from attnhal.platform import as_platform
 
     adapter = adviser(registry.get(engine))

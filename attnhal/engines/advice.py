@@ -14,9 +14,9 @@ never recommended.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from attnhal.engines.flags import EngineArgError, cli_name
 from attnhal.capabilities import BackendCapabilities
@@ -24,8 +24,11 @@ from attnhal.phases import Phase
 from attnhal.platform import Platform
 from attnhal.spec import ModelKind
 
-__all__ = ["MAX_COMBINATIONS", "PRIORITY", "Advice", "Change", "Option", "changes", "check_size", "frontier",
-           "model_of", "rank_key", "served_kinds", "summarize"]
+if TYPE_CHECKING:
+    from attnhal.engines.base import EngineAdapter
+
+__all__ = ["MAX_COMBINATIONS", "PRIORITY", "Advice", "Adviser", "Change", "Option", "adviser", "changes", "check_size",
+           "frontier", "model_of", "rank_key", "served_kinds", "summarize"]
 
 #: The phases whose capture the rank reads, most valuable first (prefill is never captured).
 PRIORITY = (Phase.TARGET_VERIFY, Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND, Phase.DECODE)
@@ -193,3 +196,23 @@ def summarize(current: Option, option: Option) -> list[str]:
     if not out and len(option.costs) < len(current.costs):
         out.append("fewer speed costs")
     return out or ["ranks level with yours"]
+
+
+@runtime_checkable
+class Adviser(Protocol):
+    """What an adapter adds to answer ``attnhal advise --engine NAME`` (optional: an adapter
+    without it is refused by name)."""
+
+    def advise(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None], *,
+               top: int = 3, vary: Sequence[str] | None = None, **options: Any) -> Advice:
+        """The engine's flag sets that capture the most, ranked against the parsed flags ``values``
+        (:meth:`~attnhal.engines.base.EngineAdapter.parse`); ``own`` as for :meth:`~attnhal.engines.base.EngineAdapter.resolve`; ``top``: how many
+        to recommend; ``vary``: the engine flags that may change (``None``: the adapter's default;
+        an adapter that varies one flag only refuses it with an :class:`EngineArgError` naming ``--vary``);
+        ``options``: the engine's own keywords of the Python API (:func:`attnhal.engines.advise`)."""
+        ...
+
+
+def adviser(adapter: EngineAdapter) -> Adviser | None:
+    """``adapter`` if it gives advice (has :meth:`Adviser.advise`), else ``None``."""
+    return adapter if callable(getattr(adapter, "advise", None)) else None  # type: ignore[return-value]

@@ -8,7 +8,7 @@ from typing import Any
 from attnhal.catalog import CatalogError, entries, load
 from attnhal.engines.flags import EngineArgError, Flag, json_object, one_of, positive, truth
 from attnhal.engines.flags import parse_cli as parse_flags
-from attnhal_vllm.resolution import GraphMode
+from attnhal_vllm.modes import GraphMode
 
 __all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "VLLM_VERSION", "VLLM_VERSIONS", "parse_cli"]
 
@@ -18,7 +18,7 @@ VLLM_VERSION = "0.33.0"
 VLLM_VERSIONS = (VLLM_VERSION, "0.34.0")
 
 #: Planner field (an :class:`~attnhal.errors.InvalidValue`'s ``field``) -> the flags that set it, in
-#: the order :func:`~attnhal_vllm.adapter.from_engine_args` reads them, each with how a message
+#: the order :func:`~attnhal_vllm.config.from_engine_args` reads them, each with how a message
 #: names it (the planner validates the spec; the user never typed ``num_steps=``).
 FIELD_FLAGS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "num_steps": (("--spec-tokens", "--spec-tokens"),

@@ -470,7 +470,7 @@ def test_env_bool_refuses_a_variable_without_a_rule() -> None:
     from attnhal.errors import InvalidValue
 
     with pytest.raises(InvalidValue, match="name='SGLANG_OTHER'"):
-        sglang.resolution.env_bool({}, "SGLANG_OTHER")
+        sglang.config.env_bool({}, "SGLANG_OTHER")
 
 
 def test_cli_truthiness_repro_plans_draft_extend_eager(capsys: pytest.CaptureFixture[str],
