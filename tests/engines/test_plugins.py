@@ -439,3 +439,16 @@ def test_what_attnhal_cannot_plan_is_said(worker: types.SimpleNamespace, platfor
     monkeypatch.setenv("ATTNHAL_PLATFORM", platform)
     with pytest.raises(plugin.Unplannable, match=re.escape(says)):
         plugin.plan_draft_worker(worker, graphs_enabled=True, env={})
+
+
+def test_the_sglang_docs_entry_point_example_is_what_the_installed_metadata_registers() -> None:
+    """docs/engines/sglang.md's console example prints the entry point; the installed attnhal
+    (``pip install -e .``) must register exactly that line."""
+    from importlib.metadata import entry_points
+
+    text = (ROOT / "docs" / "engines" / "sglang.md").read_text(encoding="utf-8")
+    command = "$ python -c 'from importlib.metadata import entry_points; print(entry_points(group=\"sglang.srt.plugins\"))'"
+    shown = text.split(command + "\n", 1)[1].splitlines()[0]
+    installed = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "attnhal"]
+    assert shown == str(installed), (shown, installed)
+    assert "attnhal_hooks.sglang:register" in shown
