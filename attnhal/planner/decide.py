@@ -103,7 +103,7 @@ def _capture_reasons(phase: Phase, caps: BackendCapabilities, spec: SpecConfig,
                      platform: Platform, policy: GraphPolicy) -> list[Reason]:
     """Why a running ``phase`` is not captured (empty: it is)."""
     if not policy.enabled:
-        return [reason(ReasonCode.GRAPHS_DISABLED, "graphs", "disabled", "enabled; disabled by policy")]
+        return [reason(ReasonCode.GRAPHS_DISABLED, "graphs", "disabled", f"enabled; disabled by {policy.disabled_by}")]
     if phase in policy.disabled_phases:
         return [reason(ReasonCode.GRAPHS_DISABLED, "phase", phase,
                        f"captured phases outside disabled_phases={fmt_set(policy.disabled_phases)}")]

@@ -41,6 +41,8 @@ class GraphPolicy:
         to; the plan is valid only if it is valid at each (at most 16, each 1..64).
     max_tokens: capture sizes from the spec width: a phase captures only batch sizes ``b``
         with ``b * tokens_per_request(phase) <= max_tokens`` (None: every size).
+    disabled_by: who turned graphs off when ``enabled`` is False, as the reason says it
+        (``policy``; an engine's adapter names its own decision: vLLM's resolved ``cudagraph_mode``).
     """
 
     #: Field -> the bound of it (of each of its values, for the lists).
@@ -54,6 +56,7 @@ class GraphPolicy:
     disabled_phases: frozenset[Phase] = frozenset()
     step_counts: tuple[int, ...] | None = None
     max_tokens: int | None = None
+    disabled_by: str = "policy"
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):

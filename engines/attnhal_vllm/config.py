@@ -165,7 +165,7 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     drafter = drafter_mode(release, resolution.mode) if Phase.DRAFT_DECODE in runs else None
     notes, off = _drafter_notes(drafter, full)
     return VllmConfig(spec=spec, backends=PhaseBackends.same(load(backend).descriptor, spec),
-                      policy=GraphPolicy(enabled=full, disabled_phases=off),
+                      policy=GraphPolicy(enabled=full, disabled_phases=off, disabled_by=_why_no_full(resolution)),
                       context=RequestContext(model=model_kind(model)),
                       roles={p.value: backend.removeprefix("vllm:") if p in runs else None for p in Phase},
                       ignored=ignored, notes=notes, version=release, chosen=chosen, backend=backend,
@@ -186,3 +186,15 @@ def _drafter_notes(drafter: DrafterMode | None, target_full: bool) -> tuple[tupl
 
 def _cubins(value: str | None) -> bool:
     return (value or "yes") == "yes"
+
+
+def _why_no_full(resolution: ModeResolution) -> str:
+    """Who leaves attention outside the graphs when the resolved mode has no full graphs: the mode
+    asked for, or vLLM's downgrade of it (a refusal of the mode: vLLM does not start)."""
+    if resolution.mode is None:
+        return f"vLLM, which refuses cudagraph_mode {resolution.requested.value}"
+    if resolution.mode == resolution.requested:
+        return (f"cudagraph_mode {resolution.mode.value} as asked (piecewise graphs leave attention "
+                "outside the graph)")
+    return (f"vLLM's downgrade of cudagraph_mode {resolution.requested.value} to {resolution.mode.value} "
+            "(piecewise graphs leave attention outside the graph)")

@@ -177,3 +177,16 @@ def test_a_vllm_report_of_a_plan_that_cannot_run_claims_no_graphs(capsys):
     code, out, _ = run(capsys, "plan", "--engine", "vllm", "--json", "--", "--attention-backend", "FLASH_ATTN",
                        "--platform", "hip:gfx942", "--model", "mha")
     assert [row["graph"] for row in json.loads(out)["engine_outcome"]] == ["cannot run"]
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--attention-backend", "FLASH_ATTN", "--compilation-config", '{"cudagraph_mode": "PIECEWISE"}'],
+     "disabled by cudagraph_mode PIECEWISE as asked (piecewise graphs leave attention outside the graph)"),
+    (["--attention-backend", "FLASHINFER", "--spec-method", "eagle", "--spec-tokens", "3", "--trtllm-cubins", "no"],
+     "disabled by vLLM's downgrade of cudagraph_mode FULL_AND_PIECEWISE to PIECEWISE"),
+])
+def test_a_vllm_mode_without_full_graphs_is_named_on_each_phase_not_called_policy(capsys, flags, said):
+    code, out, _ = run(capsys, "plan", "--engine", "vllm", "--", *flags, "--platform", "cuda:sm90", "--model", "mha")
+    assert code == 0
+    disabled = [line for line in out.splitlines() if "[graphs_disabled]" in line]
+    assert disabled and all(said in line for line in disabled) and "disabled by policy" not in out
