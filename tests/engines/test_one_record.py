@@ -78,6 +78,42 @@ def test_sglang_json_text_and_plan_agree_on_every_recorded_cell() -> None:
     assert counts["engine outcome = SGLang's executed captures"] > 1000, counts
 
 
+def test_the_sglang_plugins_log_says_what_the_report_said_on_every_recorded_cell() -> None:
+    """The plugin's start-up report (:func:`~attnhal_sglang.report.server_rows`, from SGLang's own
+    verdicts of the draft phases it audits: here the recorded ones) and the report before launch
+    (:func:`~attnhal_sglang.report.plan_rows`) give each phase the same graph, and for a phase
+    SGLang's rule leaves eager the same catalogue entry and switch."""
+    from attnhal.phases import Phase
+    from attnhal_sglang.audit import Verdict, audit, engine_differs
+    from attnhal_sglang.report import plan_rows, server_rows
+
+    _, recorded = sglang_recording.load()
+    compared = 0
+    for case, engine in recorded.items():
+        if not engine.accepted:
+            continue
+        try:
+            config = sglang.from_server_args(case.args(), model=case.model, platform=case.platform)
+        except ValueError:
+            continue
+        result = config.plan(case.platform)
+        if not result.valid:
+            continue
+        verdicts = {phase: (Verdict.NOT_RUN if phase not in engine.runs else
+                            Verdict.CAPTURED if phase in engine.captured else Verdict.EAGER)
+                    for phase in (Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND)}
+        differs = engine_differs(config, case.platform)
+        names = {Phase(role): name for role, name in config.roles.items()}
+        logged = server_rows(result, audit(result, verdicts, names=names, applicable=differs))
+        before = plan_rows(result, differs)
+        for at_start, at_plan in zip(logged, before, strict=True):
+            assert (at_start.phase, at_start.graph) == (at_plan.phase, at_plan.graph), (case, at_start, at_plan)
+            if at_plan.by == "SGLang":
+                assert (at_start.why, at_start.change) == (at_plan.why, at_plan.change), (case, at_start, at_plan)
+        compared += 1
+    assert compared > 1000
+
+
 @pytest.mark.parametrize("release", ["0.33.0", "0.34.0"])
 def test_vllm_json_and_text_agree_on_every_recorded_cell(release: str) -> None:
     import attnhal_vllm as vllm
