@@ -110,11 +110,18 @@ class SglangConfig(EngineConfig):
         return plan_seams(self.roles, model, self.spec.topk, self.policy.enabled, extend_off)
 
     def outcome(self, platform: Platform, result: GraphPlan) -> list[GraphRow]:
-        """attnhal's plan with the phases SGLang's own rules leave eager (catalogued D-entries)."""
+        """attnhal's plan with the phases SGLang's own rules leave eager (catalogued D-entries) and
+        the phases on which a server SGLang starts fails later (the catalogue's late failures)."""
         from attnhal_sglang.audit import engine_differs
+        from attnhal_sglang.late import AT_CAPTURE, late_failures
         from attnhal_sglang.report import plan_rows
 
-        return plan_rows(result, engine_differs(self, platform))
+        late = {failure.phase.value: failure for failure in late_failures(self, platform)}
+        rows = plan_rows(result, engine_differs(self, platform))
+        return [row if row.phase not in late else
+                GraphRow(row.phase, "-", "fails at start" if late[row.phase].when == AT_CAPTURE else "fails later",
+                         late[row.phase].backend, str(late[row.phase]), row.change, "late failure")
+                for row in rows]
 
     def summary(self, platform: Platform) -> list[str]:
         return [f"engine: SGLang {self.version} flags -> roles: "

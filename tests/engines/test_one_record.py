@@ -66,6 +66,10 @@ def test_sglang_json_text_and_plan_agree_on_every_recorded_cell() -> None:
             if row.by == "attnhal's plan":  # the plan's own verdict, with its sizes
                 assert (row.graph == "captured") == decision.capture
                 assert row.capture_sizes == (tuple(decision.capture_sizes) if decision.capture else ())
+            elif row.by == "late failure":  # SGLang starts, then fails on this phase; attnhal's plan refuses it
+                assert row.graph in ("fails at start", "fails later") and decision.blocking
+                assert row.why.startswith("late failure (docs/catalog.md, Late failures")
+                counts["late failures said"] += 1
             else:  # SGLang's catalogued rule: eager where attnhal's plan captures, enforce captures it
                 assert row.by == "SGLang" and row.graph == "eager" and decision.capture
                 assert row.change == "ATTNHAL_SGLANG_GRAPHS=enforce" and "docs/catalog.md D" in row.why
@@ -75,7 +79,7 @@ def test_sglang_json_text_and_plan_agree_on_every_recorded_cell() -> None:
         captured = frozenset(p for p in sglang_grid.SPEC_PHASES if by_phase[p].graph == "captured")
         assert captured == engine.captured, f"{case}: outcome {sorted(captured)}, SGLang {sorted(engine.captured)}"
         counts["engine outcome = SGLang's executed captures"] += 1
-    assert counts["engine outcome = SGLang's executed captures"] > 1000, counts
+    assert counts["engine outcome = SGLang's executed captures"] > 1000 and counts["late failures said"], counts
 
 
 def test_the_sglang_plugins_log_says_what_the_report_said_on_every_recorded_cell() -> None:
