@@ -10,7 +10,8 @@ what the adapter's config reports.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from attnhal.capabilities import AttentionRequest, BackendCapabilities, Facts, not_supported_reasons
@@ -26,7 +27,7 @@ from attnhal.errors import InvalidValue
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 
-__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "engine_message", "own_flags",
+__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "engine_errors", "engine_message", "own_flags",
            "register_catalog", "requested_engine", "run_catalog", "run_explain", "run_plan", "split_own_flags"]
 
 #: The commands that take ``--engine E`` and the engine's own flags on either side of ``--``.
@@ -138,6 +139,19 @@ def engine_message(engine: str, exc: Exception, argv: Sequence[str]) -> str:
     return str(exc)
 
 
+@contextlib.contextmanager
+def engine_errors(engine: str, argv: Sequence[str]) -> Iterator[None]:
+    """The engine commands' one error boundary: an adapter's bad input exits 2 in the engine's
+    words (an :class:`EngineArgError` as it is; an :class:`~attnhal.errors.InvalidValue` by the
+    flag of ``argv`` that set its field)."""
+    try:
+        yield
+    except EngineArgError as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # an InvalidValue among them: named by the engine's flag
+        raise UsageError(engine_message(engine, exc, argv)) from None
+
+
 def _run(args: argparse.Namespace, command: EngineCommand) -> int:
     """Split the engine's flags from attnhal's, resolve them with the engine's adapter and run
     ``command``; bad input exits 2."""
@@ -149,15 +163,11 @@ def _run(args: argparse.Namespace, command: EngineCommand) -> int:
         raise UsageError(f"{mixed[0]} with --engine (supported: the engine's own flags after `--`, "
                          f"and {', '.join('--' + f for f in (*own_flags(), 'json'))})")
     adapter = registry.get(args.engine)
-    try:
+    with engine_errors(args.engine, args.engine_args):
         own, engine_argv = _own_values(args, adapter)
         platform = resolve_platform(own["platform"])
         config = adapter.resolve(adapter.parse(engine_argv), platform, own)
         return command(args, config, platform)
-    except EngineArgError as exc:
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:  # an InvalidValue among them: named by the engine's flag
-        raise UsageError(engine_message(args.engine, exc, args.engine_args)) from None
 
 
 def run_plan(args: argparse.Namespace) -> int:
