@@ -13,12 +13,11 @@ from typing import Any
 
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import bounded, choice
-from attnhal.cli.engine import check_values, engine_message, own_flags, split_own_flags
+from attnhal.cli.engine import check_values, engine_errors, own_flags, split_own_flags
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import print_json
 from attnhal.engines import registry
 from attnhal.engines.advice import PRIORITY, Advice, Option, adviser
-from attnhal.engines.flags import EngineArgError
 
 __all__ = ["register", "run"]
 
@@ -52,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if advises is None:
         raise UsageError(f"--engine={args.engine!r}: the {args.engine} adapter gives no advice (supported: "
                          f"{', '.join(advising())}; `attnhal plan --engine {args.engine}` plans its flags)")
-    try:
+    with engine_errors(args.engine, args.engine_args):
         names = own_flags(adapter)  # another engine's own flag reaches the parser: refused
         given, argv = split_own_flags(args.engine_args, names)
         own = {name: given.get(name) or getattr(args, name.replace("-", "_"), None) for name in names}
@@ -60,10 +59,6 @@ def run(args: argparse.Namespace) -> int:
         check_values(adapter, values)
         platform = resolve_platform(own["platform"])  # last: detecting the device imports torch
         advice = advises.advise(values, platform, own, top=args.top, vary=args.vary)
-    except EngineArgError as exc:
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:  # an InvalidValue among them: named by the engine's flag
-        raise UsageError(engine_message(args.engine, exc, args.engine_args)) from None
     if args.json:
         print_json(advice.to_dict())
     else:

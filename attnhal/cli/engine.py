@@ -10,7 +10,8 @@ what the adapter's config reports.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from attnhal.capabilities import AttentionRequest, BackendCapabilities, Facts, not_supported_reasons
@@ -26,8 +27,9 @@ from attnhal.errors import InvalidValue
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 
-__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "check_values", "engine_json", "engine_message",
-           "own_flags", "register_catalog", "requested_engine", "run_catalog", "run_explain", "run_plan", "split_own_flags"]
+__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "check_values", "engine_errors",
+           "engine_json", "engine_message", "own_flags", "register_catalog", "requested_engine", "run_catalog",
+           "run_explain", "run_plan", "split_own_flags"]
 
 #: The commands that take ``--engine E`` and the engine's own flags on either side of ``--``.
 ENGINE_COMMANDS = ("plan", "explain")
@@ -157,6 +159,19 @@ def engine_message(engine: str, exc: Exception, argv: Sequence[str]) -> str:
     return str(exc)
 
 
+@contextlib.contextmanager
+def engine_errors(engine: str, argv: Sequence[str]) -> Iterator[None]:
+    """The engine commands' one error boundary: an adapter's bad input exits 2 in the engine's
+    words (an :class:`EngineArgError` as it is; an :class:`~attnhal.errors.InvalidValue` by the
+    flag of ``argv`` that set its field)."""
+    try:
+        yield
+    except EngineArgError as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # an InvalidValue among them: named by the engine's flag
+        raise UsageError(engine_message(engine, exc, argv)) from None
+
+
 def _run(args: argparse.Namespace, command: EngineCommand) -> int:
     """Split the engine's flags from attnhal's, resolve them with the engine's adapter and run
     ``command``; bad input exits 2."""
@@ -168,7 +183,7 @@ def _run(args: argparse.Namespace, command: EngineCommand) -> int:
     if mixed:
         raise UsageError(f"{mixed[0]} with --engine {adapter.name} (supported: the engine's own flags after `--`, "
                          f"and {', '.join('--' + f for f in (*own_flags(adapter), 'json'))})")
-    try:
+    with engine_errors(args.engine, args.engine_args):
         own, engine_argv = _own_values(args, adapter)
         _refuse_command_flags(adapter.name, engine_argv, args.parser)
         parsed = adapter.parse(engine_argv)
@@ -176,10 +191,6 @@ def _run(args: argparse.Namespace, command: EngineCommand) -> int:
         platform = resolve_platform(own["platform"])  # last: detecting the device imports torch
         config = adapter.resolve(parsed, platform, own)
         return command(args, config, platform)
-    except EngineArgError as exc:
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:  # an InvalidValue among them: named by the engine's flag
-        raise UsageError(engine_message(args.engine, exc, args.engine_args)) from None
 
 
 def run_plan(args: argparse.Namespace) -> int:

@@ -14,6 +14,8 @@ never recommended.
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -79,20 +81,28 @@ class Option:
         """The ranked phases that run eagerly, most valuable first."""
         return tuple(p for p in PRIORITY if p in self.runs and p not in self.captured)
 
-    def command(self) -> str:
-        """The flags to paste: ``--name value`` (a boolean flag alone)."""
-        words = []
+    def argv(self) -> list[str]:
+        """The flags as the engine's parser takes them, one word each: ``--name`` then its value's
+        words (a boolean flag alone; several values as several words; a nested option as JSON)."""
+        words: list[str] = []
         for name, value in self.flags.items():
-            if value is True:
-                words.append(cli_name(name))
+            if value is None or value is False:
+                continue
+            words.append(cli_name(name))
+            if isinstance(value, Mapping):
+                words.append(json.dumps(dict(value), separators=(",", ":")))
             elif isinstance(value, (tuple, list)):
-                words.append(f"{cli_name(name)} {' '.join(str(v) for v in value)}")
-            elif value is not None and value is not False:
-                words.append(f"{cli_name(name)} {value}")
-        return " ".join(words)
+                words += [str(v) for v in value]
+            elif value is not True:
+                words += str(value).split() or [str(value)]  # parse_cli joined a flag's several values
+        return words
+
+    def command(self) -> str:
+        """The flags to paste into a shell: :meth:`argv`, quoted where a word needs it."""
+        return shlex.join(self.argv())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"flags": self.command(), "label": self.label, "changes": [str(c) for c in self.changes],
+        return {"flags": self.command(), "argv": self.argv(), "label": self.label, "changes": [str(c) for c in self.changes],
                 "runs": [p.value for p in PRIORITY if p in self.runs],
                 "captured": [p.value for p in PRIORITY if p in self.captured],
                 "eager": {p.value: why for p, why in self.eager.items()}, "costs": list(self.costs),

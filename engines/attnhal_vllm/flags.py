@@ -77,5 +77,6 @@ FLAGS: Mapping[str, Flag] = {
 
 
 def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
-    """vLLM command-line flags -> ``{argument_name: text}``."""
-    return parse_flags(argv, FLAGS)
+    """vLLM command-line flags -> ``{argument_name: text}``; a leading word is the model, as in
+    ``vllm serve MODEL`` (``vllm/entrypoints/cli/serve.py:56-57``: ``model_tag`` becomes ``model``)."""
+    return parse_flags(argv, FLAGS, positional="model")

@@ -106,3 +106,4 @@ def test_python_advise_goes_through_the_adapter() -> None:
     """``attnhal.engines.advise`` takes any registered engine that advises, by the same protocol."""
     advice = advise("vllm", {"attention_backend": "FLASH_ATTN"}, "cuda:sm90", "mha", trtllm_cubins=False)
     assert advice.engine.startswith("vLLM ")
+
