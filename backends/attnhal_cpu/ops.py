@@ -9,13 +9,15 @@ the same buffers and everything that changes between replays is read from tensor
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from attnhal_cpu.build import native_build
+from attnhal_cpu.params import KernelParams
 
-__all__ = ["NativeUnavailable", "attend_op"]
+__all__ = ["Kernel", "NativeUnavailable", "attend_op", "host_kernel"]
 
 
 class NativeUnavailable(RuntimeError):
@@ -31,7 +33,8 @@ def attend_op() -> Any:
 
     Schema: ``attend(out!, mid_o!, mid_lse!, q, k_cache, v_cache, req_to_page,
     req_pool_indices, seq_lens, ext_lens?, mask?, extra_slots?, num_extra,
-    tokens_per_row, page_size, sm_scale, num_splits)``; see ``csrc/attention.cpp``.
+    tokens_per_row, page_size, sm_scale, num_splits, prefetch=16, max_vectors=64)``; see
+    ``csrc/attention.cpp`` and :class:`~attnhal_cpu.params.KernelParams` for the last two.
     """
     global _FAKE_REGISTERED
     build = native_build()
@@ -42,6 +45,22 @@ def attend_op() -> Any:
             torch.library.register_fake("attnhal_cpu::attend")(_attend_fake)
             _FAKE_REGISTERED = True
     return torch.ops.attnhal_cpu.attend
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One build's ``attend`` op and the parameters to launch it with."""
+
+    op: Any
+    params: KernelParams
+    name: str
+
+
+def host_kernel() -> Kernel:
+    """This host's build (:func:`~attnhal_cpu.build.native_build`) with its parameters."""
+    op = attend_op()
+    build = native_build()
+    return Kernel(op, build.params, build.name)
 
 
 def _attend_fake(out: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor, *args: Any) -> None:

@@ -1,0 +1,84 @@
+"""The kernel's microarchitecture-dependent parameters: what they are, their defaults, and how
+they are written down.
+
+Which values are fastest depends on the CPU (how many misses it keeps in flight, how big its
+caches are), not on the instruction set alone: a prefetch distance that suited a Zen 4 left
+a Zen 3 at half its read bandwidth (docs/cpu.md). So they are runtime arguments of the op,
+measured on the host (:mod:`attnhal_cpu.tuning`), never compile-time constants.
+
+This module is plain data: no torch, no file access.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+__all__ = ["DEFAULTS", "KernelParams", "MIN_SPLIT_LEN", "parse_params", "split_count"]
+
+#: Shortest KV range worth a split of its own (shorter ones cost more to merge than they save).
+MIN_SPLIT_LEN = 256
+
+
+@dataclass(frozen=True)
+class KernelParams:
+    """The tunable parameters of one kernel build.
+
+    prefetch: KV positions read ahead of the tile being computed (rounded up to whole tiles;
+        0: no software prefetch). The op's ``prefetch`` argument.
+    max_vectors: query vectors one task holds at most; with ``G`` query heads per KV head and
+        ``T`` tokens per row a task groups the most KV heads ``h`` with ``h * T * G <= max_vectors``
+        (heads per block: more heads share each page walk, fewer keep q in L1). The op's
+        ``max_vectors`` argument.
+    tasks_per_thread: how finely a batch is split over the threads (KV splits per row aim at
+        this many tasks per thread; :func:`attnhal_cpu.backend.split_count`).
+    """
+
+    prefetch: int = 16
+    max_vectors: int = 64
+    tasks_per_thread: int = 4
+
+    def __post_init__(self) -> None:
+        checks = {"prefetch": (0, 1024), "max_vectors": (1, 4096), "tasks_per_thread": (1, 64)}
+        for name, (low, high) in checks.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ValueError(f"{name}={value!r} (supported: an int in [{low}, {high}])")
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (f"prefetch {self.prefetch} positions, {self.max_vectors} query vectors per task, "
+                f"{self.tasks_per_thread} tasks per thread")
+
+
+DEFAULTS = KernelParams()
+
+
+def parse_params(text: str) -> KernelParams:
+    """``"prefetch=32,max_vectors=16"`` (any subset; the rest default) -> :class:`KernelParams`.
+
+    Raises ValueError naming the item and what is allowed.
+    """
+    names = [f.name for f in fields(KernelParams)]
+    values: dict[str, int] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, raw = item.partition("=")
+        if not sep or name.strip() not in names or not raw.strip().lstrip("-").isdigit():
+            raise ValueError(f"{item!r} (supported: NAME=INT with NAME in {names})")
+        values[name.strip()] = int(raw)
+    return KernelParams(**values)
+
+
+def split_count(rows: int, length: int, threads: int, tasks_per_thread: int = DEFAULTS.tasks_per_thread) -> int:
+    """KV splits per row: about ``tasks_per_thread`` tasks per thread, and no split shorter
+    than :data:`MIN_SPLIT_LEN` positions of a ``length``-long row.
+
+    A task is (row, KV-head group, split); the kernel groups the KV heads of a row into one
+    task when their query vectors fit (``max_vectors``, see ``csrc/attention.cpp``), so rows ×
+    splits is the task count to aim at. More tasks balance uneven rows; fewer cost less to merge.
+    """
+    want = -(-tasks_per_thread * threads // max(1, rows))
+    return max(1, min(want, -(-length // MIN_SPLIT_LEN)))
