@@ -49,18 +49,21 @@ def attend_op() -> Any:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One build's ``attend`` op and the parameters to launch it with."""
+    """One build's ``attend`` op and the parameters to launch it with (``origin``: measured or
+    defaulted, and when or why; :class:`~attnhal_cpu.tuning.Tuning`)."""
 
     op: Any
     params: KernelParams
     name: str
+    origin: str = ""
 
 
 def host_kernel() -> Kernel:
     """This host's build (:func:`~attnhal_cpu.build.native_build`) with its parameters."""
     op = attend_op()
     build = native_build()
-    return Kernel(op, build.params, build.name)
+    tuning = build.tuning
+    return Kernel(op, build.params, build.name, f"{tuning.source}: {tuning.detail}" if tuning else "")
 
 
 def _attend_fake(out: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor, *args: Any) -> None:
