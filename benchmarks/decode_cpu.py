@@ -344,7 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sweep-bs", type=int, default=1, help="batch size of the context sweep")
     ap.add_argument("--no-sweep", action="store_true", help="only the fixed shapes")
     ap.add_argument("--plot", metavar="FILE.png", help="draw the sweep (needs matplotlib: pip install 'attnhal[bench]')")
-    ap.add_argument("--quick", action="store_true", help="a smoke run in seconds (tiny shapes, 2 repeats)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run in seconds (tiny shapes, 2 repeats, "
+                    "the host's own build only unless --isa)")
     ap.add_argument("--shapes", nargs="+", metavar="BSxCTX", help="the fixed shapes (default: 1x8192 16x2048 64x512)")
     ap.add_argument("--isa", nargs="+", choices=sorted(LOWER), help="the kernel builds to run (default: this "
                     "host's and every lower instruction set it can run; DEFAULT: the generic build, tile 4)")
@@ -362,7 +363,8 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError:
             ap.error(f"--shapes={a.shapes} (supported: BSxCTX, e.g. 16x2048)")
     pages = tuple(a.page_sizes)
-    paged = contenders(kernels(a.isa))
+    own = native_build().isa.split(":")[0]
+    paged = contenders(kernels(a.isa or ([own] if a.quick else None)))  # quick: no forced builds to compile
     print(f"paged decode: q_heads={heads.q} kv_heads={heads.kv} head_dim={heads.dim}, page sizes {list(pages)}, "
           f"random page order; threads={torch.get_num_threads()}, torch {torch.__version__}, "
           f"{CpuBackend.build_info()}")

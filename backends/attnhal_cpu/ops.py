@@ -33,8 +33,9 @@ def attend_op() -> Any:
 
     Schema: ``attend(out!, mid_o!, mid_lse!, q, k_cache, v_cache, req_to_page,
     req_pool_indices, seq_lens, ext_lens?, mask?, extra_slots?, num_extra,
-    tokens_per_row, page_size, sm_scale, num_splits, prefetch=16, max_vectors=64)``; see
-    ``csrc/attention.cpp`` and :class:`~attnhal_cpu.params.KernelParams` for the last two.
+    tokens_per_row, page_size, sm_scale, num_splits, prefetch=16, max_vectors=64,
+    prefetch_burst=False)``; see ``csrc/attention.cpp`` and
+    :class:`~attnhal_cpu.params.KernelParams` for the last three.
     """
     global _FAKE_REGISTERED
     build = native_build()

@@ -25,6 +25,10 @@ class KernelParams:
 
     prefetch: KV positions read ahead of the tile being computed (rounded up to whole tiles;
         0: no software prefetch). The op's ``prefetch`` argument.
+    prefetch_burst: 1: every head's K and V rows of the tile ahead are prefetched in one burst
+        per tile (the kernel before 2026-12-04); 0: one head's K rows just before its scores,
+        its V rows just before its ``P·V`` (spread through the arithmetic; what freed the
+        AVX-512 host's miss buffers). The op's ``prefetch_burst`` argument.
     max_vectors: query vectors one task holds at most; with ``G`` query heads per KV head and
         ``T`` tokens per row a task groups the most KV heads ``h`` with ``h * T * G <= max_vectors``
         (heads per block: more heads share each page walk, fewer keep q in L1). The op's
@@ -34,11 +38,13 @@ class KernelParams:
     """
 
     prefetch: int = 16
+    prefetch_burst: int = 0
     max_vectors: int = 64
     tasks_per_thread: int = 4
 
     def __post_init__(self) -> None:
-        checks = {"prefetch": (0, 1024), "max_vectors": (1, 4096), "tasks_per_thread": (1, 64)}
+        checks = {"prefetch": (0, 1024), "prefetch_burst": (0, 1), "max_vectors": (1, 4096),
+                  "tasks_per_thread": (1, 64)}
         for name, (low, high) in checks.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
@@ -48,7 +54,8 @@ class KernelParams:
         return asdict(self)
 
     def __str__(self) -> str:
-        return (f"prefetch {self.prefetch} positions, {self.max_vectors} query vectors per task, "
+        how = "one burst per tile" if self.prefetch_burst else "spread over the heads"
+        return (f"prefetch {self.prefetch} positions ({how}), {self.max_vectors} query vectors per task, "
                 f"{self.tasks_per_thread} tasks per thread")
 
 

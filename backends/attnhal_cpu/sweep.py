@@ -36,6 +36,7 @@ SHAPES: tuple[tuple[int, int], ...] = ((8, 1024), (1, 8192))
 HEADS = (32, 8, 128)  # query heads, KV heads, head size
 #: Values tried per parameter, in search order (prefetch distances are rounded up to whole tiles).
 CANDIDATES: dict[str, tuple[int, ...]] = {
+    "prefetch_burst": (0, 1),
     "prefetch": (0, 8, 16, 32, 64),
     "max_vectors": (8, 16, 64),
     "tasks_per_thread": (1, 2, 4, 8),
@@ -149,7 +150,7 @@ def kernel_timer(op: Any, threads: int, seed: int = 0) -> Timer:
         args, rows, ctx = jobs[shape]
         splits = split_count(rows, ctx, threads, params.tasks_per_thread)
         begin = time.perf_counter()
-        op.attend(*args, splits, params.prefetch, params.max_vectors)
+        op.attend(*args, splits, params.prefetch, params.max_vectors, bool(params.prefetch_burst))
         return time.perf_counter() - begin
 
     return timer

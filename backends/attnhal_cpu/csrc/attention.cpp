@@ -95,7 +95,8 @@ void attend(at::Tensor out, at::Tensor mid_o, at::Tensor mid_lse, const at::Tens
             const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
             const std::optional<at::Tensor>& ext_lens, const std::optional<at::Tensor>& mask,
             const std::optional<at::Tensor>& extra_slots, int64_t num_extra, int64_t tokens_per_row,
-            int64_t page_size, double sm_scale, int64_t num_splits, int64_t prefetch, int64_t max_vectors) {
+            int64_t page_size, double sm_scale, int64_t num_splits, int64_t prefetch, int64_t max_vectors,
+            bool prefetch_burst) {
   check_float(q, "q"); check_float(out, "out"); check_float(k_cache, "k_cache"); check_float(v_cache, "v_cache");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "v_cache.dtype=", v_cache.scalar_type(),
               " (supported: k_cache.dtype=", k_cache.scalar_type(), ")");
@@ -122,6 +123,7 @@ void attend(at::Tensor out, at::Tensor mid_o, at::Tensor mid_lse, const at::Tens
   P.G = q.size(1) / P.KV;
   P.S = num_splits;
   P.ahead = (prefetch + W - 1) / W;  // whole tiles: a tile's rows are prefetched together
+  P.burst = prefetch_burst;
   // Heads per task: as many KV heads as keep a task's query vectors within max_vectors (q and
   // the accumulators stay in L1/L2; the bound is measured per host, tuning.py),
   // but no more than leave every thread a task (one short row would otherwise run on one
@@ -175,7 +177,7 @@ TORCH_LIBRARY(attnhal_cpu, m) {
   m.def("attend(Tensor(a!) out, Tensor(b!) mid_o, Tensor(c!) mid_lse, Tensor q, Tensor k_cache, "
         "Tensor v_cache, Tensor req_to_page, Tensor req_pool_indices, Tensor seq_lens, Tensor? ext_lens, "
         "Tensor? mask, Tensor? extra_slots, int num_extra, int tokens_per_row, int page_size, "
-        "float sm_scale, int num_splits, int prefetch=16, int max_vectors=64) -> ()");
+        "float sm_scale, int num_splits, int prefetch=16, int max_vectors=64, bool prefetch_burst=False) -> ()");
   m.def("isa() -> str", &isa);
   m.def("tile_width() -> int", &tile_width);
 }

@@ -47,6 +47,7 @@ struct Problem {
   int64_t rows, T, G, KV, D, S;
   int64_t HG;                // KV heads per task (a divisor of KV)
   int64_t ahead;             // tiles prefetched ahead (0: none); see Worker::run
+  bool burst;                // prefetch every head's rows of a tile at once instead of per head
   float scale;
   float* mid_o;    // [rows, KV, S, M, D]: each split's normalised output
   float* mid_lse;  // [rows, KV, S, M]: each split's log-sum-exp (-inf: attended nothing)
@@ -191,7 +192,8 @@ struct Worker {
     // through the arithmetic. One burst of every head's K and V rows per tile filled the miss
     // buffers and stalled the arithmetic queued behind it, so the kernel took the sum of its
     // memory and compute times (docs/cpu.md, AVX-512 host). The distance that keeps the
-    // reads ahead differs between microarchitectures: it is measured on the host (tuning.py).
+    // reads ahead, and whether the burst or the spread suits the miss buffers, differ between
+    // microarchitectures: both are measured on the host (tuning.py); P.burst is the old burst.
     int64_t tile[W], ahead[W];
     const T* rows[W];
     for (int64_t i = 0; i < P.ahead; ++i) {
@@ -199,7 +201,14 @@ struct Worker {
       for (int64_t h = h0; h < h0 + P.HG; ++h) { prefetch_rows(ahead, n, h, true); prefetch_rows(ahead, n, h, false); }
     }
     for (int64_t p0 = begin; p0 < end; p0 += W) {
-      const int n_ahead = P.ahead > 0 ? ahead_slots(r, row, p0 + P.ahead * W, end, ahead) : 0;
+      int n_ahead = P.ahead > 0 ? ahead_slots(r, row, p0 + P.ahead * W, end, ahead) : 0;
+      if (P.burst) {
+        for (int64_t h = h0; h < h0 + P.HG; ++h) {
+          prefetch_rows(ahead, n_ahead, h, true);
+          prefetch_rows(ahead, n_ahead, h, false);
+        }
+        n_ahead = 0;  // nothing left to spread over the heads
+      }
       const int n_valid = static_cast<int>(std::min<int64_t>(W, end - p0));
       tile_slots(r, row, p0, n_valid, tile);
       const bool full = p0 + n_valid <= row.min_open || p0 >= row.len;

@@ -38,8 +38,9 @@ def quiet() -> float:
 
 
 def test_sweep_takes_a_faster_value_and_keeps_the_default_on_a_tie() -> None:
-    result = sweep.sweep(fake_timer({"prefetch": 32, "tasks_per_thread": 2}), tile=8, load=quiet)
-    assert result.params == KernelParams(prefetch=32, max_vectors=DEFAULTS.max_vectors, tasks_per_thread=2)
+    result = sweep.sweep(fake_timer({"prefetch": 32, "prefetch_burst": 1, "tasks_per_thread": 2}), tile=8, load=quiet)
+    assert result.params == KernelParams(prefetch=32, prefetch_burst=1, max_vectors=DEFAULTS.max_vectors,
+                                         tasks_per_thread=2)
     tried = {p.prefetch for p, _ in result.trials}
     assert tried == {0, 8, 16, 32, 64}
     # A gain below GAIN is noise: the current choice stays.
@@ -203,7 +204,8 @@ def kernel_op():
 
 def test_the_op_defaults_are_the_python_defaults(kernel_op) -> None:
     schema = str(kernel_op.default._schema)
-    assert f"int prefetch={DEFAULTS.prefetch}, int max_vectors={DEFAULTS.max_vectors}" in schema, schema
+    assert (f"int prefetch={DEFAULTS.prefetch}, int max_vectors={DEFAULTS.max_vectors}, "
+            f"bool prefetch_burst={bool(DEFAULTS.prefetch_burst)}") in schema, schema
 
 
 #: Claims of the conformance kit run per parameter set: decode and verify over pages of 16, in graphs too.
@@ -211,8 +213,8 @@ CLAIMS = ("phase[decode, float32]", "phase[target_verify, bfloat16]", "page_size
 
 
 @pytest.mark.parametrize("params", [DEFAULTS, KernelParams(prefetch=0, max_vectors=4, tasks_per_thread=1),
-                                    KernelParams(prefetch=64, max_vectors=8, tasks_per_thread=8)],
-                         ids=["defaults", "no-prefetch-one-head", "far-prefetch-two-heads"])
+                                    KernelParams(prefetch=64, prefetch_burst=1, max_vectors=8, tasks_per_thread=8)],
+                         ids=["defaults", "no-prefetch-one-head", "far-burst-two-heads"])
 def test_conformance_holds_with_these_parameters(kernel_op, params: KernelParams) -> None:
     """The kit's claims (a cheap subset; the full kit runs in test_conformance.py with the host's own
     parameters) with the defaults and with the extremes a sweep may choose."""
