@@ -114,6 +114,7 @@ class CpuBackend(AttentionBackend):
             raise ValueError(f"num_splits={num_splits} (supported: an int >= 1, or None)")
         self.num_splits = num_splits
         self.kernel = kernel if kernel is not None else host_kernel()
+        self.kernel_params = self.kernel.params.for_itemsize(pool.dtype.itemsize)  # this pool's cache width
         self._meta: _Meta | None = None
         self._graph: _GraphState | None = None
         self._leader: CpuBackend | None = None
@@ -185,7 +186,7 @@ class CpuBackend(AttentionBackend):
     def _splits(self, rows: int, length: int) -> int:
         if self.num_splits is not None:
             return self.num_splits
-        return split_count(rows, length, torch.get_num_threads(), self.kernel.params.tasks_per_thread)
+        return split_count(rows, length, torch.get_num_threads(), self.kernel_params.tasks_per_thread)
 
     def _eager_scratch(self, tokens: int, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Split scratch for eager batches, grown on demand and reused."""
@@ -266,7 +267,7 @@ class CpuBackend(AttentionBackend):
 
     def _launch(self, out: torch.Tensor, q: torch.Tensor, layer: int, meta: _Meta,
                 extra: torch.Tensor | None, num_extra: int) -> None:
-        params = self.kernel.params
+        params = self.kernel_params
         self.kernel.op(out, meta.mid_o, meta.mid_lse, q, self.pool.k[layer], self.pool.v[layer],
                        self.pool.req_to_page, meta.req, meta.seq, meta.ext, meta.mask, extra, num_extra,
                        meta.tokens_per_row, self.pool.page_size, self.config.sm_scale, meta.splits,

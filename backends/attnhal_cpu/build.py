@@ -32,7 +32,7 @@ from typing import Any
 
 from attnhal_cpu.buildcache import BuildError, Compiler, Entry, LibrarySpec, cache_root, cache_state, discard
 from attnhal_cpu.buildcache import ensure_built, find_compiler, locate
-from attnhal_cpu.params import DEFAULTS, KernelParams
+from attnhal_cpu.params import HOST_DEFAULTS, HostParams
 from attnhal_cpu.sweep import kernel_timer
 from attnhal_cpu.tuning import Tuning, tune
 
@@ -77,8 +77,8 @@ class NativeBuild:
         return self.error is None
 
     @property
-    def params(self) -> KernelParams:
-        return self.tuning.params if self.tuning is not None else DEFAULTS
+    def params(self) -> HostParams:
+        return self.tuning.params if self.tuning is not None else HOST_DEFAULTS
 
     def cache(self) -> str:
         """The cache entry and what it holds now: ``built``, ``building by pid N ...``,
@@ -209,5 +209,5 @@ def tune_entry(entry: Entry, isa: str, ops: Any) -> Tuning:
     its record for this CPU, or a sweep (:func:`attnhal_cpu.tuning.tune`)."""
     import torch
 
-    return tune(entry.directory, isa, lambda: kernel_timer(ops, torch.get_num_threads()),
+    return tune(entry.directory, isa, lambda width: kernel_timer(ops, torch.get_num_threads(), width),
                 int(ops.tile_width()))

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from attnhal_cpu.build import native_build
-from attnhal_cpu.params import KernelParams
+from attnhal_cpu.params import HostParams
 
 __all__ = ["Kernel", "NativeUnavailable", "attend_op", "host_kernel"]
 
@@ -50,11 +50,11 @@ def attend_op() -> Any:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One build's ``attend`` op and the parameters to launch it with (``origin``: measured or
-    defaulted, and when or why; :class:`~attnhal_cpu.tuning.Tuning`)."""
+    """One build's ``attend`` op and the parameters to launch it with, per cache width (``origin``:
+    measured or defaulted, and when or why; :class:`~attnhal_cpu.tuning.Tuning`)."""
 
     op: Any
-    params: KernelParams
+    params: HostParams
     name: str
     origin: str = ""
 

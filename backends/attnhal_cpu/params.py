@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["DEFAULTS", "KernelParams", "MIN_SPLIT_LEN", "parse_params", "split_count"]
+__all__ = ["DEFAULTS", "HOST_DEFAULTS", "HostParams", "KernelParams", "MIN_SPLIT_LEN", "WIDTHS", "parse_params",
+           "split_count"]
 
 #: Shortest KV range worth a split of its own (shorter ones cost more to merge than they save).
 MIN_SPLIT_LEN = 256
@@ -60,6 +61,34 @@ class KernelParams:
 
 
 DEFAULTS = KernelParams()
+
+#: The cache widths parameters are measured for: 4-byte (fp32) and 2-byte (bf16, fp16) elements.
+#: They differ: on the Zen 3 host the burst prefetch was faster for fp32 and slower for bf16
+#: (docs/cpu.md), since a 2-byte row is half the cache lines per slot.
+WIDTHS = ("fp32", "half")
+
+
+@dataclass(frozen=True)
+class HostParams:
+    """One :class:`KernelParams` per cache width: ``fp32`` (4-byte caches) and ``half`` (bf16, fp16)."""
+
+    fp32: KernelParams = DEFAULTS
+    half: KernelParams = DEFAULTS
+
+    def for_itemsize(self, itemsize: int) -> KernelParams:
+        """The parameters for a KV cache of ``itemsize``-byte elements."""
+        return self.half if itemsize == 2 else self.fp32
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        return {"fp32": self.fp32.to_dict(), "half": self.half.to_dict()}
+
+    def __str__(self) -> str:
+        if self.fp32 == self.half:
+            return f"fp32 and bf16/fp16: {self.fp32}"
+        return f"fp32: {self.fp32}; bf16/fp16: {self.half}"
+
+
+HOST_DEFAULTS = HostParams()
 
 
 def parse_params(text: str) -> KernelParams:

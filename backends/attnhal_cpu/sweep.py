@@ -1,9 +1,9 @@
 """The short measurement that picks the kernel's parameters on this host (at most about 3 s).
 
-One page size (16) and two decode shapes of the same 64 MB of fp32 K/V (32/8 heads, head
-size 128, pages in random order, twice the L3 of the hosts measured so far): 8 rows × 1024
-positions (many rows: every thread has rows of its own) and 1 row × 8192 (one long row: the
-thread split decides). The parameters are searched one at a time, starting from the
+Per cache width (fp32, then bf16 for the 2-byte caches), one page size (16) and two decode
+shapes over the same 64 MB of K/V (32/8 heads, head size 128, pages in random order, twice
+the L3 of the hosts measured so far): many rows (fp32 8 × 1024, bf16 8 × 2048: every thread
+has rows of its own) and one long row (1 × 8192, 1 × 16384: the thread split decides). The parameters are searched one at a time, starting from the
 defaults (coordinate descent): for each, every candidate value is timed in interleaved
 rounds (drift hits all alike), a candidate's time per shape is its fastest round (the least
 disturbed by other processes), and it replaces the current choice only when its times, each
@@ -30,9 +30,9 @@ from attnhal_cpu.params import DEFAULTS, MIN_SPLIT_LEN, KernelParams, split_coun
 __all__ = ["CANDIDATES", "GAIN", "SHAPES", "HostBusy", "SweepResult", "SweepTimeout", "Timer", "kernel_timer",
            "sweep"]
 
-#: The sweep's page size and shapes (rows, positions per row); both read the same KV.
+#: The sweep's page size and shapes (rows, positions per row) per cache width; both read the same 64 MB.
 PAGE = 16
-SHAPES: tuple[tuple[int, int], ...] = ((8, 1024), (1, 8192))
+SHAPES: dict[str, tuple[tuple[int, int], ...]] = {"fp32": ((8, 1024), (1, 8192)), "half": ((8, 2048), (1, 16384))}
 HEADS = (32, 8, 128)  # query heads, KV heads, head size
 #: Values tried per parameter, in search order (prefetch distances are rounded up to whole tiles).
 CANDIDATES: dict[str, tuple[int, ...]] = {
@@ -86,7 +86,7 @@ def _load_per_cpu() -> float:
     return os.getloadavg()[0] / (os.cpu_count() or 1)
 
 
-def sweep(timer: Timer, tile: int, budget_s: float = BUDGET_S, shapes: int = len(SHAPES),
+def sweep(timer: Timer, tile: int, budget_s: float = BUDGET_S, shapes: int = 2,
           clock: Callable[[], float] = time.monotonic, load: Callable[[], float] = _load_per_cpu) -> SweepResult:
     """Coordinate descent over :data:`CANDIDATES` from :data:`DEFAULTS` (see the module doc).
 
@@ -122,8 +122,9 @@ def sweep(timer: Timer, tile: int, budget_s: float = BUDGET_S, shapes: int = len
     return SweepResult(best, tuple(trials), clock() - start)
 
 
-def kernel_timer(op: Any, threads: int, seed: int = 0) -> Timer:
-    """A :data:`Timer` of ``op`` (``torch.ops.<namespace>``, with ``attend``) on :data:`SHAPES`.
+def kernel_timer(op: Any, threads: int, width: str = "fp32", seed: int = 0) -> Timer:
+    """A :data:`Timer` of ``op`` (``torch.ops.<namespace>``, with ``attend``) on the :data:`SHAPES`
+    of ``width`` (``fp32``, or ``half``: a bf16 cache).
 
     Allocates the shared KV (64 MB) and each shape's page table once; the returned timer
     launches the op with the given parameters and split count and returns its wall time.
@@ -131,15 +132,16 @@ def kernel_timer(op: Any, threads: int, seed: int = 0) -> Timer:
     import torch
 
     hq, hkv, d = HEADS
-    slots = max(rows * ctx for rows, ctx in SHAPES)
+    dtype = torch.float32 if width == "fp32" else torch.bfloat16
+    slots = max(rows * ctx for rows, ctx in SHAPES[width])
     gen = torch.Generator().manual_seed(seed)
-    k = torch.empty(slots + PAGE, hkv, d).uniform_(-1, 1, generator=gen)
-    v = torch.empty(slots + PAGE, hkv, d).uniform_(-1, 1, generator=gen)
+    k = torch.empty(slots + PAGE, hkv, d, dtype=dtype).uniform_(-1, 1, generator=gen)
+    v = torch.empty(slots + PAGE, hkv, d, dtype=dtype).uniform_(-1, 1, generator=gen)
     pages = torch.randperm(slots // PAGE, generator=gen).to(torch.int32) + 1  # page 0 unused
     jobs: list[tuple[Sequence[Any], int, int]] = []
-    for rows, ctx in SHAPES:
+    for rows, ctx in SHAPES[width]:
         table = pages[: rows * ctx // PAGE].view(rows, ctx // PAGE).contiguous()
-        q = torch.empty(rows, hq, d).uniform_(-1, 1, generator=gen)
+        q = torch.empty(rows, hq, d, dtype=dtype).uniform_(-1, 1, generator=gen)
         most = -(-ctx // MIN_SPLIT_LEN)  # split_count never exceeds this
         out, mid_o, mid_lse = torch.empty_like(q), torch.empty(rows * hq * most * d), torch.empty(rows * hq * most)
         lens = torch.full((rows,), ctx, dtype=torch.int32)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from attnhal_cpu import buildlock, sweep, tuning
-from attnhal_cpu.params import DEFAULTS, KernelParams, parse_params, split_count
+from attnhal_cpu.params import DEFAULTS, HOST_DEFAULTS, HostParams, KernelParams, parse_params, split_count
 from attnhal_cpu.sweep import HostBusy, SweepResult, SweepTimeout
 from attnhal_cpu.tuning import PARAMS_ENV, TUNE_ENV, record_path, tune
 from repo import ROOT
@@ -62,14 +62,16 @@ def test_sweep_gives_up_past_its_budget_or_on_a_busy_host() -> None:
 
 
 class Counting:
-    """A stand-in for the sweep that records its calls and returns ``params``."""
+    """A stand-in for the sweep that records its calls (one per cache width) and returns ``params``
+    for fp32 caches, ``half`` (default: the same) for 2-byte ones."""
 
-    def __init__(self, params: KernelParams) -> None:
-        self.params, self.calls = params, 0
+    def __init__(self, params: KernelParams, half: KernelParams | None = None) -> None:
+        self.params, self.half, self.calls = params, half or params, 0
 
-    def __call__(self, timer, tile: int) -> SweepResult:
+    def __call__(self, timer, tile: int, budget_s: float) -> SweepResult:
+        chosen = self.params if timer == "fp32" else self.half
         self.calls += 1
-        return SweepResult(self.params, ((self.params, (0.001, 0.002)),), 0.5)
+        return SweepResult(chosen, ((chosen, (0.001, 0.002)),), 0.5)
 
 
 @pytest.fixture
@@ -79,21 +81,22 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run_tune(directory: Path, fake, cpu: str = CPU) -> tuning.Tuning:
-    return tune(directory, "AVX2", lambda: None, 8, progress=lambda stage, msg: None, cpu=cpu, run_sweep=fake)
+    return tune(directory, "AVX2", lambda width: width, 8, progress=lambda stage, msg: None, cpu=cpu, run_sweep=fake)
 
 
 def test_the_sweep_result_is_cached_and_reused(tmp_path: Path, clean_env) -> None:
-    chosen = KernelParams(prefetch=32, max_vectors=16, tasks_per_thread=2)
-    fake = Counting(chosen)
+    chosen = HostParams(KernelParams(prefetch=32, prefetch_burst=1, max_vectors=16), KernelParams(tasks_per_thread=2))
+    fake = Counting(chosen.fp32, chosen.half)
     first = run_tune(tmp_path, fake)
-    assert (first.source, first.params, fake.calls) == ("measured", chosen, 1)
+    assert (first.source, first.params, fake.calls) == ("measured", chosen, 2)  # one sweep per cache width
     record = json.loads(record_path(tmp_path, CPU).read_text())
     assert record["cpu"] == CPU and record["isa"] == "AVX2" and record["params"] == chosen.to_dict()
     again = run_tune(tmp_path, fake)
-    assert (again.source, again.params, fake.calls) == ("cached", chosen, 1)
+    assert (again.source, again.params, fake.calls) == ("cached", chosen, 2)
+    assert again.params.for_itemsize(4) == chosen.fp32 and again.params.for_itemsize(2) == chosen.half
     assert again.detail.startswith("measured ")
     other = run_tune(tmp_path, Counting(DEFAULTS), cpu="Another CPU")  # keyed by the CPU model
-    assert other.source == "measured" and run_tune(tmp_path, fake).params == chosen
+    assert other.source == "measured" and run_tune(tmp_path, fake).params == chosen and fake.calls == 2
 
 
 @pytest.mark.parametrize("text", ["{not json", json.dumps({"format": 1, "cpu": CPU, "isa": "AVX2"}),
@@ -104,15 +107,17 @@ def test_a_corrupt_record_is_measured_again(tmp_path: Path, clean_env, text: str
     chosen = KernelParams(prefetch=8)
     fake = Counting(chosen)
     got = run_tune(tmp_path, fake)
-    assert (got.source, got.params, fake.calls) == ("measured", chosen, 1)
-    assert run_tune(tmp_path, fake).source == "cached" and fake.calls == 1
+    assert (got.source, got.params, fake.calls) == ("measured", HostParams(chosen, chosen), 2)
+    assert run_tune(tmp_path, fake).source == "cached" and fake.calls == 2
 
 
 def test_a_failed_sweep_leaves_the_defaults_and_caches_nothing(tmp_path: Path, clean_env) -> None:
-    def failing(timer, tile):
-        raise SweepTimeout("the sweep ran past 3 s")
+    def failing(timer, tile, budget_s):
+        if timer == "half":  # the fp32 sweep finished: still nothing is kept
+            raise SweepTimeout("the sweep ran past 3 s")
+        return SweepResult(KernelParams(prefetch=64), (), 1.0)
     got = run_tune(tmp_path, failing)
-    assert got.params == DEFAULTS and got.source == "defaulted" and "ran past 3 s" in got.detail
+    assert got.params == HOST_DEFAULTS and got.source == "defaulted" and "ran past 3 s" in got.detail
     assert not record_path(tmp_path, CPU).exists()
 
 
@@ -120,10 +125,10 @@ KILLED_CHILD = """
 import sys, time
 from pathlib import Path
 from attnhal_cpu.tuning import tune
-def sweeping(timer, tile):
+def sweeping(timer, tile, budget_s):
     Path(sys.argv[2]).touch()
     time.sleep(60)
-tune(Path(sys.argv[1]), "AVX2", lambda: None, 8, cpu={cpu!r}, run_sweep=sweeping)
+tune(Path(sys.argv[1]), "AVX2", lambda width: None, 8, cpu={cpu!r}, run_sweep=sweeping)
 """
 
 
@@ -142,7 +147,7 @@ def test_a_killed_sweep_leaves_defaults_and_blocks_no_one(tmp_path: Path, clean_
     assert buildlock.holder(tmp_path / "tune.lock") is None
     os.environ[TUNE_ENV] = "0"
     try:
-        assert run_tune(tmp_path, Counting(KernelParams(prefetch=64))).params == DEFAULTS
+        assert run_tune(tmp_path, Counting(KernelParams(prefetch=64))).params == HOST_DEFAULTS
     finally:
         del os.environ[TUNE_ENV]
     assert run_tune(tmp_path, Counting(KernelParams(prefetch=64))).source == "measured"  # the next run measures
@@ -160,17 +165,17 @@ def test_a_sweep_held_by_another_process_past_the_wait_leaves_defaults(tmp_path:
 def test_switches_skip_force_or_set_the_parameters(tmp_path: Path, clean_env, monkeypatch) -> None:
     fake = Counting(KernelParams(prefetch=64))
     monkeypatch.setenv(TUNE_ENV, "0")
-    assert run_tune(tmp_path, fake) == tuning.Tuning(DEFAULTS, "defaulted", f"{TUNE_ENV}=0: no sweep")
+    assert run_tune(tmp_path, fake) == tuning.Tuning(HOST_DEFAULTS, "defaulted", f"{TUNE_ENV}=0: no sweep")
     monkeypatch.setenv(TUNE_ENV, "sometimes")
     got = run_tune(tmp_path, fake)
-    assert got.params == DEFAULTS and f"{TUNE_ENV}='sometimes' (supported: auto, 1, 0, off, again)" in got.detail
+    assert got.params == HOST_DEFAULTS and f"{TUNE_ENV}='sometimes' (supported: auto, 1, 0, off, again)" in got.detail
     monkeypatch.setenv(TUNE_ENV, "again")
-    assert [run_tune(tmp_path, fake).source for _ in range(2)] == ["measured", "measured"]
-    assert fake.calls == 2
+    assert [run_tune(tmp_path, fake).source for _ in range(2)] == ["measured", "measured"] and fake.calls == 4
     monkeypatch.delenv(TUNE_ENV)
     monkeypatch.setenv(PARAMS_ENV, "prefetch=0, tasks_per_thread=1")
     got = run_tune(tmp_path, fake)
-    assert got.source == "set" and got.params == KernelParams(prefetch=0, tasks_per_thread=1) and fake.calls == 2
+    assert got.source == "set" and got.params.fp32 == got.params.half == KernelParams(prefetch=0, tasks_per_thread=1)
+    assert fake.calls == 4
     monkeypatch.setenv(PARAMS_ENV, "prefetch=-1")
     assert "prefetch=-1 (supported: an int in [0, 1024])" in run_tune(tmp_path, fake).detail
 
@@ -223,6 +228,6 @@ def test_conformance_holds_with_these_parameters(kernel_op, params: KernelParams
     from attnhal_cpu.ops import Kernel
 
     report = run_conformance("cpu", max_examples=0, platform="cpu", only=CLAIMS,
-                             backend_kwargs={"kernel": Kernel(kernel_op, params, "test")})
+                             backend_kwargs={"kernel": Kernel(kernel_op, HostParams(params, params), "test")})
     assert report.ok, report.format()
     assert {r.claim.name for r in report.results if r.status is Status.VERIFIED} == set(CLAIMS)
