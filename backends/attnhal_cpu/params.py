@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["DEFAULTS", "HOST_DEFAULTS", "HostParams", "KernelParams", "MIN_SPLIT_LEN", "WIDTHS", "parse_params",
-           "split_count"]
+__all__ = ["DEFAULTS", "HOST_DEFAULTS", "HostParams", "KernelParams", "MIN_SPLIT_LEN", "WIDTHS", "parse_host_params",
+           "parse_params", "split_count"]
 
 #: Shortest KV range worth a split of its own (shorter ones cost more to merge than they save).
 MIN_SPLIT_LEN = 256
@@ -106,6 +106,22 @@ def parse_params(text: str) -> KernelParams:
             raise ValueError(f"{item!r} (supported: NAME=INT with NAME in {names})")
         values[name.strip()] = int(raw)
     return KernelParams(**values)
+
+
+def parse_host_params(text: str) -> HostParams:
+    """``"prefetch=8,fp32.prefetch_burst=1"`` -> :class:`HostParams`: a plain ``NAME=INT`` sets both
+    widths, ``fp32.NAME=INT`` / ``half.NAME=INT`` one of them (the rest default).
+
+    Raises ValueError naming the item and what is allowed.
+    """
+    items: dict[str, list[str]] = {w: [] for w in WIDTHS}
+    for item in (part.strip() for part in text.split(",")):
+        width, dot, rest = item.partition(".")
+        if dot and width not in WIDTHS:
+            raise ValueError(f"{item!r} (supported: NAME=INT, or WIDTH.NAME=INT with WIDTH in {list(WIDTHS)})")
+        for w in ([width] if dot else WIDTHS):
+            items[w].append(rest if dot else item)
+    return HostParams(**{w: parse_params(",".join(parts)) for w, parts in items.items()})
 
 
 def split_count(rows: int, length: int, threads: int, tasks_per_thread: int = DEFAULTS.tasks_per_thread) -> int:

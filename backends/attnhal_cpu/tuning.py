@@ -12,8 +12,8 @@ does not parse, or holds values out of range, is measured again and replaced.
 
 ``ATTNHAL_CPU_TUNE``: unset or ``auto``: the record, else measure; ``0`` (or ``off``): the
 defaults, no sweep (reproducible runs); ``again``: measure and replace the record.
-``ATTNHAL_CPU_PARAMS="prefetch=32,max_vectors=16,tasks_per_thread=2"``: these values (any
-subset; the rest default) for every cache width, no sweep.
+``ATTNHAL_CPU_PARAMS="prefetch=32,max_vectors=16,fp32.prefetch_burst=1"``: these values (any
+subset; the rest default; ``fp32.`` or ``half.`` before a name sets one cache width only), no sweep.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 from attnhal_cpu import buildlock
 from attnhal_cpu.buildcache import Progress, report_to_stderr
-from attnhal_cpu.params import HOST_DEFAULTS, WIDTHS, HostParams, KernelParams, parse_params
+from attnhal_cpu.params import HOST_DEFAULTS, WIDTHS, HostParams, KernelParams, parse_host_params
 from attnhal_cpu.sweep import BUDGET_S, SweepResult, Timer, sweep
 
 __all__ = ["FORMAT", "MODES", "PARAMS_ENV", "TUNE_ENV", "Tuning", "cpu_model", "record_path", "tune"]
@@ -126,10 +126,10 @@ def tune(directory: Path, isa: str, make_timer: Callable[[str], Timer], tile: in
     cache problem: the defaults come back with the reason."""
     if os.environ.get(PARAMS_ENV):
         try:
-            chosen = parse_params(os.environ[PARAMS_ENV])
+            chosen = parse_host_params(os.environ[PARAMS_ENV])
         except ValueError as exc:
             return Tuning(HOST_DEFAULTS, "defaulted", f"{PARAMS_ENV}: {exc}")
-        return Tuning(HostParams(chosen, chosen), "set", f"{PARAMS_ENV}={os.environ[PARAMS_ENV]}")
+        return Tuning(chosen, "set", f"{PARAMS_ENV}={os.environ[PARAMS_ENV]}")
     mode = os.environ.get(TUNE_ENV) or "auto"
     if mode not in MODES:
         return Tuning(HOST_DEFAULTS, "defaulted", f"{TUNE_ENV}={mode!r} (supported: {', '.join(MODES)})")

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from attnhal_cpu import buildlock, sweep, tuning
-from attnhal_cpu.params import DEFAULTS, HOST_DEFAULTS, HostParams, KernelParams, parse_params, split_count
+from attnhal_cpu.params import DEFAULTS, HOST_DEFAULTS, HostParams, KernelParams, parse_host_params, parse_params
+from attnhal_cpu.params import split_count
 from attnhal_cpu.sweep import HostBusy, SweepResult, SweepTimeout
 from attnhal_cpu.tuning import PARAMS_ENV, TUNE_ENV, record_path, tune
 from repo import ROOT
@@ -184,6 +185,10 @@ def test_parse_params_names_what_is_wrong() -> None:
     assert parse_params("max_vectors=8") == KernelParams(max_vectors=8)
     with pytest.raises(ValueError, match=r"'tile=8' \(supported: NAME=INT with NAME in \['prefetch'"):
         parse_params("tile=8")
+    assert parse_host_params("prefetch=8, fp32.prefetch_burst=1") == HostParams(
+        KernelParams(prefetch=8, prefetch_burst=1), KernelParams(prefetch=8))
+    with pytest.raises(ValueError, match=r"'fp16.prefetch=8' \(supported: NAME=INT, or WIDTH.NAME=INT with WIDTH in"):
+        parse_host_params("fp16.prefetch=8")
     assert split_count(1, 8192, 2, tasks_per_thread=8) == 16 and split_count(16, 2048, 2) == 1
 
 
