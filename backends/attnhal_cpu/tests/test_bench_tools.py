@@ -55,3 +55,9 @@ def test_summary_restates_each_build_on_the_acceptance_shape() -> None:
     text = bench.summary([result, other], paged)
     assert text.splitlines()[1] == "  cpu avx2: float32 p16 62% 1.25x; float32 p64 100% 2.00x", text
     assert "cpu default" not in text  # no figures, no line
+
+
+def test_parameter_comparison_refuses_a_bad_set_before_building_anything() -> None:
+    params = _module("cpu_params")
+    with pytest.raises(SystemExit, match=r"PARAMS: 'tile=8' \(supported: NAME=INT with NAME in \["):
+        params.main(["-", "tile=8"])
