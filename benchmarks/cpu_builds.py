@@ -29,7 +29,7 @@ import torch
 
 from attnhal_cpu.backend import split_count
 from attnhal_cpu.build import ISA_FLAGS, SOURCE_DIR, kernel_spec
-from attnhal_cpu.buildcache import cache_root, ensure_built, locate
+from attnhal_cpu.buildcache import Entry, cache_root, ensure_built, locate
 
 REPO = Path(__file__).resolve().parents[1]
 CSRC = SOURCE_DIR.relative_to(REPO)
@@ -51,17 +51,22 @@ def sources(rev: str, into: Path, namespace: str) -> Path:
     return into
 
 
+def build_copy(rev: str, isa: str, namespace: str, workdir: Path) -> tuple[object, Entry]:
+    """Build (or find in ``$ATTNHAL_CPU_BUILD_DIR/compare``) and load ``rev``'s kernel for ``isa``
+    under op namespace ``namespace``; returns its ops (``torch.ops.<namespace>``) and cache entry."""
+    spec = kernel_spec(isa, sources(rev, workdir / namespace, namespace))
+    entry = locate(dataclasses.replace(spec, name=namespace), cache_root() / "compare")
+    ensure_built(entry)
+    torch.ops.load_library(str(entry.library))
+    return getattr(torch.ops, namespace), entry
+
+
 def load(contender: str, index: int, workdir: Path) -> object:
     """Build (or find in the cache) and load contender ``REV@ISA``; returns its op namespace."""
     rev, _, isa = contender.partition("@")
     if isa not in ISA_FLAGS:
         raise SystemExit(f"contender={contender!r}: ISA={isa!r} (supported: REV@ISA with ISA in {sorted(ISA_FLAGS)})")
-    namespace = f"attnhal_cpu_b{index}"
-    spec = kernel_spec(isa, sources(rev, workdir / namespace, namespace))
-    entry = locate(dataclasses.replace(spec, name=namespace), cache_root() / "compare")
-    ensure_built(entry)
-    torch.ops.load_library(str(entry.library))
-    return getattr(torch.ops, namespace)
+    return build_copy(rev, isa, f"attnhal_cpu_b{index}", workdir)[0]
 
 
 @dataclasses.dataclass

@@ -1,13 +1,19 @@
 """Paged decode on the CPU: cpu backend vs torch backend vs contiguous SDPA, with the read bandwidth.
 
     python benchmarks/decode_cpu.py [--repeats 7] [--page-sizes 1 16 64] [--plot decode_cpu.png] [--quick]
+                                    [--isa AVX2 AVX512 ...] [--no-sweep]
 
 Same data for every contender: K/V of ``bs`` requests × ``ctx`` tokens, laid out in a
 KV pool whose pages are a random permutation (page size ``P``: slot = page * P + pos % P),
 and the same K/V contiguous ``[bs, kv_heads, ctx, D]`` for SDPA.
 
 Contenders
-    ``cpu pP``    ``CpuBackend.forward`` (decode) on a pool of page size ``P``;
+    ``cpu ISA pP`` ``CpuBackend.forward`` (decode) on a pool of page size ``P``, once per build of the
+                  kernel this host can run: its own (``native_build``) and the lower instruction sets
+                  forced (an ``AVX512_BF16`` host also runs ``AVX512`` and ``AVX2``; ``--isa`` picks),
+                  each with the parameters measured for it on this host (``attnhal_cpu.tuning``; the
+                  header prints them, measured or defaulted). The forced builds are copies under op
+                  namespaces of their own (``benchmarks/cpu_builds.py``), so all run in this process;
     ``torch pP``  ``TorchBackend.forward``; a page size a backend does not claim prints ``n/a`` with the reason;
     ``sdpa gqa``  ``scaled_dot_product_attention(q [bs, H, 1, D], K, V, enable_gqa=True)``;
     ``sdpa folded`` the query heads of each KV head folded into the query length:
@@ -22,6 +28,8 @@ average is printed before and after and with each shape's read bandwidth: compar
 only at similar load. The header names the host: the CPU model, the instruction-set flags
 the kernel can use (``/proc/cpuinfo``), torch's capability and the build the cpu backend
 loaded (its instruction set and tile width), so a table is never read against the wrong host.
+The last lines restate each build's figures on the shape the acceptance names (16 × 2048).
+``--no-sweep`` leaves out the context sweep (not the parameter sweep: ``ATTNHAL_CPU_TUNE=0``).
 """
 
 from __future__ import annotations
@@ -29,9 +37,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +52,13 @@ from attnhal.capabilities import AttentionRequest, not_supported_reasons
 from attnhal.phases import Phase
 from attnhal.platform import parse
 from attnhal_cpu import CpuBackend
+from attnhal_cpu.build import native_build, tune_entry
+from attnhal_cpu.ops import Kernel, host_kernel
 from attnhal_torch import TorchBackend
 
-BACKENDS: dict[str, type[AttentionBackend]] = {"cpu": CpuBackend, "torch": TorchBackend}
+#: The lower instruction sets each build can also run (a build's own first).
+LOWER = {"AVX512_BF16": ("AVX512_BF16", "AVX512", "AVX2"), "AVX512": ("AVX512", "AVX2"), "AVX2": ("AVX2",),
+         "DEFAULT": ("DEFAULT",)}
 SHAPES = ((1, 8192), (16, 2048), (64, 512))
 SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 QUICK_SHAPES = ((2, 512),)
@@ -113,10 +128,19 @@ def _data(bs: int, ctx: int, heads: Heads, dtype: torch.dtype, gen: torch.Genera
                  torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
 
 
-def _paged_contender(name: str, page: int, data: _Data, heads: Heads, dtype: torch.dtype,
+@dataclass(frozen=True)
+class Contender:
+    """A paged backend to time: its label prefix, class and constructor keywords."""
+
+    label: str
+    cls: type[AttentionBackend]
+    kwargs: dict[str, object] = field(default_factory=dict)
+
+
+def _paged_contender(who: Contender, page: int, data: _Data, heads: Heads, dtype: torch.dtype,
                      gen: torch.Generator) -> tuple[Callable[[], torch.Tensor] | None, str]:
-    """(the timed call, "") or (None, why not) for backend ``name`` at page size ``page``."""
-    cls = BACKENDS[name]
+    """(the timed call, "") or (None, why not) for ``who`` at page size ``page``."""
+    cls = who.cls
     dt = dtype_name(dtype)
     request = AttentionRequest(phase=Phase.DECODE, dtype=dt, kv_dtype=dt, head_size=heads.dim, page_size=page)
     reasons = not_supported_reasons(cls.capabilities, request, parse("cpu")) or cls.runtime_reasons(parse("cpu"))
@@ -127,9 +151,43 @@ def _paged_contender(name: str, page: int, data: _Data, heads: Heads, dtype: tor
     lens = torch.full((bs,), ctx, dtype=torch.int32)
     batch = ForwardBatch(Phase.DECODE, req_pool_indices=torch.arange(1, bs + 1), seq_lens=lens,
                          out_cache_loc=slots[:, -1].clone(), seq_lens_cpu=lens.clone())
-    backend = cls(AttentionConfig(heads.q, heads.kv, heads.dim, dtype), pool)
+    backend = cls(AttentionConfig(heads.q, heads.kv, heads.dim, dtype), pool, **who.kwargs)
     backend.init_forward_metadata(batch)
     return (lambda: backend.forward(data.q, None, None, 0, batch)), ""
+
+
+def kernels(isas: list[str] | None) -> list[Kernel]:
+    """This host's build, then each lower instruction set's (or those of ``isas``), with their parameters.
+
+    Forced builds are working-tree copies under namespaces ``attnhal_cpu_isa_<isa>``; each is
+    tuned for this host like the host's own (its record lives in its cache entry).
+    """
+    build = native_build()
+    if not build.ok:
+        return []
+    own = build.isa.split(":")[0]
+    wanted = isas or list(LOWER.get(own, (own,)))
+    out = [host_kernel()] if own in wanted else []
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from cpu_builds import build_copy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for isa in wanted:
+            if isa == own:
+                continue
+            if isa not in (*LOWER.get(own, ()), "DEFAULT"):
+                raise SystemExit(f"--isa={isa} (supported on this host: {' '.join(LOWER.get(own, (own,)))} DEFAULT)")
+            ops, entry = build_copy(".", isa, f"attnhal_cpu_isa_{isa.lower()}", Path(tmp))
+            tuning = tune_entry(entry, isa, ops)
+            out.append(Kernel(ops.attend, tuning.params, f"attnhal_cpu_{isa.lower()} (forced)",
+                              f"{tuning.source}: {tuning.detail}"))
+    return out
+
+
+def contenders(kernels: list[Kernel]) -> list[Contender]:
+    cpu = [Contender("cpu " + k.name.removeprefix("attnhal_cpu_").split()[0], CpuBackend, {"kernel": k})
+           for k in kernels] or [Contender("cpu", CpuBackend)]  # unavailable: its rows say why
+    return [*cpu, Contender("torch", TorchBackend)]
 
 
 def _sdpa_contenders(data: _Data, heads: Heads) -> dict[str, Callable[[], torch.Tensor]]:
@@ -175,16 +233,16 @@ def read_bandwidth(numel: int) -> float:
 
 
 def measure(bs: int, ctx: int, dtype: torch.dtype, heads: Heads, pages: tuple[int, ...], repeats: int,
-            bw_numel: int, seed: int = 0) -> Result:
+            bw_numel: int, paged: list[Contender], seed: int = 0) -> Result:
     gen = torch.Generator().manual_seed(seed)
     data = _data(bs, ctx, heads, dtype, gen)
     fns = _sdpa_contenders(data, heads)
     res = Result(bs, ctx, dtype_name(dtype), 2 * data.k.numel() * data.k.element_size(), 0.0)
     ref = fns["sdpa gqa"]().float().view(bs, heads.q, heads.dim)
-    for name in BACKENDS:
+    for who in paged:
         for page in pages:
-            fn, why = _paged_contender(name, page, data, heads, dtype, gen)
-            label = f"{name} p{page}"
+            fn, why = _paged_contender(who, page, data, heads, dtype, gen)
+            label = f"{who.label} p{page}"
             if fn is None:
                 res.na[label] = why
                 continue
@@ -206,18 +264,42 @@ def measure(bs: int, ctx: int, dtype: torch.dtype, heads: Heads, pages: tuple[in
 
 
 def format_results(results: list[Result]) -> str:
-    head = f"{'shape':>11} {'dtype':9} {'contender':12} {'ms':>8} {'KV GB/s':>8} {'% read bw':>9} {'vs best sdpa':>13}"
+    head = f"{'shape':>11} {'dtype':9} {'contender':18} {'ms':>8} {'KV GB/s':>8} {'% read bw':>9} {'vs best sdpa':>13}"
     lines = [head, "-" * len(head)]
     for r in results:
         shape = f"{r.bs}x{r.ctx}"
         for name, s in r.seconds.items():
             mark = "  (baseline)" if name == r.baseline else ""
-            lines.append(f"{shape:>11} {r.dtype:9} {name:12} {s * 1e3:8.2f} {r.gbs(name):8.1f} "
+            lines.append(f"{shape:>11} {r.dtype:9} {name:18} {s * 1e3:8.2f} {r.gbs(name):8.1f} "
                          f"{r.gbs(name) / r.read_gbs * 100:8.0f}% {r.seconds[r.baseline] / s:12.2f}x{mark}")
         for name, why in r.na.items():
-            lines.append(f"{shape:>11} {r.dtype:9} {name:12} {'n/a':>8}  {why}")
-        lines.append(f"{shape:>11} {r.dtype:9} {'read bw':12} {'':8} {r.read_gbs:8.1f} {100:8.0f}%  load {r.load}")
+            lines.append(f"{shape:>11} {r.dtype:9} {name:18} {'n/a':>8}  {why}")
+        lines.append(f"{shape:>11} {r.dtype:9} {'read bw':18} {'':8} {r.read_gbs:8.1f} {100:8.0f}%  load {r.load}")
     return "\n".join(lines)
+
+
+#: The shape and contenders the acceptance names: (dtype, page size).
+FOCUS_SHAPE = (16, 2048)
+FOCUS = (("float32", 16), ("float32", 64), ("bfloat16", 16), ("bfloat16", 64))
+
+
+def summary(results: list[Result], paged: list[Contender]) -> str:
+    """Each cpu build's figures on :data:`FOCUS_SHAPE`: % of read bandwidth and × the best SDPA."""
+    lines = []
+    for who in (c for c in paged if c.cls is CpuBackend):
+        cells = []
+        for dtype, page in FOCUS:
+            name = f"{who.label} p{page}"
+            for r in results:
+                if (r.bs, r.ctx) == FOCUS_SHAPE and r.dtype == dtype and name in r.seconds:
+                    cells.append(f"{dtype} p{page} {r.gbs(name) / r.read_gbs:.0%} "
+                                 f"{r.seconds[r.baseline] / r.seconds[name]:.2f}x")
+        if cells:
+            lines.append(f"  {who.label}: " + "; ".join(cells))
+    if not lines:
+        return ""
+    return (f"{FOCUS_SHAPE[0]}x{FOCUS_SHAPE[1]} per build (% of read bw, x the best sdpa; floor: fp32 >= 60% and "
+            ">= 1.4x at pages 16 and 64, bf16 >= 45%):\n" + "\n".join(lines))
 
 
 def plot(sweep: list[Result], path: str) -> None:
@@ -262,7 +344,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sweep-bs", type=int, default=1, help="batch size of the context sweep")
     ap.add_argument("--no-sweep", action="store_true", help="only the fixed shapes")
     ap.add_argument("--plot", metavar="FILE.png", help="draw the sweep (needs matplotlib: pip install 'attnhal[bench]')")
-    ap.add_argument("--quick", action="store_true", help="a smoke run in seconds (tiny shapes, 2 repeats)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run in seconds (tiny shapes, 2 repeats, "
+                    "the host's own build only unless --isa)")
+    ap.add_argument("--shapes", nargs="+", metavar="BSxCTX", help="the fixed shapes (default: 1x8192 16x2048 64x512)")
+    ap.add_argument("--isa", nargs="+", choices=sorted(LOWER), help="the kernel builds to run (default: this "
+                    "host's and every lower instruction set it can run; DEFAULT: the generic build, tile 4)")
     a = ap.parse_args(argv)
     bad = [p for p in a.page_sizes if p < 1]
     if bad or a.repeats < 1:
@@ -271,19 +357,33 @@ def main(argv: list[str] | None = None) -> None:
     shapes, sweep, repeats, bw_numel = SHAPES, SWEEP, a.repeats, 128 << 20
     if a.quick:
         shapes, sweep, repeats, bw_numel = QUICK_SHAPES, QUICK_SWEEP, 2, 16 << 20
+    if a.shapes:
+        try:
+            shapes = tuple((int(b), int(c)) for b, _, c in (x.partition("x") for x in a.shapes))
+        except ValueError:
+            ap.error(f"--shapes={a.shapes} (supported: BSxCTX, e.g. 16x2048)")
     pages = tuple(a.page_sizes)
+    own = native_build().isa.split(":")[0]
+    paged = contenders(kernels(a.isa or ([own] if a.quick else None)))  # quick: no forced builds to compile
     print(f"paged decode: q_heads={heads.q} kv_heads={heads.kv} head_dim={heads.dim}, page sizes {list(pages)}, "
           f"random page order; threads={torch.get_num_threads()}, torch {torch.__version__}, "
           f"{CpuBackend.build_info()}")
+    for who in paged:
+        if isinstance(who.kwargs.get("kernel"), Kernel):
+            kernel = who.kwargs["kernel"]
+            print(f"{who.label}: {kernel.name}, parameters {kernel.params} ({kernel.origin})")
     print(host_line())
     print(f"load average before: {load_average()} on {os.cpu_count()} cpus; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     dtypes = (torch.float32, torch.bfloat16)
     with torch.no_grad():
-        fixed = [measure(bs, ctx, dt, heads, pages, repeats, bw_numel) for dt in dtypes for bs, ctx in shapes]
+        fixed = [measure(bs, ctx, dt, heads, pages, repeats, bw_numel, paged) for dt in dtypes for bs, ctx in shapes]
         print("\n" + format_results(fixed))
+        if summary(fixed, paged):
+            print("\n" + summary(fixed, paged))
         if not a.no_sweep:
-            swept = [measure(a.sweep_bs, ctx, dt, heads, pages, repeats, bw_numel) for dt in dtypes for ctx in sweep]
+            swept = [measure(a.sweep_bs, ctx, dt, heads, pages, repeats, bw_numel, paged)
+                     for dt in dtypes for ctx in sweep]
             print(f"\ncontext sweep, bs {a.sweep_bs}:\n" + format_results(swept))
             if a.plot:
                 plot(swept, a.plot)

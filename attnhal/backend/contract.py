@@ -129,6 +129,13 @@ class AttentionBackend:
         (``attnhal info --build`` prints it); ``None``: the backend has no native build step."""
         return None
 
+    @classmethod
+    def parameters_info(cls) -> str | None:
+        """The host-dependent kernel parameters this process runs with and whether they were
+        measured here or defaulted (``attnhal info`` prints it for an available backend);
+        ``None``: the backend has none."""
+        return None
+
     # --- metadata -------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Eager: prepare whatever ``forward`` needs for ``batch`` (called once per batch).

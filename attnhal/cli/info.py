@@ -14,7 +14,8 @@ from attnhal.engines import versions
 from attnhal.platform import ENV_VAR, Platform
 from attnhal.registry import BackendEntry, Registry
 
-__all__ = ["backend_status", "capability_summary", "register", "run", "triton_info", "triton_status"]
+__all__ = ["backend_status", "capability_summary", "kernel_parameters", "register", "run", "triton_info",
+           "triton_status"]
 
 
 def register(sub: Any) -> None:
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     p = resolve_platform(args.platform)
     backends = {e.name: backend_status(e, p) for e in args.registry.ordered(p)}
     builds = native_builds(args.registry, p) if args.build else None
+    params = kernel_parameters(args.registry, p, backends)
     engines = versions.table()
     if args.json:
         print_json({"platform": p.name, "device": p.device_name, "simulated": p.simulated,
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                     "fp8": p.fp8_flavor.value, "graph_api": p.has_graph_api, "graph_kind": p.graph_kind.value,
                     "graph_device": p.graph_device, "graph_device_error": p.graph_device_error,
                     "torch_device": p.torch_device, "triton": triton_status(), "backends": backends,
-                    "engines": [row.to_dict() for row in engines],
+                    "engines": [row.to_dict() for row in engines], "parameters": params,
                     **({"builds": builds} if builds is not None else {})})
         return 0
     print(f"platform: {p.name} ({p.device_name}{', simulated' if p.simulated else ''})")
@@ -102,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
             for name, b in backends.items() if b["capabilities"] is not None]
     print("\ncapabilities:\n" + table(("name", "vendors", "phases", "graph", "multi_step", "dtypes",
                                        "head_sizes", "features"), caps))
+    if params:
+        print("\nkernel parameters (measured on this host once, or defaulted):\n"
+              + table(("name", "parameters"), list(params.items())))
     print("\nengines (what each plugin does on a release not listed as supported: its status):\n"
           + table(("engine", "supported", "installed", "status"),
                   [(e.engine, ", ".join(e.supported) or "-", e.installed or "-", e.status) for e in engines]))
@@ -109,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
         print("\nnative builds (first use builds, later runs load the cache):\n"
               + table(("name", "build"), list(builds.items()) or [("-", "none")]))
     return 0
+
+
+def kernel_parameters(registry: Registry, platform: Platform, backends: dict[str, Any]) -> dict[str, str]:
+    """Available backend name -> the host-dependent parameters its kernel runs with, for those that have any."""
+    infos = {e.name: e.backend.parameters_info() for e in registry.ordered(platform)
+             if e.backend is not None and backends[e.name]["available"]}
+    return {name: info for name, info in infos.items() if info is not None}
 
 
 def native_builds(registry: Registry, platform: Platform) -> dict[str, str]:

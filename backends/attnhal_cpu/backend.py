@@ -27,27 +27,10 @@ from attnhal.platform import Platform
 from attnhal.reasons import Reason, ReasonCode, reason
 from attnhal_cpu.build import native_build
 from attnhal_cpu.descriptor import CAPABILITIES, PREFILL_BLOCK
-from attnhal_cpu.ops import attend_op
+from attnhal_cpu.ops import Kernel, host_kernel
+from attnhal_cpu.params import split_count
 
 __all__ = ["CpuBackend", "split_count"]
-
-#: Shortest KV range worth a split of its own (shorter ones cost more to merge than they save).
-MIN_SPLIT_LEN = 256
-#: Tasks per thread the split count aims for (load balance across uneven rows).
-TASKS_PER_THREAD = 4
-
-
-def split_count(rows: int, length: int, threads: int) -> int:
-    """KV splits per row: about ``TASKS_PER_THREAD`` tasks per thread, and no split
-    shorter than ``MIN_SPLIT_LEN`` positions of a ``length``-long row.
-
-    A task is (row, KV-head group, split); the kernel groups all KV heads of a row into
-    one task when their query vectors fit (see ``csrc/attention.cpp``), so rows × splits
-    is the task count to aim at.
-    """
-    want = -(-TASKS_PER_THREAD * threads // max(1, rows))
-    return max(1, min(want, -(-length // MIN_SPLIT_LEN)))
-
 
 @dataclass
 class _Meta:
@@ -112,6 +95,9 @@ class CpuBackend(AttentionBackend):
     config, pool, platform: see :class:`~attnhal.backend.AttentionBackend` (which checks the
         descriptor's claims); the pool lives on the CPU.
     num_splits: KV splits per row; ``None``: :func:`split_count` per batch.
+    kernel: the build and parameters to run (:class:`~attnhal_cpu.ops.Kernel`); ``None``: this
+        host's build with the parameters measured here (:func:`~attnhal_cpu.ops.host_kernel`).
+        Benchmarks pass another instruction set's build to compare them in one process.
 
     Raises :class:`~attnhal_cpu.ops.NativeUnavailable` when the kernel cannot be built
     here (``runtime_reasons`` says so before construction).
@@ -120,14 +106,15 @@ class CpuBackend(AttentionBackend):
     capabilities: ClassVar[BackendCapabilities] = CAPABILITIES
 
     def __init__(self, config: AttentionConfig, pool: KVPool, *, platform: Platform | None = None,
-                 num_splits: int | None = None) -> None:
+                 num_splits: int | None = None, kernel: Kernel | None = None) -> None:
         super().__init__(config, pool, platform=platform)
         if pool.device.type != "cpu":  # the base checked the claims; this is where the kernel runs
             raise ValueError(f"cpu backend: {reason(ReasonCode.RUNTIME, 'pool.device', pool.device, 'cpu')}")
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits={num_splits} (supported: an int >= 1, or None)")
         self.num_splits = num_splits
-        self._op = attend_op()
+        self.kernel = kernel if kernel is not None else host_kernel()
+        self.kernel_params = self.kernel.params.for_itemsize(pool.dtype.itemsize)  # this pool's cache width
         self._meta: _Meta | None = None
         self._graph: _GraphState | None = None
         self._leader: CpuBackend | None = None
@@ -147,6 +134,12 @@ class CpuBackend(AttentionBackend):
     @classmethod
     def build_info(cls) -> str | None:
         return native_build().describe()
+
+    @classmethod
+    def parameters_info(cls) -> str | None:
+        """The build's instruction set and its parameters here, measured or defaulted (tuning.py)."""
+        build = native_build()
+        return f"{build.name}: {build.tuning}" if build.ok else None
 
     # --- metadata ----------------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
@@ -193,7 +186,7 @@ class CpuBackend(AttentionBackend):
     def _splits(self, rows: int, length: int) -> int:
         if self.num_splits is not None:
             return self.num_splits
-        return split_count(rows, length, torch.get_num_threads())
+        return split_count(rows, length, torch.get_num_threads(), self.kernel_params.tasks_per_thread)
 
     def _eager_scratch(self, tokens: int, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Split scratch for eager batches, grown on demand and reused."""
@@ -274,9 +267,11 @@ class CpuBackend(AttentionBackend):
 
     def _launch(self, out: torch.Tensor, q: torch.Tensor, layer: int, meta: _Meta,
                 extra: torch.Tensor | None, num_extra: int) -> None:
-        self._op(out, meta.mid_o, meta.mid_lse, q, self.pool.k[layer], self.pool.v[layer], self.pool.req_to_page,
-                 meta.req, meta.seq, meta.ext, meta.mask, extra, num_extra, meta.tokens_per_row,
-                 self.pool.page_size, self.config.sm_scale, meta.splits)
+        params = self.kernel_params
+        self.kernel.op(out, meta.mid_o, meta.mid_lse, q, self.pool.k[layer], self.pool.v[layer],
+                       self.pool.req_to_page, meta.req, meta.seq, meta.ext, meta.mask, extra, num_extra,
+                       meta.tokens_per_row, self.pool.page_size, self.config.sm_scale, meta.splits,
+                       params.prefetch, params.max_vectors, bool(params.prefetch_burst))
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -28,11 +28,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from attnhal_cpu.buildcache import BuildError, Compiler, Entry, LibrarySpec, cache_root, cache_state, discard
 from attnhal_cpu.buildcache import ensure_built, find_compiler, locate
+from attnhal_cpu.params import HOST_DEFAULTS, HostParams
+from attnhal_cpu.sweep import kernel_timer
+from attnhal_cpu.tuning import Tuning, tune
 
-__all__ = ["NativeBuild", "choose_isa", "kernel_spec", "native_build"]
+__all__ = ["NativeBuild", "choose_isa", "kernel_spec", "native_build", "tune_entry"]
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
 LIBRARY = "attnhal_cpu"
@@ -55,7 +59,8 @@ class NativeBuild:
     """The outcome of building/loading the extension in this process.
 
     ``error`` is None on success; ``seconds`` covers compile (or cache load) and load;
-    ``entry`` is the cache entry (None when no compiler was found to key it by).
+    ``entry`` is the cache entry (None when no compiler was found to key it by); ``tuning``:
+    the parameters the kernel runs with here and where they came from (:mod:`attnhal_cpu.tuning`).
     """
 
     name: str
@@ -65,10 +70,15 @@ class NativeBuild:
     path: str | None = None
     compiled: bool = False
     entry: Entry | None = None
+    tuning: Tuning | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def params(self) -> HostParams:
+        return self.tuning.params if self.tuning is not None else HOST_DEFAULTS
 
     def cache(self) -> str:
         """The cache entry and what it holds now: ``built``, ``building by pid N ...``,
@@ -83,7 +93,8 @@ class NativeBuild:
         if self.error is not None:
             return f"{self.name}: build failed after {self.seconds:.1f} s: {self.error}; cache {self.cache()}"
         how = "compiled and loaded" if self.compiled else "loaded from the build cache"
-        return f"{self.name}: {how} in {self.seconds:.2f} s ({self.isa}; {self.path}); cache {self.cache()}"
+        return (f"{self.name}: {how} in {self.seconds:.2f} s ({self.isa}; {self.path}); cache {self.cache()}; "
+                f"parameters: {self.tuning}")
 
 
 _LOCK = threading.Lock()
@@ -187,5 +198,16 @@ def _build() -> NativeBuild:
         described = str(torch.ops.attnhal_cpu.isa())
     except Exception as exc:  # noqa: BLE001 - any build or load failure is the backend's reason
         return NativeBuild(name, isa, time.perf_counter() - start, error=_short(exc), entry=entry)
-    return NativeBuild(name, f"{isa}: {described}", time.perf_counter() - start, path=str(entry.library),
-                       compiled=compiled, entry=entry)
+    seconds = time.perf_counter() - start
+    tuning = tune_entry(entry, isa, torch.ops.attnhal_cpu)
+    return NativeBuild(name, f"{isa}: {described}", seconds, path=str(entry.library), compiled=compiled,
+                       entry=entry, tuning=tuning)
+
+
+def tune_entry(entry: Entry, isa: str, ops: Any) -> Tuning:
+    """The parameters of the build in ``entry`` whose ops (``torch.ops.<namespace>``) are loaded:
+    its record for this CPU, or a sweep (:func:`attnhal_cpu.tuning.tune`)."""
+    import torch
+
+    return tune(entry.directory, isa, lambda width: kernel_timer(ops, torch.get_num_threads(), width),
+                int(ops.tile_width()))

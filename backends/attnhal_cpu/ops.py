@@ -9,14 +9,16 @@ the same buffers and everything that changes between replays is read from tensor
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from attnhal.errors import AttnhalError
 from attnhal_cpu.build import native_build
+from attnhal_cpu.params import HostParams
 
-__all__ = ["NativeUnavailable", "attend_op"]
+__all__ = ["Kernel", "NativeUnavailable", "attend_op", "host_kernel"]
 
 
 class NativeUnavailable(AttnhalError, RuntimeError):
@@ -32,7 +34,9 @@ def attend_op() -> Any:
 
     Schema: ``attend(out!, mid_o!, mid_lse!, q, k_cache, v_cache, req_to_page,
     req_pool_indices, seq_lens, ext_lens?, mask?, extra_slots?, num_extra,
-    tokens_per_row, page_size, sm_scale, num_splits)``; see ``csrc/attention.cpp``.
+    tokens_per_row, page_size, sm_scale, num_splits, prefetch=16, max_vectors=64,
+    prefetch_burst=False)``; see ``csrc/attention.cpp`` and
+    :class:`~attnhal_cpu.params.KernelParams` for the last three.
     """
     global _FAKE_REGISTERED
     build = native_build()
@@ -43,6 +47,25 @@ def attend_op() -> Any:
             torch.library.register_fake("attnhal_cpu::attend")(_attend_fake)
             _FAKE_REGISTERED = True
     return torch.ops.attnhal_cpu.attend
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One build's ``attend`` op and the parameters to launch it with, per cache width (``origin``:
+    measured or defaulted, and when or why; :class:`~attnhal_cpu.tuning.Tuning`)."""
+
+    op: Any
+    params: HostParams
+    name: str
+    origin: str = ""
+
+
+def host_kernel() -> Kernel:
+    """This host's build (:func:`~attnhal_cpu.build.native_build`) with its parameters."""
+    op = attend_op()
+    build = native_build()
+    tuning = build.tuning
+    return Kernel(op, build.params, build.name, f"{tuning.source}: {tuning.detail}" if tuning else "")
 
 
 def _attend_fake(out: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor, *args: Any) -> None:

@@ -34,9 +34,6 @@
 
 namespace {
 
-// Query vectors one task holds at most when grouping KV heads (q and accumulators stay in L1/L2).
-constexpr int64_t kMaxVectors = 64;
-
 // Merge the splits of every (row, KV head, query vector) into out[token, head, :].
 void reduce(const Problem& P, void* out, at::ScalarType out_type, int64_t o_s0, int64_t o_s1) {
   const int64_t M = P.T * P.G, D = P.D, S = P.S;
@@ -98,7 +95,8 @@ void attend(at::Tensor out, at::Tensor mid_o, at::Tensor mid_lse, const at::Tens
             const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
             const std::optional<at::Tensor>& ext_lens, const std::optional<at::Tensor>& mask,
             const std::optional<at::Tensor>& extra_slots, int64_t num_extra, int64_t tokens_per_row,
-            int64_t page_size, double sm_scale, int64_t num_splits) {
+            int64_t page_size, double sm_scale, int64_t num_splits, int64_t prefetch, int64_t max_vectors,
+            bool prefetch_burst) {
   check_float(q, "q"); check_float(out, "out"); check_float(k_cache, "k_cache"); check_float(v_cache, "v_cache");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "v_cache.dtype=", v_cache.scalar_type(),
               " (supported: k_cache.dtype=", k_cache.scalar_type(), ")");
@@ -120,15 +118,20 @@ void attend(at::Tensor out, at::Tensor mid_o, at::Tensor mid_lse, const at::Tens
               " (supported: rows * tokens_per_row = ", P.rows * P.T, ", out shaped like q)");
   TORCH_CHECK(page_size >= 1, "page_size=", page_size, " (supported: >= 1)");
   TORCH_CHECK(num_splits >= 1, "num_splits=", num_splits, " (supported: >= 1)");
+  TORCH_CHECK(prefetch >= 0 && prefetch <= 1024, "prefetch=", prefetch, " (supported: 0..1024 positions)");
+  TORCH_CHECK(max_vectors >= 1, "max_vectors=", max_vectors, " (supported: >= 1)");
   P.G = q.size(1) / P.KV;
   P.S = num_splits;
-  // Heads per task: as many KV heads as keep a task's query vectors within kMaxVectors,
+  P.ahead = (prefetch + W - 1) / W;  // whole tiles: a tile's rows are prefetched together
+  P.burst = prefetch_burst;
+  // Heads per task: as many KV heads as keep a task's query vectors within max_vectors (q and
+  // the accumulators stay in L1/L2; the bound is measured per host, tuning.py),
   // but no more than leave every thread a task (one short row would otherwise run on one
   // core). Rows, splits and threads are fixed per captured graph, so HG is too.
   const int64_t threads = at::get_num_threads();
   P.HG = 1;
   for (int64_t hg = P.KV; hg >= 1; --hg) {
-    const bool fits = P.KV % hg == 0 && hg * P.T * P.G <= kMaxVectors;
+    const bool fits = P.KV % hg == 0 && hg * P.T * P.G <= max_vectors;
     if (fits && P.rows * (P.KV / hg) * P.S >= threads) { P.HG = hg; break; }
   }
   const int64_t parts = P.rows * P.KV * P.S * P.T * P.G;
@@ -167,13 +170,16 @@ void attend(at::Tensor out, at::Tensor mid_o, at::Tensor mid_lse, const at::Tens
 
 // The instruction set and tile width this build uses (for `attnhal info --build`).
 std::string isa() { return std::string(kIsa) + ", tile " + std::to_string(W) + " floats"; }
+// Positions per tile, which prefetch distances are rounded up to (for the sweep's candidates).
+int64_t tile_width() { return W; }
 
 TORCH_LIBRARY(attnhal_cpu, m) {
   m.def("attend(Tensor(a!) out, Tensor(b!) mid_o, Tensor(c!) mid_lse, Tensor q, Tensor k_cache, "
         "Tensor v_cache, Tensor req_to_page, Tensor req_pool_indices, Tensor seq_lens, Tensor? ext_lens, "
         "Tensor? mask, Tensor? extra_slots, int num_extra, int tokens_per_row, int page_size, "
-        "float sm_scale, int num_splits) -> ()");
+        "float sm_scale, int num_splits, int prefetch=16, int max_vectors=64, bool prefetch_burst=False) -> ()");
   m.def("isa() -> str", &isa);
+  m.def("tile_width() -> int", &tile_width);
 }
 
 TORCH_LIBRARY_IMPL(attnhal_cpu, CPU, m) { m.impl("attend", &attend); }

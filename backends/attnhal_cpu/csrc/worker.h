@@ -17,13 +17,6 @@
 
 namespace {
 
-// K/V rows 16 positions ahead (one AVX-512 tile, two AVX2 tiles) are prefetched while this
-// tile computes, one head's K rows just before its scores and its V rows just before its
-// P.V: small bursts spread through the arithmetic. One burst of every head's K and V rows
-// per tile filled the miss buffers and stalled the arithmetic queued behind it, so the
-// kernel took the sum of its memory and compute times (docs/cpu.md, AVX-512 host).
-constexpr int kPrefetchTiles = 16 / W > 1 ? 16 / W : 1;
-
 // --- dtype-generic scalar access for q and out (not on the hot path) --------------------
 float read_float(const void* base, at::ScalarType t, int64_t i) {
   switch (t) {
@@ -53,6 +46,8 @@ struct Problem {
   const int64_t* extra; int64_t extra_s0; int64_t num_extra;  // [rows, >= num_extra] slots after the prefix
   int64_t rows, T, G, KV, D, S;
   int64_t HG;                // KV heads per task (a divisor of KV)
+  int64_t ahead;             // tiles prefetched ahead (0: none); see Worker::run
+  bool burst;                // prefetch every head's rows of a tile at once instead of per head
   float scale;
   float* mid_o;    // [rows, KV, S, M, D]: each split's normalised output
   float* mid_lse;  // [rows, KV, S, M]: each split's log-sum-exp (-inf: attended nothing)
@@ -192,14 +187,28 @@ struct Worker {
           q[j * Dp + kernel_index<T>(c, D)] = read_float(P.q, P.q_type, base + c) * P.scale;
     }
 
+    // K/V rows P.ahead tiles ahead are prefetched while this tile computes, one head's K
+    // rows just before its scores and its V rows just before its P.V: small bursts spread
+    // through the arithmetic. One burst of every head's K and V rows per tile filled the miss
+    // buffers and stalled the arithmetic queued behind it, so the kernel took the sum of its
+    // memory and compute times (docs/cpu.md, AVX-512 host). The distance that keeps the
+    // reads ahead, and whether the burst or the spread suits the miss buffers, differ between
+    // microarchitectures: both are measured on the host (tuning.py); P.burst is the old burst.
     int64_t tile[W], ahead[W];
     const T* rows[W];
-    for (int64_t i = 0; i < kPrefetchTiles; ++i) {
+    for (int64_t i = 0; i < P.ahead; ++i) {
       const int n = ahead_slots(r, row, begin + i * W, end, ahead);
       for (int64_t h = h0; h < h0 + P.HG; ++h) { prefetch_rows(ahead, n, h, true); prefetch_rows(ahead, n, h, false); }
     }
     for (int64_t p0 = begin; p0 < end; p0 += W) {
-      const int n_ahead = ahead_slots(r, row, p0 + kPrefetchTiles * W, end, ahead);
+      int n_ahead = P.ahead > 0 ? ahead_slots(r, row, p0 + P.ahead * W, end, ahead) : 0;
+      if (P.burst) {
+        for (int64_t h = h0; h < h0 + P.HG; ++h) {
+          prefetch_rows(ahead, n_ahead, h, true);
+          prefetch_rows(ahead, n_ahead, h, false);
+        }
+        n_ahead = 0;  // nothing left to spread over the heads
+      }
       const int n_valid = static_cast<int>(std::min<int64_t>(W, end - p0));
       tile_slots(r, row, p0, n_valid, tile);
       const bool full = p0 + n_valid <= row.min_open || p0 >= row.len;

@@ -249,7 +249,11 @@ def test_decode_benchmark_quick_mode(tmp_path: Path, capsys: pytest.CaptureFixtu
     args = ["--quick", "--page-sizes", "1", "16"] + (["--plot", str(tmp_path / "sweep.png")] if plot else [])
     bench.main(args)
     out = capsys.readouterr().out
-    for name in ("sdpa gqa", "sdpa folded", "cpu p1", "cpu p16", "torch p1", "torch p16", "read bw",
+    from attnhal_cpu.build import native_build
+
+    cpu = "cpu " + native_build().name.removeprefix("attnhal_cpu_")  # quick: the host's build only
+    assert f"\n{cpu}: {native_build().name}, parameters {native_build().params} (" in out, out
+    for name in ("sdpa gqa", "sdpa folded", f"{cpu} p1", f"{cpu} p16", "torch p1", "torch p16", "read bw",
                  "load average after"):
         assert name in out
     assert "n/a" not in out  # both backends claim page sizes 1 and 16

@@ -41,3 +41,23 @@ def test_build_comparison_renames_each_copy_and_refuses_an_unknown_isa(tmp_path)
     assert {p.name for p in copy.iterdir()} == {p.name for p in (ROOT / "backends/attnhal_cpu/csrc").iterdir()}
     with pytest.raises(SystemExit, match=r"ISA='AVX9' \(supported: REV@ISA with ISA in \["):
         compare.load(".@AVX9", 0, tmp_path)
+
+
+def test_summary_restates_each_build_on_the_acceptance_shape() -> None:
+    bench = _module("decode_cpu")
+    from attnhal_cpu import CpuBackend
+
+    paged = [bench.Contender("cpu avx2", CpuBackend), bench.Contender("cpu default", CpuBackend)]
+    result = bench.Result(16, 2048, "float32", kv_bytes=10 ** 9, read_gbs=20.0,
+                          seconds={"sdpa gqa": 0.2, "sdpa folded": 0.1, "cpu avx2 p16": 0.08, "cpu avx2 p64": 0.05})
+    other = bench.Result(1, 8192, "float32", kv_bytes=10 ** 9, read_gbs=20.0,
+                         seconds={"sdpa gqa": 0.2, "sdpa folded": 0.1, "cpu avx2 p16": 0.01})
+    text = bench.summary([result, other], paged)
+    assert text.splitlines()[1] == "  cpu avx2: float32 p16 62% 1.25x; float32 p64 100% 2.00x", text
+    assert "cpu default" not in text  # no figures, no line
+
+
+def test_parameter_comparison_refuses_a_bad_set_before_building_anything() -> None:
+    params = _module("cpu_params")
+    with pytest.raises(SystemExit, match=r"PARAMS: 'tile=8' \(supported: NAME=INT with NAME in \["):
+        params.main(["-", "tile=8"])

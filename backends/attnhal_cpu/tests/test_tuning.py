@@ -1,0 +1,238 @@
+"""The host-tuned kernel parameters: the sweep's choice, its record in the build cache (kept,
+reused, rebuilt when corrupt), and the defaults whenever a sweep fails, is killed, or is
+switched off. Timers are fakes here (no timing in tests); the kernel runs only in the last
+tests, which check its results with non-default parameters."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnhal_cpu import buildlock, sweep, tuning
+from attnhal_cpu.params import DEFAULTS, HOST_DEFAULTS, HostParams, KernelParams, parse_host_params, parse_params
+from attnhal_cpu.params import split_count
+from attnhal_cpu.sweep import HostBusy, SweepResult, SweepTimeout
+from attnhal_cpu.tuning import PARAMS_ENV, TUNE_ENV, record_path, tune
+from repo import ROOT
+
+pytestmark = pytest.mark.skipif(not buildlock.supported(), reason="needs fcntl")
+CPU = "TestVendor Test CPU family 1 model 2 stepping 3"
+
+
+def fake_timer(faster: dict[str, int], gain: float = 0.1):
+    """Every launch takes 10 ms per shape, less ``gain`` for each parameter at its ``faster`` value."""
+    def timer(params: KernelParams, shape: int) -> float:
+        hits = sum(getattr(params, name) == value for name, value in faster.items())
+        return 0.010 * (1 + shape) * (1 - gain) ** hits
+    return timer
+
+
+def quiet() -> float:
+    return 0.0
+
+
+def test_sweep_takes_a_faster_value_and_keeps_the_default_on_a_tie() -> None:
+    result = sweep.sweep(fake_timer({"prefetch": 32, "prefetch_burst": 1, "tasks_per_thread": 2}), tile=8, load=quiet)
+    assert result.params == KernelParams(prefetch=32, prefetch_burst=1, max_vectors=DEFAULTS.max_vectors,
+                                         tasks_per_thread=2)
+    tried = {p.prefetch for p, _ in result.trials}
+    assert tried == {0, 8, 16, 32, 64}
+    # A gain below GAIN is noise: the current choice stays.
+    small = sweep.sweep(fake_timer({"max_vectors": 16}, gain=sweep.GAIN / 4), tile=8, load=quiet)
+    assert small.params == DEFAULTS
+
+
+def test_sweep_rounds_prefetch_to_whole_tiles() -> None:
+    result = sweep.sweep(fake_timer({"prefetch": 32}), tile=16, load=quiet)
+    assert {p.prefetch for p, _ in result.trials} == {0, 16, 32, 64}
+
+
+def test_sweep_gives_up_past_its_budget_or_on_a_busy_host() -> None:
+    ticks = iter(range(1000))
+    with pytest.raises(SweepTimeout, match="ran past 3 s"):
+        sweep.sweep(fake_timer({}), tile=8, clock=lambda: float(next(ticks)), load=quiet)
+    with pytest.raises(HostBusy, match="load average 5.00 per cpu"):
+        sweep.sweep(fake_timer({}), tile=8, load=lambda: 5.0)
+
+
+class Counting:
+    """A stand-in for the sweep that records its calls (one per cache width) and returns ``params``
+    for fp32 caches, ``half`` (default: the same) for 2-byte ones."""
+
+    def __init__(self, params: KernelParams, half: KernelParams | None = None) -> None:
+        self.params, self.half, self.calls = params, half or params, 0
+
+    def __call__(self, timer, tile: int, budget_s: float) -> SweepResult:
+        chosen = self.params if timer == "fp32" else self.half
+        self.calls += 1
+        return SweepResult(chosen, ((chosen, (0.001, 0.002)),), 0.5)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TUNE_ENV, raising=False)
+    monkeypatch.delenv(PARAMS_ENV, raising=False)
+
+
+def run_tune(directory: Path, fake, cpu: str = CPU) -> tuning.Tuning:
+    return tune(directory, "AVX2", lambda width: width, 8, progress=lambda stage, msg: None, cpu=cpu, run_sweep=fake)
+
+
+def test_the_sweep_result_is_cached_and_reused(tmp_path: Path, clean_env) -> None:
+    chosen = HostParams(KernelParams(prefetch=32, prefetch_burst=1, max_vectors=16), KernelParams(tasks_per_thread=2))
+    fake = Counting(chosen.fp32, chosen.half)
+    first = run_tune(tmp_path, fake)
+    assert (first.source, first.params, fake.calls) == ("measured", chosen, 2)  # one sweep per cache width
+    record = json.loads(record_path(tmp_path, CPU).read_text())
+    assert record["cpu"] == CPU and record["isa"] == "AVX2" and record["params"] == chosen.to_dict()
+    again = run_tune(tmp_path, fake)
+    assert (again.source, again.params, fake.calls) == ("cached", chosen, 2)
+    assert again.params.for_itemsize(4) == chosen.fp32 and again.params.for_itemsize(2) == chosen.half
+    assert again.detail.startswith("measured ")
+    other = run_tune(tmp_path, Counting(DEFAULTS), cpu="Another CPU")  # keyed by the CPU model
+    assert other.source == "measured" and run_tune(tmp_path, fake).params == chosen and fake.calls == 2
+
+
+@pytest.mark.parametrize("text", ["{not json", json.dumps({"format": 1, "cpu": CPU, "isa": "AVX2"}),
+                                  json.dumps({"format": 1, "cpu": CPU, "isa": "AVX2", "when": "x", "seconds": 1,
+                                              "load": "0", "params": {"prefetch": -5}}), ""])
+def test_a_corrupt_record_is_measured_again(tmp_path: Path, clean_env, text: str) -> None:
+    record_path(tmp_path, CPU).write_text(text)
+    chosen = KernelParams(prefetch=8)
+    fake = Counting(chosen)
+    got = run_tune(tmp_path, fake)
+    assert (got.source, got.params, fake.calls) == ("measured", HostParams(chosen, chosen), 2)
+    assert run_tune(tmp_path, fake).source == "cached" and fake.calls == 2
+
+
+def test_a_failed_sweep_leaves_the_defaults_and_caches_nothing(tmp_path: Path, clean_env) -> None:
+    def failing(timer, tile, budget_s):
+        if timer == "half":  # the fp32 sweep finished: still nothing is kept
+            raise SweepTimeout("the sweep ran past 3 s")
+        return SweepResult(KernelParams(prefetch=64), (), 1.0)
+    got = run_tune(tmp_path, failing)
+    assert got.params == HOST_DEFAULTS and got.source == "defaulted" and "ran past 3 s" in got.detail
+    assert not record_path(tmp_path, CPU).exists()
+
+
+KILLED_CHILD = """
+import sys, time
+from pathlib import Path
+from attnhal_cpu.tuning import tune
+def sweeping(timer, tile, budget_s):
+    Path(sys.argv[2]).touch()
+    time.sleep(60)
+tune(Path(sys.argv[1]), "AVX2", lambda width: None, 8, cpu={cpu!r}, run_sweep=sweeping)
+"""
+
+
+def test_a_killed_sweep_leaves_defaults_and_blocks_no_one(tmp_path: Path, clean_env) -> None:
+    started = tmp_path / "sweeping"
+    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD.format(cpu=CPU), str(tmp_path), str(started)],
+                             cwd=ROOT, env=os.environ.copy(), stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), "the child never started its sweep"
+    assert buildlock.holder(tmp_path / "tune.lock") is not None  # it holds the lock while it measures
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert not record_path(tmp_path, CPU).exists()  # nothing half-written is left to read
+    assert buildlock.holder(tmp_path / "tune.lock") is None
+    os.environ[TUNE_ENV] = "0"
+    try:
+        assert run_tune(tmp_path, Counting(KernelParams(prefetch=64))).params == HOST_DEFAULTS
+    finally:
+        del os.environ[TUNE_ENV]
+    assert run_tune(tmp_path, Counting(KernelParams(prefetch=64))).source == "measured"  # the next run measures
+
+
+def test_a_sweep_held_by_another_process_past_the_wait_leaves_defaults(tmp_path: Path, clean_env,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tuning, "WAIT_S", 0.3)
+    fake = Counting(KernelParams(prefetch=64))
+    with buildlock.exclusive(tmp_path / "tune.lock", 1.0, lambda holder, waited: None):
+        got = run_tune(tmp_path, fake)
+    assert got.source == "defaulted" and "still measuring" in got.detail and fake.calls == 0
+
+
+def test_switches_skip_force_or_set_the_parameters(tmp_path: Path, clean_env, monkeypatch) -> None:
+    fake = Counting(KernelParams(prefetch=64))
+    monkeypatch.setenv(TUNE_ENV, "0")
+    assert run_tune(tmp_path, fake) == tuning.Tuning(HOST_DEFAULTS, "defaulted", f"{TUNE_ENV}=0: no sweep")
+    monkeypatch.setenv(TUNE_ENV, "sometimes")
+    got = run_tune(tmp_path, fake)
+    assert got.params == HOST_DEFAULTS and f"{TUNE_ENV}='sometimes' (supported: auto, 1, 0, off, again)" in got.detail
+    monkeypatch.setenv(TUNE_ENV, "again")
+    assert [run_tune(tmp_path, fake).source for _ in range(2)] == ["measured", "measured"] and fake.calls == 4
+    monkeypatch.delenv(TUNE_ENV)
+    monkeypatch.setenv(PARAMS_ENV, "prefetch=0, tasks_per_thread=1")
+    got = run_tune(tmp_path, fake)
+    assert got.source == "set" and got.params.fp32 == got.params.half == KernelParams(prefetch=0, tasks_per_thread=1)
+    assert fake.calls == 4
+    monkeypatch.setenv(PARAMS_ENV, "prefetch=-1")
+    assert "prefetch=-1 (supported: an int in [0, 1024])" in run_tune(tmp_path, fake).detail
+
+
+def test_parse_params_names_what_is_wrong() -> None:
+    assert parse_params("max_vectors=8") == KernelParams(max_vectors=8)
+    with pytest.raises(ValueError, match=r"'tile=8' \(supported: NAME=INT with NAME in \['prefetch'"):
+        parse_params("tile=8")
+    assert parse_host_params("prefetch=8, fp32.prefetch_burst=1") == HostParams(
+        KernelParams(prefetch=8, prefetch_burst=1), KernelParams(prefetch=8))
+    with pytest.raises(ValueError, match=r"'fp16.prefetch=8' \(supported: NAME=INT, or WIDTH.NAME=INT with WIDTH in"):
+        parse_host_params("fp16.prefetch=8")
+    assert split_count(1, 8192, 2, tasks_per_thread=8) == 16 and split_count(16, 2048, 2) == 1
+
+
+# --- the kernel with other parameters than its defaults ---------------------------------------
+
+def _kernel_reasons() -> str:
+    from attnhal.platform import parse
+    from attnhal_cpu import CpuBackend
+
+    return "; ".join(r.message for r in CpuBackend.runtime_reasons(parse("cpu")))
+
+
+@pytest.fixture(scope="module")
+def kernel_op():
+    pytest.importorskip("torch")
+    why = _kernel_reasons()
+    if why:
+        pytest.skip(f"cpu kernel unavailable: {why}")
+    from attnhal_cpu.ops import attend_op
+
+    return attend_op()
+
+
+def test_the_op_defaults_are_the_python_defaults(kernel_op) -> None:
+    schema = str(kernel_op.default._schema)
+    assert (f"int prefetch={DEFAULTS.prefetch}, int max_vectors={DEFAULTS.max_vectors}, "
+            f"bool prefetch_burst={bool(DEFAULTS.prefetch_burst)}") in schema, schema
+
+
+#: Claims of the conformance kit run per parameter set: decode and verify over pages of 16, in graphs too.
+CLAIMS = ("phase[decode, float32]", "phase[target_verify, bfloat16]", "page_size[16]", "graph[decode]")
+
+
+@pytest.mark.parametrize("params", [DEFAULTS, KernelParams(prefetch=0, max_vectors=4, tasks_per_thread=1),
+                                    KernelParams(prefetch=64, prefetch_burst=1, max_vectors=8, tasks_per_thread=8)],
+                         ids=["defaults", "no-prefetch-one-head", "far-burst-two-heads"])
+def test_conformance_holds_with_these_parameters(kernel_op, params: KernelParams) -> None:
+    """The kit's claims (a cheap subset; the full kit runs in test_conformance.py with the host's own
+    parameters) with the defaults and with the extremes a sweep may choose."""
+    from attnhal.testing.checks import Status
+    from attnhal.testing.report import run_conformance
+    from attnhal_cpu.ops import Kernel
+
+    report = run_conformance("cpu", max_examples=0, platform="cpu", only=CLAIMS,
+                             backend_kwargs={"kernel": Kernel(kernel_op, HostParams(params, params), "test")})
+    assert report.ok, report.format()
+    assert {r.claim.name for r in report.results if r.status is Status.VERIFIED} == set(CLAIMS)
