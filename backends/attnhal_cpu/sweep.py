@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from attnhal.errors import AttnhalError
 from attnhal_cpu.params import DEFAULTS, MIN_SPLIT_LEN, KernelParams, split_count
 
 __all__ = ["CANDIDATES", "GAIN", "SHAPES", "HostBusy", "SweepResult", "SweepTimeout", "Timer", "kernel_timer",
@@ -52,11 +53,11 @@ BUSY_LOAD_PER_CPU = 1.5
 Timer = Callable[[KernelParams, int], float]
 
 
-class SweepTimeout(TimeoutError):
+class SweepTimeout(AttnhalError, TimeoutError):
     """The sweep ran past its budget (the host is busy); the defaults stay."""
 
 
-class HostBusy(RuntimeError):
+class HostBusy(AttnhalError, RuntimeError):
     """The load average says other processes would set the times; the defaults stay."""
 
 
