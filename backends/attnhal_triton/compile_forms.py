@@ -32,7 +32,7 @@ from attnhal_triton.compile_usage import resource_usage
 from attnhal_triton.launch_forms import MAX_GROUP, Form, forms
 from attnhal_triton.launch_table import KERNELS
 
-__all__ = ["FORM_TARGETS", "budget", "compile_form", "main", "run_forms"]
+__all__ = ["FORM_TARGETS", "REGISTERS", "budget", "compile_form", "main", "run_forms"]
 
 #: The targets every form is compiled for: Ampere, Hopper, Blackwell; MI300, MI350.
 FORM_TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx942", "hip:gfx950")
@@ -40,11 +40,15 @@ FORM_TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx942", "hip:gfx950")
 _STORAGE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e5m2": "fp8e5"}
 
 
+#: Registers one thread (CUDA) or lane (HIP: VGPRs + AGPRs) may hold, per vendor; a row's
+#: options lower it (``maxnreg``; ``waves_per_eu`` waves share a HIP SIMD's file).
+REGISTERS = {"cuda": 255, "hip": 512}
+
+
 def budget(target: str, options: dict[str, int]) -> int:
     """Registers a program of this launch may hold per thread (CUDA) or lane (HIP)."""
-    if target.startswith("cuda"):
-        return min(255, options.get("maxnreg", 255))
-    return 512 // max(1, options.get("waves_per_eu", 1))
+    top = REGISTERS[cc.target_platform(target).vendor.value]
+    return min(top, options.get("maxnreg", top)) // max(1, options.get("waves_per_eu", 1))
 
 
 def _pointer(form: Form, target: str) -> str:

@@ -143,7 +143,7 @@ def forms(platform: Platform, kernels: Iterable[str] = KERNELS, dtypes: Iterable
     platform lacks (e4m3 without a flavour) are left out, as the backend refuses them."""
     from attnhal_triton.descriptor import CAPABILITIES as caps
 
-    dtypes, kv_dtypes = tuple(dtypes) or tuple(sorted(caps.dtypes)), tuple(kv_dtypes) or tuple(sorted(caps.kv_dtypes))
+    dtypes, kv_dtypes = tuple(dtypes) or tuple(sorted(caps.dtypes)), tuple(kv_dtypes) or tuple(sorted(caps.kv_dtypes or ()))
     heads, groups = tuple(head_sizes) or tuple(sorted(caps.head_sizes)), tuple(groups)
     seen: dict[tuple[Any, ...], Form] = {}
     for kernel in kernels:
