@@ -4,21 +4,25 @@
         [--dtype bf16|fp16|fp32] [--peers-dir DIR] [--launch KERNEL:ENCODED ...] [--json FILE]
         [--warm-workers N] [--check-only] [--tiny]
 
-Contenders (``peer_contenders``): attnhal's ``triton`` backend through the backend
-contract; SGLang 0.5.23's ``decode_attention_fwd`` with its own split heuristic; vLLM
-0.33's ``unified_attention`` as TRITON_ATTN calls it (block 16); SDPA on contiguous
-K/V. Peers load from the installed engines, else from ``--peers-dir`` (default
-``$ATTNHAL_PEER_KERNELS`` or ``~/.cache/attnhal/peer-kernels``) that
-``fetch_peer_kernels.py`` fills. 32 query / 8 KV heads, head 128, page size 1.
+Contenders (``peer_contenders``), each at its best: attnhal's ``triton`` backend through the
+backend contract; SGLang 0.5.23's ``decode_attention_fwd`` (its split heuristic, its default
+max KV splits and the sweep); vLLM 0.33's ``unified_attention`` as TRITON_ATTN calls it (block
+16; its defaults and the sweep); SDPA on contiguous K/V (its own choice and each backend
+forced). Peers load from the installed engines, else from ``--peers-dir`` (default
+``$ATTNHAL_PEER_KERNELS`` or ``~/.cache/attnhal/peer-kernels``) that ``fetch_peer_kernels.py``
+fills. Shapes (``peer_cases``): ``KIND:BSxCTX[/gG][/dD][/ragged]``, 8 KV heads, group 4 and
+head 128 unless given, page size 1.
 
-Per shape: every contender's output is checked against an fp32 reference first (max
-abs error printed; one that disagrees is WRONG and left out of the ratios), then timed
-as a CUDA graph of 20 calls, median of 5 replays: GB/s of the K/V bytes the batch
-covers (fp8: of the fp8 bytes), TFLOP/s for prefill, and attnhal / the faster engine
-kernel (prefill: / SDPA). Without a GPU (``--tiny``, the Triton interpreter, fp32 or
-fp16) it runs the same calls eagerly and checks them: plumbing only, no speed. On a GPU,
-``--warm-workers N`` (default 8) processes compile every kernel first (``--check-only`` over
-a share of the shapes each), so the timing run finds them in Triton's cache.
+Per shape, in one process: every setting of every contender is gated against an fp32
+reference first (each query row's error relative to the row's own norm, ``peer_gate``; one
+that disagrees is WRONG and left out of the ratios), then timed as a CUDA graph of 20 calls,
+median of 5 replays; a contender's fastest setting is its cell, its default's speed is
+printed beside. GB/s of the K/V bytes the batch covers (fp8: of the fp8 bytes), TFLOP/s for
+prefill, and attnhal / the fastest other contender of the row. Without a GPU (``--tiny``, the
+Triton interpreter, fp32 or fp16) it runs the same calls eagerly and gates them: plumbing
+only, no speed. On a GPU, ``--warm-workers N`` (default 8) processes compile every kernel
+first (``--check-only`` over a share of the shapes each), so the timing run finds them in
+Triton's cache.
 Exit status 1 when any output was WRONG or a contender failed.
 """
 
@@ -47,14 +51,12 @@ from peer_cases import (
     reference,
     time_graph,
 )
-from peer_contenders import CONTENDERS, ENGINES, NotApplicable, prepare
+from peer_contenders import CONTENDERS, ENGINES, NotApplicable, Prepared, prepare
+from peer_gate import gate_limit, row_relative_error
 from peer_kernels import LoadedPeer, default_peers_dir, load_peer
 from peer_table import Result, Row, fp8_speedup, markdown, ratio
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-#: Largest max |error| against the fp32 reference that counts as agreeing, per query dtype.
-TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
-FP8_TOLERANCE = 6e-2  # fp8 K/V (SGLang also rounds q to e4m3)
 
 
 @dataclass(frozen=True)
@@ -68,26 +70,51 @@ class Settings:
 
 def measure(name: str, case: Case, peers: dict[str, LoadedPeer], settings: Settings,
             references: dict[bool, torch.Tensor]) -> Result:
-    """Prepare, check against fp32, then time (on a GPU) one contender over ``case``."""
+    """Prepare each of one contender's settings over ``case``, gate its output against fp32
+    (:mod:`peer_gate`), time it (on a GPU), and keep the fastest; the default's speed is
+    reported beside it."""
     try:
-        prepared = prepare(name, case, peers, settings.launch if name == "attnhal" else None)
+        variants = prepare(name, case, peers, settings.launch if name == "attnhal" else None)
     except NotApplicable as exc:
         return Result("n/a", note=str(exc))
+    results = [_measure_one(p, case, settings, references) for p in variants]
+    ok = [r for r in results if r.status == "ok"]
+    if not ok:  # the first failure speaks for the contender (its default when that failed)
+        bad = next((r for r in results if r.status in ("WRONG", "FAILED")), results[0])
+        return bad
+    best = min(ok, key=lambda r: r.seconds if r.seconds is not None else 0.0)
+    default = results[0]
+    skipped = [f"{r.setting}: {r.status}" for r in results if r.status != "ok"]
+    best.default_seconds = default.seconds if default.status == "ok" else None
+    best.settings = len(results)
+    best.note = "; ".join(filter(None, [best.note, *skipped[:3]]))
+    if any(r.status == "WRONG" for r in results):
+        wrong = next(r for r in results if r.status == "WRONG")
+        return Result("WRONG", err=wrong.err, setting=wrong.setting, note=wrong.note)
+    return best
+
+
+def _measure_one(prepared: Prepared, case: Case, settings: Settings, references: dict[bool, torch.Tensor]) -> Result:
+    setting = prepared.setting
     if prepared.fp8_dot and not settings.timed:
-        return Result("n/a", note="the interpreter's fp8 tl.dot is wrong and this kernel multiplies in fp8; "
-                                  "checked on a GPU only")
+        return Result("n/a", setting=setting, note="the interpreter's fp8 tl.dot is wrong and this kernel "
+                                                   "multiplies in fp8; checked on a GPU only")
     try:
         out = prepared.tokens(prepared.run()).float()
         if prepared.causal_only not in references:
             references[prepared.causal_only] = reference(case, causal=prepared.causal_only)
-        err = float((out - references[prepared.causal_only]).abs().max())
-        limit = FP8_TOLERANCE if case.shape.fp8 else TOLERANCE[settings.dtype]
+        err = row_relative_error(out, references[prepared.causal_only])
+        limit = gate_limit(settings.dtype, case.shape.fp8)
         if not err <= limit:  # NaN is WRONG too
-            return Result("WRONG", err=err, note=f"max |err| {err:.2e} > {limit:.0e}; {prepared.note}".rstrip("; "))
+            return Result("WRONG", err=err, setting=setting,
+                          note=f"{setting}: row error {err:.2e} > {limit:.0e} of the row's norm; {prepared.note}")
         seconds = time_graph(prepared.run) if settings.timed else None
-    except Exception as exc:  # noqa: BLE001 - reported per contender; the table goes on
-        return Result("FAILED", note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
-    return Result("ok", err=err, seconds=seconds, note=prepared.note)
+    except Exception as exc:  # noqa: BLE001 - reported per setting; the table goes on
+        if "No available kernel" in str(exc) or "No viable backend" in str(exc):  # a forced SDPA backend
+            return Result("n/a", setting=setting, note=f"{setting}: {str(exc).splitlines()[0][:100]}")
+        return Result("FAILED", setting=setting,
+                      note=f"{setting}: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+    return Result("ok", err=err, seconds=seconds, note=prepared.note, setting=setting)
 
 
 def run_shape(shape: Shape, peers: dict[str, LoadedPeer], settings: Settings) -> Row:
@@ -102,7 +129,7 @@ def run_shape(shape: Shape, peers: dict[str, LoadedPeer], settings: Settings) ->
               flush=True)
     row.ratio, row.versus = ratio(row)
     if row.ratio is not None:
-        print(f"    attnhal / {row.versus} = {row.ratio:.2f}x", flush=True)
+        print(f"    attnhal / the fastest other contender ({row.versus}) = {row.ratio:.2f}x", flush=True)
     del case, references
     if settings.device.type == "cuda":
         torch.cuda.empty_cache()

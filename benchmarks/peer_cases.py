@@ -29,7 +29,8 @@ from attnhal.testing.cases import tree_mask
 __all__ = ["CALLS", "DEFAULT_SHAPES", "KINDS", "REPLAYS", "TINY_SHAPES", "Case", "Shape", "allowed", "build_case",
            "fp8_storage", "gather", "parse_shapes", "reference", "time_graph"]
 
-HEADS, KV_HEADS, HEAD = 32, 8, 128
+#: The defaults of a shape: 8 KV heads, group 4 (32 query heads), head size 128.
+HEADS, KV_HEADS, HEAD, GROUP = 32, 8, 128, 4
 CALLS, REPLAYS = 20, 5
 #: Table kinds: (phase, query tokens per row, tree mask, fp8 K/V).
 KINDS: dict[str, tuple[Phase, int, bool, bool]] = {
@@ -47,24 +48,37 @@ FP8_SCALES = (0.04, 0.06)  # k_scale, v_scale: distinct, so a swapped scale show
 
 @dataclass(frozen=True)
 class Shape:
-    """One table row: ``kind`` of :data:`KINDS`, ``bs`` requests of ``ctx`` tokens each."""
+    """One table row: ``kind`` of :data:`KINDS`, ``bs`` requests of ``ctx`` tokens each (the
+    mean with ``ragged``: lengths spread from ctx / 4 to 7 ctx / 4), 8 KV heads times
+    ``group`` query heads of size ``head``."""
 
     kind: str
     bs: int
     ctx: int
+    group: int = GROUP
+    head: int = HEAD
+    ragged: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"shape kind={self.kind!r} (supported: {', '.join(KINDS)})")
         if self.bs < 1 or self.ctx < max(self.tokens, 16) or self.ctx % 16:
-            raise ValueError(f"shape {self.kind}:{self.bs}x{self.ctx} (supported: bs >= 1, ctx a multiple "
+            raise ValueError(f"shape {self.key} (supported: bs >= 1, ctx a multiple "
                              f"of 16 (vLLM's block) and >= the query tokens per row)")
-        if self.kind == "prefill" and self.bs != 1:
-            raise ValueError(f"shape prefill:{self.bs}x{self.ctx} (supported: bs = 1)")
+        if self.kind == "prefill" and (self.bs != 1 or self.ragged):
+            raise ValueError(f"shape {self.key} (supported: prefill at bs = 1, not ragged)")
+        if self.ragged and self.bs < 2:
+            raise ValueError(f"shape {self.key} (supported: ragged with bs >= 2)")
+        if not 1 <= self.group <= 16 or self.head not in (64, 128, 256):
+            raise ValueError(f"shape {self.key} (supported: /g1../g16, /d64, /d128, /d256)")
 
     @property
     def phase(self) -> Phase:
         return KINDS[self.kind][0]
+
+    @property
+    def heads(self) -> int:
+        return KV_HEADS * self.group
 
     @property
     def tokens(self) -> int:
@@ -80,44 +94,78 @@ class Shape:
         return KINDS[self.kind][3]
 
     @property
+    def lens(self) -> tuple[int, ...]:
+        """Each row's context length (multiples of 16, at least the query tokens)."""
+        if not self.ragged:
+            return (self.ctx,) * self.bs
+        spread = [self.ctx * (1 + 6 * r / (self.bs - 1)) / 4 for r in range(self.bs)]
+        return tuple(max(16 * -(-self.tokens // 16), 16 * round(n / 16)) for n in spread)
+
+    @property
+    def max_len(self) -> int:
+        return max(self.lens)
+
+    @property
     def key(self) -> str:
-        return f"{self.kind}:{self.bs}x{self.ctx}"
+        extra = (f"/g{self.group}" if self.group != GROUP else "") + (f"/d{self.head}" if self.head != HEAD else "")
+        return f"{self.kind}:{self.bs}x{self.ctx}{extra}" + ("/ragged" if self.ragged else "")
 
     @property
     def title(self) -> str:
         what = {"decode": "decode", "chain4": "target_verify 4-token chain", "tree8": "target_verify 8-token tree",
                 "fp8": "fp8 e4m3 decode", "prefill": "prefill causal"}[self.kind]
-        return f"{what} {self.bs} x {self.ctx}"
+        extra = (f", group {self.group}" if self.group != GROUP else "") + \
+            (f", head {self.head}" if self.head != HEAD else "") + (", ragged" if self.ragged else "")
+        return f"{what} {self.bs} x {self.ctx}{extra}"
 
 
-DEFAULT_SHAPES = tuple(Shape(k, bs, n) for k, bs, n in (
-    ("decode", 1, 32768), ("decode", 8, 8192), ("decode", 64, 2048), ("decode", 256, 1024),
-    ("chain4", 8, 8192), ("chain4", 64, 2048), ("chain4", 256, 1024),
-    ("tree8", 8, 8192), ("tree8", 64, 2048), ("tree8", 256, 1024),
-    ("fp8", 256, 1024), ("prefill", 1, 8192)))
-TINY_SHAPES = tuple(Shape(k, bs, n) for k, bs, n in (
-    ("decode", 2, 32), ("chain4", 2, 32), ("tree8", 2, 32), ("fp8", 2, 32), ("prefill", 1, 32)))
+def _shape(text: str) -> Shape:
+    kind, size, *extra = text.split("/")[0].partition(":")[::2] + tuple(text.split("/")[1:])
+    fields: dict[str, object] = {}
+    for item in extra:
+        if item == "ragged":
+            fields["ragged"] = True
+        elif item[:1] in ("g", "d") and item[1:].isdigit():
+            fields["group" if item[0] == "g" else "head"] = int(item[1:])
+        else:
+            raise ValueError(f"--shapes item {text!r} (supported: KIND:BSxCTX[/gG][/dD][/ragged])")
+    return Shape(kind, *_size(text, size), **fields)  # type: ignore[arg-type]
+
+
+def _size(text: str, size: str) -> tuple[int, int]:
+    bs, _, ctx = size.partition("x")
+    if not (bs.isdigit() and ctx.isdigit()):
+        raise ValueError(f"--shapes item {text!r} (supported: KIND:BSxCTX[/gG][/dD][/ragged], KIND in "
+                         f"{', '.join(KINDS)})")
+    return int(bs), int(ctx)
+
+
+#: The referee's table: decode at the usual sizes, at groups 1/8/16, heads 64/256 and ragged;
+#: verify (chain and tree) at 1 x 32k, 8 x 8k, 16 x 2k, 64 x 2k, 256 x 1k and ragged; fp8; prefill.
+DEFAULT_SHAPES = tuple(_shape(t) for t in (
+    "decode:1x32768", "decode:8x8192", "decode:64x2048", "decode:256x1024",
+    "decode:64x2048/g1", "decode:64x2048/g8", "decode:64x2048/g16", "decode:64x2048/d64", "decode:64x2048/d256",
+    "decode:8x8192/ragged", "decode:64x2048/ragged",
+    *(f"{k}:{s}" for k in ("chain4", "tree8")
+      for s in ("1x32768", "8x8192", "16x2048", "64x2048", "256x1024", "64x2048/ragged", "64x2048/g16")),
+    "fp8:64x2048", "fp8:256x1024", "prefill:1x8192", "prefill:1x8192/d64"))
+TINY_SHAPES = tuple(_shape(t) for t in (
+    "decode:2x32", "chain4:2x32", "tree8:2x32", "fp8:2x32", "prefill:1x32", "decode:3x32/ragged/g1",
+    "tree8:2x32/g16/d64"))
 
 
 def parse_shapes(text: str) -> tuple[Shape, ...]:
-    """``"decode:8x8192,tree8:64x2048"`` -> shapes (errors name the item and what is allowed)."""
-    shapes = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        kind, _, size = item.partition(":")
-        bs, _, ctx = size.partition("x")
-        if not (bs.isdigit() and ctx.isdigit()):
-            raise ValueError(f"--shapes item {item!r} (supported: KIND:BSxCTX, KIND in {', '.join(KINDS)})")
-        shapes.append(Shape(kind, int(bs), int(ctx)))
-    return tuple(shapes)
+    """``"decode:8x8192,tree8:64x2048/g16/ragged"`` -> shapes (errors name the item and what is allowed)."""
+    return tuple(_shape(s.strip()) for s in text.split(",") if s.strip())
 
 
 @dataclass
 class Case:
     """One shape's inputs, shared by every contender.
 
-    pool: one layer, page size 1; row ``r`` (request row ``r + 1``) holds ``ctx`` tokens in
-        slots ``slots[r]``; fp8 pools carry :data:`FP8_SCALES`.
-    q: ``[bs * T, HEADS, HEAD]`` in ``dtype``; draft mask ``[T, T]`` bool (``None``: causal/none).
+    pool: one layer, page size 1; row ``r`` (request row ``r + 1``) holds ``lens[r]`` tokens in
+        ``slots[r, :lens[r]]`` (``slots`` ``[bs, max_len]``); fp8 pools carry :data:`FP8_SCALES`.
+    q: ``[bs * T, heads, head]`` in ``dtype``; draft mask ``[T, T]`` bool (``None``: causal/none).
     """
 
     shape: Shape
@@ -126,7 +174,7 @@ class Case:
     config: AttentionConfig
     batch: ForwardBatch
     q: torch.Tensor
-    slots: torch.Tensor  # [bs, ctx] int64
+    slots: torch.Tensor  # [bs, max_len] int64
     draft_mask: torch.Tensor | None
 
     @property
@@ -137,13 +185,17 @@ class Case:
     def kv_bytes(self) -> int:
         """K and V bytes the batch covers (what one forward must read at least)."""
         s = self.shape
-        return 2 * s.bs * s.ctx * KV_HEADS * HEAD * self.pool.dtype.itemsize
+        return 2 * sum(s.lens) * KV_HEADS * s.head * self.pool.dtype.itemsize
 
     @property
     def flops(self) -> float:
         """Causal prefill: half of ``QK^T`` and ``PV`` (the other shapes report bytes)."""
         n = self.shape.ctx
-        return 4.0 * n * n * HEADS * HEAD / 2
+        return 4.0 * n * n * self.shape.heads * self.shape.head / 2
+
+    def kv_indices(self) -> torch.Tensor:
+        """The slots of every row's context, row after row: ``[sum(lens)]`` int64."""
+        return torch.cat([self.slots[r, :n] for r, n in enumerate(self.shape.lens)]).to(torch.int64)
 
 
 def fp8_storage() -> torch.dtype:
@@ -152,18 +204,18 @@ def fp8_storage() -> torch.dtype:
     return kv_storage_dtype("fp8_e4m3", flavor if flavor is not Fp8Flavor.NONE else Fp8Flavor.OCP)
 
 
-def _batch(shape: Shape, device: torch.device) -> tuple[ForwardBatch, torch.Tensor | None]:
-    bs, ctx, t = shape.bs, shape.ctx, shape.tokens
+def _batch(shape: Shape, slots: torch.Tensor, device: torch.device) -> tuple[ForwardBatch, torch.Tensor | None]:
+    bs, t = shape.bs, shape.tokens
     rows = torch.arange(1, bs + 1, device=device)
-    new = (rows - 1)[:, None] * ctx + 1 + torch.arange(ctx - t, ctx, device=device)  # slots of new tokens
-    seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device=device)
+    new = torch.cat([slots[r, n - t:n] for r, n in enumerate(shape.lens)])  # slots of the new tokens
+    seq_lens = torch.tensor(shape.lens, dtype=torch.int32, device=device)
     mask = tree_mask(TREE_PARENTS[:t]).to(device) if shape.tree else None
     spec = None
     if shape.phase is Phase.TARGET_VERIFY:
         custom = None if mask is None else mask.expand(bs, t, t).contiguous()
         spec = SpecInfo(topk=2 if shape.tree else 1, num_draft_tokens=t, draft_extend_len=t, custom_mask=custom)
     extend = torch.full((bs,), t, dtype=torch.int32, device=device) if shape.phase is Phase.PREFILL else None
-    batch = ForwardBatch(shape.phase, rows, seq_lens, new.flatten(), extend_lens=extend,
+    batch = ForwardBatch(shape.phase, rows, seq_lens, new, extend_lens=extend,
                          extend_lens_cpu=[t] * bs if extend is not None else None,
                          seq_lens_cpu=seq_lens.cpu(), spec=spec)
     return batch, mask
@@ -173,23 +225,23 @@ def build_case(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int
     """The pool (sized for this shape only), K/V drawn in ``dtype`` and written through the
     pool (fp8: quantized with :data:`FP8_SCALES`), the batch and ``q``."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    bs, ctx = shape.bs, shape.ctx
+    bs, width, head = shape.bs, shape.max_len, shape.head
     storage = fp8_storage() if shape.fp8 else dtype
-    config = AttentionConfig(num_q_heads=HEADS, num_kv_heads=KV_HEADS, head_size=HEAD, dtype=dtype)
-    pool = KVPool(num_layers=1, num_slots=bs * ctx, num_kv_heads=KV_HEADS, head_dim=HEAD, dtype=storage,
-                  max_reqs=bs, max_context_len=ctx, device=device)
-    slots = 1 + torch.arange(bs * ctx, device=device).view(bs, ctx)
-    pool.req_to_page[1:bs + 1, :ctx] = slots.to(torch.int32)
+    config = AttentionConfig(num_q_heads=shape.heads, num_kv_heads=KV_HEADS, head_size=head, dtype=dtype)
+    pool = KVPool(num_layers=1, num_slots=bs * width, num_kv_heads=KV_HEADS, head_dim=head, dtype=storage,
+                  max_reqs=bs, max_context_len=width, device=device)
+    slots = 1 + torch.arange(bs * width, device=device).view(bs, width)
+    pool.req_to_page[1:bs + 1, :width] = slots.to(torch.int32)
     if shape.fp8:
         pool.k_scale.fill_(FP8_SCALES[0])
         pool.v_scale.fill_(FP8_SCALES[1])
-    for start in range(0, bs * ctx, 1 << 16):  # bounded scratch for the fp8 quantization
+    for start in range(0, bs * width, 1 << 16):  # bounded scratch for the fp8 quantization
         loc = slots.flatten()[start:start + (1 << 16)]
-        k, v = (torch.randn((loc.numel(), KV_HEADS, HEAD), generator=generator, device=device, dtype=dtype)
+        k, v = (torch.randn((loc.numel(), KV_HEADS, head), generator=generator, device=device, dtype=dtype)
                 for _ in range(2))
         pool.write(0, loc, k, v)
-    batch, mask = _batch(shape, device)
-    q = torch.randn((batch.num_tokens, HEADS, HEAD), generator=generator, device=device, dtype=dtype)
+    batch, mask = _batch(shape, slots, device)
+    q = torch.randn((batch.num_tokens, shape.heads, head), generator=generator, device=device, dtype=dtype)
     return Case(shape, dtype, pool, config, batch, q, slots, mask)
 
 
@@ -200,41 +252,50 @@ def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return cache[slots]
 
 
-def allowed(case: Case, queries: slice, draft_mask: torch.Tensor | None) -> torch.Tensor:
-    """``[len(queries), ctx]`` bool: which positions query tokens ``queries`` of a row attend
-    (the draft tokens through ``draft_mask`` ``[T, T]``, causally where it is ``None``)."""
-    s, dev = case.shape, case.device
-    t = s.tokens
-    pos = torch.arange(s.ctx, device=dev)
-    qpos = torch.arange(s.ctx - t, s.ctx, device=dev)[queries]  # each query token's own position
-    ok = pos[None, :] <= qpos[:, None]  # causal: prefill, chain verify, decode (qpos = ctx - 1)
+def allowed(case: Case, queries: slice, draft_mask: torch.Tensor | None, length: int | None = None,
+            kv_fraction: float = 1.0) -> torch.Tensor:
+    """``[len(queries), length]`` bool: which positions query tokens ``queries`` of a row of
+    ``length`` tokens (default: the shape's ``ctx``) attend (the draft tokens through
+    ``draft_mask`` ``[T, T]``, causally where it is ``None``). ``kv_fraction < 1``: the
+    context before the new tokens (prefill: all keys) is cut to that fraction, each query
+    keeping its own position (a kernel that skips the rest)."""
+    t, n, dev = case.shape.tokens, length or case.shape.ctx, case.device
+    pos = torch.arange(n, device=dev)
+    qpos = torch.arange(n - t, n, device=dev)[queries]  # each query token's own position
+    ok = pos[None, :] <= qpos[:, None]  # causal: prefill, chain verify, decode (qpos = n - 1)
     if draft_mask is not None:
-        ok[:, s.ctx - t:] = draft_mask[queries]
+        ok[:, n - t:] = draft_mask[queries]
+    if kv_fraction < 1:  # the context before the new tokens (prefill: every key but the query's own)
+        end = n - t if n > t else n
+        ok[:, int(end * kv_fraction):end] = False
+        ok[torch.arange(len(qpos), device=dev), qpos] = True
     return ok
 
 
 def reference(case: Case, causal: bool = False, rows_per_chunk: int = 8,
-              queries_per_chunk: int = 1024) -> torch.Tensor:
-    """fp32 attention over the stored K/V (fp8: ``stored * scale``): ``[bs * T, HEADS, HEAD]``.
+              queries_per_chunk: int = 1024, kv_fraction: float = 1.0) -> torch.Tensor:
+    """fp32 attention over the stored K/V (fp8: ``stored * scale``): ``[bs * T, heads, head]``.
 
     ``causal``: the draft tokens attend causally even where the case has a tree mask.
+    ``kv_fraction``: attend only that fraction of each row's context (see :func:`allowed`).
     """
     draft_mask = None if causal else case.draft_mask
     s, pool = case.shape, case.pool
-    t, group, scale = s.tokens, HEADS // KV_HEADS, case.config.sm_scale
-    q = case.q.float().view(s.bs, t, KV_HEADS, group, HEAD)
-    out = torch.empty(s.bs, t, KV_HEADS, group, HEAD, dtype=torch.float32, device=case.device)
+    t, group, d, scale = s.tokens, s.group, s.head, case.config.sm_scale
+    q = case.q.float().view(s.bs, t, KV_HEADS, group, d)
+    out = torch.empty(s.bs, t, KV_HEADS, group, d, dtype=torch.float32, device=case.device)
     k_scale, v_scale = (float(x[0]) for x in (pool.k_scale, pool.v_scale)) if pool.kv_format.scaled else (1.0, 1.0)
-    for r0 in range(0, s.bs, rows_per_chunk):
-        rows = slice(r0, min(r0 + rows_per_chunk, s.bs))
-        k = gather(pool.k[0], case.slots[rows]).float() * k_scale  # [c, ctx, KV, D]
-        v = gather(pool.v[0], case.slots[rows]).float() * v_scale
+    step = 1 if s.ragged else rows_per_chunk
+    for r0 in range(0, s.bs, step):
+        rows, n = slice(r0, min(r0 + step, s.bs)), s.lens[r0]
+        k = gather(pool.k[0], case.slots[rows, :n]).float() * k_scale  # [c, n, KV, D]
+        v = gather(pool.v[0], case.slots[rows, :n]).float() * v_scale
         for q0 in range(0, t, queries_per_chunk):
             qs = slice(q0, min(q0 + queries_per_chunk, t))
             scores = torch.einsum("ctkgd,clkd->ckgtl", q[rows, qs], k) * scale
-            scores.masked_fill_(~allowed(case, qs, draft_mask)[None, None, None], float("-inf"))
+            scores.masked_fill_(~allowed(case, qs, draft_mask, n, kv_fraction)[None, None, None], float("-inf"))
             out[rows, qs] = torch.einsum("ckgtl,clkd->ctkgd", scores.softmax(-1), v)
-    return out.view(s.bs * t, HEADS, HEAD)
+    return out.view(s.bs * t, s.heads, d)
 
 
 def time_graph(fn: Callable[[], object], calls: int = CALLS, replays: int = REPLAYS) -> float:

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 __all__ = ["Result", "Row", "fp8_speedup", "markdown", "ratio"]
 
-ENGINES = ("sglang", "vllm")  # the ratio's denominators (SDPA for prefill)
 
 
 @dataclass
@@ -15,9 +14,12 @@ class Result:
     (disagrees with fp32; excluded from ratios) or ``FAILED`` (raised)."""
 
     status: str
-    err: float | None = None  # max |out - fp32 reference|
+    err: float | None = None  # max over query rows of |out - ref| / |ref| (peer_gate)
     seconds: float | None = None  # per call; None when not timed (no GPU)
     note: str = ""
+    setting: str = "default"  # the contender's setting this result is (its fastest)
+    default_seconds: float | None = None  # its default setting's time, beside the best
+    settings: int = 1  # how many settings were checked (and timed)
 
 
 @dataclass
@@ -28,7 +30,7 @@ class Row:
     kv_bytes: int
     flops: float
     results: dict[str, Result] = field(default_factory=dict)
-    ratio: float | None = None  # attnhal's speed / the faster engine kernel's (prefill: SDPA's)
+    ratio: float | None = None  # attnhal's speed / the fastest other contender's
     versus: str = ""
 
     def speed(self, name: str) -> float | None:
@@ -44,17 +46,21 @@ class Row:
             return "-"
         if result.status == "ok":
             speed = self.speed(name)
-            return f"{speed:,.0f}" if timed and speed is not None else f"ok (err {result.err:.1e})"
+            if not timed or speed is None:
+                return f"ok (err {result.err:.1e}, {result.settings} settings)"
+            beside = "" if result.setting == "default" or not result.default_seconds else \
+                f" [{result.setting}; default {speed * result.seconds / result.default_seconds:,.0f}]"
+            return f"{speed:,.0f}{beside}"
         if result.status == "WRONG":
             return f"WRONG (err {result.err:.1e})"
         return result.status
 
 
 def ratio(row: Row) -> tuple[float | None, str]:
-    """attnhal's speed over the faster engine kernel's (prefill: SDPA's), and that contender."""
+    """attnhal's speed over the fastest other contender's of the row (engines and SDPA alike),
+    and that contender."""
     mine = row.speed("attnhal")
-    rivals = ("sdpa",) if row.key.startswith("prefill") else ENGINES
-    speeds = {n: s for n in rivals if (s := row.speed(n)) is not None}
+    speeds = {n: s for n in row.results if n != "attnhal" and (s := row.speed(n)) is not None}
     if mine is None or not speeds:
         return None, ""
     best = max(speeds, key=lambda n: speeds[n])
@@ -62,7 +68,7 @@ def ratio(row: Row) -> tuple[float | None, str]:
 
 
 def markdown(rows: list[Row], contenders: tuple[str, ...], timed: bool) -> str:
-    head = ["shape (bs x context)", "unit", *contenders, "vs", "attnhal / vs"]
+    head = ["shape (bs x context)", "unit", *contenders, "fastest other", "attnhal / fastest other"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         value, versus = ratio(row)

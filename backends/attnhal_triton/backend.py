@@ -24,6 +24,7 @@ from attnhal.backend import (
 )
 from attnhal.capabilities import BackendCapabilities
 from attnhal.capabilities.support import fp8_reasons
+from attnhal.errors import InvalidValue
 from attnhal.platform import Platform
 from attnhal.reasons import Reason, ReasonCode
 from attnhal_triton import ops, work
@@ -177,14 +178,28 @@ class TritonBackend(AttentionBackend):
         """Copy ``batch`` into the static buffers and point the kernels' metadata at them."""
         state = self._graph_state(batch)
         sizing = self._sizing(batch)
+        state.captured.add(_graph_key(batch))
         req, seq, ext, splits, tree = self._copy_in(state, batch, sizing, allocate=True)
         self._meta = make_meta(batch, sizing, req, seq, ext, splits, tree,
                                 self._partial_views(state.partials, batch, sizing))
 
     def init_replay_metadata(self, batch: ForwardBatch) -> None:
         """Copy ``batch``'s values into the static buffers and derive the split counts and
-        packed mask from them on the device; no allocation of kept tensors, no host sync."""
-        self._copy_in(self._graph_state(batch), batch, self._sizing(batch), allocate=False)
+        packed mask from them on the device; no allocation of kept tensors, no host sync.
+
+        ``batch`` must have the shape of a captured batch (kernel, batch size, query tokens):
+        the captured grid and split cap follow from it, so another shape (the unpadded
+        rows of a padded capture) is refused rather than replayed with a wrong split cap.
+        """
+        state = self._graph_state(batch)
+        key = _graph_key(batch)
+        if key not in state.captured:
+            sizes = sorted(bs for k, bs, t in state.captured if (k, t) == (key[0], key[2]))
+            raise InvalidValue("batch_size", batch.batch_size,
+                               f"a captured batch of {key[0]} with {key[2]} query token(s) per row: "
+                               f"{', '.join(map(str, sizes)) or 'none captured'}; hand init_replay_metadata "
+                               "the batch as captured (padded), not its real rows")
+        self._copy_in(state, batch, self._sizing(batch), allocate=False)
 
     def _graph_state(self, batch: ForwardBatch) -> GraphState:
         if self._graph is None:
@@ -253,12 +268,10 @@ class TritonBackend(AttentionBackend):
     def _layer_args(self, layer: int) -> dict[str, Any]:
         """The per-layer arguments every kernel takes: cache, scales, features."""
         pool, cfg = self.pool, self.config
-        scaled = pool.kv_format.scaled
         window = cfg.window(layer)
         return dict(k_cache=pool.k[layer], v_cache=pool.v[layer], req_to_page=pool.req_to_page,
-                    k_scale=pool.k_scale[layer:layer + 1] if scaled else None,
-                    v_scale=pool.v_scale[layer:layer + 1] if scaled else None,
-                    page_size=pool.page_size, sm_scale=cfg.sm_scale,
+                    k_scale=pool.k_scale[layer:layer + 1], v_scale=pool.v_scale[layer:layer + 1],
+                    kv_dtype=pool.kv_format.name, page_size=pool.page_size, sm_scale=cfg.sm_scale,
                     softcap=float(cfg.logit_softcap or 0.0),
                     window=-1 if window is None else int(window))
 
@@ -300,6 +313,11 @@ class TritonBackend(AttentionBackend):
 
 
 # --- helpers ----------------------------------------------------------------------------
+
+def _graph_key(batch: ForwardBatch) -> tuple[str, int, int]:
+    """What fixes a captured launch's shape: (kernel, batch size, query tokens per row)."""
+    return kernel_of(batch), batch.batch_size, query_tokens(batch)
+
 
 def _on_host(platform: Platform) -> bool:
     """The platform's tensors live in host memory: the kernels run in Triton's interpreter."""

@@ -32,7 +32,8 @@ at KV position ``qpos`` attends positions ``>= qpos - window`` (``window < 0``: 
 bit patterns (triton-lang/triton#11584), so bf16 takes this path under the interpreter only.
 ``DOT_PRECISION`` (``"ieee"``) keeps fp32 inputs from being rounded to tf32. ``KV_SCALED``:
 an fp8 cache read as ``stored * scale`` (per-layer scales): the stored values, exact in fp16,
-enter the dots and the scales multiply the scores (K) and the accumulator (V) (``_kv_scaled``).
+enter the dots and the scales multiply the fp32 scores (K) and the accumulator (V); q is never
+pre-scaled into a narrow type (``_kv_scaled``).
 """
 
 from __future__ import annotations
@@ -81,13 +82,10 @@ def _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
                        stride_kt, stride_kh, stride_vt, stride_vh,
                        HEAD_DIM: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                        DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Base-2 scores ``q @ k^T`` [M, N] (fp32; masked-out positions not yet -inf) and ``v`` [N, D].
-
-    V is loaded before the QK dot so that both memory round trips overlap the dot.
-    K and V are cast to q's dtype: a cache of another dtype costs a cast, not a mixed
-    dot. fp8 values are exact in fp16/bf16; their scales are applied outside the loop
-    (``_kv_scaled``), since both products are linear in them.
-    """
+    """Base-2 scores ``q @ k^T * qk_scale`` [M, N] (fp32, masked-out ones not yet -inf)
+    and ``v`` [N, D]. V loads before the QK dot so both loads
+    overlap it; K and V are cast to q's dtype (a cast, not a mixed dot): fp8 values are exact
+    in fp16/bf16, their scales applied outside the loop (``_kv_scaled``)."""
     offs_d = tl.arange(0, HEAD_DIM)
     v = tl.load(V + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
                 mask=ok[:, None], other=0.0)
@@ -97,8 +95,7 @@ def _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
         s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision=DOT_PRECISION)
     else:
         s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
-    if HAS_SOFTCAP:
-        # qk_scale is sm_scale / cap here and softcap is cap * log2(e) (ops.py).
+    if HAS_SOFTCAP:  # qk_scale is sm_scale / cap here, softcap cap * log2(e) (ops.py)
         s = softcap * _tanh(s * qk_scale)
     else:
         s = s * qk_scale
@@ -108,15 +105,20 @@ def _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
 @triton.jit
 def _kv_scaled(q, qk_scale, KScale, VScale, KV_SCALED: tl.constexpr, KV_F16: tl.constexpr):
     """(q, score scale, V's scale): an fp8 cache folds K's scale into the score scale. With
-    ``KV_F16`` (fp8 cache, 16-bit q) q enters the dots pre-scaled in fp16, so the cache widens
-    to fp16 in one instruction per pair (three to bf16); exact while ``|q * scale| < 65504``."""
+    ``KV_F16`` (fp8 cache, 16-bit q) the dots run in fp16 (the cache widens in one instruction
+    per pair, three to bf16): q times the power of two that brings the block's max |q| into
+    [2^13, 2^14) (exact, in range for any q); its inverse scales the fp32 scores."""
     v_scale = 1.0
     if KV_SCALED:
         qk_scale = qk_scale * tl.load(KScale)
         v_scale = tl.load(VScale)
     if KV_F16:
-        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
-        qk_scale = 1.0
+        # 2^(13 - e) for max |q| = 1.x * 2^e from the exponent bits (exp2 may round); one
+        # factor per block, not per row: a scalar costs no registers in the KV loop.
+        biased = (tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0).to(tl.int32, bitcast=True) >> 23) & 0xFF
+        pow2 = (tl.minimum(tl.maximum(267 - biased, 1), 254) << 23).to(tl.float32, bitcast=True)
+        q = (q.to(tl.float32) * pow2).to(tl.float16)
+        qk_scale = qk_scale / pow2
     return q, qk_scale, v_scale
 
 
@@ -287,11 +289,9 @@ def extend_kernel(
     ``NumSplits[r]`` (<= ``max_splits``, the batch's cap) chunks whose (o, lse) partials go
     to MidO ``[tokens, Hq, max_splits, D]`` / MidLse ``[tokens, Hq, max_splits]`` for
     ``decode_reduce_kernel`` (which adds the sinks); otherwise Out is written. The cap is a
-    run-time argument, not a constexpr: it follows the batch size, and a constexpr would
-    compile one kernel per batch size. Out and the
-    partials are contiguous: their strides follow from the constexpr shapes, which keeps
-    scalar registers free (the tree form ran out of SGPRs on CDNA).
-    """
+    run-time argument (a constexpr would compile one kernel per batch size). Out and the
+    partials are contiguous: strides from the constexpr shapes keep scalar registers free
+    (the tree form ran out of SGPRs on CDNA)."""
     # Contiguous cache [slots, Hkv, D]: a slot's row is Hkv * D elements.
     KV_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * HEAD_DIM
     m_block = tl.program_id(0)

@@ -186,13 +186,14 @@ def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...
     split extend variants); ``"extend"`` expands to one row per extend variant.
     """
     rows = []
-    for kernel, head, dtype, blocks, warps, stages in specs:
+    for kernel, head, dtype, blocks, warps, stages, *options in specs:  # options: the row's own extra
         for name in EXTEND_VARIANTS if kernel == "extend" else (kernel,):
             split = name == "decode" or name in _SPLIT_EXTEND
+            extra = {**common.get("extra", {}), **(options[0] if options else {})}
             rows.append(LaunchRow(name, vendor, family, blocks, num_warps=warps, num_stages=stages,
                                   head_size=head, dtype=dtype, kv_splits=splits if split else 1,
                                   split_len=split_len, fill_programs=fill.get(name, 0),
-                                  **common))
+                                  **{**common, "extra": extra}))
     return rows
 
 
@@ -313,13 +314,16 @@ TABLE: tuple[LaunchRow, ...] = (
     # docs/triton.md): decode's 128-position blocks (an fp8 cache reads 1.4x faster than
     # with 64, bf16 within 12 %), 4 warps and 2 stages for the split forms, prefill 8 warps
     # and 3 stages. Draft extend takes causal verify's row (the same kernel form), unmeasured.
+    # The tree form at head 128 takes 8 warps: with 4 its fp8 forms at group 7 (and unsplit at
+    # group 4) spilled 16-192 bytes at 255 registers; 8 warps alone were capped at 128 by ptxas
+    # in the 16-row forms (compile_forms). Unmeasured on a device.
     *_nvidia("sm90", d128={"BLOCK_M": 64, "BLOCK_N": 64}, d256={"BLOCK_M": 64, "BLOCK_N": 32},
              w256=8, prefill_verify={"BLOCK_M": 128, "BLOCK_N": 64}, overrides=[
                  ("decode", 128, None, {"BLOCK_N": 128, "BLOCK_H": 16}, 4, 2),
                  ("extend_prefill", 128, None, {"BLOCK_M": 128, "BLOCK_N": 64}, 8, 3),
                  ("extend_verify", 128, None, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2),
                  ("extend_draft", 128, None, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2),
-                 ("extend_verify_tree", 128, None, {"BLOCK_M": 32, "BLOCK_N": 64}, 4, 2)]),
+                 ("extend_verify_tree", 128, None, {"BLOCK_M": 32, "BLOCK_N": 64}, 8, 2, {"maxnreg": 255})]),
     # Consumer Blackwell (RTX 50): mma.sync and ~100 KB shared memory like sm89, so
     # Ampere's shapes, except decode at head size 64: 64-position blocks in 2 stages
     # spill 44 bytes under sm_120's ptxas (capped at 64 registers), 32 do not.

@@ -78,7 +78,9 @@ class GraphState:
 
     ``partials`` hold the split partials of any captured batch (:func:`work.partial_slots`
     bounds them by the work, not by the batch size); ``num_splits`` ``[max_bs]`` each
-    row's split count. The tree mask's shape depends on the spec config, so its buffers
+    row's split count. ``captured`` keys the batches captured: a captured launch froze its
+    grid and split cap from the batch size, so a replay must be handed that very batch
+    shape (the padded one), never the real rows alone. The tree mask's shape depends on the spec config, so its buffers
     are made at the first capture of each shape (outside the captured region) and
     reused by every replay.
     """
@@ -92,6 +94,8 @@ class GraphState:
     partials: Partials
     bit_weights: torch.Tensor
     by_shape: dict[tuple[str, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
+    #: (kernel, batch size, query tokens) of each captured batch: what a replay may be handed.
+    captured: set[tuple[str, int, int]] = field(default_factory=set)
 
     def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
                allocate: bool) -> torch.Tensor:

@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from attnhal_triton.arg_devices import on_one_device
+from attnhal_triton.launch_forms import decode_constexprs, extend_constexprs, kv_flags, reduce_constexprs
 from attnhal_triton.launch_table import decode_launch
 
 __all__ = ["decode_partial", "decode_reduce", "extend"]
@@ -75,16 +76,6 @@ def _check_contiguous(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name}.stride()={t.stride()} (supported: contiguous)")
 
 
-def _kv_scale_args(k_cache: torch.Tensor, k_scale: Optional[torch.Tensor],
-                   v_scale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Scale pointers (``[1]`` fp32 views) and ``KV_SCALED``; scales come with fp8 caches only."""
-    if (k_scale is None) != (v_scale is None):
-        raise ValueError("k_scale/v_scale: give both or neither")
-    if k_scale is None or v_scale is None:
-        return k_cache, k_cache, False
-    return k_scale, v_scale, True
-
-
 # --- decode, stage 1 ----------------------------------------------------------------
 
 @torch.library.custom_op("attnhal_triton::decode_partial", mutates_args=("mid_o", "mid_lse"))
@@ -93,9 +84,9 @@ def decode_partial(
     mid_o: torch.Tensor, mid_lse: torch.Tensor, q: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, req_to_page: torch.Tensor,
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, num_splits: torch.Tensor,
-    extra_slots: Optional[torch.Tensor], k_scale: Optional[torch.Tensor],
-    v_scale: Optional[torch.Tensor], num_extra: int, page_size: int, sm_scale: float,
-    softcap: float, window: int, launch: str,
+    extra_slots: Optional[torch.Tensor], k_scale: torch.Tensor, v_scale: torch.Tensor,
+    kv_dtype: str, num_extra: int, page_size: int, sm_scale: float, softcap: float, window: int,
+    launch: str,
 ) -> None:
     """Split-KV partial attention of one query token per row.
 
@@ -105,12 +96,13 @@ def decode_partial(
     mid_lse: ``[>= rows, Hq, S]`` fp32, written: each split's base-2 log-sum-exp
         (``-inf`` for an empty split; splits ``>= num_splits[r]`` are not written).
     q: ``[rows, Hq, D]``.
-    k_cache, v_cache: ``[slots, Hkv, D]`` (fp8 with ``k_scale``/``v_scale``).
+    k_cache, v_cache: ``[slots, Hkv, D]`` stored in the KV format named ``kv_dtype``.
     req_to_page: ``[reqs, pages]`` int32 page of each ``page_size`` positions.
     req_pool_indices: ``[rows]`` int64; seq_lens: ``[rows]`` int32 prefix lengths.
     num_splits: ``[rows]`` int32 in ``[1, S]``: KV splits of each row.
     extra_slots: ``[rows, >= num_extra]`` slots attended after the prefix, or None.
-    k_scale, v_scale: ``[1]`` fp32 dequantisation scales, or None.
+    k_scale, v_scale: ``[1]`` fp32 dequantisation scales (read when the format is scaled).
+    kv_dtype: the cache's KV format (:func:`attnhal.kv_format.kv_format`).
     num_extra: how many ``extra_slots`` columns each row attends.
     softcap: logit soft-cap, 0 for none; window: left window, -1 for none.
     """
@@ -123,28 +115,25 @@ def decode_partial(
     block_h = constexprs["BLOCK_H"]  # the group's heads per program, as work.head_block sizes it
     head_blocks = -(-group // block_h)
     extra = extra_slots if extra_slots is not None else seq_lens.view(-1, 1)
-    ks, vs, scaled = _kv_scale_args(k_cache, k_scale, v_scale)
     qk_scale, cap = _scores(sm_scale, softcap)
     grid = (rows, k_cache.shape[1] * head_blocks, mid_o.shape[2])
     _kernels().decode_partial_kernel[grid](
         q, k_cache, v_cache, mid_o, mid_lse, req_to_page, req_pool_indices, seq_lens, num_splits,
-        extra, ks, vs, qk_scale, cap, window, num_extra,
+        extra, k_scale, v_scale, qk_scale, cap, window, num_extra,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         req_to_page.stride(0), extra.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_N=constexprs["BLOCK_N"],
-        PAGE_SIZE=page_size, HAS_SOFTCAP=cap > 0, KV_SCALED=scaled,
-        KV_F16=scaled and q.element_size() == 2, DOT_F32=_dot_f32(q.dtype),
-        DOT_PRECISION=constexprs["DOT_PRECISION"], **options,
+        **decode_constexprs(constexprs, group, head_dim, page_size, cap > 0,
+                            kv_flags(kv_dtype, q.element_size()), _dot_f32(q.dtype)), **options,
     )
 
 
 @decode_partial.register_fake
 @on_one_device("q", "decode_partial")
 def _(mid_o, mid_lse, q, k_cache, v_cache, req_to_page, req_pool_indices, seq_lens,  # type: ignore[no-untyped-def]
-      num_splits, extra_slots, k_scale, v_scale, num_extra, page_size, sm_scale, softcap, window,
-      launch) -> None:
+      num_splits, extra_slots, k_scale, v_scale, kv_dtype, num_extra, page_size, sm_scale, softcap,
+      window, launch) -> None:
     return None
 
 
@@ -169,8 +158,7 @@ def decode_reduce(out: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
         mid_o, mid_lse, out, num_splits, sinks if sinks is not None else mid_lse, rows_per_entry,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_S=triton_next_pow2(mid_o.shape[2]), HAS_SINKS=sinks is not None,
-        **options,
+        **reduce_constexprs(head_dim, mid_o.shape[2], sinks is not None), **options,
     )
 
 
@@ -189,9 +177,8 @@ def extend(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     req_to_page: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     num_splits: Optional[torch.Tensor], qo_indptr: Optional[torch.Tensor],
-    ext_lens: Optional[torch.Tensor], tree: Optional[torch.Tensor], k_scale: Optional[torch.Tensor],
-    v_scale: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
-    q_per_row: int, max_q: int, page_size: int, sm_scale: float, softcap: float, window: int,
+    ext_lens: Optional[torch.Tensor], tree: Optional[torch.Tensor], k_scale: torch.Tensor,
+    v_scale: torch.Tensor, kv_dtype: str, sinks: Optional[torch.Tensor], q_per_row: int, max_q: int, page_size: int, sm_scale: float, softcap: float, window: int,
     launch: str,
 ) -> None:
     """Extend attention over the paged cache (prefill, target_verify, draft_extend).
@@ -210,7 +197,8 @@ def extend(
     tree: ``[rows, T, W + 1]`` int32 with ``W = ceil(T / 32)``: bit ``j % 32`` of word
         ``j // 32`` of query ``i`` set when ``i`` attends draft ``j`` (``T = q_per_row``),
         word ``W`` the depth of draft ``i``; None: causal.
-    k_scale, v_scale: ``[1]`` fp32 fp8 dequantisation scales, or None.
+    k_scale, v_scale: ``[1]`` fp32 dequantisation scales (read when the format is scaled).
+    kv_dtype: the cache's KV format (:func:`attnhal.kv_format.kv_format`).
     sinks: ``[Hq]`` fp32 sink logits (one pass only), or None.
     max_q: the largest query count of a row (sizes the grid).
     softcap: logit soft-cap, 0 for none; window: left window, -1 for none.
@@ -232,33 +220,27 @@ def extend(
     max_splits = part_o.shape[2] if split else 1
     _check_contiguous(out=out, mid_o=part_o, mid_lse=part_lse, k_cache=k_cache, v_cache=v_cache)
     dummy = seq_lens
-    ks, vs, scaled = _kv_scale_args(k_cache, k_scale, v_scale)
     qk_scale, cap = _scores(sm_scale, softcap)
     words = tree.shape[-1] - 1 if tree is not None else 1
+    inputs = {"PACKED": qo_indptr is not None, "HAS_EXT_LENS": ext_lens is not None,
+              "USE_MASK": tree is not None}
     grid = (-(-max_q * group // block_m), rows, k_cache.shape[1] * max_splits)
     _kernels().extend_kernel[grid](
         q, k_cache, v_cache, out, part_o, part_lse, req_to_page, req_pool_indices, seq_lens,
         *(t if t is not None else dummy for t in (num_splits, qo_indptr, ext_lens, tree)),
-        ks, vs, sinks if sinks is not None else dummy,
+        k_scale, v_scale, sinks if sinks is not None else dummy,
         qk_scale, cap, window, q_per_row, max_splits, q.stride(0), q.stride(1),
-        req_to_page.stride(0), NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim,
-        BLOCK_M=block_m, BLOCK_N=constexprs["BLOCK_N"], PAGE_SIZE=page_size,
-        PACKED=qo_indptr is not None, HAS_EXT_LENS=ext_lens is not None,
-        USE_MASK=tree is not None, MASK_WORDS=words, SPLIT=split, HAS_SOFTCAP=cap > 0,
-        HAS_SINKS=sinks is not None, KV_SCALED=scaled,
-        KV_F16=scaled and q.element_size() == 2, DOT_F32=_dot_f32(q.dtype),
-        DOT_PRECISION=constexprs["DOT_PRECISION"], **options,
+        req_to_page.stride(0),
+        **extend_constexprs(constexprs, num_q_heads, group, head_dim, page_size, inputs, words, split,
+                            cap > 0, sinks is not None, kv_flags(kv_dtype, q.element_size()),
+                            _dot_f32(q.dtype)), **options,
     )
 
 
 @extend.register_fake
 @on_one_device("q", "extend")
 def _(out, mid_o, mid_lse, q, k_cache, v_cache, req_to_page, req_pool_indices,  # type: ignore[no-untyped-def]
-      seq_lens, num_splits, qo_indptr, ext_lens, tree, k_scale, v_scale, sinks,
+      seq_lens, num_splits, qo_indptr, ext_lens, tree, k_scale, v_scale, kv_dtype, sinks,
       q_per_row, max_q, page_size, sm_scale, softcap, window, launch) -> None:
     return None
 
-
-def triton_next_pow2(n: int) -> int:
-    """Smallest power of two >= n (triton.next_power_of_2 without importing triton)."""
-    return 1 << max(0, int(n) - 1).bit_length()

@@ -16,6 +16,7 @@ import torch
 from triton_cases import SLOW, TritonCase, assert_close, build, expected, record_launches, run, shape
 
 from attnhal.backend import ForwardBatch, KVPool, SpecInfo
+from attnhal.errors import InvalidValue
 from attnhal.graphs import EmulatedGraph, GraphRunner, PhaseStep
 from attnhal.phases import Phase
 from attnhal.platform import parse
@@ -104,6 +105,23 @@ def test_split_counts_follow_new_lengths_at_replay() -> None:
         graph.replay()
         assert graph.replay_allocations == 0
         assert_close(backend, out, expected(case_b, backend, write=False))
+
+
+@pytest.mark.parametrize("phase", [Phase.DECODE, Phase.TARGET_VERIFY], ids=lambda p: p.value)
+def test_replay_metadata_refuses_a_batch_that_was_not_captured(phase: Phase) -> None:
+    """A graph captured at 4 rows (real rows padded), then handed the 1 real row, as an
+    engine integration that forgets the padding would: its split cap (sized from the batch)
+    would exceed the captured grid's and drop the tail of long rows. Refused, naming the
+    captured size; the captured (padded) batch replays."""
+    padded = shape(phase, lens=(250, 5, 5, 5), seed=3)
+    case, backend = build(padded)
+    static = _static_copy(case.batch)
+    backend.init_graph_state(max_bs=4, max_num_tokens=32)
+    backend.init_capture_metadata(static)
+    real = build_case(shape(phase, lens=(250,), seed=3).recipe, pool=backend.pool)
+    with pytest.raises(InvalidValue, match=r"batch_size=1 \(supported: a captured batch .*: 4;"):
+        backend.init_replay_metadata(real.batch)
+    assert _replay_metadata_allocations(backend, static) == []
 
 
 GRAPH_PHASES = sorted(TritonBackend.capabilities.graph, key=lambda p: p.value)

@@ -1,0 +1,193 @@
+"""Compile every form the backend can launch, for CUDA and HIP targets, without a GPU.
+
+    python -m attnhal_triton.compile_forms [--json] [--targets cuda:90 hip:gfx942 ...]
+        [--kernels ...] [--dtypes ...] [--kv-dtypes ...] [--head-sizes ...] [--groups ...]
+        [--sample N] [--jobs N]
+
+The forms are :func:`attnhal_triton.launch_forms.forms` of each target's platform (the
+launch rows and sizing the backend uses, every group 1..16, head size, compute dtype, KV
+format, tree and chain, split and unsplit); each is compiled down to cubin / hsaco by
+:mod:`attnhal_triton.compile_check`'s compiler path and reported with its registers, spills
+and **register headroom**: the registers a program may hold (CUDA: 255, or the row's
+``maxnreg``; HIP: 512 VGPRs + AGPRs per lane over the row's ``waves_per_eu``) minus those it
+uses. Exit 1 on an error, a spill or a negative headroom. ``--sample N`` compiles every
+N-th form (the suite's share); the whole enumeration is the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from attnhal.kv_format import kv_format
+from attnhal_triton import compile_check as cc
+from attnhal_triton.compile_usage import resource_usage
+from attnhal_triton.launch_forms import MAX_GROUP, Form, forms
+from attnhal_triton.launch_table import KERNELS
+
+__all__ = ["FORM_TARGETS", "REGISTERS", "budget", "compile_form", "main", "run_forms"]
+
+#: The targets every form is compiled for: Ampere, Hopper, Blackwell; MI300, MI350.
+FORM_TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx942", "hip:gfx950")
+#: Triton's pointer element type of each non-fp8 storage, and of e5m2 (one encoding everywhere).
+_STORAGE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e5m2": "fp8e5"}
+
+
+#: Registers one thread (CUDA) or lane (HIP: VGPRs + AGPRs) may hold, per vendor; a row's
+#: options lower it (``maxnreg``; ``waves_per_eu`` waves share a HIP SIMD's file).
+REGISTERS = {"cuda": 255, "hip": 512}
+
+
+def budget(target: str, options: dict[str, int]) -> int:
+    """Registers a program of this launch may hold per thread (CUDA) or lane (HIP)."""
+    top = REGISTERS[cc.target_platform(target).vendor.value]
+    return min(top, options.get("maxnreg", top)) // max(1, options.get("waves_per_eu", 1))
+
+
+def _pointer(form: Form, target: str) -> str:
+    """K/V's pointer type: the storage of the form's KV format on the target."""
+    flavor = cc.target_platform(target).fp8_flavor
+    storage = kv_format(form.kv_dtype).storage_name(flavor)
+    return _STORAGE.get(storage) or cc._FP8[flavor.value]
+
+
+def _source(form: Form, target: str) -> Any:
+    from triton.compiler import ASTSource
+
+    from attnhal_triton import kernels
+
+    fn = getattr(kernels, form.function)
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for index, name in enumerate(fn.arg_names):
+        if name in form.constexprs:
+            signature[name] = "constexpr"
+            continue
+        if name in ("K", "V"):
+            signature[name] = "*" + _pointer(form, target)
+        elif name in ("Q", "Out"):
+            signature[name] = "*" + _STORAGE[form.dtype]
+        elif name in cc._POINTERS:
+            signature[name] = "*" + cc._POINTERS[name]
+        else:
+            signature[name] = "fp32" if name in cc._FLOAT_SCALARS else "i32"
+        if signature[name].startswith("*") or name in cc._ALIGNED:
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return ASTSource(fn, signature, dict(form.constexprs), attrs)
+
+
+def _payload(target: str, form: Form) -> tuple[str, Form]:
+    """A picklable (target, form) for a worker process (a row's mappings are read-only proxies)."""
+    row = replace(form.row, blocks=dict(form.row.blocks), extra=dict(form.row.extra))
+    object.__setattr__(row, "blocks", dict(row.blocks))
+    object.__setattr__(row, "extra", dict(row.extra))
+    return target, replace(form, row=row, constexprs=dict(form.constexprs))
+
+
+def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
+    """Compile one (target, form); never raises (an error is reported in the row)."""
+    import triton
+
+    target, form = item
+    group, tokens, batch = form.example
+    options = form.row.launch_options
+    result: dict[str, Any] = {
+        "kernel": form.kernel, "target": target, "dtype": form.dtype, "kv_dtype": form.kv_dtype,
+        "head_size": form.head_size, "group": group, "query_tokens": tokens, "batch": batch,
+        "split": bool(form.constexprs.get("SPLIT", form.kernel == "decode")),
+        "blocks": {k: v for k, v in form.constexprs.items() if k.startswith("BLOCK_")},
+        "row": form.row.key(), "ok": False, "registers": None, "spills": None, "headroom": None,
+        "error": "", "seconds": 0.0}
+    start = time.perf_counter()
+    try:
+        gpu = cc._gpu_target(target)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
+            compiled = triton.compile(_source(form, target), target=gpu, options=options)
+        usage = resource_usage(compiled, gpu)
+        headroom = budget(target, options) - usage["registers"]
+        result.update(registers=usage["registers"], spills=usage["spills"], headroom=headroom,
+                      ok=usage["spills"] == 0 and headroom >= 0)
+        if not result["ok"]:
+            result["error"] = f"{usage['spills']} spilled, headroom {headroom}"
+    except Exception as exc:  # report every failure, keep compiling the rest
+        text = str(exc).strip()
+        result["error"] = f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    return result
+
+
+def run_forms(targets: Sequence[str] = FORM_TARGETS, sample: int = 1, jobs: int = 1,
+              **select: Any) -> list[dict[str, Any]]:
+    """Compile every ``sample``-th form of each target (``select``: :func:`forms`'s filters)."""
+    if cc._interpreting():
+        raise RuntimeError("compiling needs a process without TRITON_INTERPRET (use main(), "
+                           "which re-runs itself without it)")
+    work = [_payload(t, f) for t in targets for f in forms(cc.target_platform(t), **select)][::max(1, sample)]
+    if jobs <= 1:
+        return [compile_form(w) for w in work]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(compile_form, work, chunksize=4))
+
+
+def summary(rows: Sequence[dict[str, Any]], seconds: float) -> list[str]:
+    """Per target: forms, failures, spills, the least headroom and the form that has it."""
+    lines = []
+    for target in dict.fromkeys(r["target"] for r in rows):
+        mine = [r for r in rows if r["target"] == target]
+        bad = [r for r in mine if not r["ok"]]
+        tight = min((r for r in mine if r["headroom"] is not None), key=lambda r: r["headroom"], default=None)
+        where = (f"{tight['headroom']} ({tight['kernel']} {tight['dtype']}/{tight['kv_dtype']} d{tight['head_size']} "
+                 f"g{tight['group']} T{tight['query_tokens']} {'split' if tight['split'] else 'unsplit'} "
+                 f"{tight['blocks']})") if tight else "-"
+        lines.append(f"{target}: {len(mine)} forms, {len(bad)} failed or spilled, least headroom {where}")
+    lines.append(f"{len(rows)} forms compiled in {seconds:.0f} s "
+                 f"({sum(r['seconds'] for r in rows):.0f} compile-seconds)")
+    return lines
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m attnhal_triton.compile_forms",
+                                description="Compile every launchable form of attnhal's Triton kernels.")
+    p.add_argument("--json", action="store_true", help="print one JSON row per form")
+    p.add_argument("--targets", nargs="+", default=list(FORM_TARGETS), metavar="TARGET")
+    p.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS), metavar="KERNEL")
+    p.add_argument("--dtypes", nargs="+", default=[], metavar="DTYPE", help="default: the descriptor's")
+    p.add_argument("--kv-dtypes", nargs="+", default=[], metavar="KV", help="default: the descriptor's")
+    p.add_argument("--head-sizes", nargs="+", type=int, default=[], metavar="D")
+    p.add_argument("--groups", nargs="+", type=int, default=list(range(1, MAX_GROUP + 1)), metavar="G")
+    p.add_argument("--sample", type=int, default=1, help="compile every N-th form (default: all)")
+    p.add_argument("--jobs", type=int, default=1, help="parallel compiles")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if cc._interpreting():
+        import subprocess
+
+        command = [sys.executable, "-m", "attnhal_triton.compile_forms", *(sys.argv[1:] if argv is None else argv)]
+        return subprocess.run(command, env=cc._clean_env(), check=False).returncode
+    start = time.perf_counter()
+    rows = run_forms(args.targets, args.sample, args.jobs, kernels=args.kernels, dtypes=args.dtypes,
+                     kv_dtypes=args.kv_dtypes, head_sizes=args.head_sizes, groups=args.groups)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for r in rows:
+            if not r["ok"]:
+                print(f"FAIL {r['target']} {r['row']} {r['dtype']}/{r['kv_dtype']} g{r['group']} "
+                      f"T{r['query_tokens']} bs{r['batch']} {r['blocks']}: {r['error']}")
+        print("\n".join(summary(rows, time.perf_counter() - start)))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

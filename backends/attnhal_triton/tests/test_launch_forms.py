@@ -1,0 +1,116 @@
+"""The launch forms: what the backend launches is what the enumeration lists, and what the
+compile check builds (``python -m attnhal_triton.compile_forms``).
+
+The whole enumeration (every form on cuda:80/90/100 and gfx942/950) is a command, not a
+test: ~90,000 compiles (see docs/triton.md). Here: the enumeration against the launches of
+every phase under the interpreter, the counts, and a few compiles in a child process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from triton_cases import build, run, shape
+
+from attnhal.phases import Phase
+from attnhal.platform import parse
+from attnhal_triton import kernels, ops
+from attnhal_triton.compile_forms import FORM_TARGETS, budget
+from attnhal_triton.launch_forms import forms
+
+#: Constexprs the enumeration takes at one value (its module docstring says why).
+_FIXED = ("PAGE_SIZE", "HAS_SOFTCAP", "HAS_SINKS", "NUM_Q_HEADS", "DOT_F32")
+
+
+def _varying(constexprs: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted((k, v) for k, v in constexprs.items() if k not in _FIXED))
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch, case_shapes: list[Any]) -> list[tuple[str, str, tuple[Any, ...]]]:
+    """(kernel function, q dtype, varying constexprs) of every launch of each case's forward."""
+    seen: list[tuple[str, str, tuple[Any, ...]]] = []
+
+    class Spy:
+        def __init__(self, name: str, fn: Any) -> None:
+            self.name, self.fn = name, fn
+
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> None:
+                dtype = str(args[2 if self.name == "decode_reduce_kernel" else 0].dtype).removeprefix("torch.")
+                seen.append((self.name, dtype, _varying({k: v for k, v in kwargs.items() if k.isupper()})))
+                self.fn[grid](*args, **kwargs)
+            return launch
+
+    spies = {n: Spy(n, getattr(kernels, n)) for n in ("decode_partial_kernel", "decode_reduce_kernel", "extend_kernel")}
+    monkeypatch.setattr(ops, "_kernels", lambda: type("K", (), {**spies, "INTERPRETED": True}))
+    for case_shape in case_shapes:
+        case, backend = build(case_shape)
+        run(case, backend, write=False)
+    return seen
+
+
+def test_every_launch_of_every_phase_is_an_enumerated_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each phase (trees and chains, groups 1/4/7, an fp8 cache) launched under the
+    interpreter's rows: its kernels' constexprs are among :func:`forms` of the same platform."""
+    cases = [shape(p, group=g, kv_heads=1, dtype="float16", kv_dtype=kv, tree=tree)
+             for p in Phase for g in (1, 4, 7) for kv, tree in ((None, True), ("fp8_e5m2", False))]
+    launched = _recorded(monkeypatch, cases)
+    assert {name for name, _, _ in launched} == {"decode_partial_kernel", "decode_reduce_kernel", "extend_kernel"}
+    listed = {(f.function, f.dtype, _varying(dict(f.constexprs)))
+              for f in forms(parse("cpu"), dtypes=("float16",), kv_dtypes=("float16", "fp8_e5m2"), groups=(1, 4, 7))}
+    missing = sorted({x for x in launched if x not in listed}, key=str)
+    assert not missing, missing[:3]
+
+
+def test_the_enumeration_covers_groups_heads_dtypes_split_and_unsplit() -> None:
+    every = forms(parse("cuda:sm90"))
+    groups = {f.constexprs.get("GROUP") for f in every if f.kernel == "extend_verify_tree"}
+    assert groups == set(range(1, 17))
+    assert {f.head_size for f in every} == {16, 32, 64, 128, 256}
+    assert {f.kv_dtype for f in every if f.kernel == "decode"} == {"float16", "bfloat16", "float32", "fp8_e4m3",
+                                                                   "fp8_e5m2"}
+    for kernel in ("extend_verify", "extend_verify_tree", "extend_draft"):
+        assert {f.constexprs["SPLIT"] for f in every if f.kernel == kernel} == {True, False}, kernel
+    # No e4m3 storage on sm80 (no flavour): the backend refuses it, so nothing to compile.
+    assert all(f.kv_dtype != "fp8_e4m3" for f in forms(parse("cuda:sm80"), kernels=("decode",)))
+
+
+def test_register_budget_per_vendor_row() -> None:
+    assert budget("cuda:90", {"num_warps": 4}) == 255 and budget("cuda:90", {"maxnreg": 128}) == 128
+    assert budget("hip:gfx942", {"waves_per_eu": 2}) == 256 and budget("hip:gfx950", {}) == 512
+    assert FORM_TARGETS == ("cuda:80", "cuda:90", "cuda:100", "hip:gfx942", "hip:gfx950")
+
+
+def _compile_forms(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-m", "attnhal_triton.compile_forms", "--json", *args],
+                          capture_output=True, text=True, env=env, check=False, timeout=1800)
+
+
+def test_a_share_of_the_forms_compiles_with_headroom() -> None:
+    """Decode at group 4 and 16, bf16 over an fp8 e5m2 cache at head 128, one target per
+    vendor: compiled in a child process, 0 spills, headroom reported and >= 0."""
+    done = _compile_forms("--targets", "cuda:90", "hip:gfx942", "--kernels", "decode", "--dtypes", "bfloat16",
+                          "--kv-dtypes", "fp8_e5m2", "--head-sizes", "128", "--groups", "4", "16", "--jobs", "2")
+    rows = json.loads(done.stdout)
+    assert done.returncode == 0, [r for r in rows if not r["ok"]]
+    assert {(r["target"], r["group"]) for r in rows} == {(t, g) for t in ("cuda:90", "hip:gfx942") for g in (4, 16)}
+    assert all(r["spills"] == 0 and r["headroom"] >= 0 and r["registers"] > 0 for r in rows), rows
+
+
+def test_tree_verify_with_fp8_at_head_128_on_sm90_is_spill_free() -> None:
+    """Found by the enumeration: the sm90 tree row at head 128 with 4 warps (32x64, 2 stages)
+    spilled with an fp8 cache at group 7 (split and unsplit) and unsplit at group 4, forms
+    the per-(kernel, dtype, head) matrix never built. 8 warps: every one of them compiles
+    with 0 spills and headroom left."""
+    done = _compile_forms("--targets", "cuda:90", "--kernels", "extend_verify_tree", "--dtypes", "bfloat16",
+                          "--kv-dtypes", "fp8_e4m3", "--head-sizes", "128", "--groups", "4", "7", "--jobs", "2")
+    rows = json.loads(done.stdout)
+    assert {r["split"] for r in rows} == {True, False} and {r["group"] for r in rows} == {4, 7}
+    assert done.returncode == 0 and all(r["ok"] and r["headroom"] > 0 for r in rows), \
+        [(r["group"], r["query_tokens"], r["split"], r["error"]) for r in rows if not r["ok"]]
