@@ -29,7 +29,7 @@ from typing import Any
 from attnhal_triton.compile_check import _FP8, _TRITON_DTYPE, SHARED_LIMIT, _gpu_target, format_table, target_platform
 from attnhal_triton.compile_usage import dot_operand_types, resource_usage
 from attnhal_triton.launch_table import LaunchRow, NoLaunchRowWarning
-from attnhal_triton.mla_table import mla_lookup, mla_programs
+from attnhal_triton.mla_table import mla_lookup
 
 __all__ = ["FORMS", "TARGETS", "main", "run_mla_compile_check"]
 
@@ -100,10 +100,9 @@ def _source(job: Job, row: LaunchRow) -> Any:
     from attnhal_triton import mla_kernels
 
     fn, fp8 = mla_kernels.mla_kernel, job.dtype == "fp8"
-    # BLOCK_M as the backend launches it: sized to a decode row's 16 heads (split forms).
-    blocks = mla_programs(FORMS[job.form].table_kernel, row, 1, 1, NUM_Q_HEADS, 1).blocks
+    # The row's BLOCK_M, the largest a launch takes (work.query_block only shrinks it).
     constexprs: dict[str, Any] = {
-        **FORMS[job.form].flags, **row.constexprs, **blocks, "NUM_Q_HEADS": NUM_Q_HEADS, "GROUP": NUM_Q_HEADS,
+        **FORMS[job.form].flags, **row.constexprs, "NUM_Q_HEADS": NUM_Q_HEADS, "GROUP": NUM_Q_HEADS,
         "D_MAIN": 512, "D_TAIL": 64, "V_TAIL": False, "PAGE_SIZE": 16, "MASK_WORDS": 1, "HAS_SOFTCAP": True,
         "KV_SCALED": fp8, "KV_F16": fp8, "DOT_F32": False}
     signature: dict[str, str] = {}

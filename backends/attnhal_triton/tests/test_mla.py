@@ -160,3 +160,25 @@ def test_multi_step_draft_in_one_graph() -> None:
         step.spec.draft_path[:, 0] = original if s == 0 else reparented
         want = reference_attention(qs[s], k, v, step, case.pool.token_table(), case.config.sm_scale)
         torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("platform", ["cuda:sm90", "hip:gfx942"])
+def test_plan_serves_mla_speculation_on_both_vendors(platform: str) -> None:
+    """``attnhal plan --backend triton --model mla``: every phase of MTP with a tree runs on
+    Triton and every graph phase is captured; without the ``mla`` claim the plan is invalid."""
+    from attnhal.phases import Feature
+    from attnhal.planner import PhaseBackends, plan
+    from attnhal.spec import ModelKind, RequestContext
+
+    caps = TritonBackend.capabilities
+    context = RequestContext(model=ModelKind.MLA, dtype="bfloat16", kv_dtype="fp8_e4m3", head_size=576,
+                             page_size=64)
+    spec = SpecConfig.eagle(3, topk=2, num_draft_tokens=6)
+    result = plan(spec, platform, PhaseBackends.build(None, None, spec, target=caps), context=context)
+    assert result.valid
+    assert {p for p in result if result[p].runs} == {Phase.PREFILL, Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND,
+                                                     Phase.TARGET_VERIFY}
+    assert set(result.captured) == {Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND, Phase.TARGET_VERIFY}
+    assert {result[p].backend for p in result if result[p].runs} == {"triton"}
+    no_mla = replace(caps, features=caps.features - {Feature.MLA}, models=None)
+    assert not plan(spec, platform, PhaseBackends.build(None, None, spec, target=no_mla), context=context).valid
