@@ -76,7 +76,8 @@ class TritonBackend(AttentionBackend):
             if mla_ops.head_split(config.head_size, config.out_head_size) is None:
                 raise UnsupportedFeature(f"backend 'triton': head_size/v_head_size={config.head_size}/"
                                          f"{config.out_head_size} (supported: 576/512 (MLA) or 576/576)")
-            self.rows.update({k: mla_lookup(k, self.platform, dtype) for k in MLA_KERNELS})
+            v_tail = config.out_head_size == config.head_size
+            self.rows.update({k: mla_lookup(k, self.platform, dtype, v_tail) for k in MLA_KERNELS})
         self._launch = {k: row.encode() for k, row in self.rows.items()}
         self._meta: Meta | None = None
         self._graph: GraphState | None = None

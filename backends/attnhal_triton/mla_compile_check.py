@@ -9,7 +9,8 @@ for :func:`attnhal_triton.mla_kernels.mla_kernel` with the launch rows of
 16 q heads over one KV head, page size 16 and the soft-cap on. The forms are every
 combination of constexprs the backend launches: each phase, split or one pass (a batch that
 fills the device is not split; decode then writes its output with the sinks), and V read from
-K's tiles (``latent``: a ``v_in_k`` pool) or from its own tensor (``sepv``).
+K's tiles (``latent``: a ``v_in_k`` pool) or from its own tensor (``sepv``); ``vtail``: a 576
+head that is not MLA (V 576 wide, its own tensor: the tail accumulator).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from attnhal_triton.compile_check import _FP8, _TRITON_DTYPE, SHARED_LIMIT, _gpu_target, format_table, target_platform
@@ -63,7 +64,10 @@ def _forms() -> dict[str, Form]:
                 name = f"{phase}{'' if split else '_onepass'}_{'latent' if latent else 'sepv'}"
                 out[name] = Form(kernel, {"PACKED": False, "HAS_EXT_LENS": False, "HAS_EXTRA": False,
                                           "USE_MASK": False, **flags, "SPLIT": split, "HAS_SINKS": not split,
-                                          "V_IN_K": latent})
+                                          "V_IN_K": latent, "V_TAIL": False})
+        # A 576 head that is not MLA: V 576 wide, its own tensor (the tail accumulator).
+        sepv = out[f"{phase}{'' if kernel != 'mla_prefill' else '_onepass'}_sepv"]
+        out[f"{phase}_vtail"] = replace(sepv, flags={**sepv.flags, "V_TAIL": True})
     return out
 
 
@@ -91,7 +95,9 @@ class Job:
     def row(self) -> LaunchRow:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", NoLaunchRowWarning)
-            return mla_lookup(FORMS[self.form].table_kernel, target_platform(self.target), self.compute_dtype)
+            form = FORMS[self.form]
+            return mla_lookup(form.table_kernel, target_platform(self.target), self.compute_dtype,
+                              bool(form.flags["V_TAIL"]))
 
 
 def _source(job: Job, row: LaunchRow) -> Any:
@@ -103,7 +109,7 @@ def _source(job: Job, row: LaunchRow) -> Any:
     # The row's BLOCK_M, the largest a launch takes (work.query_block only shrinks it).
     constexprs: dict[str, Any] = {
         **FORMS[job.form].flags, **row.constexprs, "NUM_Q_HEADS": NUM_Q_HEADS, "GROUP": NUM_Q_HEADS,
-        "D_MAIN": 512, "D_TAIL": 64, "V_TAIL": False, "PAGE_SIZE": 16, "MASK_WORDS": 1, "HAS_SOFTCAP": True,
+        "D_MAIN": 512, "D_TAIL": 64, "PAGE_SIZE": 16, "MASK_WORDS": 1, "HAS_SOFTCAP": True,
         "KV_SCALED": fp8, "KV_F16": fp8, "DOT_F32": False}
     signature: dict[str, str] = {}
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from attnhal.phases import Phase
@@ -67,17 +68,21 @@ def _nvidia(family: str) -> list[LaunchRow]:
     # 4 warps spill (fp8), and so do 64 q rows at 8 warps (255 registers, 1-3 KB).
     return _rows("cuda", family, [
         ("mla", None, {"BLOCK_M": 32, "BLOCK_N": 16}, 8, 1),
+    ], UNITS[family]) + _rows("cuda", family, [
+        # fp32 dots on FMA units: ptxas caps 8 warps at 128 registers and spills 24-32 bytes
+        # (sm90/sm100); with maxnreg 255 it takes ~150 and spills nothing.
         ("mla", "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 8, 1),
-    ], UNITS[family])
+    ], UNITS[family], extra={"maxnreg": 255})
 
 
 def _amd(family: str) -> list[LaunchRow]:
     # 16 q rows, 16 positions, 4 waves: the only shape found spill-free with an fp8 cache on
     # gfx942 (32 q rows spill at 4 and 8 waves, 16 rows at 8 waves). No waves_per_eu: the
-    # accumulators take the AGPRs too.
+    # accumulators take the AGPRs too. CDNA4's compiler has dropped kpack (it warns, sets 1).
+    drop = ("waves_per_eu", "kpack") if family == "gfx95" else ("waves_per_eu",)
     return _rows("hip", family, [
         ("mla", None, {"BLOCK_M": 16, "BLOCK_N": 16}, 4, 1),
-    ], UNITS[family], extra={k: v for k, v in _HIP.items() if k != "waves_per_eu"})
+    ], UNITS[family], extra={k: v for k, v in _HIP.items() if k not in drop})
 
 
 MLA_TABLE: tuple[LaunchRow, ...] = (
@@ -94,19 +99,28 @@ MLA_FALLBACK: tuple[LaunchRow, ...] = tuple(_rows(None, None, [
     ("mla", None, {"BLOCK_M": 16, "BLOCK_N": 16}, 4, 1)], 128, splits=16))
 
 
-def mla_lookup(kernel: str, platform: Platform, dtype: str,
+#: ``BLOCK_M`` at most, when V is as wide as K (a 576 head that is not MLA): the tail
+#: accumulator costs 32 more fp32 registers a thread at 32 rows (fp8 tree verify spilled 52
+#: bytes on sm90).
+V_TAIL_BLOCK_M = 16
+
+
+def mla_lookup(kernel: str, platform: Platform, dtype: str, v_tail: bool = False,
                table: Iterable[LaunchRow] = MLA_TABLE) -> LaunchRow:
     """The row of MLA form ``kernel`` for ``platform`` and compute ``dtype`` (warns and takes
-    the fallback row for an unknown arch family)."""
+    the fallback row for an unknown arch family); ``v_tail``: V as wide as K."""
     if kernel not in MLA_KERNELS:
         raise ValueError(f"kernel={kernel!r} (supported: {', '.join(MLA_KERNELS)})")
     family = rows_for(kernel, platform.vendor.value, platform.arch_family, table)
     if family:
-        return best_row(family, MLA_HEAD, dtype)
-    row = best_row([r for r in MLA_FALLBACK if r.kernel == kernel], MLA_HEAD, dtype)
-    warnings.warn(f"attnhal_triton: no MLA launch settings for arch={platform.arch} "
-                  f"(family {platform.arch_family}); using the fallback row {row.key()}",
-                  NoLaunchRowWarning, stacklevel=2)
+        row = best_row(family, MLA_HEAD, dtype)
+    else:
+        row = best_row([r for r in MLA_FALLBACK if r.kernel == kernel], MLA_HEAD, dtype)
+        warnings.warn(f"attnhal_triton: no MLA launch settings for arch={platform.arch} "
+                      f"(family {platform.arch_family}); using the fallback row {row.key()}",
+                      NoLaunchRowWarning, stacklevel=2)
+    if v_tail and row.blocks["BLOCK_M"] > V_TAIL_BLOCK_M:
+        row = replace(row, blocks={**row.blocks, "BLOCK_M": V_TAIL_BLOCK_M})
     return row
 
 
