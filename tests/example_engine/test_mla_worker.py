@@ -3,6 +3,7 @@ one latent tensor per layer): speculative decoding is lossless against plain gre
 torch backend and on the Triton kernels (interpreter on CPU), with graphs."""
 
 import functools
+import os
 
 import pytest
 
@@ -41,7 +42,11 @@ def _triton_ready() -> bool:
 @pytest.mark.parametrize("backend,platform", [("torch", "cpu"), ("triton", "cuda:sm90")])
 @pytest.mark.parametrize("spec", [SpecConfig.eagle(1), SpecConfig.eagle(3)], ids=["eagle1", "eagle3"])
 def test_speculative_mla_is_plain_greedy(spec: SpecConfig, backend: str, platform: str) -> None:
+    """Triton under the interpreter costs minutes per case (16 heads x 576 per forward, two
+    layers, graphs captured): EAGLE-3 there runs with ATTNHAL_SLOW=1."""
     if backend == "triton" and not _triton_ready():
         pytest.skip("triton not installed, or no GPU and no TRITON_INTERPRET=1")
+    if backend == "triton" and spec.num_steps > 1 and not os.environ.get("ATTNHAL_SLOW"):
+        pytest.skip("Triton interpreter, EAGLE-3 on the MLA model: set ATTNHAL_SLOW=1")
     want = _worker(SpecConfig(), "cpu", "torch", False).generate(PROMPTS, 5).tokens
     assert _worker(spec, platform, backend, True).generate(PROMPTS, 5).tokens == want
