@@ -103,11 +103,15 @@ class KVPool:
         for fp8 storage.
     head_dim, v_head_dim: head sizes of K and of V (``v_head_dim`` = ``head_dim`` unless
         given; MLA stores V = the latent part, e.g. 576 and 512).
+    v_in_k: MLA's latent cache: one tensor per layer, ``v[layer]`` the view of the first
+        ``v_head_dim`` columns of ``k[layer]`` (a V write lands in K's row; MLA writes the
+        latent as both). Kernels may then read each row once for K and V.
     """
 
     def __init__(self, *, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, max_reqs: int, max_context_len: int, page_size: int = 1,
-                 device: str | torch.device = "cpu", v_head_dim: int | None = None) -> None:
+                 device: str | torch.device = "cpu", v_head_dim: int | None = None,
+                 v_in_k: bool = False) -> None:
         for name, value in (("num_layers", num_layers), ("num_slots", num_slots),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                             ("max_reqs", max_reqs), ("max_context_len", max_context_len),
@@ -126,7 +130,11 @@ class KVPool:
         v_dim = head_dim if v_head_dim is None else v_head_dim
         slots = num_slots + page_size  # + the padding page
         self.k = [torch.zeros((slots, num_kv_heads, head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros((slots, num_kv_heads, v_dim), dtype=dtype, device=device) for _ in range(num_layers)]
+        if v_in_k and v_dim > head_dim:
+            raise InvalidValue("v_head_dim", v_dim, f"<= head_dim={head_dim} with v_in_k (V is part of K's row)")
+        self.v = [k[..., :v_dim] if v_in_k else torch.zeros((slots, num_kv_heads, v_dim), dtype=dtype, device=device)
+                  for k in self.k]
+        self.v_in_k = v_in_k
         self.k_scale = torch.ones(num_layers, dtype=torch.float32, device=device)
         self.v_scale = torch.ones(num_layers, dtype=torch.float32, device=device)
         self.v_head_dim = v_dim
@@ -231,7 +239,8 @@ class KVPool:
         the page table. For host-side readers that must not touch the pool (the reference)."""
         copy = KVPool.__new__(KVPool)
         copy.__dict__.update(self.__dict__)
-        copy.k, copy.v = [self.k[layer].clone()], [self.v[layer].clone()]
+        k = self.k[layer].clone()
+        copy.k, copy.v = [k], [k[..., :self.v_head_dim] if self.v_in_k else self.v[layer].clone()]
         copy._scratch = (torch.empty(0, device=self.device), torch.empty(0, dtype=self.dtype, device=self.device))
         copy.k_scale = self.k_scale[layer:layer + 1].clone()
         copy.v_scale = self.v_scale[layer:layer + 1].clone()

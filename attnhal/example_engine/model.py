@@ -1,7 +1,11 @@
 """A tiny Llama-like decoder whose attention runs through an attnhal backend.
 
 RMSNorm, rotary position embeddings, grouped-query attention (through
-:meth:`AttentionBackend.forward`), SwiGLU MLP. Weights are seeded random numbers —
+:meth:`AttentionBackend.forward`), SwiGLU MLP. With ``ModelConfig(mla=True)`` the attention is
+DeepSeek's MLA in its absorbed form: one KV "head" per token, a normed latent of
+``latent_dim`` plus a rope part of ``rope_dim`` (K), V = the latent; each q head is projected
+straight to the latent width (the nope projection and K's up-projection multiplied into one
+weight) plus its rope part, and the output projection reads the heads' latent outputs. Weights are seeded random numbers —
 nothing is downloaded. The draft model shares the target's embedding, final
 norm and LM head and copies its first layers, so its greedy guesses agree with
 the target often but not always: acceptance is neither zero nor trivial.
@@ -34,9 +38,16 @@ class ModelConfig:
     #: Scale of the residual branches: small keeps early layers predictive of the final output.
     residual_scale: float = 0.25
     seed: int = 0
+    #: MLA (absorbed): q/k head ``latent_dim + rope_dim``, V ``latent_dim``, one KV head.
+    mla: bool = False
+    latent_dim: int = 512
+    rope_dim: int = 64
 
     @property
     def attention(self) -> AttentionConfig:
+        if self.mla:
+            return AttentionConfig(self.num_q_heads, 1, self.latent_dim + self.rope_dim, torch.float32,
+                                   v_head_size=self.latent_dim)
         return AttentionConfig(self.num_q_heads, self.num_kv_heads, self.head_dim, torch.float32)
 
 
@@ -66,23 +77,46 @@ class Block(nn.Module):
         self.cfg, self.layer = cfg, layer
         q, kv, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
         self.attn_norm, self.mlp_norm = RMSNorm(cfg.hidden_size), RMSNorm(cfg.hidden_size)
-        self.qkv = nn.Linear(cfg.hidden_size, (q + 2 * kv) * d, bias=False)
-        self.o = nn.Linear(q * d, cfg.hidden_size, bias=False)
+        if cfg.mla:  # q: every head's latent + rope; kv: one latent + one rope part
+            latent, rope = cfg.latent_dim, cfg.rope_dim
+            self.qkv = nn.Linear(cfg.hidden_size, q * (latent + rope) + latent + rope, bias=False)
+            self.kv_norm = RMSNorm(latent)
+            self.o = nn.Linear(q * latent, cfg.hidden_size, bias=False)
+        else:
+            self.qkv = nn.Linear(cfg.hidden_size, (q + 2 * kv) * d, bias=False)
+            self.o = nn.Linear(q * d, cfg.hidden_size, bias=False)
         self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.ffn_size, bias=False)
         self.down = nn.Linear(cfg.ffn_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 backend: AttentionBackend) -> torch.Tensor:
         cfg = self.cfg
-        q_heads, kv_heads, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
-        qkv = self.qkv(self.attn_norm(x))
-        q, k, v = qkv.split((q_heads * d, kv_heads * d, kv_heads * d), dim=-1)
-        q = rotate(q.view(-1, q_heads, d), positions, cfg.rope_theta)
-        k = rotate(k.view(-1, kv_heads, d), positions, cfg.rope_theta)
-        attn = backend.forward(q, k, v.view(-1, kv_heads, d), self.layer, batch)
+        attn = (self._mla if cfg.mla else self._gqa)(self.qkv(self.attn_norm(x)), positions, batch, backend)
         x = x + cfg.residual_scale * self.o(attn.reshape(x.shape[0], -1))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + cfg.residual_scale * self.down(nn.functional.silu(gate) * up)
+
+    def _gqa(self, qkv: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
+             backend: AttentionBackend) -> torch.Tensor:
+        cfg = self.cfg
+        q_heads, kv_heads, d = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+        q, k, v = qkv.split((q_heads * d, kv_heads * d, kv_heads * d), dim=-1)
+        q = rotate(q.view(-1, q_heads, d), positions, cfg.rope_theta)
+        k = rotate(k.view(-1, kv_heads, d), positions, cfg.rope_theta)
+        return backend.forward(q, k, v.view(-1, kv_heads, d), self.layer, batch)
+
+    def _mla(self, qkv: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
+             backend: AttentionBackend) -> torch.Tensor:
+        """q ``[T, H, latent + rope]``, K ``[T, 1, latent + rope]``, V = K's latent ``[T, 1, latent]``;
+        rope on the rope parts only; returns ``[T, H, latent]``."""
+        cfg = self.cfg
+        heads, latent, rope = cfg.num_q_heads, cfg.latent_dim, cfg.rope_dim
+        q, kv = qkv.split((heads * (latent + rope), latent + rope), dim=-1)
+        q = q.view(-1, heads, latent + rope)
+        q = torch.cat((q[..., :latent], rotate(q[..., latent:], positions, cfg.rope_theta)), dim=-1)
+        c = self.kv_norm(kv[:, :latent]).view(-1, 1, latent)
+        k = torch.cat((c, rotate(kv[:, None, latent:], positions, cfg.rope_theta)), dim=-1)
+        return backend.forward(q, k, c, self.layer, batch)
 
 
 class TinyLlama(nn.Module):

@@ -156,10 +156,13 @@ class SpecWorker:
     # --- construction ------------------------------------------------------------------------
     def _pool(self, model: TinyLlama, max_context_len: int, extra_slots: int = 0) -> KVPool:
         cfg, max_reqs, P = model.cfg, self.max_requests, self.page_size
+        att = cfg.attention
         pages = max_reqs * -(-max_context_len // P) + -(-extra_slots // P)
-        return KVPool(num_layers=cfg.num_layers, num_slots=pages * P, num_kv_heads=cfg.num_kv_heads,
-                      head_dim=cfg.head_dim, dtype=self.cache_dtype, max_reqs=max_reqs,
-                      max_context_len=max_context_len, device=self.device, page_size=P)
+        # MLA: one latent tensor per layer (V = K's first columns).
+        return KVPool(num_layers=cfg.num_layers, num_slots=pages * P, num_kv_heads=att.num_kv_heads,
+                      head_dim=att.head_size, dtype=self.cache_dtype, max_reqs=max_reqs,
+                      max_context_len=max_context_len, device=self.device, page_size=P,
+                      v_head_dim=att.out_head_size, v_in_k=cfg.mla)
 
     def _build(self, max_context_len: int) -> None:
         self.target.to(self.device)

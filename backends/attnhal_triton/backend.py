@@ -27,9 +27,9 @@ from attnhal.capabilities.support import fp8_reasons
 from attnhal.errors import InvalidValue
 from attnhal.platform import Platform
 from attnhal.reasons import Reason, ReasonCode
-from attnhal_triton import ops, work
+from attnhal_triton import mla_ops, ops, work
 from attnhal_triton.descriptor import CAPABILITIES
-from attnhal_triton.launch_table import KERNELS, LaunchRow, lookup
+from attnhal_triton.launch_table import KERNELS, MLA_KERNELS, LaunchRow, lookup
 from attnhal_triton.metadata import (
     GraphState,
     Meta,
@@ -43,6 +43,7 @@ from attnhal_triton.metadata import (
     query_tokens,
     split_counts,
 )
+from attnhal_triton.mla_table import MLA_SPLIT, mla_kernel_of, mla_lookup, mla_programs
 from attnhal_triton.tree_mask import bit_weights, new_tree, pack_tree, word_count
 
 __all__ = ["TritonBackend"]
@@ -70,6 +71,14 @@ class TritonBackend(AttentionBackend):
         dtype = dtype_name(config.dtype)
         self.rows: dict[str, LaunchRow] = {
             k: lookup(k, self.platform, config.head_size, dtype) for k in KERNELS}
+        # MLA (and any head that is a power of two plus a tail, e.g. 576): the MLA kernel.
+        self._mla = config.head_size & (config.head_size - 1) != 0 or config.out_head_size != config.head_size
+        if self._mla:
+            if mla_ops.head_split(config.head_size, config.out_head_size) is None:
+                raise UnsupportedFeature(f"backend 'triton': head_size/v_head_size={config.head_size}/"
+                                         f"{config.out_head_size} (supported: 576/512 (MLA) or 576/576)")
+            v_tail = config.out_head_size == config.head_size
+            self.rows.update({k: mla_lookup(k, self.platform, dtype, v_tail) for k in MLA_KERNELS})
         self._launch = {k: row.encode() for k, row in self.rows.items()}
         self._meta: Meta | None = None
         self._graph: GraphState | None = None
@@ -79,9 +88,9 @@ class TritonBackend(AttentionBackend):
     def use_launch_rows(self, rows: Mapping[str, LaunchRow]) -> None:
         """Serve the kernels in ``rows`` with those launch rows instead of the table's
         (a tuning sweep's candidates); the next forward re-plans its metadata."""
-        unknown = sorted(set(rows) - set(KERNELS))
+        unknown = sorted(set(rows) - set(KERNELS + MLA_KERNELS))
         if unknown:
-            raise ValueError(f"rows={unknown} (supported: kernels {', '.join(KERNELS)})")
+            raise ValueError(f"rows={unknown} (supported: kernels {', '.join(KERNELS + MLA_KERNELS)})")
         self.rows.update(rows)
         self._launch = {k: row.encode() for k, row in self.rows.items()}
         self._meta = None
@@ -102,10 +111,13 @@ class TritonBackend(AttentionBackend):
     # --- launch sizing -----------------------------------------------------------------
     def _sizing(self, batch: ForwardBatch) -> Sizing:
         """The batch's kernel variant, split cap and launch row (see :mod:`attnhal_triton.work`)."""
-        kernel = kernel_of(batch)
         cfg = self.config
-        plan = work.programs(kernel, self.rows[kernel], batch.batch_size, query_tokens(batch),
-                             cfg.num_q_heads, cfg.num_kv_heads)
+        if self._mla:
+            kernel, programs = mla_kernel_of(batch.phase, mask_of(batch) is not None), mla_programs
+        else:
+            kernel, programs = kernel_of(batch), work.programs
+        plan = programs(kernel, self.rows[kernel], batch.batch_size, query_tokens(batch),
+                        cfg.num_q_heads, cfg.num_kv_heads)
         return Sizing(kernel, plan.splits, self._launch_with(kernel, plan.blocks))
 
     def _launch_with(self, kernel: str, blocks: Mapping[str, int]) -> str:
@@ -120,7 +132,7 @@ class TritonBackend(AttentionBackend):
         if not sizing.split:
             return None
         cfg = self.config
-        return partials.views(partial_rows(batch), sizing.splits, cfg.num_q_heads, cfg.head_size)
+        return partials.views(partial_rows(batch), sizing.splits, cfg.num_q_heads, cfg.out_head_size)
 
     # --- metadata ------------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
@@ -166,12 +178,12 @@ class TritonBackend(AttentionBackend):
         group = cfg.num_q_heads // cfg.num_kv_heads
         return max(work.partial_slots(max_rows, self.rows[k], cfg.num_kv_heads, group,
                                       self.rows[k].blocks.get("BLOCK_M", 1))
-                   for k in KERNELS if may_split(k))
+                   for k in self.rows if (k in MLA_KERNELS) == self._mla and (may_split(k) or k in MLA_SPLIT))
 
     def _new_partials(self, slots: int, alloc: Any = torch.empty) -> Partials:
         cfg, dev = self.config, self.pool.device
         cells = slots * cfg.num_q_heads
-        return Partials(alloc(cells * cfg.head_size, dtype=torch.float32, device=dev),
+        return Partials(alloc(cells * cfg.out_head_size, dtype=torch.float32, device=dev),
                          alloc(cells, dtype=torch.float32, device=dev))
 
     def build_capture_metadata(self, batch: ForwardBatch) -> None:
@@ -285,6 +297,9 @@ class TritonBackend(AttentionBackend):
 
         ``extra`` ``[rows, >= num_extra]``: slots each row attends after its prefix.
         """
+        if self._mla:
+            return mla_ops.mla_forward(q, meta, self._layer_args(layer), self._sinks(layer),
+                                       self._launch["decode_reduce"], self.config.out_head_size, extra, num_extra)
         assert meta.mid_o is not None and meta.mid_lse is not None and meta.num_splits is not None
         out = q.new_empty(q.shape)
         ops.decode_partial(meta.mid_o, meta.mid_lse, q, req_pool_indices=meta.req_pool_indices,
@@ -298,6 +313,9 @@ class TritonBackend(AttentionBackend):
     def _extend(self, q: torch.Tensor, layer: int, meta: Meta) -> torch.Tensor:
         """``q`` ``[tokens, Hq, D]`` -> ``[tokens, Hq, D]``: one launch, or for the split
         variants two (partials, then the decode reduce over the tokens)."""
+        if self._mla:
+            return mla_ops.mla_forward(q, meta, self._layer_args(layer), self._sinks(layer),
+                                       self._launch["decode_reduce"], self.config.out_head_size)
         out = q.new_empty(q.shape)
         split = meta.mid_o is not None
         ops.extend(out, meta.mid_o, meta.mid_lse, q, req_pool_indices=meta.req_pool_indices,

@@ -26,12 +26,14 @@ CAPABILITIES = BackendCapabilities(
     # fp8 caches are read as stored * per-layer scale in the kernels; an e4m3 pool must
     # be in the platform's flavour (KVPool.platform_reasons).
     kv_dtypes=frozenset(("float16", "bfloat16", "float32", "fp8_e4m3", "fp8_e5m2")),
-    # tl.arange needs a power of two; tl.dot needs K >= 16.
-    head_sizes=frozenset((16, 32, 64, 128, 256)),
+    # tl.arange needs a power of two; tl.dot needs K >= 16. 576 (MLA's latent 512 + rope 64)
+    # runs the MLA kernel (mla_kernels.py) as a 512 tile plus a 64 tile.
+    head_sizes=frozenset((16, 32, 64, 128, 256, 576)),
     # Any page size works (slot = page * P + pos % P, P a constexpr); these are the tested ones.
     page_sizes=frozenset((1, 16, 64)),
+    # MLA: q/k 576, V = the latent 512, every phase (the MLA kernel), with the other features.
     features=frozenset((Feature.CUSTOM_MASK, Feature.SLIDING_WINDOW, Feature.LOGIT_SOFTCAP,
-                        Feature.SINKS)),
+                        Feature.SINKS, Feature.MLA)),
     # Any length >= 0 is safe in padded rows (empty rows give 0, never NaN).
     seq_len_fill=SeqLenFill(1),
     needs_host_seq_lens=False,

@@ -31,6 +31,7 @@ __all__ = [
     "FALLBACK",
     "PROGRAMS_PER_UNIT",
     "KERNELS",
+    "MLA_KERNELS",
     "TABLE",
     "UNITS",
     "LaunchRow",
@@ -48,6 +49,8 @@ __all__ = [
 #: pass), target_verify causal / tree-masked and draft_extend (uniform, split KV).
 KERNELS = ("decode", "decode_reduce", "extend_prefill", "extend_verify", "extend_verify_tree",
            "extend_draft")
+#: MLA's forms (:mod:`attnhal_triton.mla_table` holds their rows), by phase.
+MLA_KERNELS = ("mla_decode", "mla_prefill", "mla_verify", "mla_verify_tree", "mla_draft")
 #: The extend variants, which share their rows' shapes unless a family overrides one.
 EXTEND_VARIANTS = KERNELS[2:]
 #: Arch families served by another family's rows (the rows compile spill-free for
@@ -107,7 +110,7 @@ class LaunchRow:
         object.__setattr__(self, "blocks", MappingProxyType(dict(self.blocks)))
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
         bad = [k for k in self.blocks if not k.isupper()]
-        if bad or self.kernel not in KERNELS:
+        if bad or self.kernel not in KERNELS + MLA_KERNELS:
             raise ValueError(f"LaunchRow kernel={self.kernel!r} blocks={sorted(self.blocks)} "
                              f"(supported: kernel in {KERNELS}, upper-case block names)")
 

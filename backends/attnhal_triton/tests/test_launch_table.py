@@ -200,9 +200,10 @@ def test_descriptor() -> None:
     assert caps is CAPABILITIES and caps.name == "triton" and caps.requires == ("triton",)
     assert set(caps.graph) == {Phase.DECODE, Phase.TARGET_VERIFY, Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND}
     assert caps.multi_step == SpecLimits() and caps.phases == frozenset(Phase)
-    # Each claim is run by tests/test_triton_{kernels,features,graphs}.py under the interpreter.
+    # Each claim is run by tests/test_triton_{kernels,features,graphs}.py under the interpreter
+    # (MLA by test_mla.py).
     assert caps.features == {Feature.CUSTOM_MASK, Feature.SLIDING_WINDOW, Feature.LOGIT_SOFTCAP,
-                             Feature.SINKS}
+                             Feature.SINKS, Feature.MLA}
     assert caps.page_sizes == {1, 16, 64}
     assert caps.kv_dtypes == {"float16", "bfloat16", "float32", "fp8_e4m3", "fp8_e5m2"}
 

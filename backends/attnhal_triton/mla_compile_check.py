@@ -1,0 +1,206 @@
+"""Compile every MLA kernel form for CUDA and HIP targets without a GPU.
+
+    python -m attnhal_triton.mla_compile_check [--json] [--forms mla_decode ...]
+        [--targets cuda:80 hip:gfx942 ...] [--dtypes bfloat16 fp8 ...] [--allow-failures]
+
+Like :mod:`attnhal_triton.compile_check` (whose compile, resource and table code it uses),
+for :func:`attnhal_triton.mla_kernels.mla_kernel` with the launch rows of
+:mod:`attnhal_triton.mla_table`: one compile per (form, target, dtype), head 576 = 512 + 64,
+16 q heads over one KV head, page size 16 and the soft-cap on. The forms are every
+combination of constexprs the backend launches: each phase, split or one pass (a batch that
+fills the device is not split; decode then writes its output with the sinks), and V read from
+K's tiles (``latent``: a ``v_in_k`` pool) or from its own tensor (``sepv``); ``vtail``: a 576
+head that is not MLA (V 576 wide, its own tensor: the tail accumulator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+from attnhal_triton.compile_check import _FP8, _TRITON_DTYPE, SHARED_LIMIT, _gpu_target, format_table, target_platform
+from attnhal_triton.compile_usage import dot_operand_types, resource_usage
+from attnhal_triton.launch_table import LaunchRow, NoLaunchRowWarning
+from attnhal_triton.mla_table import mla_lookup
+
+__all__ = ["FORMS", "TARGETS", "main", "run_mla_compile_check"]
+
+TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx942", "hip:gfx950")
+DTYPES = ("bfloat16", "float16", "float32", "fp8")
+NUM_Q_HEADS = 16
+
+_PHASES: dict[str, tuple[str, dict[str, bool]]] = {
+    "decode": ("mla_decode", {}),
+    "draft_decode": ("mla_decode", {"HAS_EXTRA": True}),
+    "prefill": ("mla_prefill", {"PACKED": True, "HAS_EXT_LENS": True}),
+    "verify": ("mla_verify", {}),
+    "verify_tree": ("mla_verify_tree", {"USE_MASK": True}),
+    "draft_extend": ("mla_draft", {"HAS_EXT_LENS": True}),
+}
+
+
+@dataclass(frozen=True)
+class Form:
+    """One compiled form: the row's kernel and the constexpr flags."""
+
+    table_kernel: str
+    flags: Mapping[str, bool]
+
+
+def _forms() -> dict[str, Form]:
+    out = {}
+    for phase, (kernel, flags) in _PHASES.items():
+        for split in (True, False) if kernel != "mla_prefill" else (False,):
+            for latent in (True, False):
+                name = f"{phase}{'' if split else '_onepass'}_{'latent' if latent else 'sepv'}"
+                out[name] = Form(kernel, {"PACKED": False, "HAS_EXT_LENS": False, "HAS_EXTRA": False,
+                                          "USE_MASK": False, **flags, "SPLIT": split, "HAS_SINKS": not split,
+                                          "V_IN_K": latent, "V_TAIL": False})
+        # A 576 head that is not MLA: V 576 wide, its own tensor (the tail accumulator).
+        sepv = out[f"{phase}{'' if kernel != 'mla_prefill' else '_onepass'}_sepv"]
+        out[f"{phase}_vtail"] = replace(sepv, flags={**sepv.flags, "V_TAIL": True})
+    return out
+
+
+FORMS: Mapping[str, Form] = _forms()
+_POINTERS = {"MidO": "fp32", "MidLse": "fp32", "ReqToPage": "i32", "ReqIdx": "i64", "SeqLens": "i32",
+             "NumSplits": "i32", "QoIndptr": "i32", "ExtLens": "i32", "Tree": "i32", "Extra": "i64",
+             "KScale": "fp32", "VScale": "fp32", "Sinks": "fp32"}
+_ALIGNED = frozenset({"stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh"})
+
+
+@dataclass(frozen=True)
+class Job:
+    form: str
+    target: str
+    dtype: str
+
+    @property
+    def compute_dtype(self) -> str:
+        return "bfloat16" if self.dtype == "fp8" else self.dtype
+
+    @property
+    def fp8_flavor(self) -> str:
+        return target_platform(self.target).fp8_flavor.value if self.dtype == "fp8" else ""
+
+    def row(self) -> LaunchRow:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NoLaunchRowWarning)
+            form = FORMS[self.form]
+            return mla_lookup(form.table_kernel, target_platform(self.target), self.compute_dtype,
+                              bool(form.flags["V_TAIL"]))
+
+
+def _source(job: Job, row: LaunchRow) -> Any:
+    from triton.compiler import ASTSource
+
+    from attnhal_triton import mla_kernels
+
+    fn, fp8 = mla_kernels.mla_kernel, job.dtype == "fp8"
+    # The row's BLOCK_M, the largest a launch takes (work.query_block only shrinks it).
+    constexprs: dict[str, Any] = {
+        **FORMS[job.form].flags, **row.constexprs, "NUM_Q_HEADS": NUM_Q_HEADS, "GROUP": NUM_Q_HEADS,
+        "D_MAIN": 512, "D_TAIL": 64, "PAGE_SIZE": 16, "MASK_WORDS": 1, "HAS_SOFTCAP": True,
+        "KV_SCALED": fp8, "KV_F16": fp8, "DOT_F32": False}
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for index, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        if name in ("K", "V") and fp8:
+            signature[name] = "*" + _FP8[job.fp8_flavor]
+        elif name in ("Q", "K", "V", "Out"):
+            signature[name] = "*" + _TRITON_DTYPE[job.compute_dtype]
+        elif name in _POINTERS:
+            signature[name] = "*" + _POINTERS[name]
+        else:
+            signature[name] = "fp32" if name in ("qk_scale", "softcap") else "i32"
+        if signature[name].startswith("*") or name in _ALIGNED:
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return ASTSource(fn, signature, constexprs, attrs)
+
+
+def _compile_one(job: Job) -> dict[str, Any]:
+    """Compile one job; never raises (errors are reported in the row)."""
+    import triton
+
+    row = job.row()
+    result: dict[str, Any] = {"kernel": job.form, "target": job.target, "dtype": job.dtype, "head_size": 576,
+                              "row": row.key(), "served_by": f"{row.vendor}:{row.arch_family}" if row.vendor
+                              else "fallback", "fp8_flavor": job.fp8_flavor, "ok": False, "registers": None,
+                              "spills": None, "scratch": None, "shared": None, "error": "", "seconds": 0.0}
+    start = time.perf_counter()
+    try:
+        target = _gpu_target(job.target)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
+            compiled = triton.compile(_source(job, row), target=target, options=row.launch_options)
+        dots = dot_operand_types(compiled)
+        result.update(resource_usage(compiled, target), shared=int(compiled.metadata.shared), ok=True)
+        if job.compute_dtype != "float32" and "f32" in dots:
+            result.update(ok=False, error=f"fp32 tl.dot in a {job.dtype} kernel (operands {sorted(dots)})")
+        limit = SHARED_LIMIT.get(job.target.partition(":")[2])
+        if limit is not None and result["shared"] > limit:
+            result.update(ok=False, error=f"shared memory {result['shared']} B > {limit} B of the target")
+    except Exception as exc:  # report every failure, keep compiling the rest
+        text = str(exc).strip()
+        result["error"] = f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    return result
+
+
+def run_mla_compile_check(forms: Sequence[str] | None = None, targets: Sequence[str] | None = None,
+                          dtypes: Sequence[str] | None = None, jobs: int | None = None) -> list[dict[str, Any]]:
+    """One dict per compile (the keys of :func:`attnhal_triton.compile_check.run_compile_check`'s);
+    runs in a child process when this one has ``TRITON_INTERPRET`` set."""
+    forms, targets, dtypes = list(forms or FORMS), list(targets or TARGETS), list(dtypes or DTYPES)
+    unknown = sorted(set(forms) - set(FORMS))
+    if unknown:
+        raise ValueError(f"forms={unknown} (supported: {', '.join(FORMS)})")
+    if "TRITON_INTERPRET" in os.environ:
+        argv = [sys.executable, "-m", "attnhal_triton.mla_compile_check", "--json", "--allow-failures",
+                "--forms", *forms, "--targets", *targets, "--dtypes", *dtypes]
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        done = subprocess.run(argv + (["--jobs", str(jobs)] if jobs else []), env=env, capture_output=True,
+                              text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"MLA compile check child failed ({done.returncode}): {done.stderr[-2000:]}")
+        rows: list[dict[str, Any]] = json.loads(done.stdout)
+        return rows
+    work = [Job(f, t, d) for t in targets for f in forms for d in dtypes
+            if d != "fp8" or Job(f, t, d).fp8_flavor in _FP8]
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    if workers == 1:
+        return [_compile_one(j) for j in work]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_compile_one, work))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m attnhal_triton.mla_compile_check",
+                                description="Compile attnhal's MLA Triton kernel forms for CUDA and HIP without a GPU.")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--forms", nargs="+", choices=list(FORMS), metavar="FORM", help="default: all")
+    p.add_argument("--targets", nargs="+", metavar="TARGET", help=f"default: {' '.join(TARGETS)}")
+    p.add_argument("--dtypes", nargs="+", choices=DTYPES, metavar="DTYPE", help="default: all")
+    p.add_argument("--jobs", type=int)
+    p.add_argument("--allow-failures", action="store_true", help="exit 0 even with errors or spills")
+    args = p.parse_args(argv)
+    rows = run_mla_compile_check(args.forms, args.targets, args.dtypes, args.jobs)
+    print(json.dumps(rows, indent=1) if args.json else format_table(rows))
+    bad = any(not r["ok"] or r["spills"] for r in rows)
+    return 0 if args.allow_failures or not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
