@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnhal.errors import AttnhalError
 from attnhal_cpu import buildlock
 from attnhal_cpu.buildcache import Progress, report_to_stderr
 from attnhal_cpu.params import HOST_DEFAULTS, WIDTHS, HostParams, KernelParams, parse_host_params
@@ -76,7 +77,7 @@ def record_path(directory: Path, cpu: str) -> Path:
     return directory / f"tuned-{hashlib.sha256(cpu.encode()).hexdigest()[:12]}.json"
 
 
-class _Corrupt(ValueError):
+class _Corrupt(AttnhalError, ValueError):
     pass
 
 

@@ -12,8 +12,9 @@ import torch
 
 from attnhal_triton import ops
 from attnhal_triton.arg_devices import on_one_device
+from attnhal_triton.launch_forms import kv_flags
 from attnhal_triton.metadata import Meta
-from attnhal_triton.ops import _check_contiguous, _check_last_dim, _dot_f32, _kv_scale_args, _launch, _scores
+from attnhal_triton.ops import _check_contiguous, _check_last_dim, _dot_f32, _launch, _scores
 
 __all__ = ["head_split", "mla_attend", "mla_forward", "v_in_k"]
 
@@ -52,7 +53,7 @@ def mla_attend(
     req_to_page: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     num_splits: Optional[torch.Tensor], qo_indptr: Optional[torch.Tensor],
     ext_lens: Optional[torch.Tensor], tree: Optional[torch.Tensor], extra_slots: Optional[torch.Tensor],
-    k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+    k_scale: torch.Tensor, v_scale: torch.Tensor, kv_dtype: str, sinks: Optional[torch.Tensor],
     num_extra: int, q_per_row: int, max_q: int, page_size: int, sm_scale: float, softcap: float,
     window: int, launch: str,
 ) -> None:
@@ -70,6 +71,8 @@ def mla_attend(
     req_to_page, req_pool_indices, seq_lens, qo_indptr, ext_lens, tree, k_scale, v_scale,
         sinks, q_per_row, max_q, softcap, window: as :func:`attnhal_triton.ops.extend`
         (decode: one query per row, ``q_per_row`` 1); seq_lens are the rows' table positions.
+    kv_dtype: the cache's KV format (:func:`attnhal.kv_format.kv_format`); its row says whether
+        ``k_scale``/``v_scale`` (``[1]`` fp32) are read.
     extra_slots: ``[rows, >= num_extra]`` int64 slots each row attends after its
         ``seq_lens`` table positions (draft decode's path), or None with ``num_extra`` 0.
     """
@@ -98,14 +101,14 @@ def mla_attend(
                          "(supported: both, or None with 0)")
     dummy = seq_lens
     extra = extra_slots if extra_slots is not None else seq_lens.view(-1, 1)
-    ks, vs, scaled = _kv_scale_args(k_cache, k_scale, v_scale)
+    kv = kv_flags(kv_dtype, q.element_size())
     qk_scale, cap = _scores(sm_scale, softcap)
     words = tree.shape[-1] - 1 if tree is not None else 1
     grid = (-(-max_q * group // block_m), rows, k_cache.shape[1] * max_splits)
     _kernels().mla_kernel[grid](
         q, k_cache, v_cache, out, part_o, part_lse, req_to_page, req_pool_indices, seq_lens,
         *(t if t is not None else dummy for t in (num_splits, qo_indptr, ext_lens, tree)),
-        extra, ks, vs, sinks if sinks is not None else dummy,
+        extra, k_scale, v_scale, sinks if sinks is not None else dummy,
         qk_scale, cap, window, q_per_row, max_splits, num_extra, q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         req_to_page.stride(0), extra.stride(0),
@@ -114,8 +117,7 @@ def mla_attend(
         BLOCK_M=block_m, BLOCK_N=constexprs["BLOCK_N"], PAGE_SIZE=page_size,
         PACKED=qo_indptr is not None, HAS_EXT_LENS=ext_lens is not None, HAS_EXTRA=extra_slots is not None,
         USE_MASK=tree is not None, MASK_WORDS=words, SPLIT=split, HAS_SOFTCAP=cap > 0,
-        HAS_SINKS=sinks is not None, KV_SCALED=scaled,
-        KV_F16=scaled and q.element_size() == 2, DOT_F32=_dot_f32(q.dtype),
+        HAS_SINKS=sinks is not None, **kv, DOT_F32=_dot_f32(q.dtype),
         DOT_PRECISION=constexprs["DOT_PRECISION"], **options,
     )
 
@@ -123,7 +125,7 @@ def mla_attend(
 @mla_attend.register_fake
 @on_one_device("q", "mla_attend")
 def _(out, mid_o, mid_lse, q, k_cache, v_cache, req_to_page, req_pool_indices,  # type: ignore[no-untyped-def]
-      seq_lens, num_splits, qo_indptr, ext_lens, tree, extra_slots, k_scale, v_scale, sinks,
+      seq_lens, num_splits, qo_indptr, ext_lens, tree, extra_slots, k_scale, v_scale, kv_dtype, sinks,
       num_extra, q_per_row, max_q, page_size, sm_scale, softcap, window, launch) -> None:
     return None
 
