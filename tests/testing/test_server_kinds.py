@@ -41,10 +41,25 @@ def test_each_server_kind_is_falsified_for_its_claim(cls: type) -> None:
     assert result.status is Status.FALSIFIED, (result.label, result.detail)
 
 
+#: Per claim, where its examples must reach (the coverage report names it): quantity -> (lowest max, values).
+_REACH: dict[tuple[str, str, str | None], dict[str, object]] = {
+    ("phase", "decode", "float32"): {"rows_x_heads": 65536, "query_heads": 128, "batch_sizes": 1024,
+                                     "largest_logits": 65505, "unowned_memory": ["nan", "pad", "stale"]},
+    ("phase", "decode", "float16"): {"largest_logits": 65505},
+    ("inputs_unchanged", "", None): {"batch_sizes": 3},
+    ("batch_invariant", "", None): {"history": 7, "context_lengths": 2049,
+                                    "unowned_memory": ["nan", "pad", "stale"]},
+    ("feature", "logit_softcap", None): {"head_sizes": 576},
+}
+
+
 @pytest.mark.parametrize("claim", sorted(set(SERVER_KINDS.values()), key=str), ids=str)
 def test_the_torch_backend_verifies_the_same_claims(claim: tuple[str, str, str | None]) -> None:
     result = verify(_target(TorchBackend), _claim(*claim))
     assert result.status is Status.VERIFIED, (result.label, result.detail)
+    for quantity, want in _REACH[claim].items():  # the report says how far the new check reached
+        got = result.coverage[quantity]
+        assert got == want if isinstance(want, list) else got[1] >= want, (quantity, got)
 
 
 def _error(cls: type, recipe: object) -> float:

@@ -130,15 +130,14 @@ def past_fp16_scale(head_size: int) -> float:
 
 def server_cases(base: CaseRecipe) -> list[CaseRecipe]:
     """Server sizes, cheaply (tiny contexts, the base's head size): 128 query heads on one KV
-    head (MQA; DeepSeek-style MLA has the same ratio); in the one-token phases (decode, draft
-    decode) also 256 rows and 1,024 rows of 64 query heads (rows x heads = 65,536, past CUDA's
-    grid-y limit of 65,535). A multi-token phase's rows cost their tokens in the reference."""
+    head (MQA; DeepSeek-style MLA has the same ratio); in decode also 256 rows and 1,024 rows
+    of 64 query heads (rows x heads = 65,536, past CUDA's grid-y limit of 65,535). Every row
+    costs the reference a step of its own: the other phases keep their rows few."""
     out = [replace(base, num_q_heads=128, num_kv_heads=1, seed=base.seed + 6)]
-    if base.phase in (Phase.DECODE, Phase.DRAFT_DECODE):
-        per_row = base.topk if base.phase is Phase.DRAFT_DECODE else 1  # a draft row is a request's branch
-        out += [replace(at_lengths(base, tuple(1 + i % 5 for i in range(256 // per_row))), seed=base.seed + 7),
-                replace(at_lengths(base, tuple(1 + i % 2 for i in range(1024 // per_row))), num_q_heads=64,
-                        num_kv_heads=8, seed=base.seed + 8)]
+    if base.phase is Phase.DECODE:
+        out += [replace(at_lengths(base, tuple(1 + i % 5 for i in range(256))), seed=base.seed + 7),
+                replace(at_lengths(base, tuple(1 + i % 2 for i in range(1024))), num_q_heads=64, num_kv_heads=8,
+                        seed=base.seed + 8)]
     return out
 
 

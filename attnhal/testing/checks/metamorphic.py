@@ -47,7 +47,7 @@ _MIXED = (37, 1, 70, 9, 130)
 #: One backend's history: per batch, its requests' KV lengths. Sizes grow and shrink (1 to 8
 #: rows); lengths rise past KV split lengths (256, 1024: the first split of a CPU or GPU
 #: kernel) and 2048, then fall back to a few tokens.
-HISTORY = ((5,), (40, 3), (300, 7, 1, 90), (1100,), (9, 2, 5), (2049, 30), (3,) * 8, (600, 1), (2,))
+HISTORY = ((5,), (40, 3), (300, 7, 1, 90), (1100,), (2049, 30), (3,) * 8, (2,))
 
 
 def _base(target: Target, phase: Phase) -> CaseRecipe:

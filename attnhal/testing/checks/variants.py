@@ -24,7 +24,7 @@ from attnhal.platform import Fp8Flavor
 from attnhal.testing.cases import CaseRecipe
 from attnhal.testing.checks.claims import Claim, ClaimKind
 from attnhal.testing.checks.fixed import at_lengths, fits
-from attnhal.testing.checks.phases import canonical_cases
+from attnhal.testing.checks.phases import canonical_cases, full_sizes
 from attnhal.testing.checks.target import Target, checkable_dtypes
 
 __all__ = ["combination_cases", "drawn_cases", "fp8_flavours", "strip", "subject_fields"]
@@ -136,7 +136,7 @@ def _feature_combinations(target: Target, claim: Claim, canon: dict[Phase, CaseR
         mla = {**hst.MLA_FIELDS, "page_size": page, **_others_on(caps, Feature.SLIDING_WINDOW)}
         out += [replace(canon[p], **mla) for p in (Phase.DECODE, Phase.TARGET_VERIFY) if p in canon]
         first = canon.get(Phase.DECODE) or next(iter(canon.values()))  # DeepSeek's 128 q heads on the latent
-        out.append(replace(first, **hst.MLA_FIELDS, num_q_heads=128))
+        out += [replace(first, **hst.MLA_FIELDS, num_q_heads=128)] if full_sizes(target) else []
     return out
 
 
