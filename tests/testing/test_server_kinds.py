@@ -43,7 +43,7 @@ def test_each_server_kind_is_falsified_for_its_claim(cls: type) -> None:
 
 #: Per claim, where its examples must reach (the coverage report names it): quantity -> (lowest max, values).
 _REACH: dict[tuple[str, str, str | None], dict[str, object]] = {
-    ("phase", "decode", "float32"): {"rows_x_heads": 65536, "query_heads": 128, "batch_sizes": 1024,
+    ("phase", "decode", "float32"): {"rows_x_heads": 65536, "query_heads": 256, "batch_sizes": 256,
                                      "largest_logits": 65505, "unowned_memory": ["nan", "pad", "stale"]},
     ("phase", "decode", "float16"): {"largest_logits": 65505},
     ("inputs_unchanged", "", None): {"batch_sizes": 3},
@@ -147,10 +147,12 @@ def test_server_size_defects_show_only_at_server_sizes() -> None:
     from attnhal.testing.checks.fixed import server_cases
 
     base = canonical_cases(TorchBackend.capabilities, Phase.DECODE, "float32", 16)[0]
-    wide, rows256, grid = server_cases(base)
-    assert grid.rows * grid.num_q_heads > 65535 and wide.num_q_heads == 128 and rows256.rows == 256
+    wide, grid = server_cases(base)
+    rows1024 = server_cases(base, thorough=True)[-1]
+    assert grid.rows == 256 and grid.rows * grid.num_q_heads > 65535 and wide.num_q_heads == 128
+    assert rows1024.rows == 1024 and rows1024.rows * rows1024.num_q_heads > 65535
     assert _error(GroupPast64Wraps, base) < 1e-5 and _error(GroupPast64Wraps, wide) > 1e-3
-    assert _error(GridYClamped, rows256) < 1e-5 and _error(GridYClamped, grid) > 1e-3
+    assert _error(GridYClamped, wide) < 1e-5 and _error(GridYClamped, grid) > 1e-3
 
 
 def test_a_feature_lost_at_one_head_size_shows_only_there() -> None:

@@ -12,7 +12,8 @@ scattered slots), so that a failure differs from the canonical case in one respe
 * :func:`input_cases` — an explicit scale with logits of hundreds in a fused qkv, and V
   near the dtype's range in strided heads;
 * :func:`range_cases` — logits past fp16's range (``|q . k| * scale`` near 2^17) in every dtype;
-* :func:`server_cases` — 128 query heads on one KV head; 256 rows, 1,024 rows x 64 heads (decode);
+* :func:`server_cases` — 128 query heads on one KV head; decode at 256 rows x 256 heads (thorough:
+  also 1,024 rows x 64 heads);
 * :func:`acceptance_cases` — boundaries by construction: draft extend with every draft
   accepted, one accepted, and both in one batch; verify with the smallest tree (one draft
   node after the root) and the longest chain the phase runs;
@@ -128,16 +129,19 @@ def past_fp16_scale(head_size: int) -> float:
     return 2.0 ** math.ceil(math.log2(2**17 / (4 * 352 * math.sqrt(head_size))))
 
 
-def server_cases(base: CaseRecipe) -> list[CaseRecipe]:
+def server_cases(base: CaseRecipe, thorough: bool = False) -> list[CaseRecipe]:
     """Server sizes, cheaply (tiny contexts, the base's head size): 128 query heads on one KV
-    head (MQA; DeepSeek-style MLA has the same ratio); in decode also 256 rows and 1,024 rows
-    of 64 query heads (rows x heads = 65,536, past CUDA's grid-y limit of 65,535). Every row
-    costs the reference a step of its own: the other phases keep their rows few."""
+    head (MQA; DeepSeek-style MLA has the same ratio); in decode also 256 rows of 256 query
+    heads (rows x heads = 65,536, past CUDA's grid-y limit of 65,535) and, when thorough,
+    1,024 rows of 64 query heads. Every row costs the reference a step of its own: the
+    other phases keep their rows few."""
     out = [replace(base, num_q_heads=128, num_kv_heads=1, seed=base.seed + 6)]
     if base.phase is Phase.DECODE:
-        out += [replace(at_lengths(base, tuple(1 + i % 5 for i in range(256))), seed=base.seed + 7),
-                replace(at_lengths(base, tuple(1 + i % 2 for i in range(1024))), num_q_heads=64, num_kv_heads=8,
-                        seed=base.seed + 8)]
+        out.append(replace(at_lengths(base, tuple(1 + i % 5 for i in range(256))), num_q_heads=256, num_kv_heads=2,
+                           seed=base.seed + 7))
+        if thorough:
+            out.append(replace(at_lengths(base, tuple(1 + i % 2 for i in range(1024))), num_q_heads=64,
+                               num_kv_heads=8, seed=base.seed + 8))
     return out
 
 

@@ -100,7 +100,7 @@ def phase_examples(target: Target, phase: Phase, dtype: str) -> list[CaseRecipe]
             *fixed.acceptance_cases(base, caps.run_limits.get(phase, SpecLimits()).max_draft_tokens),
             *fixed.range_cases(base)]
     if dtype == checkable_dtypes(target)[0] and full_sizes(target):  # once per phase: the rows cost, not the dtype
-        out += fixed.server_cases(base)
+        out += fixed.server_cases(base, target.thorough)
     return [c for c in out if fixed.fits(c, target.max_seq_len, target.max_cost)]
 
 
