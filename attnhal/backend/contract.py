@@ -79,7 +79,12 @@ class AttentionBackend:
       v_head_size]`` — the new tokens' K/V, which the base :meth:`forward` writes to
       ``batch.out_cache_loc`` of layer ``layer`` before attending (quantized by the pool
       when it stores fp8); the per-phase methods and ``attend`` get ``q`` only
-    * returns ``[num_tokens, num_q_heads, v_head_size]`` in ``q``'s dtype
+    * returns ``[num_tokens, num_q_heads, v_head_size]`` in ``q``'s dtype, a tensor the
+      caller owns: an eager ``forward`` never returns (a view of) a buffer the backend writes
+      again, so the output keeps its values through later forwards, metadata calls and
+      batches (two-batch overlap and pipelined decode hold one batch's output while the
+      next runs). Only a captured graph's outputs are static buffers, rewritten by each
+      replay (:mod:`attnhal.graphs`); eager outputs may not alias them.
 
     Construction, ``__init__(config, pool, *, platform=None)``: ``platform`` is the
     :class:`~attnhal.platform.Platform` the backend runs on (launch rows, fp8 flavour);

@@ -104,6 +104,11 @@ def decode_into(ws: _Workspace, q: torch.Tensor, pool: KVPool, layer: int, batch
     g = q.shape[1] // kvh
     slots = _v(ws.slots, bs, ctx)
     torch.index_select(pool.req_to_token[:, :ctx], 0, batch.req_pool_indices, out=slots)
+    pad = _v(ws.pad, bs, ctx)
+    torch.ge(ws.pos[:ctx].view(1, ctx), batch.seq_lens.view(bs, 1), out=pad)
+    # Positions past a row's end read the padding slot: their table entries and K/V are
+    # nobody's (-1, NaN), and a masked score times NaN is still NaN.
+    slots.masked_fill_(pad, 0)
     k, v = _v(ws.k, bs * ctx, kvh, d), _v(ws.v, bs * ctx, kvh, d)
     torch.index_select(pool.k[layer], 0, slots.view(-1), out=k)
     torch.index_select(pool.v[layer], 0, slots.view(-1), out=v)
@@ -112,8 +117,6 @@ def decode_into(ws: _Workspace, q: torch.Tensor, pool: KVPool, layer: int, batch
     scores = _v(ws.scores, bs, ctx, kvh, g)
     torch.sum(prod, dim=-1, out=scores)
     scores.mul_(scale)
-    pad = _v(ws.pad, bs, ctx)
-    torch.ge(ws.pos[:ctx].view(1, ctx), batch.seq_lens.view(bs, 1), out=pad)
     scores.masked_fill_(pad.view(bs, ctx, 1, 1), float("-inf"))
     stat = _v(ws.stat, bs, 1, kvh, g)
     torch.amax(scores, dim=1, keepdim=True, out=stat)

@@ -164,8 +164,9 @@ def test_input_variations_are_drawn_and_built() -> None:
     assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
     assert q.stride(0) == (spec.num_q_heads + 2 * spec.num_kv_heads) * spec.head_size
     assert float(q.abs().max()) <= 32 and torch.equal(q, q.round())
-    assert float(case.pool.v[0].abs().max()) <= 2**15  # near fp16's range, never past it
-    assert torch.isfinite(case.pool.v[0]).all()
+    owned = torch.tensor(sorted({s for row in case.row_slots for s in row}))  # the rest holds NaN/inf
+    assert float(case.pool.v[0][owned].abs().max()) <= 2**15  # near fp16's range, never past it
+    assert torch.isfinite(case.pool.v[0][owned]).all()
     strided = build_case(replace(spec, qkv_layout="strided"))
     assert strided.q.stride(1) == 2 * spec.head_size and strided.q.stride(2) == 1
     assert case.config.scale == spec.scale

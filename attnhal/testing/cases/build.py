@@ -19,6 +19,7 @@ from attnhal.backend import PADDING_PAGE, PADDING_SLOT, AttentionConfig, Forward
 from attnhal.phases import Phase
 from attnhal.testing.cases.pools import draw_qk, draw_v, fill_pool, make_pool, pool_size
 from attnhal.testing.cases.recipe import TORCH_DTYPES, CaseRecipe
+from attnhal.testing.cases.unowned import spoil_unowned
 
 __all__ = ["Case", "attention_config", "build_case", "new_qkv", "reparent_rows", "tree_mask"]
 
@@ -69,8 +70,10 @@ def build_case(recipe: CaseRecipe, pool: KVPool | None = None, device: str | tor
     """Build ``recipe`` into tensors, in ``pool`` if given (overwritten in place) or a new one.
 
     Reusing a pool keeps its tensors (a captured graph holds them): the table is
-    rewritten and K/V redrawn with ``copy_``. Entries of ``req_to_page`` past each
-    row's end hold random pages: a backend must never read them.
+    rewritten and K/V redrawn with ``copy_``. What the batch does not own (K/V slots of no
+    position of its rows, ``req_to_page`` entries past each row's end) holds what
+    ``recipe.unowned`` says (:mod:`~attnhal.testing.cases.unowned`: NaN/inf and ``-1``, or
+    stale values and out-of-range pages): a backend must never read it.
     """
     need = pool_size(recipe, spare=0)
     if pool is None:
@@ -98,10 +101,21 @@ def build_case(recipe: CaseRecipe, pool: KVPool | None = None, device: str | tor
     pool.req_to_page.copy_(table.to(pool.device))
     free = [page * P + i for page in free for i in range(P - 1, -1, -1)]  # slots of the pages left
     batch, row_slots = _BUILDERS[recipe.phase](recipe, reqs, slots, free)
+    _spoil(pool, recipe, reqs, row_slots, batch)
     batch = _to(batch, pool.device)
     config = attention_config(recipe)
     q, k, v = new_qkv(config, batch.num_tokens, gen, pool.device, recipe)
     return Case(recipe, config, pool, batch, q, k, v, layer=recipe.layer, row_slots=row_slots)
+
+
+def _spoil(pool: KVPool, recipe: CaseRecipe, reqs: list[int], row_slots: list[list[int]],
+           batch: ForwardBatch) -> None:
+    """Fill what ``batch`` does not own as ``recipe.unowned`` says (before the batch moves to the device)."""
+    owned = {s for row in row_slots for s in row} | set(batch.out_cache_loc.tolist())
+    info = batch.spec
+    if info is not None and info.draft_path is not None:
+        owned |= set(info.draft_path.flatten().tolist())
+    spoil_unowned(pool, owned, dict(zip(reqs, recipe.seq_lens())), recipe.unowned, recipe.seed + 1)
 
 
 def attention_config(recipe: CaseRecipe) -> AttentionConfig:

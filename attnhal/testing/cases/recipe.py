@@ -20,6 +20,7 @@ from attnhal.backend import COMPUTE_DTYPES, kv_storage_dtype
 from attnhal.phases import Phase
 from attnhal.platform import Fp8Flavor
 from attnhal.spec import SpecConfig
+from attnhal.testing.cases.unowned import UNOWNED
 
 __all__ = ["MAX_EXACT_QK", "QKV_LAYOUTS", "TORCH_DTYPES", "CaseRecipe"]
 
@@ -85,6 +86,11 @@ class CaseRecipe:
     sliding_window, logit_softcap: as in the attention config (a window per layer as a tuple).
     sinks: give seeded random sink logits ``[num_layers, num_q_heads]``.
     v_head_size: head size of V and the output (MLA: 512 with ``head_size`` 576).
+
+    unowned: what fills memory the batch does not own (:mod:`~attnhal.testing.cases.unowned`):
+        ``"nan"`` (NaN/inf K/V; past each row's end the table names free pages, NaN too),
+        ``"pad"`` (NaN/inf K/V, ``-1`` past each row's end) or ``"stale"`` (old finite K/V,
+        out-of-range pages past each row's end).
     """
 
     phase: Phase
@@ -118,6 +124,8 @@ class CaseRecipe:
     logit_softcap: float | None = None
     sinks: bool = False
     v_head_size: int | None = None
+    # --- memory the batch does not own (attnhal.testing.cases.unowned) ------------------
+    unowned: str = "nan"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase(self.phase))
@@ -238,6 +246,8 @@ class CaseRecipe:
             out.append(f"qk_magnitude={self.qk_magnitude} (supported: 1..{MAX_EXACT_QK}, exact in every dtype)")
         if not self.v_magnitude > 0:
             out.append(f"v_magnitude={self.v_magnitude} (supported: > 0)")
+        if self.unowned not in UNOWNED:
+            out.append(f"unowned={self.unowned!r} (supported: {', '.join(UNOWNED)})")
         if self.qkv_layout not in QKV_LAYOUTS:
             out.append(f"qkv_layout={self.qkv_layout} (supported: {', '.join(QKV_LAYOUTS)})")
         return out

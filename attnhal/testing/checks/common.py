@@ -86,7 +86,9 @@ def input_tolerance(tol: Tolerance, case: Case) -> Tolerance:
         return tol
     atol = tol.atol
     if recipe.qk_magnitude > 1 or recipe.scale is not None:
-        atol += 4 * torch.finfo(torch.float32).eps * _largest_logit(case)
+        largest = _largest_logit(case)
+        note(recipe, largest_logits=round(largest))
+        atol += 4 * torch.finfo(torch.float32).eps * largest
     return replace(tol, atol=atol * recipe.v_magnitude)
 
 
@@ -186,9 +188,13 @@ def check_cache(claim: Claim, pool: KVPool, layer: int, before: tuple[torch.Tens
 
 
 
+_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
-    """``t`` comparable with ``!=``: fp8 tensors as their bytes (torch compares no fp8 on CPU)."""
-    return t.view(torch.uint8) if t.dtype.itemsize == 1 else t
+    """``t`` comparable with ``!=``: floating tensors as integers of their size, so that a NaN
+    the kit left in memory equals itself (and fp8, which torch does not compare on CPU, works)."""
+    return t.view(_SAME_SIZE_INTS[t.dtype.itemsize]) if t.is_floating_point() else t
 
 
 def with_example(exc: ClaimFalsified, recipe: CaseRecipe) -> ClaimFalsified:

@@ -18,6 +18,16 @@ quantity                 of each example
 ``pool_slots``           slots of the KV pool (the element offsets a kernel computes)
 ``layers``               layers of the pool
 ``layer_patterns``       the per-layer windows of the pool (``-`` for full attention)
+``query_heads``          query heads (128 on one KV head: DeepSeek-style MLA and MQA)
+``rows_x_heads``         batch rows x query heads (past 65,535: CUDA's grid-y limit)
+``head_sizes``           head sizes of q/k
+``unowned_memory``       what filled memory the batch did not own (``nan``, ``pad``, ``stale``:
+                         :mod:`attnhal.testing.cases.unowned`)
+``v_magnitudes``         the largest |V| drawn (new and cached)
+``largest_logits``       the largest ``|q . k| * scale`` of an example with large inputs
+                         (integer q/k or an explicit scale), where the tolerance widens with it
+``fp8_scales``           ``k_scale`` of an fp8 cache
+``history``              batches one backend instance ran in turn (``batch_invariant``)
 =======================  ================================================================
 """
 
@@ -33,7 +43,10 @@ from attnhal.testing.cases import CaseRecipe, pool_size
 __all__ = ["QUANTITIES", "collecting", "format_coverage", "note", "take"]
 
 QUANTITIES = ("batch_sizes", "context_lengths", "extend_lengths", "acceptance_lengths", "draft_tokens",
-              "pool_slots", "layers", "layer_patterns")
+              "pool_slots", "layers", "layer_patterns", "query_heads", "rows_x_heads", "head_sizes", "unowned_memory",
+              "v_magnitudes", "largest_logits", "fp8_scales", "history")
+#: Quantities reported as the set of values seen, not a range.
+_SETS = ("layer_patterns", "unowned_memory")
 
 _current: list[dict[str, set[Any]]] = []
 _taken: dict[str, dict[str, Any]] = {}
@@ -82,7 +95,10 @@ def _of(recipe: CaseRecipe) -> dict[str, Iterable[Any]]:
             "acceptance_lengths": news if recipe.phase is Phase.DRAFT_EXTEND else [],
             "draft_tokens": [recipe.required_spec().num_draft_tokens] if recipe.phase is Phase.TARGET_VERIFY else [],
             "pool_slots": [pool_size(recipe).num_slots], "layers": [recipe.num_layers],
-            "layer_patterns": [" ".join("-" if w is None else str(w) for w in pattern)]}
+            "layer_patterns": [" ".join("-" if w is None else str(w) for w in pattern)],
+            "query_heads": [recipe.num_q_heads], "rows_x_heads": [recipe.rows * recipe.num_q_heads],
+            "head_sizes": [recipe.head_size], "unowned_memory": [recipe.unowned], "v_magnitudes": [recipe.v_magnitude],
+            "fp8_scales": [recipe.kv_scale] if recipe.cache_dtype.itemsize == 1 else []}
 
 
 def _ranges(seen: dict[str, set[Any]]) -> dict[str, Any]:
@@ -90,7 +106,7 @@ def _ranges(seen: dict[str, set[Any]]) -> dict[str, Any]:
     for key, values in seen.items():
         if not values:
             continue
-        if key == "layer_patterns":
+        if key in _SETS:
             out[key] = sorted(values)
         else:
             out[key] = [min(values), max(values)]
@@ -98,6 +114,7 @@ def _ranges(seen: dict[str, set[Any]]) -> dict[str, Any]:
 
 
 def _show(value: Any) -> str:
-    if len(value) == 2 and all(isinstance(v, int) for v in value):
-        return str(value[0]) if value[0] == value[1] else f"{value[0]}..{value[1]}"
+    if len(value) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        lo, hi = (str(v) if isinstance(v, int) else f"{v:g}" for v in value)
+        return lo if value[0] == value[1] else f"{lo}..{hi}"
     return ", ".join(f"[{v}]" for v in value)

@@ -30,7 +30,7 @@ from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
 from attnhal.testing.checks.common import plural, run_examples
 from attnhal.testing.checks.expected import resize
 from attnhal.testing.checks.fixed import fits
-from attnhal.testing.checks.fp8 import check_late_scales, saturation_fields
+from attnhal.testing.checks.fp8 import check_late_scales, large_scale_cases, saturation_fields
 from attnhal.testing.checks.graphs import in_limits, replay_fixed
 from attnhal.testing.checks.phases import canonical_cases, eager_body, expect_refusal
 from attnhal.testing.checks.target import Target, checkable_dtypes
@@ -97,6 +97,7 @@ def check_kv_dtype(target: Target, claim: Claim) -> tuple[str, int]:
         caps, dtype = target.caps, checkable_dtypes(target)[0]
         extra = [replace(c, **saturation_fields(kv, f)) for f in flavours for p in Phase if p in caps.phases
                  for c in canonical_cases(caps, p, dtype, min(caps.head_sizes))]
+        extra += large_scale_cases(target, kv, flavours)
     detail, count = _check_variant(target, claim, [_fields(v) for v in variants], extra)
     if fp8:
         replayed = check_late_scales(target, claim, variants)
@@ -124,7 +125,8 @@ def _fields(values: dict[str, Any]) -> Variant:
 
 def _check_variant(target: Target, claim: Claim, fixed: list[Variant],
                    extra: Sequence[CaseRecipe] = ()) -> tuple[str, int]:
-    """Every claimed phase, eager: the fixed variants of the canonical cases, ``extra``, the
+    """Every claimed phase, eager: the fixed variants of the canonical cases, the first variant
+    at every other claimed head size (features and KV dtypes; the first claimed phase), ``extra``, the
     claim's fixed combinations (:func:`~attnhal.testing.checks.variants.combination_cases`),
     then drawn combinations; then every claimed graph phase captured once with the first
     variant."""
@@ -133,8 +135,14 @@ def _check_variant(target: Target, claim: Claim, fixed: list[Variant],
     phases = [p for p in Phase if p in caps.phases]
     head = min(caps.head_sizes)
     cases = [v(c) for p in phases for v in fixed for c in canonical_cases(caps, p, dtypes[0], head)]
+    # a feature or KV dtype at every other claimed head size once (missing in one instantiation);
+    # the page table does not depend on the head size
+    if claim.kind is not ClaimKind.PAGE_SIZE:
+        cases += [fixed[0](c) for h in sorted(caps.head_sizes)[1:]
+                  for c in canonical_cases(caps, phases[0], dtypes[0], h)]
     cases += [c for c in [*extra, *combination_cases(target, claim)]
               if fits(c, target.max_seq_len, target.max_cost)]
+    cases = list(dict.fromkeys(cases))  # MLA fixes its head size: one case, not one per head size
     name = f"{claim.kind.value}_{claim.subject}"
     count = run_examples(target, name, drawn_cases(target, claim), cases, _attributed(target, claim))
     can_capture = target.platform.graph_kind is not GraphKind.NONE

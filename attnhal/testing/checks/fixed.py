@@ -11,6 +11,9 @@ scattered slots), so that a failure differs from the canonical case in one respe
 * :func:`layout_cases` — MHA 8/8, GQA groups 8 and 16, MQA with 16 query heads;
 * :func:`input_cases` — an explicit scale with logits of hundreds in a fused qkv, and V
   near the dtype's range in strided heads;
+* :func:`range_cases` — logits past fp16's range (``|q . k| * scale`` near 2^17) in every dtype;
+* :func:`server_cases` — 128 query heads on one KV head; decode at 256 rows x 256 heads (thorough:
+  also 1,024 rows x 64 heads);
 * :func:`acceptance_cases` — boundaries by construction: draft extend with every draft
   accepted, one accepted, and both in one batch; verify with the smallest tree (one draft
   node after the root) and the longest chain the phase runs;
@@ -22,6 +25,7 @@ small ones), so the count of fixed examples depends on the target.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -31,7 +35,7 @@ from attnhal.testing.cases import MAX_EXACT_QK, CaseRecipe
 from attnhal.testing.strategies import batch_cost
 
 __all__ = ["acceptance_cases", "at_lengths", "boundary_cases", "edge_cases", "fits", "input_cases", "layout_cases",
-           "size_cases"]
+           "past_fp16_scale", "range_cases", "server_cases", "size_cases"]
 
 #: KV lengths of the boundary batches: 2^k - 1, 2^k, 2^k + 1 for k = 6, 7, 8, spread so
 #: that each batch mixes them.
@@ -109,6 +113,36 @@ def input_cases(base: CaseRecipe, dtype: str) -> list[CaseRecipe]:
     big_v = 2.0**15 if dtype == "float16" else 2.0**20
     return [replace(base, scale=0.3, qk_magnitude=MAX_EXACT_QK, qkv_layout="fused"),
             replace(base, v_magnitude=big_v, qkv_layout="strided", seed=base.seed + 1)]
+
+
+def range_cases(base: CaseRecipe) -> list[CaseRecipe]:
+    """Logits past fp16's range: integer q/k of magnitude 32 and a power-of-two scale that puts
+    the largest ``|q . k| * scale`` near 2^17 (past 65,504; a kernel that forms scores in fp16
+    overflows), where the fp32 math and the softmax after its max-subtraction are finite."""
+    return [replace(base, qk_magnitude=MAX_EXACT_QK, scale=past_fp16_scale(base.head_size), seed=base.seed + 3)]
+
+
+def past_fp16_scale(head_size: int) -> float:
+    """A power of two putting the largest ``|q . k| * scale`` of integer q/k of magnitude 32
+    near 2^17: a dot of ``D`` products has a standard deviation of ``352 sqrt(D)``
+    (``E[x^2] = 32 * 33 / 3`` per factor) and the largest of a case is about four of them."""
+    return 2.0 ** math.ceil(math.log2(2**17 / (4 * 352 * math.sqrt(head_size))))
+
+
+def server_cases(base: CaseRecipe, thorough: bool = False) -> list[CaseRecipe]:
+    """Server sizes, cheaply (tiny contexts, the base's head size): 128 query heads on one KV
+    head (MQA; DeepSeek-style MLA has the same ratio); in decode also 256 rows of 256 query
+    heads (rows x heads = 65,536, past CUDA's grid-y limit of 65,535) and, when thorough,
+    1,024 rows of 64 query heads. Every row costs the reference a step of its own: the
+    other phases keep their rows few."""
+    out = [replace(base, num_q_heads=128, num_kv_heads=1, seed=base.seed + 6)]
+    if base.phase is Phase.DECODE:
+        out.append(replace(at_lengths(base, tuple(1 + i % 5 for i in range(256))), num_q_heads=256, num_kv_heads=2,
+                           seed=base.seed + 7))
+        if thorough:
+            out.append(replace(at_lengths(base, tuple(1 + i % 2 for i in range(1024))), num_q_heads=64,
+                               num_kv_heads=8, seed=base.seed + 8))
+    return out
 
 
 def acceptance_cases(base: CaseRecipe, max_draft_tokens: int | None = None) -> list[CaseRecipe]:

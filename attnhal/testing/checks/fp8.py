@@ -10,6 +10,8 @@
   are stored saturated, in every flavour (:func:`attnhal.testing.oracle.quantize`:
   e4m3fn ±448, e4m3fnuz ±240, e5m2 ±57344), never as NaN or inf: a bare conversion
   saturates in one flavour and not in the others.
+* **Large scales.** Scales of 2^12 under large q (:func:`large_scale_cases`): ``q * k_scale``
+  past fp16's range, where the fp32 math stays finite.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ from attnhal.testing.checks.graphs import in_limits, replay_fixed
 from attnhal.testing.checks.phases import canonical_cases, check_eager
 from attnhal.testing.checks.target import Target, checkable_dtypes
 
-__all__ = ["LATE_K_SCALE", "LATE_V_SCALE", "check_late_scales", "late_scales", "saturation_fields"]
+__all__ = ["LARGE_K_SCALE", "LATE_K_SCALE", "LATE_V_SCALE", "check_late_scales", "large_scale_cases", "late_scales",
+           "saturation_fields"]
 
 #: The scales set late, layer ``l``: K ``LATE_K_SCALE / (l + 1)``, V ``LATE_V_SCALE * (l + 1)``
 #: (per layer, none 1, none the recipe's, none in the recipe's ratio of V to K).
 LATE_K_SCALE, LATE_V_SCALE = 0.125, 1.5
+#: ``k_scale`` of the large-scale cases (``v_scale`` twice it): 32 * 2^12 = 2^17 > 65,504.
+LARGE_K_SCALE = 2.0**12
 
 
 def saturation_fields(kv_dtype: str, flavour: str) -> dict[str, Any]:
@@ -46,6 +51,19 @@ def saturation_fields(kv_dtype: str, flavour: str) -> dict[str, Any]:
     k_scale = 2.0 ** math.floor(math.log2(16 / top))
     return {"kv_dtype": kv_dtype, "fp8_flavor": flavour, "kv_scale": k_scale, "qk_magnitude": 32,
             "v_magnitude": 4 * top * 2 * k_scale}
+
+
+def large_scale_cases(target: Target, kv_dtype: str, flavours: list[str]) -> list[CaseRecipe]:
+    """Large scales with large q, in every checkable compute dtype and flavour (decode, or the
+    first claimed phase): ``k_scale`` :data:`LARGE_K_SCALE` under integer q/k of magnitude 32
+    (``q * k_scale`` is 2^17, past fp16's range: a kernel that folds the scale into q, or
+    dequantizes K, in fp16 overflows), V of magnitude 2^15 (stored ``V / 2^13``, outputs within
+    fp16's range). The fp32 math is finite; the tolerance widens with the logits and |V|."""
+    caps = target.caps
+    phase = Phase.DECODE if Phase.DECODE in caps.phases else next(p for p in Phase if p in caps.phases)
+    return [replace(canonical_cases(caps, phase, dtype, min(caps.head_sizes))[0], kv_dtype=kv_dtype,
+                    fp8_flavor=f, kv_scale=LARGE_K_SCALE, qk_magnitude=32, v_magnitude=2.0**15)
+            for dtype in checkable_dtypes(target) for f in flavours]
 
 
 def late_scales(layers: int) -> tuple[list[float], list[float]]:

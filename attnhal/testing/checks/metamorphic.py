@@ -4,7 +4,9 @@
   claimed phase, one backend (as an engine keeps one) runs a batch of mixed lengths, the
   same rows reversed and rotated, each row alone, the batch again after its requests moved
   to other request rows of the page table (a finished request's row taken by another),
-  and a batch of 64 rows of mixed lengths. Every output is checked against the fp64
+  a batch of 64 rows of mixed lengths, and a history: one backend over one pool runs a
+  fixed sequence of batches whose sizes grow and shrink and whose lengths rise past KV
+  split lengths and fall back (:data:`HISTORY`). Every output is checked against the fp64
   reference within the declared tolerance, and a row's output in a reordered or moved batch
   of the same size is **bitwise** its output in the first batch (every backend owes
   ``deterministic``; only the batch size may change a kernel's split, never the order).
@@ -15,11 +17,15 @@
 
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
 import torch
 
 from attnhal.backend import AttentionBackend
 from attnhal.phases import Phase
-from attnhal.testing.cases import Case, CaseRecipe, build_case
+from attnhal.testing.cases import Case, CaseRecipe, PoolSize, build_case, make_pool, pool_size
+from attnhal.testing.cases.unowned import UNOWNED
 from attnhal.testing.cases.rows import move_requests, row_tokens, select_rows
 from attnhal.testing.checks.capture import capture, step_inputs
 from attnhal.testing.checks.claims import Claim, ClaimFalsified
@@ -31,13 +37,17 @@ from attnhal.testing.checks.phases import canonical_cases
 from attnhal.testing.checks.properties import graph_phase_cases
 from attnhal.testing.checks.target import Target, checkable_dtypes
 
-__all__ = ["BIG_BATCH", "check_batch_invariant", "check_empty_batch"]
+__all__ = ["BIG_BATCH", "HISTORY", "check_batch_invariant", "check_empty_batch"]
 
 #: Rows of the large batch: past the batch sizes where kernels switch paths (split counts,
 #: persistent grids) and past every capture size the kit uses.
 BIG_BATCH = 64
 #: KV lengths of the mixed batch: short, across a 64-block boundary, long.
 _MIXED = (37, 1, 70, 9, 130)
+#: One backend's history: per batch, its requests' KV lengths. Sizes grow and shrink (1 to 8
+#: rows); lengths rise past KV split lengths (256, 1024: the first split of a CPU or GPU
+#: kernel) and 2048, then fall back to a few tokens.
+HISTORY = ((5,), (40, 3), (300, 7, 1, 90), (1100,), (2049, 30), (3,) * 8, (2,))
 
 
 def _base(target: Target, phase: Phase) -> CaseRecipe:
@@ -52,7 +62,7 @@ def _phases(target: Target) -> list[Phase]:
 # --- batch invariance ------------------------------------------------------------------------
 
 def check_batch_invariant(target: Target, claim: Claim) -> tuple[str, int]:
-    count = 0
+    count = history = 0
     for phase in _phases(target):
         base = _base(target, phase)
         top = target.max_seq_len  # an interpreter's bound shortens the rows, never drops them
@@ -61,8 +71,32 @@ def check_batch_invariant(target: Target, claim: Claim) -> tuple[str, int]:
         big = at_lengths(base, tuple(min(1 + (37 * i) % 90, top) for i in range(BIG_BATCH)))
         if fits(big, target.max_seq_len, target.max_cost):
             count += _check_sequence(target, claim, big, alone=False)
+        history = _check_history(target, claim, base)
+        count += history
     return (f"every claimed phase: {len(_MIXED)} rows of mixed lengths reversed, rotated, alone and moved to other "
-            f"request rows (bitwise equal where the size is kept), and {BIG_BATCH} rows; {count} batches"), count
+            f"request rows (bitwise equal where the size is kept), {BIG_BATCH} rows, and a history of {history} "
+            f"batches through one backend (lengths rising past KV splits and falling back); {count} batches"), count
+
+
+def _check_history(target: Target, claim: Claim, base: CaseRecipe) -> int:
+    """One backend and one pool run :data:`HISTORY` in turn, each batch against the reference:
+    state sized or cached by an earlier batch (split-K partials, reduce bounds, a workspace
+    grown for the longest row so far) shows when lengths rise past it or fall back."""
+    top = target.max_seq_len
+    recipes = [replace(at_lengths(base, tuple(min(n, top) for n in lens)), seed=base.seed + i,
+                       unowned=UNOWNED[i % len(UNOWNED)])
+               for i, lens in enumerate(HISTORY)]
+    recipes = [r for r in recipes if fits(r, target.max_seq_len, target.max_cost)]
+    pool = make_pool(recipes[0], functools.reduce(PoolSize.union, (pool_size(r) for r in recipes)), target.device)
+    backend = None
+    for i, recipe in enumerate(recipes):
+        case = build_case(recipe, pool=pool)
+        if backend is None:
+            with blame(claim, f"{_where(recipe)}: the backend"):
+                backend = target.new_backend(case.config, case.pool)
+        _run(target, claim, backend, case, f"{_where(recipe)}, batch {i + 1} of a history of {len(recipes)}")
+        note(recipe, history=len(recipes))
+    return len(recipes)
 
 
 def _check_sequence(target: Target, claim: Claim, recipe: CaseRecipe, alone: bool = True) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from attnhal.testing.checks.common import (
     run_examples,
     with_example,
 )
-from attnhal.testing.checks.target import Target
+from attnhal.testing.checks.target import Target, checkable_dtypes
 from attnhal.testing.oracle import reference_forward
 
 def canonical_cases(caps: BackendCapabilities, phase: Phase, dtype: str, head_size: int) -> list[CaseRecipe]:
@@ -84,16 +85,30 @@ def _inputs(recipe: CaseRecipe) -> str:
 
 def phase_examples(target: Target, phase: Phase, dtype: str) -> list[CaseRecipe]:
     """The fixed examples of ``phase`` in ``dtype``: the canonical case at every claimed head
-    size, then (at the smallest) block boundaries, edge rows, head layouts and input
-    variations (:mod:`attnhal.testing.checks.fixed`), within the target's bounds."""
+    size (memory the batch does not own holding NaN/inf), then at the smallest the same with a
+    page table padded with -1 and with stale memory (:mod:`~attnhal.testing.cases.unowned`),
+    block boundaries, edge rows, head layouts, input variations, logits past fp16's range
+    and (in the first checkable dtype) server sizes (:mod:`attnhal.testing.checks.fixed`),
+    within the target's bounds."""
     caps = target.caps
     sizes = sorted(caps.head_sizes)
     out = [c for h in sizes for c in canonical_cases(caps, phase, dtype, h)]
     base = canonical_cases(caps, phase, dtype, sizes[0])[0]
+    out += [replace(base, unowned=u, seed=base.seed + 9) for u in ("pad", "stale")]  # beside the default "nan"
     out += [*fixed.boundary_cases(base, target.thorough), *fixed.edge_cases(base), *fixed.layout_cases(base),
             *fixed.input_cases(base, dtype), *fixed.size_cases(base, max(target.capture_sizes)),
-            *fixed.acceptance_cases(base, caps.run_limits.get(phase, SpecLimits()).max_draft_tokens)]
+            *fixed.acceptance_cases(base, caps.run_limits.get(phase, SpecLimits()).max_draft_tokens),
+            *fixed.range_cases(base)]
+    if dtype == checkable_dtypes(target)[0] and full_sizes(target):  # once per phase: the rows cost, not the dtype
+        out += fixed.server_cases(base, target.thorough)
     return [c for c in out if fixed.fits(c, target.max_seq_len, target.max_cost)]
+
+
+def full_sizes(target: Target) -> bool:
+    """Whether the target runs server sizes (128 query heads, 1,024 rows): not under a
+    ``max_seq_len`` below the default, an interpreter's bound (it runs programs one by one:
+    256 decode rows take minutes there)."""
+    return target.max_seq_len >= hst.DEFAULT_MAX_SEQ_LEN
 
 
 def check_phase(target: Target, claim: Claim) -> tuple[str, int]:
@@ -105,7 +120,8 @@ def check_phase(target: Target, claim: Claim) -> tuple[str, int]:
                               max_seq_len=target.max_seq_len, max_cost=target.max_cost, inputs=True)
     count = run_examples(target, f"{claim.kind.value}_{phase.value}_{dtype}", strategy, examples,
                          eager_body(target, claim))
-    return f"head sizes {', '.join(map(str, sizes))}; {plural(count, 'example')} ({len(examples)} fixed)", count
+    left = "" if full_sizes(target) else f"; server sizes left out (max_seq_len {target.max_seq_len})"
+    return f"head sizes {', '.join(map(str, sizes))}; {plural(count, 'example')} ({len(examples)} fixed){left}", count
 
 
 

@@ -10,7 +10,9 @@ Both run on the plain and on every claimed fp8 cache (fixed and drawn examples).
 * ``inputs_unchanged`` — after ``init_forward_metadata`` and ``forward``: ``q``, ``k``,
   ``v`` (views of a fused tensor included), every batch tensor, the pool's table and
   every layer's K/V are as they were, except ``out_cache_loc`` (and the padding slot) of
-  the forward's layer, which hold the new tokens' K/V.
+  the forward's layer, which hold the new tokens' K/V; and the forward's output is as it
+  was after a second forward of the same backend (an eager output is the caller's: output
+  lifetime, see :class:`~attnhal.backend.AttentionBackend`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from attnhal.backend import ForwardBatch
 from attnhal.kv_format import kv_format
 from attnhal.phases import GRAPH_PHASES, Phase
 from attnhal.platform import GraphKind
-from attnhal.testing.cases import CaseRecipe, build_case
+from attnhal.testing.cases import Case, CaseRecipe, build_case
 from attnhal.testing.checks.capture import capture
 from attnhal.testing.checks.claims import Claim, ClaimFalsified, ClaimKind
 from attnhal.testing.checks.common import bits, blame, check_cache, heads, plural, run_examples
@@ -176,17 +178,34 @@ def check_inputs_unchanged(target: Target, claim: Claim) -> tuple[str, int]:
         with blame(claim, f"{what}: the backend"):
             backend = target.new_backend(case.config, case.pool)
             backend.init_forward_metadata(case.batch)
-            backend.forward(case.q, case.k, case.v, case.layer, case.batch)
+            out = backend.forward(case.q, case.k, case.v, case.layer, case.batch)
         changed = [name for name, t in tensors.items() if not torch.equal(bits(t), bits(before[name]))]
         if changed:
             raise ClaimFalsified(claim, f"{what}: forward changed {', '.join(changed)} (supported: only "
                                         "out_cache_loc of the forward's layer is written)")
         check_cache(claim, case.pool, case.layer, layer, case.batch, case.k, case.v, what)
+        _output_kept(claim, backend, case, out, what)
 
     examples = _fixed(target, lambda base: [fixed.edge_cases(base)[0], fixed.input_cases(base, base.dtype)[0]])
     count = run_examples(target, "inputs_unchanged", _drawn(target), examples, body)
-    return (f"q/k/v, batch tensors, the pool's table and other layers untouched, every claimed phase; "
+    return (f"q/k/v, batch tensors, the pool's table and other layers untouched, the output kept through a "
+            f"second forward, every claimed phase; "
             f"{plural(count, 'example')}"), count
+
+
+def _output_kept(claim: Claim, backend: Any, case: Case, out: Any, what: str) -> None:
+    """The output of a forward keeps its values through the next forward of the same backend
+    (another batch's queries: ``-q``, the same K/V): an eager output is the caller's."""
+    if not isinstance(out, torch.Tensor):
+        return  # check_output of the phase claims reports it
+    kept = out.clone()
+    with blame(claim, f"{what}: the backend's second forward"):
+        backend.init_forward_metadata(case.batch)
+        backend.forward(-case.q, case.k, case.v, case.layer, case.batch)
+    if not torch.equal(bits(out), bits(kept)):
+        raise ClaimFalsified(claim, f"{what}: the first forward's output changed during a second forward "
+                                    f"({int((bits(out) != bits(kept)).sum())} of {out.numel()} elements; supported: "
+                                    "an eager output is the caller's, never a buffer the backend writes again)")
 
 
 def _batch_tensors(batch: ForwardBatch) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ from attnhal.platform import Fp8Flavor
 from attnhal.testing.cases import CaseRecipe
 from attnhal.testing.checks.claims import Claim, ClaimKind
 from attnhal.testing.checks.fixed import at_lengths, fits
-from attnhal.testing.checks.phases import canonical_cases
+from attnhal.testing.checks.phases import canonical_cases, full_sizes
 from attnhal.testing.checks.target import Target, checkable_dtypes
 
 __all__ = ["combination_cases", "drawn_cases", "fp8_flavours", "strip", "subject_fields"]
@@ -135,6 +135,8 @@ def _feature_combinations(target: Target, claim: Claim, canon: dict[Phase, CaseR
         page = min((p for p in caps.page_sizes if p > 1), default=1)
         mla = {**hst.MLA_FIELDS, "page_size": page, **_others_on(caps, Feature.SLIDING_WINDOW)}
         out += [replace(canon[p], **mla) for p in (Phase.DECODE, Phase.TARGET_VERIFY) if p in canon]
+        first = canon.get(Phase.DECODE) or next(iter(canon.values()))  # DeepSeek's 128 q heads on the latent
+        out += [replace(first, **hst.MLA_FIELDS, num_q_heads=128)] if full_sizes(target) else []
     return out
 
 
@@ -166,7 +168,8 @@ def _page_boundaries(target: Target, claim: Claim, canon: dict[Phase, CaseRecipe
     out: list[CaseRecipe] = []
     for phase, base in canon.items():
         extra = base.draft_step + 1 if phase is Phase.DRAFT_DECODE else 0
-        for lens in ((P, 2 * P + 1, P - 1), (2 * P, P + 1, 3 * P)):
+        # the partial last pages' tails: NaN/inf and -1 past the rows, then stale values and pages past the pool
+        for lens, unowned in (((P, 2 * P + 1, P - 1), "pad"), ((2 * P, P + 1, 3 * P), "stale")):
             case = at_lengths(base, tuple(n + extra for n in lens))
-            out.append(replace(case, page_size=P, seed=base.seed + len(out)))
+            out.append(replace(case, page_size=P, seed=base.seed + len(out), unowned=unowned))
     return out

@@ -142,10 +142,12 @@ def case_specs(draw: st.DrawFn, caps: BackendCapabilities, phase: Phase, *, dtyp
     (``target_verify`` with ``topk > 1``; ``tree=True`` forces one), accepted lengths
     (``draft_extend``), the draft path and step (``draft_decode``; ``multi_step=True``:
     step 0 with re-parenting between forwards), layers, a slot layout, and with
-    ``inputs=True`` the :func:`input_variations`. ``page_size``: the recipe's page size, and
+    ``inputs=True`` the :func:`input_variations`, and what fills memory the batch does not own
+    (``unowned``: NaN/inf or stale values). ``page_size``: the recipe's page size, and
     context lengths drawn around its multiples too (:func:`context_lengths`).
     """
     from attnhal.testing.cases import CaseRecipe
+    from attnhal.testing.cases.unowned import UNOWNED
 
     if max_kv_heads is not None or max_group is not None:
         heads = draw(head_configs(max_kv_heads or 2, max_group or 4))
@@ -163,6 +165,7 @@ def case_specs(draw: st.DrawFn, caps: BackendCapabilities, phase: Phase, *, dtyp
                       head_size=size, spec=spec, num_layers=layers,
                       layer=draw(st.integers(0, layers - 1)), slot_seed=draw(st.integers(0, 2**16)),
                       seed=draw(st.integers(0, 2**16)), host_seq_lens=caps.needs_host_seq_lens, page_size=page_size,
+                      unowned=draw(st.sampled_from(UNOWNED)),
                       **draw(_phase_fields(phase, spec, n, max_seq_len, multi_step, budget)), **variation)
 
 
