@@ -70,8 +70,8 @@ class MasksAfterTheDot(_Server):
             pos = torch.arange(-(-seq // self.TILE) * self.TILE)
             cols = (pos // P).clamp(max=pool.req_to_page.shape[1] - 1)
             slots = (pool.req_to_page[req, cols].long() * P + pos % P) % n
-            k = _read(pool.k[layer], slots, pool.k_scale[layer], pool.is_fp8)  # [n, KV, D]
-            v = _read(pool.v[layer], slots, pool.v_scale[layer], pool.is_fp8)
+            k = _read(pool.k[layer], slots, pool.k_scale[layer], pool.kv_format.scaled)  # [n, KV, D]
+            v = _read(pool.v[layer], slots, pool.v_scale[layer], pool.kv_format.scaled)
             qr = q[r].float().view(cfg.num_kv_heads, G, -1)
             scores = torch.einsum("kgd,nkd->kgn", qr, k) * cfg.sm_scale
             scores[..., seq:] = float("-inf")
@@ -144,8 +144,8 @@ class Fp16Scores(_Server):
         G = cfg.num_q_heads // cfg.num_kv_heads
         for r, (req, seq) in enumerate(zip(batch.req_pool_indices.tolist(), batch.seq_lens.tolist())):
             slots = pool.slots(torch.tensor([req]), torch.arange(seq)).flatten()
-            k = _read(pool.k[layer], slots, pool.k_scale[layer], pool.is_fp8)
-            v = _read(pool.v[layer], slots, pool.v_scale[layer], pool.is_fp8)
+            k = _read(pool.k[layer], slots, pool.k_scale[layer], pool.kv_format.scaled)
+            v = _read(pool.v[layer], slots, pool.v_scale[layer], pool.kv_format.scaled)
             qr = q[r].float().view(cfg.num_kv_heads, G, -1) * cfg.sm_scale
             scores = torch.einsum("kgd,nkd->kgn", qr, k).half().float()  # the fp16 score tile
             probs = torch.softmax(scores, dim=-1)
