@@ -52,7 +52,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     for adapter in registry.adapters():
         for flag in adapter.own_flags:
             if flag.name not in declared:
-                p.add_argument(f"--{flag.name}", dest=flag.name, type=choice(flag.choices), default=None,
+                # An open flag's other values are the adapter's to check (a release string).
+                p.add_argument(f"--{flag.name}", dest=flag.name, type=str if flag.open else choice(flag.choices),
+                               default=None,
                                metavar="|".join(flag.choices), help=f"with --engine {adapter.name}: {flag.help}")
             declared.setdefault(flag.name, []).append(adapter.name)
     p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
@@ -89,7 +91,7 @@ def _own_values(args: argparse.Namespace, adapter: EngineAdapter) -> tuple[dict[
             raise EngineArgError(f"--{name}", f"--{name}={value} (supported: with --engine {', '.join(takers)})")
     for flag in mine.values():
         value = own.get(flag.name)
-        if value is not None and value not in flag.choices:
+        if value is not None and value not in flag.choices and not flag.open:
             raise EngineArgError(f"--{flag.name}", f"--{flag.name}={value!r} (supported: {', '.join(flag.choices)})")
     return {**{n: own.get(n) for n in COMMON_OWN_FLAGS}, **{n: own.get(n) for n in mine}}, engine_argv
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from attnhal.engines import registry
 from attnhal.engines.plugin_gate import installed as installed_release
+from attnhal.engines.releases import modelled
 
 if TYPE_CHECKING:
     from attnhal.engines.base import EngineAdapter
@@ -37,14 +38,19 @@ class EngineVersions:
     installed: str | None  # None: not installed
     #: What the engine's plugin does on another release (the adapter's ``other_release``).
     other: str = "audits only"
+    #: The release numbers that name a series (the adapter's ``series_digits``): a patch, pre- or
+    #: post-release of a supported release is modelled as it (:mod:`attnhal.engines.releases`).
+    digits: int = 3
 
     @property
     def status(self) -> str:
-        """``supported``, ``not installed`` or what the plugin does on another release."""
+        """``supported``, ``supported as R`` (a release of R's series), ``not installed`` or what
+        the plugin does on another release."""
         if self.installed is None:
             return "not installed"
-        if self.installed in self.supported:
-            return "supported"
+        same = modelled(self.installed, self.supported, self.digits)
+        if same is not None:
+            return "supported" if same.exact else f"supported as {same.release}"
         return f"another release: the plugin {self.other}"
 
     def to_dict(self) -> dict[str, object]:
@@ -58,5 +64,6 @@ def table(installed: Callable[[str], str | None] = installed_release) -> list[En
     for adapter in registry.adapters():
         distribution = str(getattr(adapter, "distribution", None) or adapter.name)
         rows.append(EngineVersions(adapter.name, distribution, supported(adapter), installed(distribution),
-                                   str(getattr(adapter, "other_release", None) or "audits only")))
+                                   str(getattr(adapter, "other_release", None) or "audits only"),
+                                   int(getattr(adapter, "series_digits", 3))))
     return rows

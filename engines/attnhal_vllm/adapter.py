@@ -10,9 +10,11 @@ from attnhal.catalog import load
 from attnhal.engines.base import EngineConfig, OwnFlag
 from attnhal.engines.flags import EngineArgError, Flag, check, model_kind
 from attnhal.engines.plugin_gate import installed
+from attnhal.engines.releases import modelled
 from attnhal.engines.report import format_report
 from attnhal_vllm.drafter import DrafterMode, drafter_mode
-from attnhal_vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_VERSION, VLLM_VERSIONS, parse_cli
+from attnhal_vllm.flags import (FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_SERIES_DIGITS, VLLM_VERSION,
+                                 VLLM_VERSIONS, parse_cli)
 from attnhal_vllm.levels import Level, support_on
 from attnhal_vllm.resolution import GraphMode, ModeResolution, resolve_mode
 from attnhal_vllm.startup import report_rows
@@ -99,14 +101,19 @@ def _refuse_contradictions(values: Mapping[str, Any], speculative: Mapping[str, 
 
 def release_for(given: str | None) -> tuple[str, str]:
     """The vLLM release to model and how it was chosen: ``given`` (``--vllm-version``), else the
-    installed release where attnhal supports it, else the newest supported one."""
+    installed release where attnhal supports it, else the newest supported one. A patch, pre- or
+    post-release of a supported minor (``0.34.1``, ``0.34.0rc1``, ``v0.34.0``) is modelled as that
+    minor's supported release, and ``chosen`` says so (:func:`attnhal.engines.releases.modelled`)."""
     if given is not None:
-        if given not in VLLM_VERSIONS:
-            raise EngineArgError("--vllm-version", f"--vllm-version={given!r} (supported: {', '.join(VLLM_VERSIONS)})")
-        return given, "--vllm-version"
+        same = modelled(given, VLLM_VERSIONS, VLLM_SERIES_DIGITS)
+        if same is None:
+            raise EngineArgError("--vllm-version", f"--vllm-version={given!r} (supported: {', '.join(VLLM_VERSIONS)}"
+                                 f" and the patch, pre- and post-releases of their minors)")
+        return same.release, "--vllm-version" + (f"; {same.line('vLLM')}" if not same.exact else "")
     here = installed("vllm")
-    if here in VLLM_VERSIONS:
-        return str(here), "installed"
+    same = modelled(here, VLLM_VERSIONS, VLLM_SERIES_DIGITS)
+    if same is not None:
+        return same.release, "installed" + (f"; {same.line('vLLM')}" if not same.exact else "")
     where = "no vLLM installed" if here is None else f"vLLM {here} installed, not modelled"
     return VLLM_VERSIONS[-1], f"{where}: the newest supported; --vllm-version picks another"
 
@@ -185,6 +192,7 @@ class VllmAdapter:
     name = "vllm"
     version = VLLM_VERSION
     versions = VLLM_VERSIONS
+    series_digits = VLLM_SERIES_DIGITS
     distribution = "vllm"
     #: On another release the plugin knows no code to hook (0.34 moved the runner): it stays off.
     other_release = "stays off"
@@ -193,7 +201,8 @@ class VllmAdapter:
     own_flags = (OwnFlag("trtllm-cubins", "whether FlashInfer's trtllm-gen cubins are available (its graph level "
                                           "rests on them)", ("yes", "no"), "yes"),
                  OwnFlag("vllm-version", "the vLLM release to model (default: the installed one, else the newest "
-                                         "supported)", VLLM_VERSIONS))
+                                         "supported; a patch or pre/post release of a supported minor is "
+                                         "modelled as it)", VLLM_VERSIONS, open=True))
     field_flags = FIELD_FLAGS
     catalog = "attnhal_vllm.catalog"
 

@@ -10,12 +10,15 @@ from attnhal.engines.flags import EngineArgError, Flag, json_object, one_of, pos
 from attnhal.engines.flags import parse_cli as parse_flags
 from attnhal_vllm.resolution import GraphMode
 
-__all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "VLLM_VERSION", "VLLM_VERSIONS", "parse_cli"]
+__all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "VLLM_SERIES_DIGITS", "VLLM_VERSION", "VLLM_VERSIONS", "parse_cli"]
 
 #: The release whose arguments this module reads and whose backends ``engines/attnhal_vllm/catalog`` describes.
 VLLM_VERSION = "0.33.0"
 #: The releases the adapter and the plugin are tested against (``attnhal info``; the plugin stays off on others: it knows no code of theirs to hook).
 VLLM_VERSIONS = (VLLM_VERSION, "0.34.0")
+#: vLLM's series is its minor (``0.34``): a patch, pre- or post-release of a supported release is
+#: modelled as it (:func:`attnhal.engines.releases.modelled`); vLLM moves code between minors.
+VLLM_SERIES_DIGITS = 2
 
 #: Planner field (an :class:`~attnhal.errors.InvalidValue`'s ``field``) -> the flags that set it, in
 #: the order :func:`~attnhal_vllm.adapter.from_engine_args` reads them, each with how a message

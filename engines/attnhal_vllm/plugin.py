@@ -93,12 +93,19 @@ def register() -> None:
 
 
 def _register(env: Mapping[str, str]) -> None:
+    from attnhal.engines.releases import modelled
+    from attnhal_vllm.flags import VLLM_SERIES_DIGITS
+
     version = installed_vllm()
-    # Another release: no known code to hook (0.34 moved the runner), so the plugin stays off.
+    # Another minor: no known code to hook (0.34 moved the runner), so the plugin stays off; a patch
+    # or pre/post release of a supported minor is hooked as that minor's release (said once).
     if plugin_mode("vLLM", version, tuple(RELEASES), mode_from(env, ENV_VAR, MODES, log), ENV_VAR, log,
-                   other=None) is None:
+                   other=None, digits=VLLM_SERIES_DIGITS) is None:
         return
-    targets = RELEASES[str(version)]
+    same = modelled(version, tuple(RELEASES), VLLM_SERIES_DIGITS)
+    if same is None:
+        return
+    targets = RELEASES[same.release]
     waiting = []
     for target in targets:
         module = sys.modules.get(target.module)

@@ -196,7 +196,7 @@ def test_the_release_modelled_is_the_installed_one_else_the_newest(
     monkeypatch.setattr(vllm_plan, "installed", lambda distribution: here)
     assert vllm_plan.release_for(None)[0] == release and vllm_plan.release_for(None)[1].startswith(chosen)
     assert vllm_plan.release_for("0.33.0") == ("0.33.0", "--vllm-version")
-    with pytest.raises(EngineArgError, match=r"--vllm-version='0.36' \(supported: 0.33.0, 0.34.0\)"):
+    with pytest.raises(EngineArgError, match=r"--vllm-version='0.36' \(supported: 0.33.0, 0.34.0 and the patch"):
         vllm_plan.release_for("0.36")
 
 
@@ -238,4 +238,4 @@ def test_cli_plan_prints_the_start_up_report_of_the_release(capsys: pytest.Captu
     assert data["release"] == {"version": "0.33.0", "chosen": "--vllm-version"}
     assert data["drafter"]["draft_decode"] == "PIECEWISE" and not data["drafter"]["captures_attention"]
     assert main([*argv[:5], "--vllm-version", "0.2", *argv[7:]]) == 2
-    assert "--vllm-version='0.2' (supported: 0.33.0, 0.34.0)" in capsys.readouterr().err
+    assert "--vllm-version='0.2' (supported: 0.33.0, 0.34.0 and the patch" in capsys.readouterr().err
