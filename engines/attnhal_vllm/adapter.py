@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -13,10 +14,11 @@ from attnhal.engines.plugin_gate import installed
 from attnhal.engines.releases import modelled
 from attnhal.engines.report import format_report
 from attnhal_vllm.drafter import DrafterMode, drafter_mode
-from attnhal_vllm.flags import (FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_SERIES_DIGITS, VLLM_VERSION,
-                                 VLLM_VERSIONS, parse_cli)
+from attnhal_vllm.flags import (FIELD_FLAGS, FLAGS, HARMLESS, METHODS, OPTIMIZATION_LEVELS, VLLM_SERIES_DIGITS,
+                                 VLLM_VERSION, VLLM_VERSIONS, parse_cli)
 from attnhal_vllm.levels import Level, support_on
 from attnhal_vllm.resolution import GraphMode, ModeResolution, resolve_mode
+from attnhal_vllm.runner import ENV_VAR as RUNNER_VAR, RunnerChoice, select_runner
 from attnhal_vllm.startup import report_rows
 from attnhal.phases import Phase, phases_run
 from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends
@@ -47,6 +49,7 @@ class VllmConfig(EngineConfig):
     resolution: ModeResolution
     level: Level | None = None  # the builder's level the resolution used (None: not resolved yet)
     drafter: DrafterMode | None = None  # None: no draft model (no speculation, or n-gram)
+    runner: RunnerChoice | None = None  # the model runner vLLM selects (None: not selected yet)
     query_len: int = 1  # the uniform decode query length: 1 + speculative tokens
 
     def refusal(self) -> str | None:
@@ -63,6 +66,7 @@ class VllmConfig(EngineConfig):
                 "cudagraph_mode": {"requested": r.requested.value, "resolved": r.mode.value if r.mode else None,
                                    "steps": list(r.steps), "error": r.error},
                 "release": {"version": self.version, "chosen": self.chosen},
+                "runner": self.runner.to_dict() if self.runner else None,
                 "drafter": self.drafter.to_dict() if self.drafter else None}
 
     def summary(self, platform: Platform) -> list[str]:
@@ -73,6 +77,8 @@ class VllmConfig(EngineConfig):
         return [f"engine: vLLM {self.version}{chosen} -> {self.backend}: AttentionCGSupport {level.support.name}"
                 + (f" ({why})" if why else ""),
                 *([f"assumes: {level.assumes}"] if level.assumes else []),
+                *([f"runner: {self.runner.name} ({self.runner.why})"] if self.runner else []),
+                *([f"assumes: {self.runner.assumes}"] if self.runner and self.runner.assumes else []),
                 f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps),
                 *([f"drafter: draft decode {self.drafter.mode} ({self.drafter.why})"] if self.drafter else [])]
 
@@ -120,7 +126,7 @@ def release_for(given: str | None) -> tuple[str, str]:
 
 def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = None,
                      trtllm_cubins: bool = True, model: ModelKind | str | None = None,
-                     version: str | None = None) -> VllmConfig:
+                     version: str | None = None, env: Mapping[str, str] | None = None) -> VllmConfig:
     """Translate vLLM engine arguments (``--attention-backend``, ``--spec-method``, ``--spec-tokens``,
     ``--speculative-config``, ``--compilation-config`` ``cudagraph_mode``, ``--enforce-eager``).
 
@@ -129,10 +135,12 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     ``platform`` (:func:`~attnhal_vllm.levels.support_on`; without a platform, the
     catalogue's); ``trtllm_cubins`` is the assumption FlashInfer's level rests on; ``model``
     the model's attention kind (vLLM reads it from the checkpoint); ``version`` the release
-    (:func:`release_for`: default the installed one, else the newest supported). Raises
-    :class:`EngineArgError` naming the flag.
+    (:func:`release_for`: default the installed one, else the newest supported); ``env`` vLLM's
+    environment as far as it picks the model runner (:func:`~attnhal_vllm.runner.select_runner`:
+    ``VLLM_USE_V2_MODEL_RUNNER``; default unset). Raises :class:`EngineArgError` naming the flag.
     """
     release, chosen = release_for(version)
+    runner = select_runner(release, env or {})
     values, ignored = check(args, FLAGS, HARMLESS, "attnhal_vllm.HARMLESS")
     if "attention_backend" not in values:
         raise EngineArgError("--attention-backend", "--attention-backend is required (vLLM picks one per "
@@ -149,7 +157,8 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
         spec = SpecConfig.ngram(tokens + 1)
     else:
         spec = SpecConfig(SpecAlgorithm(METHODS[method]), tokens)
-    requested = GraphMode(values.get("compilation_config", {}).get("cudagraph_mode", "FULL_AND_PIECEWISE"))
+    level_default = OPTIMIZATION_LEVELS[values.get("optimization_level", "2")]  # vLLM's default level: 2
+    requested = GraphMode(values.get("compilation_config", {}).get("cudagraph_mode", level_default))
     if values.get("enforce_eager"):
         requested = GraphMode.NONE
     query_len = 1 + tokens if tokens else 1
@@ -159,7 +168,8 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     backend = values["attention_backend"]
     full = resolution.mode is not None and "FULL" in (resolution.mode.decode, resolution.mode.mixed)
     runs = phases_run(spec) | {Phase.PREFILL, Phase.DECODE}
-    drafter = drafter_mode(release, resolution.mode) if Phase.DRAFT_DECODE in runs else None
+    drafter = (drafter_mode(release, resolution.mode, runner.name, spec.algorithm.value)
+               if Phase.DRAFT_DECODE in runs else None)
     notes, off = _drafter_notes(drafter, full)
     return VllmConfig(spec=spec, backends=PhaseBackends.same(load(backend).descriptor, spec),
                       policy=GraphPolicy(enabled=full, disabled_phases=off),
@@ -167,7 +177,7 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
                       roles={p.value: backend.removeprefix("vllm:") if p in runs else None for p in Phase},
                       ignored=ignored, notes=notes, version=release, chosen=chosen, backend=backend,
                       requested=requested, resolution=resolution, level=level, drafter=drafter,
-                      query_len=query_len)
+                      query_len=query_len, runner=runner)
 
 
 def _drafter_notes(drafter: DrafterMode | None, target_full: bool) -> tuple[tuple[str, ...], frozenset[Phase]]:
@@ -176,9 +186,15 @@ def _drafter_notes(drafter: DrafterMode | None, target_full: bool) -> tuple[tupl
     if drafter is None or drafter.captures_attention or not target_full:
         return (), frozenset()
     graphs = "no graphs" if drafter.mode == "NONE" else f"{drafter.mode} graphs"
-    note = (f"vLLM {drafter.release}'s drafter runs {graphs}: its attention (draft decode, draft extend) is not "
-            "captured, so attnhal plans both draft phases eager")
+    note = (f"vLLM {drafter.release}'s drafter on the {drafter.runner} runner runs {graphs}: its attention (draft "
+            "decode, draft extend) is not captured, so attnhal plans both draft phases eager")
     return (note,), frozenset({Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND})
+
+
+def _runner_env() -> dict[str, str]:
+    """vLLM's runner switch as this process's environment has it (``attnhal plan`` runs where the
+    server's environment is set, or says it: ``VLLM_USE_V2_MODEL_RUNNER=0 attnhal plan ...``)."""
+    return {RUNNER_VAR: os.environ[RUNNER_VAR]} if RUNNER_VAR in os.environ else {}
 
 
 def _cubins(value: str | None) -> bool:
@@ -220,14 +236,15 @@ class VllmAdapter:
         cubins = own.get("trtllm-cubins") or "yes"
         if cubins not in ("yes", "no"):
             raise EngineArgError("--trtllm-cubins", f"--trtllm-cubins={cubins!r} (supported: yes, no)")
-        release = release_for(own.get("vllm-version"))[0]
+        release, env = release_for(own.get("vllm-version"))[0], _runner_env()
         return advise(values, platform, own.get("model"), trtllm_cubins=cubins == "yes", top=top, release=release,
                       translate=lambda args, where, cubins, model: from_engine_args(args, where, cubins, model,
-                                                                                     release))
+                                                                                     release, env))
 
     def resolve(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None]) -> VllmConfig:
+        """The flags as vLLM reads them, with the runner switch of this process's environment."""
         return from_engine_args(values, platform, _cubins(own.get("trtllm-cubins")), own.get("model"),
-                                own.get("vllm-version"))
+                                own.get("vllm-version"), _runner_env())
 
 
 #: The adapter the ``attnhal.engines`` entry point ``vllm`` names.
