@@ -126,5 +126,9 @@ FIELD_FLAGS: Mapping[str, tuple[tuple[str, str], ...]] = {
 
 
 def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
-    """SGLang command-line flags -> ``{argument_name: text}`` (see :func:`attnhal.engines.flags.parse_cli`)."""
-    return _flags.parse_cli(argv, FLAGS)
+    """SGLang command-line flags -> ``{argument_name: text}`` (see :func:`attnhal.engines.flags.parse_cli`),
+    each flag first read as SGLang's argparse reads it (:func:`attnhal_sglang.grammar.rewrite`:
+    abbreviations, ambiguous prefixes and underscores as SGLang's parser takes or refuses them)."""
+    from attnhal_sglang.grammar import rewrite
+
+    return _flags.parse_cli(rewrite(argv), FLAGS)
