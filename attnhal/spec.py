@@ -29,9 +29,6 @@ __all__ = [
     "DTYPES",
     "HEAD_SIZE",
     "KV_DTYPES",
-    "MAX_DRAFT_TOKENS",
-    "MAX_NUM_STEPS",
-    "MAX_TOPK",
     "NUM_STEPS",
     "PAGE_SIZE",
     "TOPK",
@@ -40,7 +37,6 @@ __all__ = [
     "SpecAlgorithm",
     "SpecConfig",
     "check_bound",
-    "check_int",
     "check_type",
     "draft_tree_tokens",
 ]
@@ -59,22 +55,10 @@ KV_DTYPES = tuple(KV_FORMATS)
 NUM_STEPS = Bound("num_steps", 1, 64)
 TOPK = Bound("topk", 1, 64)
 DRAFT_TOKENS = Bound("num_draft_tokens", 2, 1024)
-MAX_NUM_STEPS = NUM_STEPS.high
-MAX_TOPK = TOPK.high
-MAX_DRAFT_TOKENS = DRAFT_TOKENS.high
 #: A head dimension (the largest in use is 576, DeepSeek's MLA) and a KV page in tokens: the
 #: request context, descriptor files and the CLI's flags all check these two bounds.
 HEAD_SIZE = Bound("head_size", 1, 1024)
 PAGE_SIZE = Bound("page_size", 1, 4096)
-
-
-def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
-    """``value`` if it is an int in ``[minimum, maximum]``; bools, floats and strings are refused."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} (supported: an int, got {type(value).__name__})")
-    if value < minimum or (maximum is not None and value > maximum):
-        raise InvalidValue(name, value, f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}")
-    return value
 
 
 def check_bound(bound: Bound, value: object, field: str | None = None) -> int:
@@ -183,7 +167,7 @@ class SpecConfig:
         ``num_draft_tokens - 1`` of all candidates (SGLang 0.5.23: ``organize_draft_results``,
         ``speculative/eagle_utils.py:100-110``), so a tree may verify more nodes than it keeps
         branches (``topk * num_steps``)."""
-        return min(draft_tree_tokens(self.num_steps, self.topk), MAX_DRAFT_TOKENS)
+        return min(draft_tree_tokens(self.num_steps, self.topk), DRAFT_TOKENS.high)
 
     @property
     def draft_extend_len(self) -> int:
@@ -234,13 +218,14 @@ class SpecConfig:
         """N-gram / lookahead drafting: ``num_draft_tokens`` verified per request, a tree
         of ``breadth`` branches per level (``breadth > 1`` needs a tree mask)."""
         check_bound(TOPK, breadth, "breadth")
-        # the deepest n-gram draft has MAX_NUM_STEPS levels: at most that tree's tokens are verified
-        most = min(draft_tree_tokens(MAX_NUM_STEPS, breadth), MAX_DRAFT_TOKENS)
+        # the deepest n-gram draft has NUM_STEPS.high levels: at most that tree's tokens are verified
+        most = min(draft_tree_tokens(NUM_STEPS.high, breadth), DRAFT_TOKENS.high)
         if isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool) and num_draft_tokens > most:
             raise InvalidValue("num_draft_tokens", num_draft_tokens,
-                               f"2..{most} for an n-gram draft of breadth {breadth}, at most {MAX_NUM_STEPS} levels deep")
+                               f"2..{most} for an n-gram draft of breadth {breadth}, "
+                               f"at most {NUM_STEPS.high} levels deep")
         check_bound(DRAFT_TOKENS, num_draft_tokens)
-        return cls(SpecAlgorithm.NGRAM, min(num_draft_tokens - 1, MAX_NUM_STEPS), breadth, num_draft_tokens)
+        return cls(SpecAlgorithm.NGRAM, min(num_draft_tokens - 1, NUM_STEPS.high), breadth, num_draft_tokens)
 
 
 class ModelKind(str, Enum):

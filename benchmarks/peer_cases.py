@@ -224,7 +224,7 @@ def reference(case: Case, causal: bool = False, rows_per_chunk: int = 8,
     t, group, scale = s.tokens, HEADS // KV_HEADS, case.config.sm_scale
     q = case.q.float().view(s.bs, t, KV_HEADS, group, HEAD)
     out = torch.empty(s.bs, t, KV_HEADS, group, HEAD, dtype=torch.float32, device=case.device)
-    k_scale, v_scale = (float(x[0]) for x in (pool.k_scale, pool.v_scale)) if pool.is_fp8 else (1.0, 1.0)
+    k_scale, v_scale = (float(x[0]) for x in (pool.k_scale, pool.v_scale)) if pool.kv_format.scaled else (1.0, 1.0)
     for r0 in range(0, s.bs, rows_per_chunk):
         rows = slice(r0, min(r0 + rows_per_chunk, s.bs))
         k = gather(pool.k[0], case.slots[rows]).float() * k_scale  # [c, ctx, KV, D]

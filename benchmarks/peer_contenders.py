@@ -130,7 +130,7 @@ def prepare_sglang(case: Case, peer: LoadedPeer) -> Prepared:
                                                 MAX_NUM_SEQ=schedule, uneven_batch_ptr=uneven)
     out = torch.empty_like(case.q)
     pool = case.pool
-    k_scale, v_scale = (float(pool.k_scale[0]), float(pool.v_scale[0])) if pool.is_fp8 else (1.0, 1.0)
+    k_scale, v_scale = (float(pool.k_scale[0]), float(pool.v_scale[0])) if pool.kv_format.scaled else (1.0, 1.0)
 
     def run() -> torch.Tensor:
         attention.decode_attention_fwd(case.q, pool.k[0], pool.v[0], out, kv_indptr, kv_indices, logits, lse,
@@ -139,7 +139,7 @@ def prepare_sglang(case: Case, peer: LoadedPeer) -> Prepared:
         return out
 
     split_counts = sorted(set(num_splits.tolist()))
-    return Prepared(run, note=f"max_kv_splits {splits}, splits {split_counts}", fp8_dot=pool.is_fp8,
+    return Prepared(run, note=f"max_kv_splits {splits}, splits {split_counts}", fp8_dot=pool.kv_format.scaled,
                     keep=[kv_indptr, kv_indices, logits, lse, num_splits, uneven])
 
 
@@ -149,11 +149,12 @@ def _vllm_cache(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     s, pool = case.shape, case.pool
     blocks = s.bs * s.ctx // VLLM_BLOCK + 1
     cache = torch.empty((blocks, KV_HEADS, VLLM_BLOCK, 2 * HEAD), dtype=pool.dtype, device=case.device)
-    raw = cache.view(torch.uint8) if pool.is_fp8 else cache  # fp8 copies move bytes
+    raw = cache.view(torch.uint8) if pool.kv_format.scaled else cache  # fp8 copies move bytes
     k_raw, v_raw = raw.transpose(1, 2).split(HEAD, dim=-1)
     for dst, src in ((k_raw, pool.k[0]), (v_raw, pool.v[0])):
         rows = gather(src, case.slots.flatten())
-        dst[1:].copy_((rows.view(torch.uint8) if pool.is_fp8 else rows).view(blocks - 1, VLLM_BLOCK, KV_HEADS, HEAD))
+        stored = rows.view(torch.uint8) if pool.kv_format.scaled else rows
+        dst[1:].copy_(stored.view(blocks - 1, VLLM_BLOCK, KV_HEADS, HEAD))
     k, v = cache.transpose(1, 2).split(HEAD, dim=-1)
     return cache, k, v
 
@@ -181,7 +182,7 @@ def prepare_vllm(case: Case, peer: LoadedPeer) -> Prepared:
                 block_table=block_table, softcap=0, q_descale=None, k_descale=k_descale, v_descale=v_descale,
                 seq_threshold_3D=VLLM_MIN_GRID_2D // KV_HEADS, num_par_softmax_segments=VLLM_SEGMENTS,
                 softmax_segm_output=segm_out, softmax_segm_max=segm_max, softmax_segm_expsum=segm_sum,
-                kv_quant_mode=quant.FP8_PER_TENSOR if pool.is_fp8 else quant.NONE)
+                kv_quant_mode=quant.FP8_PER_TENSOR if pool.kv_format.scaled else quant.NONE)
         return out
 
     note = "ran causal: TRITON_ATTN has no tree mask" if s.tree else ""

@@ -9,8 +9,7 @@ Lifecycle (FlashInfer-style plan/run split):
   writes into the static buffers, never allocates, never syncs with the host.
 
 Construction: a backend is built for the platform it runs on (``platform=``); attnhal
-builds every backend through :func:`new_backend`, which passes it on (see
-:class:`AttentionBackend` for the rule that keeps older subclasses working).
+builds every backend through :func:`new_backend`, which passes it on as ``platform=``.
 
 The base class owns the rules every backend shares, in two template methods:
 :meth:`AttentionBackend.forward` (the phase is listed, debug validation, the K/V
@@ -22,7 +21,6 @@ Names are vendor-neutral: nothing here says "cuda".
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -47,9 +45,6 @@ __all__ = ["AttentionBackend", "AttentionConfig", "UnsupportedFeature", "Unsuppo
            "default_platform", "dtype_name", "new_backend"]
 
 B = TypeVar("B", bound="AttentionBackend")
-#: The instance attribute :func:`new_backend` sets before ``__init__`` runs, for a subclass
-#: whose ``__init__`` takes no ``platform``; the base ``__init__`` takes it from there.
-_PLATFORM_SLOT = "_attnhal_build_platform"
 
 class UnsupportedPhase(AttnhalError, NotImplementedError):
     """A backend was asked to run a phase its descriptor does not list (or to capture prefill)."""
@@ -96,12 +91,9 @@ class AttentionBackend:
     (``sinks``) on ``pool.device`` (:meth:`AttentionConfig.on_device`), so kernels never
     get a host tensor beside a device pool.
 
-    The platform rule, for backends written before the parameter existed: a subclass
-    whose ``__init__(self, config, pool)`` calls ``super().__init__(config, pool)`` keeps
-    working. :func:`new_backend` (how attnhal, its kit and its workers build every
-    backend) passes ``platform=`` when the class's ``__init__`` names a ``platform``
-    parameter, and otherwise hands it to the base ``__init__`` directly, so such a
-    subclass still runs for the platform it was built for. Built by hand without one,
+    The platform: :func:`new_backend` (how attnhal, its kit and its workers build every
+    backend) passes ``platform=``; a subclass takes it as a keyword or passes its
+    ``**kwargs`` on to this ``__init__``. Built by hand without one,
     a backend gets :func:`default_platform` of its pool — the only place attnhal
     resolves a missing platform; no backend calls ``detect()``. For graphs,
     a backend overrides :meth:`build_capture_metadata`, not :meth:`init_capture_metadata`,
@@ -111,8 +103,7 @@ class AttentionBackend:
     capabilities: ClassVar[BackendCapabilities]
 
     def __init__(self, config: AttentionConfig, pool: KVPool, *, platform: Platform | None = None) -> None:
-        given = self.__dict__.pop(_PLATFORM_SLOT, None)  # set by new_backend for an older subclass
-        platform = platform if platform is not None else given if given is not None else default_platform(pool)
+        platform = platform if platform is not None else default_platform(pool)
         if not isinstance(platform, Platform):
             raise TypeError(f"platform={platform!r} (supported: a Platform, e.g. attnhal.platform.parse('cuda:sm90'))")
         reasons = config_reasons(self.capabilities, config, pool, platform)
@@ -246,24 +237,10 @@ def new_backend(backend_cls: type[B], config: AttentionConfig, pool: KVPool, pla
     """``backend_cls(config, pool, platform=platform, **options)``, for any subclass of the contract.
 
     The one way attnhal builds a backend (the kit's ``Target``, :class:`MultiStepDraft`,
-    the example worker). A class whose ``__init__`` names a ``platform`` parameter gets it
-    as that keyword; an older one, ``__init__(self, config, pool, ...)`` calling
-    ``super().__init__(config, pool)``, gets it through the base ``__init__``, which
-    reads it from the instance before the subclass's ``__init__`` runs.
+    the example worker). A subclass's ``__init__`` takes ``platform`` as a keyword (or passes
+    its ``**kwargs`` on to the base ``__init__``); ``None``: the pool's :func:`default_platform`.
     """
-    if platform is None or _takes_platform(backend_cls):
-        return backend_cls(config, pool, **({} if platform is None else {"platform": platform}), **options)
-    backend = backend_cls.__new__(backend_cls)
-    setattr(backend, _PLATFORM_SLOT, platform)
-    backend.__init__(config, pool, **options)  # type: ignore[misc]  # what type.__call__ does after __new__
-    return backend
-
-
-def _takes_platform(backend_cls: type[AttentionBackend]) -> bool:
-    """Whether ``backend_cls.__init__`` declares a ``platform`` parameter (``**kwargs`` does not count:
-    it may forward elsewhere)."""
-    param = inspect.signature(backend_cls.__init__).parameters.get("platform")
-    return param is not None and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+    return backend_cls(config, pool, **({} if platform is None else {"platform": platform}), **options)
 
 
 def default_platform(pool: KVPool) -> Platform:

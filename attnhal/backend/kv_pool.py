@@ -162,12 +162,6 @@ class KVPool:
         """KV slots of token ``positions`` of request ``rows``; see :func:`slot_of`."""
         return slot_of(self.req_to_page, rows, positions, self.page_size)
 
-    @property
-    def is_fp8(self) -> bool:
-        """Whether the stored values are scaled (written ``x / scale``, read ``stored * scale``):
-        the format's :attr:`~attnhal.kv_format.KVFormat.scaled`, under its former name."""
-        return self.kv_format.scaled
-
     def token_table(self) -> torch.Tensor:
         """``[max_reqs + 1, max_context_len]`` int64: the slot of every position of every row.
 
@@ -193,7 +187,7 @@ class KVPool:
         self._store(self.v[layer], loc, v, self.v_scale[layer])
 
     def _store(self, cache: torch.Tensor, loc: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) -> None:
-        if not self.is_fp8:
+        if not self.kv_format.scaled:
             cache.index_copy_(0, loc, x.to(self.dtype))
             return
         wide, narrow = self._quant_scratch(x.numel())
@@ -221,14 +215,14 @@ class KVPool:
         """Copy every layer's K/V from slots ``src`` to ``dst`` (``[n]`` int64), as stored
         (bytes: no requantization). The sources are read before any destination is written."""
         for cache in (*self.k, *self.v):
-            raw = cache.view(torch.uint8) if self.is_fp8 else cache
+            raw = cache.view(torch.uint8) if self.kv_format.scaled else cache
             raw.index_copy_(0, dst, raw.index_select(0, src))
 
     def dequantized(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s K and V as the attention reads them: float32 ``stored * scale``
         for fp8, the stored tensors otherwise (allocates for fp8; host-side readers)."""
         k, v = self.k[layer], self.v[layer]
-        if not self.is_fp8:
+        if not self.kv_format.scaled:
             return k, v
         return k.float() * self.k_scale[layer], v.float() * self.v_scale[layer]
 

@@ -17,7 +17,7 @@ from attnhal.bounds import Bound, FloatBound
 from attnhal.errors import InvalidValue
 from attnhal.phases import Phase, tokens_per_request
 from attnhal.reasons import Reason, ReasonCode, reason
-from attnhal.spec import MAX_DRAFT_TOKENS, MAX_NUM_STEPS, MAX_TOPK, SpecConfig
+from attnhal.spec import DRAFT_TOKENS, NUM_STEPS, TOPK, SpecConfig
 
 __all__ = ["DEFAULT_TOLERANCES", "FILL_BOUND", "LIMIT_BOUNDS", "TOLERANCE_BOUND", "FillTerm", "SeqLenFill", "SpecLimits", "Tolerance"]
 
@@ -56,9 +56,9 @@ class SpecLimits:
 
 #: SpecLimits field -> its bound: a limit past the spec config's own bound limits nothing.
 LIMIT_BOUNDS = MappingProxyType({
-    "max_topk": Bound("max_topk", 1, MAX_TOPK),
-    "max_num_steps": Bound("max_num_steps", 1, MAX_NUM_STEPS),
-    "max_draft_tokens": Bound("max_draft_tokens", 1, MAX_DRAFT_TOKENS),
+    "max_topk": Bound("max_topk", 1, TOPK.high),
+    "max_num_steps": Bound("max_num_steps", 1, NUM_STEPS.high),
+    "max_draft_tokens": Bound("max_draft_tokens", 1, DRAFT_TOKENS.high),
 })
 #: A seq-len fill's ``base`` and ``at_least``: 0 up to a million tokens, past any context a
 #: captured batch pads to.

@@ -37,16 +37,17 @@ __all__ = ["ENGINES", "CatalogEntry", "CatalogError", "Citation", "citations", "
 
 
 class _Engines(Mapping[str, str]):
-    """Engine name -> the release its catalogue describes, for each registered adapter that names
-    a catalogue. Read on use: listing it loads the adapters, importing this module does not."""
+    """Engine name -> the release its catalogue describes, for each registered adapter that loads and
+    names a catalogue. Read on use: listing it loads the adapters, importing this module does not."""
 
     def _found(self) -> dict[str, str]:
         return {a.name: a.version for a in registry.adapters() if a.catalog is not None}
 
     def __getitem__(self, name: str) -> str:
-        if name not in registry.names():
-            raise KeyError(name)
-        adapter = registry.get(name)
+        try:
+            adapter = registry.get(name)
+        except LookupError:  # not registered, or unavailable (attnhal info says why)
+            raise KeyError(name) from None
         if adapter.catalog is None:
             raise KeyError(name)
         return adapter.version

@@ -52,9 +52,10 @@ def _add_plugin(sub: Any, command: Command) -> None:
     p.set_defaults(func=command.run)
 
 
-def build_parser(plugins: Sequence[Command] = (), unavailable: Sequence[CommandUnavailable] = ()
-                 ) -> argparse.ArgumentParser:
-    """The parser: built-in commands, then the plugin commands that work here."""
+def build_parser(plugins: Sequence[Command] = (), unavailable: Sequence[CommandUnavailable] = (),
+                 argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser: built-in commands, then the plugin commands that work here. Of the engine adapters
+    only the one ``argv`` asks for (``--engine E``) is loaded, for its own flags."""
     epilog = "exit status: 0 yes, 1 a negative answer, 2 bad input, 3 internal error (see docs/cli.md)"
     if unavailable:
         epilog += "\nplugin commands not available here:\n" + "\n".join(
@@ -62,6 +63,8 @@ def build_parser(plugins: Sequence[Command] = (), unavailable: Sequence[CommandU
     parser, sub = app.root_parser(epilog)
     for register in BUILTIN.values():
         register(sub)
+    for name in engine.ENGINE_COMMANDS:
+        engine.add_own_flags(sub.choices[name], engine.requested_engine(argv))
     for command in plugins:
         _add_plugin(sub, command)
     return parser
@@ -88,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(missing, file=sys.stderr)
         return BAD_USAGE
     try:
-        args = build_parser(plugins, unavailable).parse_args(argv)
+        args = build_parser(plugins, unavailable, argv).parse_args(argv)
     except SystemExit as exc:  # --help, or a one-line argparse error already printed
         return exc.code if isinstance(exc.code, int) else 0
     args.argv = argv

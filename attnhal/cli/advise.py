@@ -1,7 +1,7 @@
 """``attnhal advise --engine NAME [--platform P] [--model M] -- <the server flags>``: the engine's
 attention-backend flags that capture the most for this model on this GPU, before the server starts.
 
-The answer is the engine adapter's (:class:`attnhal.engines.base.Adviser`, optional: an adapter
+The answer is the engine adapter's (:class:`attnhal.engines.advice.Adviser`, optional: an adapter
 without it is refused by name); this module names no engine: it splits attnhal's flags from the
 engine's (as ``plan --engine`` does, :func:`attnhal.cli.engine.split_own_flags`) and prints it.
 """
@@ -13,13 +13,11 @@ from typing import Any
 
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import bounded, choice
-from attnhal.cli.engine import engine_message, own_flags, split_own_flags
+from attnhal.cli.engine import engine_errors, own_flags, split_own_flags
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import print_json
 from attnhal.engines import registry
-from attnhal.engines.advice import PRIORITY, Advice, Option
-from attnhal.engines.base import adviser
-from attnhal.engines.flags import EngineArgError
+from attnhal.engines.advice import PRIORITY, Advice, Option, adviser
 
 __all__ = ["register", "run"]
 
@@ -27,7 +25,7 @@ __all__ = ["register", "run"]
 def register(sub: Any) -> None:
     p = sub.add_parser("advise", help="the engine's attention-backend flags that capture the most, before it starts")
     p.add_argument("--engine", type=choice(registry.names()), required=True,
-                   help="the engine whose flags follow `--` (" + ", ".join(advising()) + " give advice)")
+                   help="the engine whose flags follow `--` (" + ", ".join(registry.names()) + ")")
     p.add_argument("--platform", help="the GPU to advise for, e.g. hip:gfx942 (default: this machine's)")
     p.add_argument("--model", type=choice(("mha", "gqa", "mla")),
                    help="the model's attention kind (the engine reads it from the checkpoint)")
@@ -53,16 +51,12 @@ def run(args: argparse.Namespace) -> int:
     if advises is None:
         raise UsageError(f"--engine={args.engine!r}: the {args.engine} adapter gives no advice (supported: "
                          f"{', '.join(advising())}; `attnhal plan --engine {args.engine}` plans its flags)")
-    try:
+    with engine_errors(args.engine, args.engine_args):
         names = own_flags(adapter)  # another engine's own flag reaches the parser: refused
         given, argv = split_own_flags(args.engine_args, names)
         own = {name: given.get(name) or getattr(args, name.replace("-", "_"), None) for name in names}
         advice = advises.advise(adapter.parse(argv), resolve_platform(own["platform"]), own, top=args.top,
                                 vary=args.vary)
-    except EngineArgError as exc:
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:  # an InvalidValue among them: named by the engine's flag
-        raise UsageError(engine_message(args.engine, exc, args.engine_args)) from None
     if args.json:
         print_json(advice.to_dict())
     else:

@@ -91,14 +91,15 @@ def _print(args: argparse.Namespace, reports: list[Any]) -> None:
 
 
 def _engine_runner(name: str) -> Any:
-    """How to check an SGLang catalogue name (``sglang:triton``), or None for any other name."""
+    """How the engine's adapter checks catalogue name ``ENGINE:NAME`` (its optional ``conformance``,
+    e.g. SGLang's kit on SGLang's own classes), or None for any other name."""
+    from attnhal.engines import registry
     from attnhal.lookup import RefShape, shape
 
-    if shape(name) is not RefShape.CATALOGUE or not name.startswith("sglang:"):
+    if shape(name) is not RefShape.CATALOGUE:
         return None
-    from attnhal_sglang.kit import runner
-
-    return runner(name)
+    check = getattr(registry.get(name.partition(":")[0]), "conformance", None)
+    return check(name) if callable(check) else None
 
 
 class Progress:

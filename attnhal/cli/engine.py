@@ -10,7 +10,8 @@ what the adapter's config reports.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from attnhal.capabilities import AttentionRequest, BackendCapabilities, Facts, not_supported_reasons
@@ -26,8 +27,11 @@ from attnhal.errors import InvalidValue
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 
-__all__ = ["COMMON_OWN_FLAGS", "add_engine_flags", "engine_message", "own_flags", "register_catalog", "run_catalog",
-           "run_explain", "run_plan", "split_own_flags"]
+__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "engine_errors", "engine_message", "own_flags",
+           "register_catalog", "requested_engine", "run_catalog", "run_explain", "run_plan", "split_own_flags"]
+
+#: The commands that take ``--engine E`` and the engine's own flags on either side of ``--``.
+ENGINE_COMMANDS = ("plan", "explain")
 
 #: attnhal's own flags every engine command takes among the engine's flags (after ``--``), as in
 #: ``attnhal plan --engine E -- <E's flags> --platform hip:gfx942``; an adapter adds its own
@@ -45,10 +49,31 @@ def own_flags(adapter: EngineAdapter | None = None) -> tuple[str, ...]:
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """``--engine E``, each adapter's own flags, and the engine's flags after ``--`` (for ``plan`` and ``explain``)."""
+    """``--engine E`` and the engine's flags after ``--`` (for ``plan`` and ``explain``); reads the
+    registered names only (the requested adapter's own flags: :func:`add_own_flags`)."""
     p.add_argument("--engine", type=choice(registry.names()),
                    help="read the engine's own flags after `--` (" + ", ".join(registry.names()) + ")")
-    declared: dict[str, list[str]] = {}
+    p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
+
+
+def requested_engine(argv: Sequence[str]) -> str | None:
+    """The ``--engine NAME`` of a command line (before ``--``), or None."""
+    head = list(argv[:argv.index("--")] if "--" in argv else argv)
+    for i, word in enumerate(head):
+        if word == "--engine" and i + 1 < len(head):
+            return head[i + 1]
+        if word.startswith("--engine="):
+            return word.partition("=")[2]
+    return None
+
+
+def add_own_flags(p: argparse.ArgumentParser, engine: str | None) -> None:
+    """With ``--engine E`` on the command line: every adapter's own flags, so that they may stand
+    before ``--`` too (another engine's is refused by name when the command runs). Without it no
+    adapter is loaded; an unavailable one adds nothing (asking for it says why)."""
+    if engine is None:
+        return
+    declared: set[str] = set()
     for adapter in registry.adapters():
         for flag in adapter.own_flags:
             if flag.name not in declared:
@@ -56,8 +81,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                 p.add_argument(f"--{flag.name}", dest=flag.name, type=str if flag.open else choice(flag.choices),
                                default=None,
                                metavar="|".join(flag.choices), help=f"with --engine {adapter.name}: {flag.help}")
-            declared.setdefault(flag.name, []).append(adapter.name)
-    p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
+            declared.add(flag.name)
 
 
 def split_own_flags(argv: Sequence[str], names: Sequence[str] | None = None) -> tuple[dict[str, str], list[str]]:
@@ -117,6 +141,19 @@ def engine_message(engine: str, exc: Exception, argv: Sequence[str]) -> str:
     return str(exc)
 
 
+@contextlib.contextmanager
+def engine_errors(engine: str, argv: Sequence[str]) -> Iterator[None]:
+    """The engine commands' one error boundary: an adapter's bad input exits 2 in the engine's
+    words (an :class:`EngineArgError` as it is; an :class:`~attnhal.errors.InvalidValue` by the
+    flag of ``argv`` that set its field)."""
+    try:
+        yield
+    except EngineArgError as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # an InvalidValue among them: named by the engine's flag
+        raise UsageError(engine_message(engine, exc, argv)) from None
+
+
 def _run(args: argparse.Namespace, command: EngineCommand) -> int:
     """Split the engine's flags from attnhal's, resolve them with the engine's adapter and run
     ``command``; bad input exits 2."""
@@ -128,15 +165,11 @@ def _run(args: argparse.Namespace, command: EngineCommand) -> int:
         raise UsageError(f"{mixed[0]} with --engine (supported: the engine's own flags after `--`, "
                          f"and {', '.join('--' + f for f in (*own_flags(), 'json'))})")
     adapter = registry.get(args.engine)
-    try:
+    with engine_errors(args.engine, args.engine_args):
         own, engine_argv = _own_values(args, adapter)
         platform = resolve_platform(own["platform"])
         config = adapter.resolve(adapter.parse(engine_argv), platform, own)
         return command(args, config, platform)
-    except EngineArgError as exc:
-        raise UsageError(str(exc)) from None
-    except ValueError as exc:  # an InvalidValue among them: named by the engine's flag
-        raise UsageError(engine_message(args.engine, exc, args.engine_args)) from None
 
 
 def run_plan(args: argparse.Namespace) -> int:

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                                        "head_sizes", "features"), caps))
     print("\nengines (what each plugin does on a release not listed as supported: its status):\n"
           + table(("engine", "supported", "installed", "status"),
-                  [(e.engine, ", ".join(e.supported), e.installed or "-", e.status) for e in engines]))
+                  [(e.engine, ", ".join(e.supported) or "-", e.installed or "-", e.status) for e in engines]))
     if builds is not None:
         print("\nnative builds (first use builds, later runs load the cache):\n"
               + table(("name", "build"), list(builds.items()) or [("-", "none")]))

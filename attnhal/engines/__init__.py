@@ -16,35 +16,37 @@ SGLang's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnhal.engines.advice import Advice
+    from attnhal.platform import Platform
 
-__all__ = ["ENGINES", "advise"]
-
-#: The engines :func:`advise` answers for.
-ENGINES = ("sglang", "vllm")
+__all__ = ["advise"]
 
 
-def advise(engine: str, args: Mapping[str, Any], platform: Any, model: Any = None, **options: Any) -> Advice:
+def advise(engine: str, args: Mapping[str, Any], platform: Platform | str, model: str | None = None, *,
+           top: int = 3, vary: Sequence[str] | None = None, own: Mapping[str, str | None] | None = None,
+           **options: Any) -> Advice:
     """The engine's attention-backend flags that capture the most for this model on ``platform``,
     ranked against the user's arguments ``args`` (names as the engine's own, e.g. ``attention_backend``).
 
-    ``engine``: ``"sglang"`` (:func:`attnhal_sglang.advice.advise`: also ``env``, ``vary``)
-    or ``"vllm"`` (:func:`attnhal_vllm.advice.advise`: also ``trtllm_cubins``); both take
-    ``top``, ``among`` and ``limit``. Returns an :class:`~attnhal.engines.advice.Advice`.
+    ``engine``: any registered engine whose adapter gives advice (:class:`~attnhal.engines.advice.Adviser`):
+    the same call ``attnhal advise --engine NAME`` makes. ``own``: attnhal's own flags of that engine
+    (``{"vllm-version": "0.33.0"}``); ``options``: the adapter's own keywords (SGLang: ``env``,
+    ``among``, ``limit``; vLLM: ``trtllm_cubins``, ``among``, ``limit``). Returns an
+    :class:`~attnhal.engines.advice.Advice`; an unknown, unavailable or advice-less engine raises a
+    ``LookupError`` naming it.
     """
-    if engine == "sglang":
-        from attnhal_sglang.advice import advise as sglang_advise
+    from attnhal.engines import registry
+    from attnhal.engines.advice import adviser
+    from attnhal.platform import as_platform
 
-        return sglang_advise(args, platform, model, **options)
-    if engine == "vllm":
-        from attnhal_vllm.advice import advise as vllm_advise
-        from attnhal_vllm.adapter import from_engine_args
-
-        return vllm_advise(args, platform, model, translate=from_engine_args, **options)
-    from attnhal.engines.flags import EngineArgError
-
-    raise EngineArgError("--engine", f"--engine={engine!r} (supported: {', '.join(ENGINES)})")
+    adapter = adviser(registry.get(engine))
+    if adapter is None:
+        giving = [a.name for a in registry.adapters() if adviser(a) is not None]
+        raise registry.UnknownEngine(f"--engine={engine!r}: the {engine} adapter gives no advice "
+                                     f"(supported: {', '.join(giving)})")
+    return adapter.advise(args, as_platform(platform), {"model": model, **(own or {})}, top=top, vary=vary,
+                          **options)

@@ -14,9 +14,11 @@ never recommended.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+import json
+import shlex
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from attnhal.engines.flags import EngineArgError, cli_name
 from attnhal.capabilities import BackendCapabilities
@@ -24,8 +26,11 @@ from attnhal.phases import Phase
 from attnhal.platform import Platform
 from attnhal.spec import ModelKind
 
-__all__ = ["MAX_COMBINATIONS", "PRIORITY", "Advice", "Change", "Option", "changes", "check_size", "frontier",
-           "model_of", "rank_key", "served_kinds", "summarize"]
+if TYPE_CHECKING:
+    from attnhal.engines.base import EngineAdapter
+
+__all__ = ["MAX_COMBINATIONS", "PRIORITY", "Advice", "Adviser", "Change", "Option", "adviser", "changes", "check_size",
+           "frontier", "model_of", "rank_key", "served_kinds", "summarize"]
 
 #: The phases whose capture the rank reads, most valuable first (prefill is never captured).
 PRIORITY = (Phase.TARGET_VERIFY, Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND, Phase.DECODE)
@@ -76,20 +81,28 @@ class Option:
         """The ranked phases that run eagerly, most valuable first."""
         return tuple(p for p in PRIORITY if p in self.runs and p not in self.captured)
 
-    def command(self) -> str:
-        """The flags to paste: ``--name value`` (a boolean flag alone)."""
-        words = []
+    def argv(self) -> list[str]:
+        """The flags as the engine's parser takes them, one word each: ``--name`` then its value's
+        words (a boolean flag alone; several values as several words; a nested option as JSON)."""
+        words: list[str] = []
         for name, value in self.flags.items():
-            if value is True:
-                words.append(cli_name(name))
+            if value is None or value is False:
+                continue
+            words.append(cli_name(name))
+            if isinstance(value, Mapping):
+                words.append(json.dumps(dict(value), separators=(",", ":")))
             elif isinstance(value, (tuple, list)):
-                words.append(f"{cli_name(name)} {' '.join(str(v) for v in value)}")
-            elif value is not None and value is not False:
-                words.append(f"{cli_name(name)} {value}")
-        return " ".join(words)
+                words += [str(v) for v in value]
+            elif value is not True:
+                words += str(value).split() or [str(value)]  # parse_cli joined a flag's several values
+        return words
+
+    def command(self) -> str:
+        """The flags to paste into a shell: :meth:`argv`, quoted where a word needs it."""
+        return shlex.join(self.argv())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"flags": self.command(), "label": self.label, "changes": [str(c) for c in self.changes],
+        return {"flags": self.command(), "argv": self.argv(), "label": self.label, "changes": [str(c) for c in self.changes],
                 "runs": [p.value for p in PRIORITY if p in self.runs],
                 "captured": [p.value for p in PRIORITY if p in self.captured],
                 "eager": {p.value: why for p, why in self.eager.items()}, "costs": list(self.costs),
@@ -193,3 +206,23 @@ def summarize(current: Option, option: Option) -> list[str]:
     if not out and len(option.costs) < len(current.costs):
         out.append("fewer speed costs")
     return out or ["ranks level with yours"]
+
+
+@runtime_checkable
+class Adviser(Protocol):
+    """What an adapter adds to answer ``attnhal advise --engine NAME`` (optional: an adapter
+    without it is refused by name)."""
+
+    def advise(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None], *,
+               top: int = 3, vary: Sequence[str] | None = None, **options: Any) -> Advice:
+        """The engine's flag sets that capture the most, ranked against the parsed flags ``values``
+        (:meth:`~attnhal.engines.base.EngineAdapter.parse`); ``own`` as for :meth:`~attnhal.engines.base.EngineAdapter.resolve`; ``top``: how many
+        to recommend; ``vary``: the engine flags that may change (``None``: the adapter's default;
+        an adapter that varies one flag only refuses it with an :class:`EngineArgError` naming ``--vary``);
+        ``options``: the engine's own keywords of the Python API (:func:`attnhal.engines.advise`)."""
+        ...
+
+
+def adviser(adapter: EngineAdapter) -> Adviser | None:
+    """``adapter`` if it gives advice (has :meth:`Adviser.advise`), else ``None``."""
+    return adapter if callable(getattr(adapter, "advise", None)) else None  # type: ignore[return-value]

@@ -1,8 +1,9 @@
 """The engine contract: what an engine adapter is, and the one record every adapter resolves to.
 
 An engine (SGLang, vLLM, a third one) plugs in like a backend: a package with a fixed layout
-(``flags``, ``resolution``, ``plan``; optionally ``plugin``, ``audit``, ``kit/``) whose ``plan``
-module holds an object that satisfies :class:`EngineAdapter`, registered in the
+(``flags``: parse the flags, ``config``: resolve them to the engine's config, ``adapter``: the
+object satisfying :class:`EngineAdapter`; optionally ``advice``, ``audit``, ``plugin``,
+``executed``, ``kit/``; ``docs/engine.md``), its adapter registered in the
 ``attnhal.engines`` entry-point group (:mod:`attnhal.engines.registry`). The command line
 (``attnhal plan|explain --engine NAME -- FLAGS``) knows no engine: it asks the adapter to parse
 and resolve the engine's flags into an :class:`EngineConfig`, plans with it and prints what the
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from attnhal.capabilities import BackendCapabilities
 from attnhal.engines.flags import EngineArgError, Flag, cli_name
@@ -23,11 +24,8 @@ from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import RequestContext, SpecConfig
 
-if TYPE_CHECKING:
-    from attnhal.engines.advice import Advice
 
-__all__ = ["Adviser", "EngineAdapter", "EngineConfig", "FieldFlags", "OwnFlag", "adviser", "flag_error",
-           "in_engine_words"]
+__all__ = ["EngineAdapter", "EngineConfig", "FieldFlags", "OwnFlag", "flag_error", "in_engine_words"]
 
 #: A planner field an adapter's error may name (``InvalidValue.field``) -> the engine flags its
 #: value comes from, in the adapter's order of precedence, each with how a message names it
@@ -85,25 +83,6 @@ class EngineAdapter(Protocol):
         this machine), ``model`` and the adapter's own flags. Raises :class:`EngineArgError`
         naming the flag, or :class:`~attnhal.errors.InvalidValue` naming a planner field."""
         ...
-
-
-@runtime_checkable
-class Adviser(Protocol):
-    """What an adapter adds to answer ``attnhal advise --engine NAME`` (optional: an adapter
-    without it is refused by name)."""
-
-    def advise(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None], *,
-               top: int = 3, vary: Sequence[str] | None = None) -> Advice:
-        """The engine's flag sets that capture the most, ranked against the parsed flags ``values``
-        (:meth:`EngineAdapter.parse`); ``own`` as for :meth:`EngineAdapter.resolve`; ``top``: how many
-        to recommend; ``vary``: the engine flags that may change (``None``: the adapter's default;
-        an adapter that varies one flag only refuses it with an :class:`EngineArgError` naming ``--vary``)."""
-        ...
-
-
-def adviser(adapter: EngineAdapter) -> Adviser | None:
-    """``adapter`` if it gives advice (has :meth:`Adviser.advise`), else ``None``."""
-    return adapter if callable(getattr(adapter, "advise", None)) else None  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,16 +15,27 @@ from typing import Any
 from attnhal.errors import AttnhalError
 from attnhal.spec import ModelKind
 
-__all__ = ["MAX_JSON_DEPTH", "EngineArgError", "Flag", "check", "cli_name", "json_object", "model_kind", "one_of",
-           "parse_cli", "positive", "truth"]
+__all__ = ["MAX_JSON_DEPTH", "EngineArgError", "Flag", "Parsed", "check", "cli_name", "json_object", "model_kind",
+           "one_of", "parse_cli", "positive", "truth"]
 
 
 class EngineArgError(AttnhalError, ValueError):
-    """An engine argument attnhal cannot take: unknown, unmodelled, or a bad value; ``flag`` names it."""
+    """An engine argument attnhal cannot take: unknown, unmodelled, or a bad value; ``flag`` names it
+    (once: a message that starts with the flag is not prefixed with it again)."""
 
     def __init__(self, flag: str, message: str) -> None:
         self.flag = flag
-        super().__init__(f"{flag}: {message}")
+        super().__init__(message if message.startswith(flag) else f"{flag}: {message}")
+
+
+class Parsed(dict[str, Any]):
+    """:func:`parse_cli`'s answer: ``{argument_name: text}``, and ``spelled``: each argument as the
+    user wrote it (``--max_batch_size``, ``--max-batch-size``, or ``MODEL`` for a positional one),
+    so that an error names the flag the user typed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spelled: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -131,34 +142,43 @@ def check(args: Mapping[str, Any], flags: Mapping[str, Flag], harmless: Collecti
     ``where`` names the harmless set in the error (``attnhal_sglang.HARMLESS``).
     """
     values, ignored = {}, []
+    spelled: Mapping[str, str] = getattr(args, "spelled", {})
     for name, value in args.items():
         if value is None:
             continue
+        flag = spelled.get(name) or cli_name(name)  # as the user typed it
         if name in flags:
-            values[name] = flags[name].convert(cli_name(name), value)
+            values[name] = flags[name].convert(flag, value)
         elif name in harmless:
             ignored.append(name)
         else:
-            raise EngineArgError(cli_name(name), f"{cli_name(name)} is not modelled by attnhal "
+            raise EngineArgError(flag, f"{flag} is not modelled by attnhal "
                                  f"(modelled: {', '.join(cli_name(f) for f in flags)}; "
                                  f"ignored as harmless: see {where})")
     return values, tuple(sorted(ignored))
 
 
-def parse_cli(argv: Sequence[str], flags: Mapping[str, Flag]) -> dict[str, Any]:
-    """Command-line flags -> ``{argument_name: text}``, unconverted.
+def parse_cli(argv: Sequence[str], flags: Mapping[str, Flag], positional: str | None = None) -> Parsed:
+    """Command-line flags -> ``{argument_name: text}``, unconverted (a :class:`Parsed`, which keeps
+    each flag's spelling).
 
-    ``--flag value`` and ``--flag=value`` both work; a flag followed by several values
-    keeps them space-separated; ``flags`` says which are boolean (no value). Unknown
+    ``--flag value`` and ``--flag=value`` both work, with dashes or underscores; a flag followed
+    by several values keeps them space-separated; ``flags`` says which are boolean (no value).
+    ``positional``: the argument a leading word fills where the engine takes one (vLLM's
+    ``vllm serve MODEL``: ``"model"``); elsewhere a word that is not a flag is refused. Unknown
     flags are kept: :func:`check` reports them by name.
     """
-    out: dict[str, Any] = {}
+    out = Parsed()
     i = 0
+    if positional is not None and argv and not argv[0].startswith("--"):
+        out[positional], out.spelled[positional], i = argv[0], positional.upper(), 1
     while i < len(argv):
         token = argv[i]
         if not token.startswith("--"):
-            raise EngineArgError(token, f"{token!r} (supported: flags written --name value)")
+            supported = f"flags written --name value{f', after one {positional.upper()}' if positional else ''}"
+            raise EngineArgError(token, f"{token!r} (supported: {supported})")
         name, eq, value = token[2:].partition("=")
+        out.spelled[name.replace("-", "_")] = "--" + name
         name = name.replace("-", "_")
         flag = flags.get(name)
         if eq:
@@ -172,7 +192,7 @@ def parse_cli(argv: Sequence[str], flags: Mapping[str, Flag]) -> dict[str, Any]:
                 i += 1
             out[name] = " ".join(values)
         elif flag is not None:
-            raise EngineArgError(cli_name(name), f"{cli_name(name)} needs a value")
+            raise EngineArgError(out.spelled[name], f"{out.spelled[name]} needs a value")
         else:
             out[name] = True
         i += 1

@@ -41,11 +41,15 @@ class EngineVersions:
     #: The release numbers that name a series (the adapter's ``series_digits``): a patch, pre- or
     #: post-release of a supported release is modelled as it (:mod:`attnhal.engines.releases`).
     digits: int = 3
+    #: Why the registered adapter cannot be used (:func:`attnhal.engines.registry.unavailable`), or None.
+    error: str | None = None
 
     @property
     def status(self) -> str:
-        """``supported``, ``supported as R`` (a release of R's series), ``not installed`` or what
-        the plugin does on another release."""
+        """``supported``, ``supported as R`` (a release of R's series), ``not installed``, what the
+        plugin does on another release, or why the adapter is unavailable."""
+        if self.error is not None:
+            return f"unavailable: {self.error}"
         if self.installed is None:
             return "not installed"
         same = modelled(self.installed, self.supported, self.digits)
@@ -55,15 +59,17 @@ class EngineVersions:
 
     def to_dict(self) -> dict[str, object]:
         return {"engine": self.engine, "distribution": self.distribution, "supported": list(self.supported),
-                "installed": self.installed, "status": self.status}
+                "installed": self.installed, "status": self.status, "error": self.error}
 
 
 def table(installed: Callable[[str], str | None] = installed_release) -> list[EngineVersions]:
-    """Every registered engine's row, in name order (``installed``: distribution -> release)."""
+    """Every registered engine's row, in name order (``installed``: distribution -> release); an
+    adapter that cannot be used is a row saying why."""
     rows = []
     for adapter in registry.adapters():
         distribution = str(getattr(adapter, "distribution", None) or adapter.name)
         rows.append(EngineVersions(adapter.name, distribution, supported(adapter), installed(distribution),
                                    str(getattr(adapter, "other_release", None) or "audits only"),
                                    int(getattr(adapter, "series_digits", 3))))
-    return rows
+    rows += [EngineVersions(name, name, (), None, error=why) for name, why in registry.unavailable().items()]
+    return sorted(rows, key=lambda row: row.engine)

@@ -35,9 +35,9 @@ from typing import Any, TypeVar, cast
 import torch
 
 from .base import CaptureAbort, CaptureError, Graph
-from .device_api import TORCH_CUDA, DeviceAPI, TorchCudaAPI, TorchDeviceAPI, TorchXpuAPI, device_api
+from .device_api import TORCH_CUDA, DeviceAPI, TorchCudaAPI, TorchXpuAPI, device_api
 
-__all__ = ["CAPTURE_ERROR_MODES", "DeviceAPI", "DeviceGraph", "TorchCudaAPI", "TorchDeviceAPI", "TorchXpuAPI",
+__all__ = ["CAPTURE_ERROR_MODES", "DeviceAPI", "DeviceGraph", "TorchCudaAPI", "TorchXpuAPI",
            "capture_session"]
 
 T = TypeVar("T")

@@ -25,7 +25,7 @@ import torch
 
 from attnhal.platform.graph_device import load_graph_device
 
-__all__ = ["DeviceAPI", "TORCH_CUDA", "TorchCudaAPI", "TorchDeviceAPI", "TorchXpuAPI", "device_api"]
+__all__ = ["DeviceAPI", "TORCH_CUDA", "TorchCudaAPI", "TorchXpuAPI", "device_api"]
 
 _EMPTY_GRAPH = "graph is empty"  # torch's capture_end warning: "The CUDA Graph is empty. ..."
 
@@ -182,9 +182,6 @@ class TorchXpuAPI(_TorchModuleAPI):
     def set_sync_debug_mode(self, mode: int | str) -> None:
         pass  # torch.xpu has none (see the class docs)
 
-
-#: The former name of :class:`TorchCudaAPI`.
-TorchDeviceAPI = TorchCudaAPI
 
 #: What :class:`~attnhal.graphs.DeviceGraph` uses when given neither an API nor a platform.
 TORCH_CUDA = f"{__name__}:TorchCudaAPI"

@@ -4,10 +4,8 @@ The :class:`~attnhal.platform.Platform` decides: ``graph_kind`` says whether gra
 are device graphs or the CPU capture emulator, and for device graphs the
 implementation its vendor row names (``Platform.graph_device``, e.g.
 :class:`~attnhal.graphs.device_api.TorchCudaAPI`) makes the device calls. A platform
-whose kind is ``none`` captures nothing (a ``ValueError`` here).
-
-The former form, a kind string (``"device"`` or ``"emulated"``), still works:
-``"device"`` then means ``torch.cuda``.
+whose kind is ``none`` captures nothing (a ``ValueError`` here). A platform may be given by
+name (``"cuda:sm90"``, ``"cpu"``): :func:`~attnhal.platform.as_platform` reads it.
 """
 
 from __future__ import annotations
@@ -17,12 +15,12 @@ from collections.abc import Iterator
 
 import torch
 
-from attnhal.platform import GraphKind, Platform
+from attnhal.platform import GraphKind, Platform, as_platform
 
 from .base import Graph
 from .device import CAPTURE_ERROR_MODES, DeviceGraph
 from .device import capture_session as _device_session
-from .device_api import TORCH_CUDA, DeviceAPI, device_api
+from .device_api import DeviceAPI, device_api
 from .emulator import EmulatedGraph
 
 __all__ = ["CAPTURE_ERROR_MODES", "GRAPH_KINDS", "capture_session", "new_graph"]
@@ -31,15 +29,15 @@ __all__ = ["CAPTURE_ERROR_MODES", "GRAPH_KINDS", "capture_session", "new_graph"]
 GRAPH_KINDS = ("device", "emulated")
 
 
-def _device_calls(where: Platform | str) -> DeviceAPI | None:
+def _device_calls(where: Platform) -> DeviceAPI | None:
     """The device API of ``where`` (None: emulated); ValueError where nothing captures."""
-    kind = where.graph_kind.value if isinstance(where, Platform) else where
+    kind = where.graph_kind.value
     if kind not in GRAPH_KINDS:
-        why = f"; {where.graph_device_error}" if isinstance(where, Platform) and where.graph_device_error else ""
-        raise ValueError(f"graph_kind={kind!r} (supported: {', '.join(GRAPH_KINDS)}){why}")
+        why = f"; {where.graph_device_error}" if where.graph_device_error else ""
+        raise ValueError(f"graph_kind={kind!r} on platform {where.name} (supported: {', '.join(GRAPH_KINDS)}){why}")
     if kind == GraphKind.EMULATED.value:
         return None
-    path = where.graph_device if isinstance(where, Platform) else TORCH_CUDA
+    path = where.graph_device
     if path is None:  # a hand-built platform: DEVICE kind, but its row names nothing
         raise ValueError(f"graph_device=None for graph_kind='device' on platform {where} "
                          "(supported: a 'module:Class' DeviceAPI, the vendor row's graph_device)")
@@ -48,7 +46,7 @@ def _device_calls(where: Platform | str) -> DeviceAPI | None:
 
 def new_graph(platform: Platform | str, pool: object | None = None, *, device: str | torch.device | None = None,
               warmup_iters: int = 1, capture_error_mode: str = "global") -> Graph:
-    """Make an uncaptured graph for ``platform`` (or a kind string, the former form).
+    """Make an uncaptured graph for ``platform`` (a :class:`~attnhal.platform.Platform` or its name).
 
     A device graph makes its device calls through the platform's ``graph_device``;
     ``pool`` is a memory pool handle shared between device graphs; ``device`` (default:
@@ -56,11 +54,12 @@ def new_graph(platform: Platform | str, pool: object | None = None, *, device: s
     :class:`DeviceGraph`'s. The emulator has no pool, stream or device to guard and
     ignores them. A platform that captures nothing (``graph_kind`` "none") is a ValueError.
     """
-    api = _device_calls(platform)
+    where = as_platform(platform)
+    api = _device_calls(where)
     if api is None:
         return EmulatedGraph()
-    if device is None and isinstance(platform, Platform):
-        device = platform.torch_device
+    if device is None:
+        device = where.torch_device
     return DeviceGraph(device=device, pool=pool, warmup_iters=warmup_iters, capture_error_mode=capture_error_mode,
                        api=api)
 
@@ -71,15 +70,14 @@ def capture_session(platform: Platform | str, device: str | torch.device | None 
 
     Device graphs: synchronize, garbage-collect and free cached memory once, then
     yield one graph pool handle. The emulator needs nothing and yields None.
-    ``device``: default the platform's ``torch_device`` (required with a kind string).
+    ``device``: default the platform's ``torch_device``.
     """
-    api = _device_calls(platform)
+    where = as_platform(platform)
+    api = _device_calls(where)
     if api is None:
         yield None
         return
     if device is None:
-        if not isinstance(platform, Platform):
-            raise TypeError("capture_session('device') needs device= (or pass the Platform)")
-        device = platform.torch_device
+        device = where.torch_device
     with _device_session(device, api) as pool:
         yield pool

@@ -11,13 +11,13 @@ each role, :mod:`~attnhal.planner.roles`) and :class:`GraphPolicy`
 
 from attnhal.phases import ALGORITHM_PHASES
 from attnhal.planner.decide import plan, plan_phase
-from attnhal.planner.policy import MAX_BATCH_SIZE, MAX_CAPTURE_SIZES, MAX_STEP_COUNTS, GraphPolicy
+from attnhal.planner.policy import BATCH_SIZE, MAX_CAPTURE_SIZES, MAX_STEP_COUNTS, GraphPolicy
 from attnhal.planner.result import GraphPlan, PhasePlan
 from attnhal.planner.roles import AttentionMode, PhaseBackends, needs_draft_backend, phase_roles
 
 __all__ = [
     "ALGORITHM_PHASES",
-    "MAX_BATCH_SIZE",
+    "BATCH_SIZE",
     "MAX_CAPTURE_SIZES",
     "MAX_STEP_COUNTS",
     "AttentionMode",

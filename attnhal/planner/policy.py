@@ -1,7 +1,7 @@
 """The graph policy: whether, for which phases, at which batch sizes and step counts to capture.
 
 An engine's graph settings as one validated record, with the bounds that keep a
-typo from sizing static buffers (:data:`MAX_BATCH_SIZE`, :data:`MAX_CAPTURE_SIZES`,
+typo from sizing static buffers (:data:`BATCH_SIZE`, :data:`MAX_CAPTURE_SIZES`,
 :data:`MAX_STEP_COUNTS`).
 """
 
@@ -18,12 +18,11 @@ from attnhal.errors import InvalidValue
 from attnhal.phases import Phase, tokens_per_request
 from attnhal.spec import NUM_STEPS, SpecConfig, check_bound
 
-__all__ = ["BATCH_SIZE", "CAPTURE_TOKENS", "MAX_BATCH_SIZE", "MAX_CAPTURE_SIZES", "MAX_STEP_COUNTS", "GraphPolicy"]
+__all__ = ["BATCH_SIZE", "CAPTURE_TOKENS", "MAX_CAPTURE_SIZES", "MAX_STEP_COUNTS", "GraphPolicy"]
 
 #: Bounds of the graph policy: capture sizes size static buffers.
 BATCH_SIZE = Bound("max_batch_size", 1, 4096)
 CAPTURE_TOKENS = Bound("max_tokens", 1, 4096 * 1024)
-MAX_BATCH_SIZE = BATCH_SIZE.high
 MAX_CAPTURE_SIZES = 256
 MAX_STEP_COUNTS = 16
 

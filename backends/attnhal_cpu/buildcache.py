@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnhal.errors import AttnhalError
 from attnhal_cpu import buildlock
 
 __all__ = ["BuildError", "CacheState", "Compiler", "Entry", "LibrarySpec", "Progress", "cache_root",
@@ -59,7 +60,7 @@ PROGRESS_EVERY_S = 10.0
 Progress = Callable[[str, str], None]
 
 
-class BuildError(RuntimeError):
+class BuildError(AttnhalError, RuntimeError):
     """The library could not be built or loaded (the message says why)."""
 
 

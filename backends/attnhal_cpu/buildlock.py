@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from attnhal.errors import AttnhalError
+
 try:
     import fcntl
 except ImportError:  # Windows
@@ -30,7 +32,7 @@ __all__ = ["LockTimeout", "exclusive", "holder", "supported"]
 POLL_S = 0.2
 
 
-class LockTimeout(TimeoutError):
+class LockTimeout(AttnhalError, TimeoutError):
     """The lock stayed taken past the bound (the message names the lock file and its holder)."""
 
 

@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
+from attnhal.errors import AttnhalError
 from attnhal_cpu.build import native_build
 
 __all__ = ["NativeUnavailable", "attend_op"]
 
 
-class NativeUnavailable(RuntimeError):
+class NativeUnavailable(AttnhalError, RuntimeError):
     """The C++ kernel could not be built or loaded here (the message says why)."""
 
 

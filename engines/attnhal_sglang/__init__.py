@@ -12,7 +12,7 @@ The fixed layout of an engine package (``docs/engine.md``):
 
 - :mod:`~attnhal_sglang.flags`: SGLang's vocabulary (modelled flags, aliases, harmless flags,
   the planner field each flag sets).
-- :mod:`~attnhal_sglang.resolution`: server arguments -> :class:`SglangConfig`; helped by
+- :mod:`~attnhal_sglang.config`: server arguments -> :class:`SglangConfig`; helped by
   :mod:`~attnhal_sglang.defaults` (the attention backend SGLang picks when none is given) and
   :mod:`~attnhal_sglang.pages` (the page size SGLang's resolution sets).
 - :mod:`~attnhal_sglang.adapter`: the adapter (:data:`ADAPTER`) and :func:`plan_server_args`.
@@ -27,7 +27,7 @@ from attnhal.engines.flags import EngineArgError
 from attnhal_sglang.flags import FLAGS, HARMLESS, SGLANG_VERSION, parse_cli
 from attnhal_sglang.pages import PageSize, resolve_page_size
 from attnhal_sglang.adapter import ADAPTER, plan_server_args
-from attnhal_sglang.resolution import (
+from attnhal_sglang.config import (
     DEFAULT_MAX_BS,
     DEFAULT_PAGE_SIZE,
     DRAFT_EXTEND_GRAPH_OFF,

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from attnhal.engines.base import OwnFlag
 from attnhal.engines.flags import Flag
 from attnhal_sglang import executed
-from attnhal_sglang.flags import FIELD_FLAGS, FLAGS, HARMLESS, SGLANG_SERIES_DIGITS, SGLANG_VERSION, SGLANG_VERSIONS, parse_cli
-from attnhal_sglang.resolution import DRAFT_EXTEND_GRAPH_OFF, SglangConfig, from_server_args
+from attnhal_sglang.flags import (FIELD_FLAGS, FLAGS, HARMLESS, SGLANG_SERIES_DIGITS, SGLANG_VERSION,
+                                  SGLANG_VERSIONS, parse_cli)
+from attnhal_sglang.config import DRAFT_EXTEND_GRAPH_OFF, SglangConfig, from_server_args
 from attnhal.planner import GraphPlan
 from attnhal.platform import ENV_VAR, Platform
 from attnhal.spec import ModelKind
@@ -31,7 +32,7 @@ def plan_server_args(args: Mapping[str, Any] | argparse.Namespace, platform: Pla
 
 
 class SglangAdapter:
-    """SGLang 0.5.23 server flags -> :class:`~attnhal_sglang.resolution.SglangConfig`, resolved by
+    """SGLang 0.5.23 server flags -> :class:`~attnhal_sglang.config.SglangConfig`, resolved by
     SGLang's own code where it can run (:mod:`~attnhal_sglang.executed`), else attnhal's."""
 
     name = "sglang"
@@ -51,13 +52,21 @@ class SglangAdapter:
         return parse_cli(argv)
 
     def advise(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None], *,
-               top: int = 3, vary: Sequence[str] | None = None) -> Advice:
+               top: int = 3, vary: Sequence[str] | None = None, **options: Any) -> Advice:
         """``attnhal advise --engine sglang``: :func:`attnhal_sglang.advice.advise` with the
-        draft-extend graph switch read from the environment, as :meth:`resolve` reads it."""
+        draft-extend graph switch read from the environment, as :meth:`resolve` reads it (``env=``
+        replaces it; ``among=``, ``limit=`` as there)."""
         from attnhal_sglang.advice import advise
 
-        env = {DRAFT_EXTEND_GRAPH_OFF: os.environ.get(DRAFT_EXTEND_GRAPH_OFF, "")}
-        return advise(values, platform, own.get("model"), env=env, vary=vary, top=top)
+        env = options.pop("env", {DRAFT_EXTEND_GRAPH_OFF: os.environ.get(DRAFT_EXTEND_GRAPH_OFF, "")})
+        return advise(values, platform, own.get("model"), env=env, vary=vary, top=top, **options)
+
+    def conformance(self, ref: str) -> Callable[..., Any] | None:
+        """How ``attnhal conformance`` checks catalogue name ``ref``: the kit on SGLang's own backend
+        classes (:func:`attnhal_sglang.kit.runner`), or None (the name stays a descriptor)."""
+        from attnhal_sglang.kit import runner
+
+        return runner(ref)
 
     def resolve(self, values: Mapping[str, Any], platform: Platform,
                 own: Mapping[str, str | None]) -> SglangConfig:

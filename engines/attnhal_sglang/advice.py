@@ -26,7 +26,7 @@ from attnhal.engines.flags import EngineArgError, cli_name, model_kind
 from attnhal_sglang.audit import Direction, engine_differs, explain
 from attnhal_sglang.flags import FLAGS, HARMLESS, SGLANG_VERSION
 from attnhal_sglang.pages import resolve_page_size
-from attnhal_sglang.resolution import SglangConfig, from_server_args
+from attnhal_sglang.config import SglangConfig, from_server_args
 from attnhal.phases import Phase, phases_run
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind

@@ -31,7 +31,7 @@ from attnhal.reasons import Reason, ReasonCode
 from attnhal.spec import ModelKind, SpecAlgorithm
 
 if TYPE_CHECKING:
-    from attnhal_sglang.resolution import SglangConfig
+    from attnhal.engines.base import EngineConfig
 
 __all__ = ["DESCRIPTOR_LIMITS", "LATE_FAILURE", "RULES", "SHOWN", "Direction", "EngineDiffers", "Explanation",
            "PhaseAudit", "Verdict", "attnhal_verdict", "audit", "descriptor_limit", "engine_differs", "entry_of",
@@ -71,7 +71,7 @@ def entry_of(note: str) -> str:
 _EXTEND_RULE_READS: Mapping[Vendor, str] = {Vendor.HIP: "draft_decode", Vendor.CUDA: "draft_extend"}
 
 
-def _hip_extend_eager(config: SglangConfig, platform: Platform) -> bool:
+def _hip_extend_eager(config: EngineConfig, platform: Platform) -> bool:
     """Where SGLang's rule reads the draft-*decode* backend, draft extend is captured only when
     that is aiter's multi-step one: with a triton or aiter draft extend and no aiter draft decode
     (one step, or another decode backend) it runs eagerly. aiter trees fail at draft extend
@@ -89,19 +89,19 @@ def _extend_gets_decode_runner(platform: Platform) -> bool:
     return device is not None and DRAFT_RUNNERS["draft_extend"][device] == DRAFT_RUNNERS["draft_decode"][device]
 
 
-def _split(config: SglangConfig) -> bool:
+def _split(config: EngineConfig) -> bool:
     return config.roles.get("prefill") != config.roles.get("decode")
 
 
-def _tree(config: SglangConfig) -> bool:
+def _tree(config: EngineConfig) -> bool:
     return config.spec.speculative and config.spec.topk > 1
 
 
-def _page_one(config: SglangConfig, platform: Platform) -> bool:
-    return config.page_size(platform).value == 1
+def _page_one(config: EngineConfig, platform: Platform) -> bool:
+    return config.context_on(platform).page_size == 1  # the page size SGLang sets on the platform
 
 
-Rule = Callable[["SglangConfig", Platform], bool]
+Rule = Callable[["EngineConfig", Platform], bool]
 
 #: docs/catalog.md entry -> when it applies (the same conditions as the entry's text).
 RULES: Mapping[str, Rule] = {
@@ -120,7 +120,7 @@ RULES: Mapping[str, Rule] = {
 }
 
 
-def engine_differs(config: SglangConfig, platform: Platform | str) -> tuple[EngineDiffers, ...]:
+def engine_differs(config: EngineConfig, platform: Platform | str) -> tuple[EngineDiffers, ...]:
     """The catalogued engine decisions that apply to ``config`` on ``platform``, once per entry
     (a split pair's shared entry is said once), in role order. A note whose entry has no rule
     in :data:`RULES` is an error: it could never be said when it applies."""

@@ -3,7 +3,7 @@
 ``ServerArgs(...).resolve_once()`` is SGLang's pipeline: backend defaults and overrides, the
 page size it sets, speculative defaults (steps, topk and draft tokens when omitted) and every
 refusal. :func:`from_engine` runs it and hands what it resolved to the built-in translation
-(:func:`~attnhal_sglang.resolution.from_server_args`), so the plan reads SGLang's own
+(:func:`~attnhal_sglang.config.from_server_args`), so the plan reads SGLang's own
 decisions; :func:`choose` says which resolution a command uses, and why.
 
 SGLang resolves for the machine it runs on (its device probes): the engine's resolution is
@@ -24,7 +24,7 @@ from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, model_kind
 from attnhal_sglang.flags import FLAGS, HARMLESS
 from attnhal_sglang.pages import DEFAULT_PAGE_SIZE, PageSize, resolve_page_size
-from attnhal_sglang.resolution import Choice, SglangConfig, from_server_args
+from attnhal_sglang.config import Choice, SglangConfig, from_server_args
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind
 

@@ -1,7 +1,7 @@
 """SGLang's vocabulary (release 0.5.23): the modelled server flags, their aliases, the harmless ones.
 
 A modelled flag is converted here (a bad value is an error naming the flag); what the
-values *mean* for the plan is :mod:`attnhal_sglang.resolution`.
+values *mean* for the plan is :mod:`attnhal_sglang.config`.
 """
 
 from __future__ import annotations

@@ -36,11 +36,11 @@ def full_name(name: str) -> str:
 
 def rewrite(argv: Sequence[str]) -> list[str]:
     """Each long flag of ``argv`` by the field SGLang stores it in (``--tensor-parallel-size`` is
-    ``--tp_size``; values and ``=value`` kept)."""
+    ``--tp-size``; values and ``=value`` kept)."""
     out = []
     for token in argv:
         if token.startswith("--") and len(token) > 2:
             name, eq, value = token.partition("=")
-            token = "--" + dest(full_name(name)) + eq + value
+            token = "--" + dest(full_name(name)).replace("_", "-") + eq + value
         out.append(token)
     return out

@@ -16,7 +16,7 @@ from attnhal.phases import Phase
 from attnhal.platform import Platform, Vendor, as_platform
 
 if TYPE_CHECKING:
-    from attnhal_sglang.resolution import SglangConfig
+    from attnhal.engines.base import EngineConfig
 
 __all__ = ["ENTRY", "LateFailure", "late_failures"]
 
@@ -50,7 +50,7 @@ class LateFailure:
 _AITER_EXTEND_CAPTURED_BY: Mapping[Vendor, str] = {Vendor.HIP: "draft_decode"}
 
 
-def _sglang_captures_aiter_extend(config: SglangConfig, platform: Platform) -> bool:
+def _sglang_captures_aiter_extend(config: EngineConfig, platform: Platform) -> bool:
     """Whether SGLang builds aiter's draft-extend runner: the role above is aiter, graphs are on
     and the env switch is off (eagle_worker_v2.py:625-628)."""
     role = _AITER_EXTEND_CAPTURED_BY.get(platform.vendor)
@@ -58,7 +58,7 @@ def _sglang_captures_aiter_extend(config: SglangConfig, platform: Platform) -> b
             and Phase.DRAFT_EXTEND not in config.policy.disabled_phases)
 
 
-def late_failures(config: SglangConfig, platform: Platform | str) -> tuple[LateFailure, ...]:
+def late_failures(config: EngineConfig, platform: Platform | str) -> tuple[LateFailure, ...]:
     """The late failures of ``config`` on ``platform`` (empty: none catalogued applies).
 
     aiter's draft extend raises ``NotImplementedError`` for ``topk > 1``

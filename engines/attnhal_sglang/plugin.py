@@ -178,7 +178,7 @@ def plan_draft_worker(worker: Any, graphs_enabled: bool, env: Mapping[str, str] 
     from attnhal.catalog import load
     from attnhal.engines.flags import EngineArgError
     from attnhal_sglang.audit import engine_differs
-    from attnhal_sglang.resolution import from_server_args
+    from attnhal_sglang.config import from_server_args
     from attnhal.phases import Phase
     from attnhal.planner import plan
     from attnhal.platform import GraphKind, detect

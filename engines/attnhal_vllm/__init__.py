@@ -25,12 +25,13 @@ mixed prefill+decode graphs nor for piecewise capture of the non-attention layer
 of the backend); vLLM has no topk: a tree (``topk > 1``) is never uniform for it.
 
 - :mod:`~attnhal_vllm.flags`: vLLM's vocabulary (modelled arguments, harmless ones).
-- :mod:`~attnhal_vllm.resolution`: support levels <-> descriptors, their minimum, the graph mode.
+- :mod:`~attnhal_vllm.modes`: support levels <-> descriptors, their minimum, the graph mode.
 - :mod:`~attnhal_vllm.levels`: the level a builder reports for one configuration (platform, spec, cubins).
 - :mod:`~attnhal_vllm.drafter`: the drafter's graph mode per release (0.33: piecewise at
   most, attention eager; 0.34: FULL_DECODE_ONLY), from the target's mode.
-- :mod:`~attnhal_vllm.adapter`: the adapter (:data:`ADAPTER`): engine arguments -> :class:`VllmConfig`
-  -> attnhal's plan, for the release :func:`~attnhal_vllm.adapter.release_for` picks
+- :mod:`~attnhal_vllm.adapter`: the adapter (:data:`ADAPTER`).
+- :mod:`~attnhal_vllm.config`: engine arguments -> :class:`VllmConfig` -> attnhal's plan, for the
+  release :func:`~attnhal_vllm.config.release_for` picks
   (``--vllm-version``; default the installed one, else the newest supported).
 - optional: :mod:`~attnhal_vllm.audit` (vLLM's mode resolution explained) and
   :mod:`~attnhal_vllm.plugin` (what runs inside vLLM).
@@ -39,8 +40,9 @@ of the backend); vLLM has no topk: a tree (``topk > 1``) is never uniform for it
 from attnhal.engines.flags import EngineArgError
 from attnhal_vllm.flags import FLAGS, HARMLESS, VLLM_VERSION, parse_cli
 from attnhal_vllm.levels import Level, support_on
-from attnhal_vllm.adapter import ADAPTER, VllmConfig, from_engine_args
-from attnhal_vllm.resolution import (
+from attnhal_vllm.adapter import ADAPTER
+from attnhal_vllm.config import VllmConfig, from_engine_args
+from attnhal_vllm.modes import (
     CGSupport,
     GraphMode,
     ModeResolution,

@@ -11,25 +11,22 @@ resolution raises is refused at startup and not proposed; each downgrade of the 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attnhal.capabilities import AttentionRequest, not_supported_reasons
 from attnhal.catalog import entries, load
 from attnhal.engines.advice import (MAX_COMBINATIONS, PRIORITY, Advice, Option, changes, check_size, frontier,
                                     model_of, rank_key, served_kinds)
 from attnhal.engines.flags import EngineArgError, check, model_kind
+from attnhal_vllm.config import VllmConfig, from_engine_args
 from attnhal_vllm.flags import FLAGS, HARMLESS, VLLM_VERSION
 from attnhal.phases import Phase
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind
 
-if TYPE_CHECKING:
-    from attnhal_vllm.adapter import VllmConfig
-
-#: Engine arguments -> a :class:`~attnhal_vllm.adapter.VllmConfig`: the adapter's
-#: ``from_engine_args(args, platform, trtllm_cubins, model)``, passed in by the adapter (whose
-#: module imports this one for ``advise``, so this one cannot import it back).
-Translate = Callable[[Mapping[str, Any], Platform, bool, ModelKind], "VllmConfig"]
+#: Engine arguments -> a :class:`~attnhal_vllm.config.VllmConfig` of the release advised for:
+#: ``from_engine_args(args, platform, trtllm_cubins, model)`` with the release fixed.
+Translate = Callable[[Mapping[str, Any], Platform, bool, ModelKind], VllmConfig]
 
 __all__ = ["advise"]
 
@@ -78,18 +75,23 @@ def _eager_reason(config: VllmConfig, phase: Phase, reasons: str, mode: str, lev
 
 
 def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind | str | None = None, *,
-           translate: Translate, trtllm_cubins: bool = True, top: int = 3, among: Collection[str] | None = None,
-           limit: int = MAX_COMBINATIONS, release: str = VLLM_VERSION) -> Advice:
+           trtllm_cubins: bool = True, top: int = 3, among: Collection[str] | None = None,
+           limit: int = MAX_COMBINATIONS, release: str = VLLM_VERSION,
+           env: Mapping[str, str] | None = None) -> Advice:
     """The vLLM ``--attention-backend`` values that capture the most on ``platform`` for this model,
     ranked (:func:`attnhal.engines.advice.rank_key`), against the user's engine arguments ``args``.
 
-    ``translate``: the adapter's ``from_engine_args``; ``among``: the backend names it may propose
-    (``FLASH_ATTN``; default every catalogued one that fits); ``trtllm_cubins``: FlashInfer's
-    assumption (:func:`~attnhal_vllm.support_on`); ``release``: the vLLM release
-    ``translate`` models (named in the advice).
+    ``among``: the backend names it may propose (``FLASH_ATTN``; default every catalogued one that
+    fits); ``trtllm_cubins``: FlashInfer's assumption (:func:`~attnhal_vllm.support_on`);
+    ``release``: the vLLM release modelled (named in the advice); ``env``: vLLM's runner switch
+    (:func:`~attnhal_vllm.runner.select_runner`).
     Raises :class:`EngineArgError` naming the flag for bad arguments, as the adapter does.
     """
     where = as_platform(platform)
+
+    def translate(flags: Mapping[str, Any], on: Platform, cubins: bool, kind: ModelKind) -> VllmConfig:
+        return from_engine_args(flags, on, cubins, kind, release, env)
+
     raw = {k: v for k, v in dict(args).items() if v is not None}
     converted, _ = check(raw, FLAGS, HARMLESS, "attnhal_vllm.HARMLESS")
     given = raw  # vLLM's values convert to other forms (``vllm:NAME``, parsed JSON): the flags stay as typed

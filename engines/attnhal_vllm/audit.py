@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from attnhal.catalog import CatalogError
 from attnhal_vllm.levels import Level, support_on
-from attnhal_vllm.resolution import CGSupport, GraphMode, min_support, resolve_mode
+from attnhal_vllm.modes import CGSupport, GraphMode, min_support, resolve_mode
 from attnhal.platform import Platform
 
 __all__ = ["GroupLevel", "ModeAudit", "audit_mode"]

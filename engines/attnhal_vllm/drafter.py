@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from attnhal_vllm.resolution import GraphMode
+from attnhal_vllm.modes import GraphMode
 
 __all__ = ["DRAFTER_RULES", "DrafterMode", "drafter_line", "drafter_mode", "observed"]
 

@@ -8,7 +8,7 @@ from typing import Any
 from attnhal.catalog import CatalogError, entries, load
 from attnhal.engines.flags import EngineArgError, Flag, json_object, one_of, positive, truth
 from attnhal.engines.flags import parse_cli as parse_flags
-from attnhal_vllm.resolution import GraphMode
+from attnhal_vllm.modes import GraphMode
 
 __all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "OPTIMIZATION_LEVELS", "VLLM_SERIES_DIGITS", "VLLM_VERSION", "VLLM_VERSIONS", "parse_cli"]
 
@@ -21,7 +21,7 @@ VLLM_VERSIONS = (VLLM_VERSION, "0.34.0")
 VLLM_SERIES_DIGITS = 2
 
 #: Planner field (an :class:`~attnhal.errors.InvalidValue`'s ``field``) -> the flags that set it, in
-#: the order :func:`~attnhal_vllm.adapter.from_engine_args` reads them, each with how a message
+#: the order :func:`~attnhal_vllm.config.from_engine_args` reads them, each with how a message
 #: names it (the planner validates the spec; the user never typed ``num_steps=``).
 FIELD_FLAGS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "num_steps": (("--spec-tokens", "--spec-tokens"),
@@ -101,7 +101,9 @@ FLAGS: Mapping[str, Flag] = {
 
 def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
     """vLLM command-line flags -> ``{argument_name: text}``, read with vLLM's own rewriting first
-    (:func:`attnhal_vllm.grammar.rewrite`: ``-O0``, ``-cc.cudagraph_mode=...``, dotted keys, aliases)."""
+    (:func:`attnhal_vllm.grammar.rewrite`: ``-O0``, ``-cc.cudagraph_mode=...``, dotted keys, aliases);
+    a leading word is the model, as in ``vllm serve MODEL`` (``vllm/entrypoints/cli/serve.py:56-57``:
+    ``model_tag`` becomes ``model``)."""
     from attnhal_vllm.grammar import rewrite
 
-    return parse_flags(rewrite(argv), FLAGS)
+    return parse_flags(rewrite(argv), FLAGS, positional="model")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from attnhal_vllm.resolution import CGSupport, catalog_support
+from attnhal_vllm.modes import CGSupport, catalog_support
 from attnhal.platform import ArchSet, Platform, Vendor
 
 __all__ = ["Level", "RULES", "support_on"]

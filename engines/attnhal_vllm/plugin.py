@@ -186,7 +186,7 @@ def _audited(original: Callable[..., Any]) -> Callable[..., Any]:
 def _before(runner: Any, attention_backends: Any, kv_cache_groups: Any) -> tuple[Any, Any]:
     """Each group's backends with their levels, as vLLM computes them, and the requested mode."""
     from attnhal_vllm.audit import GroupLevel
-    from attnhal_vllm.resolution import CGSupport, GraphMode
+    from attnhal_vllm.modes import CGSupport, GraphMode
 
     groups = []
     for index, (backends, group) in enumerate(zip(attention_backends, kv_cache_groups)):
@@ -209,7 +209,7 @@ def _report(runner: Any, before: tuple[Any, Any] | None, error: str | None) -> N
         return
     try:
         from attnhal_vllm.audit import audit_mode
-        from attnhal_vllm.resolution import GraphMode
+        from attnhal_vllm.modes import GraphMode
         from attnhal_vllm.startup import at_start
 
         groups, requested = before

@@ -58,7 +58,7 @@ def groups_recorded(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _levels(attn_groups: Any, vllm_config: Any) -> list[Any]:
     from attnhal_vllm.audit import GroupLevel
-    from attnhal_vllm.resolution import CGSupport
+    from attnhal_vllm.modes import CGSupport
 
     names, out = _enum_names(), []
     for index, groups in enumerate(attn_groups):
@@ -94,7 +94,7 @@ def _groups(min_cg_support: Any, min_cg_attn_backend: str | None) -> list[Any]:
     """The recorded groups when they are this resolution's (their minimum is the one passed);
     otherwise the one group vLLM names."""
     from attnhal_vllm.audit import GroupLevel
-    from attnhal_vllm.resolution import CGSupport, min_support
+    from attnhal_vllm.modes import CGSupport, min_support
 
     level = CGSupport[min_cg_support.name]
     if _last_groups and min_support({f"{g.backend}{i}": g.level for i, g in enumerate(_last_groups)})[0] is level:
@@ -111,7 +111,7 @@ def _report(config: Any, requested: Any, min_cg_support: Any, min_cg_attn_backen
 
     try:
         from attnhal_vllm.audit import audit_mode
-        from attnhal_vllm.resolution import GraphMode
+        from attnhal_vllm.modes import GraphMode
         from attnhal.platform import detect
 
         groups = _groups(min_cg_support, min_cg_attn_backend)
@@ -141,7 +141,7 @@ def drafter_audited(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(self, cudagraph_mode, *args, **kwargs)
         try:
             from attnhal_vllm.drafter import drafter_line, observed
-            from attnhal_vllm.resolution import GraphMode
+            from attnhal_vllm.modes import GraphMode
 
             seen = observed(RELEASE[0], GraphMode(cudagraph_mode.name), _mode_of(self, "decode_cudagraph_manager"))
             log.info("attnhal: %s", drafter_line(type(self).__name__, seen,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from attnhal.engines.report import GraphRow, StrictRefusal, format_report, sizes_text
 from attnhal_vllm.audit import GroupLevel, _attnhal_level
 from attnhal_vllm.drafter import DrafterMode
-from attnhal_vllm.resolution import CGSupport, GraphMode, min_support, resolve_mode
+from attnhal_vllm.modes import CGSupport, GraphMode, min_support, resolve_mode
 from attnhal.platform import Platform
 
 __all__ = ["MODE_VAR", "TITLE", "at_start", "attnhal_mode", "refuse_eager", "report", "report_rows"]

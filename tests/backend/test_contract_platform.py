@@ -1,8 +1,8 @@
 """Backends are built with the platform they run on, and their claims are checked once per build.
 
-Backends written outside attnhal subclass the contract with today's signature,
-``__init__(self, config, pool)`` calling ``super().__init__(config, pool)``: they must still
-build, get the platform attnhal builds them for, and pass the kit.
+A subclass takes ``platform`` as a keyword, or passes its ``**kwargs`` on to the base
+``__init__``: either way it is built for the platform attnhal builds it for, and passes the kit.
+One that takes neither is refused when given a platform (no hidden way around its signature).
 """
 
 from __future__ import annotations
@@ -35,19 +35,26 @@ from attnhal_torch import TorchBackend
 HIP = parse("hip:gfx942")
 
 
-class OldStyle(TorchBackend):
-    """A backend written before the contract took a platform: today's signature."""
+class Forwarding(TorchBackend):
+    """A subclass that passes what it does not take on to the base ``__init__``."""
 
-    def __init__(self, config: AttentionConfig, pool: KVPool) -> None:
-        super().__init__(config, pool)
+    def __init__(self, config: AttentionConfig, pool: KVPool, **kwargs: Any) -> None:
+        super().__init__(config, pool, **kwargs)
         self.built_for = self.platform  # set by the base, before this line runs
 
 
-class OldStyleWithOptions(TorchBackend):
-    """An older subclass with options of its own, forwarded through ``**kwargs``."""
+class WithOptions(TorchBackend):
+    """A subclass with options of its own; the platform forwarded through ``**kwargs``."""
 
     def __init__(self, config: AttentionConfig, pool: KVPool, **options: Any) -> None:
-        super().__init__(config, pool, chunk=options.pop("chunk_size", 64))
+        super().__init__(config, pool, chunk=options.pop("chunk_size", 64), **options)
+
+
+class NoPlatform(TorchBackend):
+    """A subclass whose ``__init__`` takes no platform and forwards nothing."""
+
+    def __init__(self, config: AttentionConfig, pool: KVPool) -> None:
+        super().__init__(config, pool)
 
 
 def _case(phase: Phase = Phase.DECODE) -> Any:
@@ -64,29 +71,34 @@ def _no_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ATTNHAL_PLATFORM", raising=False)
 
 
-def test_an_older_subclass_is_built_for_the_platform_attnhal_builds_it_for() -> None:
+def test_a_forwarding_subclass_is_built_for_the_platform_attnhal_builds_it_for() -> None:
     case = _case()
-    backend = new_backend(OldStyle, case.config, case.pool, HIP)
+    backend = new_backend(Forwarding, case.config, case.pool, HIP)
     assert backend.platform is HIP and backend.built_for is HIP
-    assert "_attnhal_build_platform" not in vars(backend)  # read once, by the base
-    options = new_backend(OldStyleWithOptions, case.config, case.pool, HIP, chunk_size=8)
+    options = new_backend(WithOptions, case.config, case.pool, HIP, chunk_size=8)
     assert options.platform is HIP and options.chunk == 8
-    by_hand = OldStyle(case.config, case.pool)  # as before: no platform anywhere
+    by_hand = Forwarding(case.config, case.pool)  # no platform anywhere
     assert by_hand.platform == default_platform(case.pool) and by_hand.platform.name == "cpu"
 
 
-def test_the_platform_reaches_the_base_check_of_an_older_subclass() -> None:
+def test_a_subclass_that_takes_no_platform_is_refused_one_and_built_without() -> None:
+    case = _case()
+    with pytest.raises(TypeError, match="platform"):
+        new_backend(NoPlatform, case.config, case.pool, HIP)
+    assert new_backend(NoPlatform, case.config, case.pool).platform.name == "cpu"
+
+
+def test_the_platform_reaches_the_base_check_of_a_subclass() -> None:
     """A pool whose e4m3 flavour is not the platform's is refused for the platform passed."""
     cfg = AttentionConfig(num_q_heads=4, num_kv_heads=2, head_size=64)
     fnuz = _pool(torch.float8_e4m3fnuz)
     with pytest.raises(UnsupportedFeature, match=r"kv_dtype=fp8_e4m3 stored as e4m3fnuz .*cuda:sm90"):
-        new_backend(OldStyle, cfg, fnuz, parse("cuda:sm90"))
-    assert new_backend(OldStyle, cfg, fnuz, HIP).platform is HIP
+        new_backend(Forwarding, cfg, fnuz, parse("cuda:sm90"))
+    assert new_backend(Forwarding, cfg, fnuz, HIP).platform is HIP
 
 
 def test_a_new_style_backend_gets_the_platform_as_its_keyword() -> None:
     case = _case()
-    assert contract._takes_platform(TorchBackend) and not contract._takes_platform(OldStyle)
     assert new_backend(TorchBackend, case.config, case.pool, HIP, chunk=8).platform is HIP
     with pytest.raises(TypeError, match="platform='hip:gfx942'"):
         TorchBackend(case.config, case.pool, platform="hip:gfx942")  # type: ignore[arg-type]
@@ -107,9 +119,9 @@ def test_the_default_platform_is_resolved_in_one_place(monkeypatch: pytest.Monke
 def test_the_multi_step_draft_the_kit_and_the_worker_pass_the_platform() -> None:
     case = _case(Phase.DRAFT_DECODE)
     spec = SpecConfig.eagle(3)
-    draft = MultiStepDraft(OldStyle, case.config, case.pool, spec, platform=HIP)
+    draft = MultiStepDraft(Forwarding, case.config, case.pool, spec, platform=HIP)
     assert [draft.backend(s).platform for s in range(draft.num_forwards)] == [HIP, HIP]
-    target = Target(OldStyle, HIP, backend_kwargs={})
+    target = Target(Forwarding, HIP, backend_kwargs={})
     assert target.new_backend(case.config, case.pool).platform is HIP
     from attnhal.example_engine.model import ModelConfig, TinyLlama, draft_of
     from attnhal.example_engine.worker import SpecWorker
@@ -122,8 +134,8 @@ def test_the_multi_step_draft_the_kit_and_the_worker_pass_the_platform() -> None
     assert [b.platform for b in built] == [HIP] * 3
 
 
-def test_an_older_subclass_passes_the_kit_on_a_simulated_platform() -> None:
-    report = run_conformance(OldStyle, platform="hip:gfx942", max_examples=0,
+def test_a_forwarding_subclass_passes_the_kit_on_a_simulated_platform() -> None:
+    report = run_conformance(Forwarding, platform="hip:gfx942", max_examples=0,
                              only=["phase[decode, float32]", "graph[decode]"])
     checked = {r.claim.name: r.status.value for r in report.results}
     assert report.ok and checked == {"phase[decode, float32]": "verified", "graph[decode]": "verified"}, checked

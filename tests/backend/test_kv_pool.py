@@ -54,7 +54,7 @@ def test_scales_are_recorded_and_default_to_one():
     assert (pool.kv_dtype, pool.fp8_flavor) == ("fp8_e4m3", Fp8Flavor.FNUZ)
     assert pool.k_scale.dtype == torch.float32 and pool.k_scale.tolist() == [1.0, 1.0]
     plain = _pool(torch.float16)
-    assert (plain.kv_dtype, plain.fp8_flavor, plain.is_fp8) == ("float16", Fp8Flavor.NONE, False)
+    assert (plain.kv_dtype, plain.fp8_flavor, plain.kv_format.scaled) == ("float16", Fp8Flavor.NONE, False)
 
 
 def test_pool_of_one_flavour_refuses_the_other_platform():

@@ -81,7 +81,7 @@ def test_the_records_hold_their_bounds() -> None:
     assert GraphPolicy.BOUNDS["step_counts"] is spec.NUM_STEPS
     assert (MAX_HEAD_SIZE, MAX_PAGE_SIZE, WHEN_BOUND.high) == (spec.HEAD_SIZE.high, spec.PAGE_SIZE.high,
                                                                 spec.PAGE_SIZE.high)
-    assert (spec.MAX_NUM_STEPS, spec.MAX_TOPK, spec.MAX_DRAFT_TOKENS) == (64, 64, 1024)
+    assert (spec.NUM_STEPS.high, spec.TOPK.high, spec.DRAFT_TOKENS.high) == (64, 64, 1024)
 
 
 @pytest.mark.parametrize("record, field, value", [

@@ -2,8 +2,9 @@
 
 The order and the package map live in docs/architecture.md (the ``layers`` block and the module
 table); this test reads them from there, so the document and the code cannot drift apart.
-Run-time imports count, lazy ones (inside a function) included; ``if TYPE_CHECKING:`` imports
-do not.
+Every import counts: lazy ones (inside a function) and ``if TYPE_CHECKING:`` ones too, in attnhal
+and in the engine packages beside it (``engines/attnhal_*``; only the hook entry points, which
+import no attnhal, are left out: ``module_graph.HOOKS``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from module_graph import circles, import_graph, modules
+from module_graph import ENGINE_PACKAGES, HOOKS, circles, import_graph, modules
 from repo import ROOT
 
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -75,20 +76,43 @@ def test_imports_run_down_the_documented_layers():
 def test_the_package_map_lists_every_package_and_top_level_module():
     table = ARCHITECTURE.read_text(encoding="utf-8").split("## Modules", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| `(attnhal[\w.]*)`", table, re.M))
-    wanted = {m for m, p in modules().items() if m.count(".") <= 1 and not m.split(".")[-1].startswith("_")}
+    wanted = {m for m, p in modules().items() if m.split(".")[0] == "attnhal" and m.count(".") <= 1
+              and not m.split(".")[-1].startswith("_")}
     assert sorted(wanted - listed) == []
+    folders = set(re.findall(r"^\| `engines/(attnhal_\w+)`", table, re.M))
+    assert folders == {*ENGINE_PACKAGES, *HOOKS}
 
 
-@pytest.mark.parametrize("planted", ["circle", "upward"])
-def test_the_checks_catch_a_planted_defect(tmp_path, planted):
-    """A copy of the package with one planted import: the check that guards it must see it."""
+def _copy(tmp_path):  # type: ignore[no-untyped-def]
     import shutil
 
     shutil.copytree(ROOT / "attnhal", tmp_path / "attnhal")
+    for name in ENGINE_PACKAGES:
+        shutil.copytree(ROOT / "engines" / name, tmp_path / "engines" / name)
+    assert circles(import_graph(tmp_path)) == [] and upward_imports(import_graph(tmp_path), LAYERS) == []
+
+
+@pytest.mark.parametrize("planted", ["circle", "type-only circle", "engine circle", "upward", "upward to an engine"])
+def test_the_checks_catch_a_planted_defect(tmp_path, planted):
+    """A copy of the packages with one planted import: the check that guards it must see it."""
+    _copy(tmp_path)
     if planted == "circle":  # the lowest layer imports the highest module that imports it back
         victim = tmp_path / "attnhal" / "spec.py"
         victim.write_text(victim.read_text() + "\n\ndef _late():\n    import attnhal.cli\n")
         assert any("attnhal.spec" in group for group in circles(import_graph(tmp_path)))
+    elif planted == "type-only circle":  # a type-only import back closes a circle too
+        victim = tmp_path / "attnhal" / "engines" / "registry.py"
+        victim.write_text(victim.read_text() + "\nif TYPE_CHECKING:\n    from attnhal.catalog import CatalogEntry\n")
+        assert ["attnhal.catalog", "attnhal.engines.registry"] in circles(import_graph(tmp_path))
+    elif planted == "engine circle":  # inside an engine package, as resolution <-> audit was
+        victim = tmp_path / "engines" / "attnhal_sglang" / "audit.py"
+        victim.write_text(victim.read_text() + "\nif TYPE_CHECKING:\n    from attnhal_sglang.config import x\n")
+        assert any("attnhal_sglang.audit" in group for group in circles(import_graph(tmp_path)))
+    elif planted == "upward to an engine":  # the core reaching into an adapter, as the CLI's kit once did
+        victim = tmp_path / "attnhal" / "cli" / "conformance.py"
+        victim.write_text(victim.read_text() + "\n\ndef _kit():\n    from attnhal_sglang.kit import runner\n")
+        assert any(line.startswith("attnhal.cli.conformance ") and "attnhal_sglang" in line
+                   for line in upward_imports(import_graph(tmp_path), LAYERS))
     else:
         victim = tmp_path / "attnhal" / "reasons.py"
         victim.write_text(victim.read_text() + "\nfrom attnhal.phases import Phase\n")

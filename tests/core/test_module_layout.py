@@ -25,7 +25,7 @@ def test_the_planner_does_not_re_export_the_spec_records():
 
     assert not {"SpecConfig", "RequestContext", "ModelKind", "SpecAlgorithm"} & set(planner.__all__)
     assert {"plan", "plan_phase", "GraphPlan", "PhasePlan", "GraphPolicy", "PhaseBackends", "AttentionMode",
-            "ALGORITHM_PHASES", "MAX_BATCH_SIZE"} <= set(planner.__all__)
+            "ALGORITHM_PHASES", "BATCH_SIZE"} <= set(planner.__all__)
 
 
 #: Removed in 0.2.0 (CHANGELOG.md): the former module paths.

@@ -29,6 +29,7 @@ pool with random K/V and valid batches of every uniform phase over it;
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -130,8 +131,8 @@ class ToyDecode(AttentionBackend):
 
     capabilities = _caps("toy")
 
-    def __init__(self, config: AttentionConfig, pool: KVPool) -> None:
-        super().__init__(config, pool)
+    def __init__(self, config: AttentionConfig, pool: KVPool, **kwargs: Any) -> None:
+        super().__init__(config, pool, **kwargs)
         self._static: _Workspace | None = None
         self._ws: _Workspace | None = None
 
@@ -185,8 +186,8 @@ class StaleLenDecode(ToyDecode):
 
     capabilities = _caps("toy-stale-len")
 
-    def __init__(self, config: AttentionConfig, pool: KVPool) -> None:
-        super().__init__(config, pool)
+    def __init__(self, config: AttentionConfig, pool: KVPool, **kwargs: Any) -> None:
+        super().__init__(config, pool, **kwargs)
         self.ctx = pool.max_context_len
         self.captured_len: int | None = None
 

@@ -543,7 +543,7 @@ class ScalesCopiedAtCapture(_OneDefect):
 
     def build_capture_metadata(self, batch: ForwardBatch) -> None:
         super().build_capture_metadata(batch)
-        if self.pool.is_fp8 and not getattr(self, "_scales_copied", False):
+        if self.pool.kv_format.scaled and not getattr(self, "_scales_copied", False):
             self._scales_copied = True
             self.layer_params = [p if p.k_scale is None or p.v_scale is None else
                                  replace(p, k_scale=p.k_scale.clone(), v_scale=p.v_scale.clone())
@@ -559,7 +559,7 @@ class Fp8NoSaturation(_OneDefect):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int,
                 batch: ForwardBatch) -> torch.Tensor:
-        if k is None or v is None or not self.pool.is_fp8:
+        if k is None or v is None or not self.pool.kv_format.scaled:
             return super().forward(q, k, v, layer, batch)
         pool = self.pool
         for cache, x, scale in ((pool.k[layer], k, pool.k_scale[layer]), (pool.v[layer], v, pool.v_scale[layer])):
@@ -584,7 +584,7 @@ class Fp8QuantizesInPlace(_OneDefect):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int,
                 batch: ForwardBatch) -> torch.Tensor:
-        if k is None or v is None or not self.pool.is_fp8:
+        if k is None or v is None or not self.pool.kv_format.scaled:
             return super().forward(q, k, v, layer, batch)
         pool, top = self.pool, torch.finfo(self.pool.dtype).max
         for cache, x, scale in ((pool.k[layer], k, pool.k_scale[layer]), (pool.v[layer], v, pool.v_scale[layer])):
@@ -599,7 +599,7 @@ class Fp8SplitsByCallCount(SplitsByCallCount):
 
     def _run_piece(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: LayerParams, piece: _Piece,
                    out: torch.Tensor, ws: Workspace | None) -> None:
-        if not self.pool.is_fp8:
+        if not self.pool.kv_format.scaled:
             return TorchBackend._run_piece(self, q, k, v, params, piece, out, ws)
         super()._run_piece(q, k, v, params, piece, out, ws)
 

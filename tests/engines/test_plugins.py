@@ -24,7 +24,7 @@ from attnhal_sglang.audit import (LATE_FAILURE, RULES, SHOWN, Direction, PhaseAu
                                           descriptor_limit, engine_differs, explain)
 from attnhal_vllm import plugin as vllm_plugin
 from attnhal_vllm.audit import GroupLevel, audit_mode
-from attnhal_vllm.resolution import CGSupport, GraphMode
+from attnhal_vllm.modes import CGSupport, GraphMode
 from attnhal.phases import Phase
 from attnhal.platform import parse
 

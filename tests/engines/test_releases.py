@@ -11,7 +11,7 @@ import pytest
 from attnhal.cli import main
 from attnhal.engines import plugin_gate, versions
 from attnhal.engines.releases import modelled, release_numbers
-from attnhal_vllm import adapter as vllm_adapter
+from attnhal_vllm import config as vllm_config
 
 VLLM = ("0.33.0", "0.34.0")
 
@@ -84,8 +84,8 @@ def test_plan_models_a_patch_release_and_says_so(capsys: pytest.CaptureFixture[s
     assert release["version"] == "0.34.0" and "vLLM 0.34.1 is modelled as vLLM 0.34.0" in release["chosen"]
     assert main([*argv[:6], "--", *argv[9:], "--vllm-version", "v0.33.0"]) == 0
     assert json.loads(capsys.readouterr().out)["release"]["version"] == "0.33.0"
-    monkeypatch.setattr(vllm_adapter, "installed", lambda distribution: "0.34.0rc1")
-    assert vllm_adapter.release_for(None) == (
+    monkeypatch.setattr(vllm_config, "installed", lambda distribution: "0.34.0rc1")
+    assert vllm_config.release_for(None) == (
         "0.34.0", "installed; vLLM 0.34.0rc1 is modelled as vLLM 0.34.0 (the same series: a patch, pre- or "
         "post-release of a supported release is read by that release's rules)")
     assert main([*argv[:6], "--vllm-version", "0.36.1", *argv[8:]]) == 2

@@ -1,6 +1,6 @@
 """A third engine plugs in with no edit to attnhal: the recipe of docs/engine.md, followed out of tree.
 
-The fake engine is a package written to ``tmp_path`` (``flags``, ``resolution``, ``adapter``, a
+The fake engine is a package written to ``tmp_path`` (``flags``, ``config``, ``adapter``, a
 catalogue folder) and registered by a ``*.dist-info/entry_points.txt`` of its own in the
 ``attnhal.engines`` group; the CLI runs in a subprocess with that folder on ``PYTHONPATH``.
 The command line knows no engine by name (checked on its source here too).
@@ -33,7 +33,7 @@ def parse(argv):
     return parse_cli(argv, FLAGS)
 '''
 
-RESOLUTION = '''
+CONFIG = '''
 from attnhal.catalog import load
 from attnhal.engines.base import EngineConfig
 from attnhal.engines.flags import check, model_kind
@@ -57,8 +57,8 @@ def resolve(args, platform, own):
                         roles={p.value: name if p in runs else None for p in Phase}, ignored=ignored)
 '''
 
-PLAN = '''
-from fake_engine import flags as vocabulary, resolution
+ADAPTER = '''
+from fake_engine import config, flags as vocabulary
 
 
 class FakeAdapter:
@@ -74,7 +74,7 @@ class FakeAdapter:
         return vocabulary.parse(argv)
 
     def resolve(self, values, platform, own):
-        return resolution.resolve(values, platform, own)
+        return config.resolve(values, platform, own)
 
 
 ADAPTER = FakeAdapter()
@@ -106,7 +106,7 @@ def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fake_engine_site")
     package = root / "fake_engine"
     (package / "catalog").mkdir(parents=True)
-    for name, text in {"__init__.py": "", "flags.py": FLAGS, "resolution.py": RESOLUTION, "adapter.py": PLAN,
+    for name, text in {"__init__.py": "", "flags.py": FLAGS, "config.py": CONFIG, "adapter.py": ADAPTER,
                        "catalog/__init__.py": "", "catalog/fast.toml": FAST_TOML}.items():
         (package / name).write_text(text.lstrip(), encoding="utf-8")
     info = root / "fake_engine-1.0.dist-info"
@@ -167,25 +167,14 @@ def test_the_command_line_names_no_engine(module: str) -> None:
 
 
 def test_advise_refuses_an_engine_whose_adapter_gives_no_advice_by_name(fake_engine: Path) -> None:
-    """Advice is optional in the adapter protocol (``attnhal.engines.base.Adviser``): the fake
+    """Advice is optional in the adapter protocol (``attnhal.engines.advice.Adviser``): the fake
     adapter has none, so ``advise --engine fake`` exits 2 naming it and the engines that advise."""
     done = _attnhal(fake_engine, "advise", "--engine", "fake", "--", "--draft-steps", "3", "--platform", "cuda:sm90")
     assert done.returncode == 2, done.stderr
     assert ("--engine='fake': the fake adapter gives no advice (supported: sglang, vllm; "
             "`attnhal plan --engine fake` plans its flags)") in done.stderr
     done = _attnhal(fake_engine, "advise", "--help")
-    assert "(sglang, vllm give advice)" in " ".join(done.stdout.split())
-
-
-def test_the_shipped_fallback_is_the_pyproject_table() -> None:
-    """:data:`attnhal.engines.registry.SHIPPED` (read where the installed metadata predates the group)."""
-    from attnhal.engines import registry
-
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    table = re.search(r'^\[project\.entry-points\."attnhal\.engines"\]\n(.*?)(?:\n\n|\Z)', text, re.M | re.S)
-    assert table is not None
-    rows = dict(re.findall(r'^(\w+) = "([^"]+)"$', table.group(1), re.M))
-    assert rows == registry.SHIPPED
+    assert "(fake, sglang, vllm)" in " ".join(done.stdout.split())  # names only: no adapter is loaded
 
 
 def test_both_shipped_adapters_satisfy_the_protocol_and_resolve_to_the_shared_record() -> None:
@@ -209,11 +198,32 @@ def test_a_registered_object_that_is_not_an_adapter_is_refused_by_name(monkeypat
 
     monkeypatch.setattr(registry, "_entry_points",
                         lambda: {"bad": EntryPoint("bad", "attnhal.errors:AttnhalError", registry.GROUP)})
-    registry.get.cache_clear()
+    registry._load.cache_clear()
     try:
-        with pytest.raises(registry.UnknownEngine, match="attnhal.errors:AttnhalError is not an EngineAdapter"):
+        with pytest.raises(registry.EngineUnavailable, match="attnhal.errors:AttnhalError is not an EngineAdapter"):
             registry.get("bad")
         with pytest.raises(registry.UnknownEngine, match=r"engine='x' \(supported: bad\)"):
             registry.get("x")
     finally:
-        registry.get.cache_clear()
+        registry._load.cache_clear()
+
+
+#: The recipe's layout (docs/engine.md, step 1): required in every engine package, and the optional
+#: files each shipped engine has.
+REQUIRED = ("flags.py", "config.py", "adapter.py")
+OPTIONAL = {"attnhal_sglang": ("advice.py", "audit.py", "plugin.py", "executed.py", "kit"),
+            "attnhal_vllm": ("advice.py", "audit.py", "plugin.py")}
+
+
+@pytest.mark.parametrize("package", sorted(OPTIONAL))
+def test_both_shipped_engines_have_the_recipes_layout_file_for_file(package: str) -> None:
+    import importlib
+
+    folder = ROOT / "engines" / package
+    assert [f for f in (*REQUIRED, *OPTIONAL[package]) if not (folder / f).exists()] == []
+    config = importlib.import_module(f"{package}.config")
+    assert callable(getattr(config, "from_server_args", None) or getattr(config, "from_engine_args", None))
+    assert importlib.import_module(f"{package}.adapter").ADAPTER.name == package.removeprefix("attnhal_")
+    assert callable(importlib.import_module(f"{package}.flags").parse_cli)
+    recipe = (ROOT / "docs" / "engine.md").read_text(encoding="utf-8").split("### Recipe: a third engine")[1]
+    assert all(f"`{name}" in recipe for name in (*REQUIRED, *OPTIONAL[package]))

@@ -19,7 +19,7 @@ from attnhal_vllm import (
     resolve_mode,
     support_level,
 )
-from attnhal_vllm import adapter as vllm_plan
+from attnhal_vllm import config as vllm_config
 from attnhal.platform import parse
 
 PLATFORM = {"cuda": "cuda:sm90", "hip": "hip:gfx942", "cpu": "cpu"}
@@ -193,11 +193,11 @@ def test_cli_flashinfer_says_its_cubin_assumption_and_takes_the_other_one(capsys
 ])
 def test_the_release_modelled_is_the_installed_one_else_the_newest(
         monkeypatch: pytest.MonkeyPatch, here: str | None, release: str, chosen: str) -> None:
-    monkeypatch.setattr(vllm_plan, "installed", lambda distribution: here)
-    assert vllm_plan.release_for(None)[0] == release and vllm_plan.release_for(None)[1].startswith(chosen)
-    assert vllm_plan.release_for("0.33.0") == ("0.33.0", "--vllm-version")
+    monkeypatch.setattr(vllm_config, "installed", lambda distribution: here)
+    assert vllm_config.release_for(None)[0] == release and vllm_config.release_for(None)[1].startswith(chosen)
+    assert vllm_config.release_for("0.33.0") == ("0.33.0", "--vllm-version")
     with pytest.raises(EngineArgError, match=r"--vllm-version='0.36' \(supported: 0.33.0, 0.34.0 and the patch"):
-        vllm_plan.release_for("0.36")
+        vllm_config.release_for("0.36")
 
 
 EAGLE = {"attention_backend": "FLASH_ATTN", "spec_method": "eagle", "spec_tokens": 3}

@@ -264,9 +264,10 @@ def test_no_device_is_a_clear_error_before_any_device_call() -> None:
         pytest.skip("a device is present")
     with pytest.raises(RuntimeError, match="no device is available to TorchCudaAPI"):
         DeviceGraph().capture(lambda: None)
-    with pytest.raises(RuntimeError, match="no device is available"), capture_session("device", "cuda"):
+    cuda = replace(parse("cuda:sm90"), graph_kind=GraphKind.DEVICE)
+    with pytest.raises(RuntimeError, match="no device is available"), capture_session(cuda, "cuda"):
         pass
-    with capture_session("emulated", "cpu") as pool:
+    with capture_session("cpu", "cpu") as pool:
         assert pool is None
 
 

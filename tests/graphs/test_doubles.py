@@ -68,17 +68,17 @@ def test_signature_drift_catches_a_planted_double() -> None:
 def test_stand_ins_refuse_what_the_real_function_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bound to ``new_graph``'s signature: defaults applied, an unknown keyword a TypeError."""
     calls = stand_in(monkeypatch, runner_module, "new_graph", lambda bound: bound.arguments["platform"])
-    assert runner_module.new_graph("emulated", device="cpu") == "emulated"
+    assert runner_module.new_graph("cpu", device="cpu") == "cpu"
     assert calls[0].arguments["pool"] is None and calls[0].arguments["warmup_iters"] == 1
     with pytest.raises(TypeError, match="stream"):
-        runner_module.new_graph("emulated", stream=None)
+        runner_module.new_graph("cpu", stream=None)
 
 
 def test_a_spy_forwards_to_the_real_function(monkeypatch: pytest.MonkeyPatch) -> None:
     real = runner_module.new_graph
     calls = spy(monkeypatch, runner_module, "new_graph")
-    graph = runner_module.new_graph("emulated", device="cpu")
-    assert type(graph) is type(real("emulated")) and calls[0].arguments["device"] == "cpu"
+    graph = runner_module.new_graph("cpu", device="cpu")
+    assert type(graph) is type(real("cpu")) and calls[0].arguments["device"] == "cpu"
 
 
 def test_only_attnhal_warnings_are_kept() -> None:

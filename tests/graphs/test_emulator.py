@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from attnhal.graphs import CaptureError, DeviceGraph, EmulatedGraph, Graph, new_graph
 from attnhal.graphs.emulator import OpKind
+from attnhal.platform import GraphKind, parse
 
 
 @torch.library.custom_op("attnhal_graphs_test::affine_into", mutates_args=("out",))
@@ -92,10 +94,14 @@ def test_capture_runs_under_no_grad() -> None:
 
 
 def test_new_graph_kinds() -> None:
-    assert isinstance(new_graph("emulated"), EmulatedGraph)
-    assert isinstance(new_graph("device"), DeviceGraph)  # constructing touches no GPU
-    with pytest.raises(ValueError, match="graph_kind='none'"):
-        new_graph("none")
+    """The platform (or its name) decides; a kind string is no platform."""
+    cuda = dataclasses.replace(parse("cuda:sm90"), graph_kind=GraphKind.DEVICE)
+    assert isinstance(new_graph("cpu"), EmulatedGraph)
+    assert isinstance(new_graph(cuda), DeviceGraph)  # constructing touches no GPU
+    with pytest.raises(ValueError, match="graph_kind='none' on platform cpu"):
+        new_graph(dataclasses.replace(parse("cpu"), graph_kind=GraphKind.NONE))
+    with pytest.raises(ValueError, match="platform='emulated'"):
+        new_graph("emulated")
 
 
 # ------------------------------------------------------ replay equals eager
@@ -260,6 +266,7 @@ def test_random_ops_are_redrawn() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or HIP device")
 @pytest.mark.parametrize("shape", [(1, 1, 1), (4, 6, 3)])
 def test_device_graph_replay_equals_eager(shape: tuple[int, int, int]) -> None:
-    graph = new_graph("device", pool=torch.cuda.graph_pool_handle())
+    graph = new_graph(dataclasses.replace(parse("cuda:sm90"), graph_kind=GraphKind.DEVICE), device="cuda",
+                      pool=torch.cuda.graph_pool_handle())
     _check_replay_equals_eager(graph, *shape, seed=7, device="cuda")
     assert graph.replay_allocations == 0 and graph.pool is not None

@@ -1,5 +1,9 @@
-"""attnhal's import graph from its source: which module imports which at run time (lazy imports
-inside functions included, ``if TYPE_CHECKING:`` ones not), and its circles."""
+"""attnhal's import graph from its source, the engine packages beside it included: which module
+imports which, counting every import (lazy ones inside functions and ``if TYPE_CHECKING:`` ones
+too), and its circles.
+
+Left out by name: :data:`HOOKS`, the engine-side entry points that must not import attnhal (a
+test in tests/engines checks that they do not)."""
 
 from __future__ import annotations
 
@@ -8,24 +12,23 @@ from pathlib import Path
 
 from repo import ROOT
 
-__all__ = ["circles", "import_graph", "modules"]
+__all__ = ["ENGINE_PACKAGES", "HOOKS", "circles", "import_graph", "modules"]
+
+#: The engine adapters' packages, beside the core (``engines/<name>``).
+ENGINE_PACKAGES = ("attnhal_sglang", "attnhal_vllm")
+#: The engines' plugin entry points: they import no attnhal, so no circle can pass through them.
+HOOKS = ("attnhal_hooks",)
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
-    """Dotted module name -> file, for every module of the attnhal package."""
+    """Dotted module name -> file, for every module of the attnhal package and the engine packages."""
     out = {}
-    for path in sorted((root / "attnhal").rglob("*.py")):
-        parts = path.relative_to(root).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    trees = [(root, root / "attnhal")] + [(root / "engines", root / "engines" / name) for name in ENGINE_PACKAGES]
+    for base, tree in trees:
+        for path in sorted(tree.rglob("*.py")):
+            parts = path.relative_to(base).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
-
-
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(n) for n in ast.walk(node))
-    return skip
 
 
 def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom, known: dict[str, Path]) -> list[str]:
@@ -42,14 +45,13 @@ def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom, known: di
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the attnhal modules it imports at run time."""
+    """Module -> the attnhal (and engine package) modules it imports, every import counted."""
     known = modules(root)
     graph: dict[str, set[str]] = {name: set() for name in known}
     for name, path in known.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _type_checking_nodes(tree)
         for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for target in _targets(name, path, node, known):
                     while target not in known and "." in target:  # ``attnhal.x.Name`` -> ``attnhal.x``
                         target = target.rsplit(".", 1)[0]

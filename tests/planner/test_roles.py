@@ -128,7 +128,7 @@ def test_build_checks_its_arguments():
 def old_sglang_roles(values, spec):
     """``attnhal_sglang.roles`` as written before it used phase_roles and phases_run."""
     from attnhal.phases import ALGORITHM_PHASES
-    from attnhal_sglang.resolution import _EXTEND_ON as on
+    from attnhal_sglang.config import _EXTEND_ON as on
     base = values.get("attention_backend")
     decode = values.get("decode_attention_backend", base)
     prefill = values.get("prefill_attention_backend") or on.get(decode) or base

@@ -90,7 +90,7 @@ def _pattern_fields(target: Target) -> dict[str, Any]:
 
 def _run_layers(target: Target, claim: Claim, recipe: CaseRecipe) -> int:
     pool = make_pool(recipe, device=target.device)
-    if pool.is_fp8:  # set before the K/V are drawn: build_case stores them with these scales
+    if pool.kv_format.scaled:  # set before the K/V are drawn: build_case stores them with these scales
         pool.k_scale.copy_(torch.tensor(SCALES, dtype=torch.float32))
         pool.v_scale.copy_(2 * torch.tensor(SCALES, dtype=torch.float32))
     case = build_case(recipe, pool=pool, device=target.device)
@@ -104,7 +104,7 @@ def _run_layers(target: Target, claim: Claim, recipe: CaseRecipe) -> int:
         window = case.config.window(layer)
         forward_checked(target, claim, backend, replace(case, q=q, k=k, v=v, layer=layer),
                          f"{_where(recipe)}, layer {layer} of {LAYERS} (window {window}"
-                         f"{f', k_scale {SCALES[layer]}' if pool.is_fp8 else ''})")
+                         f"{f', k_scale {SCALES[layer]}' if pool.kv_format.scaled else ''})")
     return LAYERS
 
 

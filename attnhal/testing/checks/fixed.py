@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from attnhal.phases import Phase
-from attnhal.spec import MAX_NUM_STEPS, SpecConfig
+from attnhal.spec import NUM_STEPS, SpecConfig
 from attnhal.testing.cases import MAX_EXACT_QK, CaseRecipe
 from attnhal.testing.strategies import batch_cost
 
@@ -117,14 +117,14 @@ def acceptance_cases(base: CaseRecipe, max_draft_tokens: int | None = None) -> l
     ``draft_extend``: every request accepting all ``draft_extend_len`` tokens, every one
     accepting a single token, and both mixed in one batch. ``target_verify``: the smallest
     draft (the root and one node) and the longest chain the phase runs
-    (``max_draft_tokens``, else ``MAX_NUM_STEPS + 1`` tokens). Other phases: none.
+    (``max_draft_tokens``, else ``NUM_STEPS.high + 1`` tokens). Other phases: none.
     """
     if base.phase is Phase.DRAFT_EXTEND:
         T = base.required_spec().draft_extend_len
         lens = (9, 17, 5)
         return [at_lengths(base, lens, news) for news in ((T,) * 3, (1,) * 3, (T, 1, T))]
     if base.phase is Phase.TARGET_VERIFY:
-        longest = min(MAX_NUM_STEPS, (max_draft_tokens or MAX_NUM_STEPS + 1) - 1)
+        longest = min(NUM_STEPS.high, (max_draft_tokens or NUM_STEPS.high + 1) - 1)
         return [replace(base, spec=SpecConfig.eagle(steps), tree_parents=(), prefix_lens=(0, 13))
                 for steps in sorted({1, max(longest, 1)})]
     return []

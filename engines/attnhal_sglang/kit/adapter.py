@@ -86,8 +86,8 @@ class SGLangAttention(AttentionBackend):
         why = runtime.engine_reasons() + runtime.interpreter_reasons(cls.sglang_name, platform.torch_device)
         return [Reason(ReasonCode.RUNTIME, w) for w in why]
 
-    def __init__(self, config: AttentionConfig, pool: KVPool) -> None:
-        super().__init__(config, pool)
+    def __init__(self, config: AttentionConfig, pool: KVPool, **kwargs: Any) -> None:
+        super().__init__(config, pool, **kwargs)
         self._layers = [runtime.radix_layer(config, i) for i in range(pool.num_layers)]
         self._engine: _Engine | None = None
         self._eager: tuple[_Engine, Any] | None = None

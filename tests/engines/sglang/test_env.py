@@ -10,7 +10,7 @@ import warnings
 from hypothesis import given, settings, strategies as st
 import pytest
 
-from attnhal_sglang import resolution
+from attnhal_sglang import config as resolution
 
 #: Spellings near SGLang's sets: case, padding, empty, other words engines accept.
 STRINGS = ("", " ", "1", "0", "true", "false", "True", "FALSE", "TRUE", "yes", "no", "YES", "Yes", "y", "Y", "n",

@@ -236,7 +236,7 @@ def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[
     when no backend flag is given: the config then plans for that platform only).
     Raises :class:`EngineArgError` naming the flag for anything attnhal cannot take.
     """
-    raw = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+    raw = vars(args) if isinstance(args, argparse.Namespace) else args  # a Parsed keeps the flags as typed
     values, ignored = _flags.check(raw, FLAGS, HARMLESS, "attnhal_sglang.HARMLESS")
     notes: list[str] = []
     kind = model_kind(model)
