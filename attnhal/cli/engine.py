@@ -78,7 +78,9 @@ def add_own_flags(p: argparse.ArgumentParser, engine: str | None) -> None:
     for adapter in registry.adapters():
         for flag in adapter.own_flags:
             if flag.name not in declared:
-                p.add_argument(f"--{flag.name}", dest=flag.name, type=choice(flag.choices), default=None,
+                # An open flag's other values are the adapter's to check (a release string).
+                p.add_argument(f"--{flag.name}", dest=flag.name, type=str if flag.open else choice(flag.choices),
+                               default=None,
                                metavar="|".join(flag.choices), help=f"with --engine {adapter.name}: {flag.help}")
             declared.add(flag.name)
 
@@ -114,7 +116,7 @@ def _own_values(args: argparse.Namespace, adapter: EngineAdapter) -> tuple[dict[
             raise EngineArgError(f"--{name}", f"--{name}={value} (supported: with --engine {', '.join(takers)})")
     for flag in mine.values():
         value = own.get(flag.name)
-        if value is not None and value not in flag.choices:
+        if value is not None and value not in flag.choices and not flag.open:
             raise EngineArgError(f"--{flag.name}", f"--{flag.name}={value!r} (supported: {', '.join(flag.choices)})")
     return {**{n: own.get(n) for n in COMMON_OWN_FLAGS}, **{n: own.get(n) for n in mine}}, engine_argv
 

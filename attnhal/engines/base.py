@@ -45,6 +45,9 @@ class OwnFlag:
     help: str
     choices: tuple[str, ...]
     default: str | None = None
+    #: ``choices`` are the named values, not all: the adapter checks any other (a release
+    #: string, ``0.34.1``, modelled by rule) and refuses it naming the flag.
+    open: bool = False
 
 
 @runtime_checkable

@@ -46,17 +46,24 @@ def mode_from(env: Mapping[str, str], var: str, modes: Sequence[str], log: loggi
 
 
 def plugin_mode(engine: str, version: str | None, supported: Sequence[str], mode: str | None, var: str,
-                log: logging.Logger, *, other: str | None = AUDIT) -> str | None:
+                log: logging.Logger, *, other: str | None = AUDIT, digits: int = 3) -> str | None:
     """The mode the plugin runs in: ``None`` (off) for ``None`` or ``"off"`` and where the engine is
     not installed (``version`` ``None``: nothing to hook, said once); ``mode`` on a ``supported``
-    release; ``other`` on any other (:data:`AUDIT`, or ``None``: the plugin knows no code of it to
-    hook and stays off), with one warning per process and release."""
+    release and on a patch, pre- or post-release of one (its series: the first ``digits`` release
+    numbers, :func:`attnhal.engines.releases.modelled`; one line per process says which release
+    models it); ``other`` on any other (:data:`AUDIT`, or ``None``: the plugin knows no code of it
+    to hook and stays off), with one warning per process and release."""
+    from attnhal.engines.releases import modelled
+
     if mode is None or mode == "off":
         return None
-    if version in supported:
-        return mode
     first = (engine, version) not in _said
     _said.add((engine, version))
+    same = modelled(version, supported, digits)
+    if same is not None:
+        if first and not same.exact:
+            log.info("attnhal: %s", same.line(engine))
+        return mode
     if version is None:
         if first:
             log.warning("attnhal: %s is not installed here: the plugin stays off", engine)

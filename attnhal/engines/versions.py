@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from attnhal.engines import registry
 from attnhal.engines.plugin_gate import installed as installed_release
+from attnhal.engines.releases import modelled
 
 if TYPE_CHECKING:
     from attnhal.engines.base import EngineAdapter
@@ -37,19 +38,23 @@ class EngineVersions:
     installed: str | None  # None: not installed
     #: What the engine's plugin does on another release (the adapter's ``other_release``).
     other: str = "audits only"
+    #: The release numbers that name a series (the adapter's ``series_digits``): a patch, pre- or
+    #: post-release of a supported release is modelled as it (:mod:`attnhal.engines.releases`).
+    digits: int = 3
     #: Why the registered adapter cannot be used (:func:`attnhal.engines.registry.unavailable`), or None.
     error: str | None = None
 
     @property
     def status(self) -> str:
-        """``supported``, ``not installed``, what the plugin does on another release, or why the
-        adapter is unavailable."""
+        """``supported``, ``supported as R`` (a release of R's series), ``not installed``, what the
+        plugin does on another release, or why the adapter is unavailable."""
         if self.error is not None:
             return f"unavailable: {self.error}"
         if self.installed is None:
             return "not installed"
-        if self.installed in self.supported:
-            return "supported"
+        same = modelled(self.installed, self.supported, self.digits)
+        if same is not None:
+            return "supported" if same.exact else f"supported as {same.release}"
         return f"another release: the plugin {self.other}"
 
     def to_dict(self) -> dict[str, object]:
@@ -64,6 +69,7 @@ def table(installed: Callable[[str], str | None] = installed_release) -> list[En
     for adapter in registry.adapters():
         distribution = str(getattr(adapter, "distribution", None) or adapter.name)
         rows.append(EngineVersions(adapter.name, distribution, supported(adapter), installed(distribution),
-                                   str(getattr(adapter, "other_release", None) or "audits only")))
+                                   str(getattr(adapter, "other_release", None) or "audits only"),
+                                   int(getattr(adapter, "series_digits", 3))))
     rows += [EngineVersions(name, name, (), None, error=why) for name, why in registry.unavailable().items()]
     return sorted(rows, key=lambda row: row.engine)

@@ -4,7 +4,15 @@ SGLang's ``load_plugins()`` runs in every process of a server. :func:`register` 
 the standard library: it loads attnhal's plugin (:func:`attnhal_sglang.plugin.register`)
 once the first speculative worker module that plugin hooks is imported — at once where one
 already is — so a server without speculative decoding never imports attnhal. The hooks are then
-registered with SGLang's ``HookRegistry`` under attnhal's name and applied.
+registered with SGLang's ``HookRegistry`` under attnhal's name and applied by :func:`apply_once`.
+
+Exactly once, whatever other plugins do: the first import of a worker module may happen inside
+SGLang's own ``HookRegistry.apply_hooks()`` (another plugin hooks a method of that module, and
+SGLang resolves its target). SGLang is then wrapping that target, with the hook list attnhal
+appends to: applying it again from inside would wrap it twice (each plugin's hook running twice
+per call). :func:`apply_once` applies only attnhal's targets that SGLang is neither applying now
+nor has applied, each through SGLang's own ``_apply_target`` (every plugin's hooks on it, in
+SGLang's order), and marks them applied as ``apply_hooks()`` does.
 """
 
 from __future__ import annotations
@@ -13,13 +21,13 @@ import importlib.abc
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import Any
 
 from attnhal_hooks import spec_then, switch
 
-__all__ = ["MODES", "MODE_VAR", "WORKERS", "register"]
+__all__ = ["MODES", "MODE_VAR", "WORKERS", "apply_once", "register"]
 
 #: The switch of attnhal's SGLang plugin and its values (the first is the default); another value
 #: refuses to start the server (:func:`attnhal_hooks.switch`), in every process, before SGLang runs.
@@ -49,18 +57,46 @@ def register() -> None:
         sys.meta_path.insert(0, _LoadOnImport(source))
 
 
+def _being_applied(registry: Any) -> set[str]:
+    """The targets SGLang's ``_apply_target`` is applying on this thread's stack now."""
+    code = registry._apply_target.__func__.__code__
+    busy, frame = set(), sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            busy.add(frame.f_locals.get("target"))
+        frame = frame.f_back
+    return busy
+
+
+def apply_once(targets: Iterable[str]) -> None:
+    """Apply the hooks registered on each of ``targets`` (``module.Class.method``, the module
+    imported) unless SGLang has applied them or is applying them now, further up this stack."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    busy = _being_applied(HookRegistry)
+    for target in sorted(targets):  # apply_hooks()'s order
+        if target in HookRegistry._patched or target in busy:
+            continue  # done, or SGLang's frame above applies it with attnhal's hook in its list
+        try:
+            HookRegistry._apply_target(target, HookRegistry._hooks[target])
+            HookRegistry._patched.add(target)
+        except Exception:
+            log.exception("attnhal: applying the hooks on %s failed; SGLang decides without them", target)
+
+
 def _load(source: Any, apply: bool) -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, _current_plugin_source
+    from sglang.srt.plugins.hook_registry import _current_plugin_source
 
     token = _current_plugin_source.set(source)
     try:
-        from attnhal_sglang.plugin import register as register_hooks
+        from attnhal_sglang.on_import import module_of
+        from attnhal_sglang.plugin import HOOKS, register as register_hooks
 
         register_hooks()
     finally:
         _current_plugin_source.reset(token)
     if apply:
-        HookRegistry.apply_hooks()  # only the targets not patched yet
+        apply_once(t for t in HOOKS if module_of(t) in sys.modules)
 
 
 class _LoadOnImport(importlib.abc.MetaPathFinder):

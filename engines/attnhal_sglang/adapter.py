@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from attnhal.engines.base import OwnFlag
 from attnhal.engines.flags import Flag
 from attnhal_sglang import executed
-from attnhal_sglang.flags import FIELD_FLAGS, FLAGS, HARMLESS, SGLANG_VERSION, SGLANG_VERSIONS, parse_cli
+from attnhal_sglang.flags import (FIELD_FLAGS, FLAGS, HARMLESS, SGLANG_SERIES_DIGITS, SGLANG_VERSION,
+                                  SGLANG_VERSIONS, parse_cli)
 from attnhal_sglang.config import DRAFT_EXTEND_GRAPH_OFF, SglangConfig, from_server_args
 from attnhal.planner import GraphPlan
 from attnhal.platform import ENV_VAR, Platform
@@ -37,6 +38,7 @@ class SglangAdapter:
     name = "sglang"
     version = SGLANG_VERSION
     versions = SGLANG_VERSIONS
+    series_digits = SGLANG_SERIES_DIGITS
     distribution = "sglang"
     flags: Mapping[str, Flag] = FLAGS
     harmless = HARMLESS

@@ -13,13 +13,16 @@ from attnhal.catalog import CatalogError, entries, load
 from attnhal.engines import flags as _flags
 from attnhal.engines.flags import EngineArgError, Flag, one_of, positive, positive_list, truth
 
-__all__ = ["ALGORITHMS", "ALIASES", "DTYPES", "FIELD_FLAGS", "FLAGS", "HARMLESS", "KV_CACHE_DTYPES", "SGLANG_VERSION", "SGLANG_VERSIONS",
+__all__ = ["ALGORITHMS", "ALIASES", "DTYPES", "FIELD_FLAGS", "FLAGS", "HARMLESS", "KV_CACHE_DTYPES", "SGLANG_SERIES_DIGITS", "SGLANG_VERSION", "SGLANG_VERSIONS",
            "UNMODELLED", "parse_cli"]
 
 #: The release whose flags this module reads and whose backends ``engines/attnhal_sglang/catalog`` describes.
 SGLANG_VERSION = "0.5.23"
 #: The releases the adapter and the plugin are tested against (``attnhal info``; the plugin audits only on others).
 SGLANG_VERSIONS = (SGLANG_VERSION,)
+#: SGLang's series is the release itself (``0.5.23``): its post-releases (``0.5.23.post1``) and
+#: pre-releases are modelled as it (:func:`attnhal.engines.releases.modelled`); 0.5.24 is another.
+SGLANG_SERIES_DIGITS = 3
 
 #: Deprecated names SGLang still accepts (arg_groups/choices.py:75, 87; speculative/draft_utils.py:109, 140).
 ALIASES = {"nsa": "dsa", "tokenspeed_mla": "cutedsl_mla"}
@@ -123,5 +126,9 @@ FIELD_FLAGS: Mapping[str, tuple[tuple[str, str], ...]] = {
 
 
 def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
-    """SGLang command-line flags -> ``{argument_name: text}`` (see :func:`attnhal.engines.flags.parse_cli`)."""
-    return _flags.parse_cli(argv, FLAGS)
+    """SGLang command-line flags -> ``{argument_name: text}`` (see :func:`attnhal.engines.flags.parse_cli`),
+    each flag first read as SGLang's argparse reads it (:func:`attnhal_sglang.grammar.rewrite`:
+    abbreviations, ambiguous prefixes and underscores as SGLang's parser takes or refuses them)."""
+    from attnhal_sglang.grammar import rewrite
+
+    return _flags.parse_cli(rewrite(argv), FLAGS)

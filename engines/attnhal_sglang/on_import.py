@@ -4,7 +4,7 @@ SGLang's ``load_plugins()`` runs in every process of a server and applies each r
 hook at once, importing the hooked module (``HookRegistry.apply_hooks`` resolves its target):
 for the speculative workers that is seconds of imports in servers that never speculate. Here
 a hook whose module is not imported yet is registered — and applied, through SGLang's own
-registry — right after that module is first executed; one already imported is registered at
+registry, exactly once (:func:`attnhal_hooks.sglang.apply_once`) — right after that module is first executed; one already imported is registered at
 once, as before, and applied by ``load_plugins()``.
 """
 
@@ -53,10 +53,10 @@ class _OnImport(importlib.abc.MetaPathFinder):
 
 
 def _register_and_apply(hooks: Mapping[str, Callable[..., Any]], source: Any) -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry
+    from attnhal_hooks.sglang import apply_once
 
     _register(hooks, source)
-    HookRegistry.apply_hooks()  # only the targets not patched yet
+    apply_once(hooks)  # each once, whatever other plugins do (an import inside SGLang's apply_hooks())
 
 
 def register_on_import(hooks: Mapping[str, Callable[..., Any]]) -> None:

@@ -73,10 +73,10 @@ def installed_sglang() -> str | None:
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: register the hooks the mode asks for."""
-    from attnhal_sglang.flags import SGLANG_VERSIONS
+    from attnhal_sglang.flags import SGLANG_SERIES_DIGITS, SGLANG_VERSIONS
 
     mode = plugin_mode("SGLang", installed_sglang(), SGLANG_VERSIONS, mode_from(os.environ, MODE_VAR, MODES, log),
-                       MODE_VAR, log)
+                       MODE_VAR, log, digits=SGLANG_SERIES_DIGITS)
     if mode is None:
         return
     from attnhal_sglang.on_import import register_on_import

@@ -4,13 +4,15 @@ arguments parsed (:mod:`~attnhal_vllm.flags`), resolved (:mod:`~attnhal_vllm.con
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from attnhal.engines.base import OwnFlag
 from attnhal.engines.flags import EngineArgError, Flag
 from attnhal_vllm.config import VllmConfig, _cubins, from_engine_args, release_for
-from attnhal_vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, VLLM_VERSION, VLLM_VERSIONS, parse_cli
+from attnhal_vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, VLLM_SERIES_DIGITS, VLLM_VERSION, VLLM_VERSIONS, parse_cli
+from attnhal_vllm.runner import ENV_VAR as RUNNER_VAR
 from attnhal.platform import Platform
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ class VllmAdapter:
     name = "vllm"
     version = VLLM_VERSION
     versions = VLLM_VERSIONS
+    series_digits = VLLM_SERIES_DIGITS
     distribution = "vllm"
     #: On another release the plugin knows no code to hook (0.34 moved the runner): it stays off.
     other_release = "stays off"
@@ -34,7 +37,8 @@ class VllmAdapter:
     own_flags = (OwnFlag("trtllm-cubins", "whether FlashInfer's trtllm-gen cubins are available (its graph level "
                                           "rests on them)", ("yes", "no"), "yes"),
                  OwnFlag("vllm-version", "the vLLM release to model (default: the installed one, else the newest "
-                                         "supported)", VLLM_VERSIONS))
+                                         "supported; a patch or pre/post release of a supported minor is "
+                                         "modelled as it)", VLLM_VERSIONS, open=True))
     field_flags = FIELD_FLAGS
     catalog = "attnhal_vllm.catalog"
 
@@ -55,11 +59,19 @@ class VllmAdapter:
             raise EngineArgError("--trtllm-cubins", f"--trtllm-cubins={cubins!r} (supported: yes, no)")
         release = release_for(own.get("vllm-version"))[0]
         options.setdefault("trtllm_cubins", cubins == "yes")
+        options.setdefault("env", _runner_env())
         return advise(values, platform, own.get("model"), top=top, release=release, **options)
 
     def resolve(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None]) -> VllmConfig:
+        """The flags as vLLM reads them, with the runner switch of this process's environment."""
         return from_engine_args(values, platform, _cubins(own.get("trtllm-cubins")), own.get("model"),
-                                own.get("vllm-version"))
+                                own.get("vllm-version"), _runner_env())
+
+
+def _runner_env() -> dict[str, str]:
+    """vLLM's runner switch as this process's environment has it (``attnhal plan`` runs where the
+    server's environment is set, or says it: ``VLLM_USE_V2_MODEL_RUNNER=0 attnhal plan ...``)."""
+    return {RUNNER_VAR: os.environ[RUNNER_VAR]} if RUNNER_VAR in os.environ else {}
 
 
 #: The adapter the ``attnhal.engines`` entry point ``vllm`` names.

@@ -76,19 +76,21 @@ def _eager_reason(config: VllmConfig, phase: Phase, reasons: str, mode: str, lev
 
 def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind | str | None = None, *,
            trtllm_cubins: bool = True, top: int = 3, among: Collection[str] | None = None,
-           limit: int = MAX_COMBINATIONS, release: str = VLLM_VERSION) -> Advice:
+           limit: int = MAX_COMBINATIONS, release: str = VLLM_VERSION,
+           env: Mapping[str, str] | None = None) -> Advice:
     """The vLLM ``--attention-backend`` values that capture the most on ``platform`` for this model,
     ranked (:func:`attnhal.engines.advice.rank_key`), against the user's engine arguments ``args``.
 
     ``among``: the backend names it may propose (``FLASH_ATTN``; default every catalogued one that
     fits); ``trtllm_cubins``: FlashInfer's assumption (:func:`~attnhal_vllm.support_on`);
-    ``release``: the vLLM release modelled (named in the advice).
+    ``release``: the vLLM release modelled (named in the advice); ``env``: vLLM's runner switch
+    (:func:`~attnhal_vllm.runner.select_runner`).
     Raises :class:`EngineArgError` naming the flag for bad arguments, as the adapter does.
     """
     where = as_platform(platform)
 
     def translate(flags: Mapping[str, Any], on: Platform, cubins: bool, kind: ModelKind) -> VllmConfig:
-        return from_engine_args(flags, on, cubins, kind, release)
+        return from_engine_args(flags, on, cubins, kind, release, env)
 
     raw = {k: v for k, v in dict(args).items() if v is not None}
     converted, _ = check(raw, FLAGS, HARMLESS, "attnhal_vllm.HARMLESS")

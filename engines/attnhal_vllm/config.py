@@ -11,11 +11,14 @@ from attnhal.catalog import load
 from attnhal.engines.base import EngineConfig
 from attnhal.engines.flags import EngineArgError, check, model_kind
 from attnhal.engines.plugin_gate import installed
+from attnhal.engines.releases import modelled
 from attnhal.engines.report import GraphRow, format_report
 from attnhal_vllm.drafter import DrafterMode, drafter_mode
-from attnhal_vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, METHODS, VLLM_VERSION, VLLM_VERSIONS
+from attnhal_vllm.flags import (FIELD_FLAGS, FLAGS, HARMLESS, METHODS, OPTIMIZATION_LEVELS, VLLM_SERIES_DIGITS,
+                                 VLLM_VERSION, VLLM_VERSIONS)
 from attnhal_vllm.levels import Level, support_on
 from attnhal_vllm.modes import GraphMode, ModeResolution, resolve_mode
+from attnhal_vllm.runner import RunnerChoice, select_runner
 from attnhal_vllm.startup import report_rows
 from attnhal.phases import Phase, phases_run
 from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends
@@ -43,6 +46,7 @@ class VllmConfig(EngineConfig):
     resolution: ModeResolution
     level: Level | None = None  # the builder's level the resolution used (None: not resolved yet)
     drafter: DrafterMode | None = None  # None: no draft model (no speculation, or n-gram)
+    runner: RunnerChoice | None = None  # the model runner vLLM selects (None: not selected yet)
     query_len: int = 1  # the uniform decode query length: 1 + speculative tokens
 
     def refusal(self) -> str | None:
@@ -59,6 +63,7 @@ class VllmConfig(EngineConfig):
                 "cudagraph_mode": {"requested": r.requested.value, "resolved": r.mode.value if r.mode else None,
                                    "steps": list(r.steps), "error": r.error},
                 "release": {"version": self.version, "chosen": self.chosen},
+                "runner": self.runner.to_dict() if self.runner else None,
                 "drafter": self.drafter.to_dict() if self.drafter else None}
 
     def summary(self, platform: Platform) -> list[str]:
@@ -69,6 +74,8 @@ class VllmConfig(EngineConfig):
         return [f"engine: vLLM {self.version}{chosen} -> {self.backend}: AttentionCGSupport {level.support.name}"
                 + (f" ({why})" if why else ""),
                 *([f"assumes: {level.assumes}"] if level.assumes else []),
+                *([f"runner: {self.runner.name} ({self.runner.why})"] if self.runner else []),
+                *([f"assumes: {self.runner.assumes}"] if self.runner and self.runner.assumes else []),
                 f"cudagraph_mode: {r.requested.value} -> {resolved}" + "".join(f"\n  {step}" for step in r.steps),
                 *([f"drafter: draft decode {self.drafter.mode} ({self.drafter.why})"] if self.drafter else [])]
 
@@ -109,21 +116,26 @@ def _refuse_contradictions(values: Mapping[str, Any], speculative: Mapping[str, 
 
 def release_for(given: str | None) -> tuple[str, str]:
     """The vLLM release to model and how it was chosen: ``given`` (``--vllm-version``), else the
-    installed release where attnhal supports it, else the newest supported one."""
+    installed release where attnhal supports it, else the newest supported one. A patch, pre- or
+    post-release of a supported minor (``0.34.1``, ``0.34.0rc1``, ``v0.34.0``) is modelled as that
+    minor's supported release, and ``chosen`` says so (:func:`attnhal.engines.releases.modelled`)."""
     if given is not None:
-        if given not in VLLM_VERSIONS:
-            raise EngineArgError("--vllm-version", f"--vllm-version={given!r} (supported: {', '.join(VLLM_VERSIONS)})")
-        return given, "--vllm-version"
+        same = modelled(given, VLLM_VERSIONS, VLLM_SERIES_DIGITS)
+        if same is None:
+            raise EngineArgError("--vllm-version", f"--vllm-version={given!r} (supported: {', '.join(VLLM_VERSIONS)}"
+                                 f" and the patch, pre- and post-releases of their minors)")
+        return same.release, "--vllm-version" + (f"; {same.line('vLLM')}" if not same.exact else "")
     here = installed("vllm")
-    if here in VLLM_VERSIONS:
-        return str(here), "installed"
+    same = modelled(here, VLLM_VERSIONS, VLLM_SERIES_DIGITS)
+    if same is not None:
+        return same.release, "installed" + (f"; {same.line('vLLM')}" if not same.exact else "")
     where = "no vLLM installed" if here is None else f"vLLM {here} installed, not modelled"
     return VLLM_VERSIONS[-1], f"{where}: the newest supported; --vllm-version picks another"
 
 
 def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = None,
                      trtllm_cubins: bool = True, model: ModelKind | str | None = None,
-                     version: str | None = None) -> VllmConfig:
+                     version: str | None = None, env: Mapping[str, str] | None = None) -> VllmConfig:
     """Translate vLLM engine arguments (``--attention-backend``, ``--spec-method``, ``--spec-tokens``,
     ``--speculative-config``, ``--compilation-config`` ``cudagraph_mode``, ``--enforce-eager``).
 
@@ -132,10 +144,12 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     ``platform`` (:func:`~attnhal_vllm.levels.support_on`; without a platform, the
     catalogue's); ``trtllm_cubins`` is the assumption FlashInfer's level rests on; ``model``
     the model's attention kind (vLLM reads it from the checkpoint); ``version`` the release
-    (:func:`release_for`: default the installed one, else the newest supported). Raises
-    :class:`EngineArgError` naming the flag.
+    (:func:`release_for`: default the installed one, else the newest supported); ``env`` vLLM's
+    environment as far as it picks the model runner (:func:`~attnhal_vllm.runner.select_runner`:
+    ``VLLM_USE_V2_MODEL_RUNNER``; default unset). Raises :class:`EngineArgError` naming the flag.
     """
     release, chosen = release_for(version)
+    runner = select_runner(release, env or {})
     values, ignored = check(args, FLAGS, HARMLESS, "attnhal_vllm.HARMLESS")
     if "attention_backend" not in values:
         raise EngineArgError("--attention-backend", "--attention-backend is required (vLLM picks one per "
@@ -152,7 +166,8 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
         spec = SpecConfig.ngram(tokens + 1)
     else:
         spec = SpecConfig(SpecAlgorithm(METHODS[method]), tokens)
-    requested = GraphMode(values.get("compilation_config", {}).get("cudagraph_mode", "FULL_AND_PIECEWISE"))
+    level_default = OPTIMIZATION_LEVELS[values.get("optimization_level", "2")]  # vLLM's default level: 2
+    requested = GraphMode(values.get("compilation_config", {}).get("cudagraph_mode", level_default))
     if values.get("enforce_eager"):
         requested = GraphMode.NONE
     query_len = 1 + tokens if tokens else 1
@@ -162,7 +177,8 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     backend = values["attention_backend"]
     full = resolution.mode is not None and "FULL" in (resolution.mode.decode, resolution.mode.mixed)
     runs = phases_run(spec) | {Phase.PREFILL, Phase.DECODE}
-    drafter = drafter_mode(release, resolution.mode) if Phase.DRAFT_DECODE in runs else None
+    drafter = (drafter_mode(release, resolution.mode, runner.name, spec.algorithm.value)
+               if Phase.DRAFT_DECODE in runs else None)
     notes, off = _drafter_notes(drafter, full)
     return VllmConfig(spec=spec, backends=PhaseBackends.same(load(backend).descriptor, spec),
                       policy=GraphPolicy(enabled=full, disabled_phases=off, disabled_by=_why_no_full(resolution)),
@@ -170,7 +186,7 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
                       roles={p.value: backend.removeprefix("vllm:") if p in runs else None for p in Phase},
                       ignored=ignored, notes=notes, version=release, chosen=chosen, backend=backend,
                       requested=requested, resolution=resolution, level=level, drafter=drafter,
-                      query_len=query_len)
+                      query_len=query_len, runner=runner)
 
 
 def _drafter_notes(drafter: DrafterMode | None, target_full: bool) -> tuple[tuple[str, ...], frozenset[Phase]]:
@@ -179,8 +195,8 @@ def _drafter_notes(drafter: DrafterMode | None, target_full: bool) -> tuple[tupl
     if drafter is None or drafter.captures_attention or not target_full:
         return (), frozenset()
     graphs = "no graphs" if drafter.mode == "NONE" else f"{drafter.mode} graphs"
-    note = (f"vLLM {drafter.release}'s drafter runs {graphs}: its attention (draft decode, draft extend) is not "
-            "captured, so attnhal plans both draft phases eager")
+    note = (f"vLLM {drafter.release}'s drafter on the {drafter.runner} runner runs {graphs}: its attention (draft "
+            "decode, draft extend) is not captured, so attnhal plans both draft phases eager")
     return (note,), frozenset({Phase.DRAFT_DECODE, Phase.DRAFT_EXTEND})
 
 

@@ -10,12 +10,15 @@ from attnhal.engines.flags import EngineArgError, Flag, json_object, one_of, pos
 from attnhal.engines.flags import parse_cli as parse_flags
 from attnhal_vllm.modes import GraphMode
 
-__all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "VLLM_VERSION", "VLLM_VERSIONS", "parse_cli"]
+__all__ = ["FIELD_FLAGS", "FLAGS", "HARMLESS", "METHODS", "OPTIMIZATION_LEVELS", "VLLM_SERIES_DIGITS", "VLLM_VERSION", "VLLM_VERSIONS", "parse_cli"]
 
 #: The release whose arguments this module reads and whose backends ``engines/attnhal_vllm/catalog`` describes.
 VLLM_VERSION = "0.33.0"
 #: The releases the adapter and the plugin are tested against (``attnhal info``; the plugin stays off on others: it knows no code of theirs to hook).
 VLLM_VERSIONS = (VLLM_VERSION, "0.34.0")
+#: vLLM's series is its minor (``0.34``): a patch, pre- or post-release of a supported release is
+#: modelled as it (:func:`attnhal.engines.releases.modelled`); vLLM moves code between minors.
+VLLM_SERIES_DIGITS = 2
 
 #: Planner field (an :class:`~attnhal.errors.InvalidValue`'s ``field``) -> the flags that set it, in
 #: the order :func:`~attnhal_vllm.config.from_engine_args` reads them, each with how a message
@@ -63,20 +66,44 @@ def _json_table(keys: Mapping[str, Flag]) -> Callable[[str, Any], dict[str, Any]
 
 
 _METHOD = Flag(one_of(tuple(METHODS)))
-_MODE = Flag(one_of(tuple(m.value for m in GraphMode)))
+
+
+def _mode(flag: str, value: Any) -> str:
+    """A ``cudagraph_mode`` name, any case (vLLM reads ``CUDAGraphMode[value.upper()]``,
+    config/compilation.py:873-879)."""
+    return one_of(tuple(m.value for m in GraphMode))(flag, value.upper() if isinstance(value, str) else value)
+
+
+def _text(flag: str, value: Any) -> str:
+    """A value attnhal passes through unread (the draft model's path)."""
+    if not isinstance(value, str):
+        raise EngineArgError(flag, f"{flag}={value!r} (supported: a string)")
+    return value
+
+
+_MODE = Flag(_mode)
+#: ``-O<n>`` / ``--optimization-level``: the ``cudagraph_mode`` each level defaults to
+#: (``config/vllm.py:269, 290, 311, 332, 340-345``; an explicit mode wins, ``--enforce-eager`` too).
+OPTIMIZATION_LEVELS = {"0": "NONE", "1": "PIECEWISE", "2": "FULL_AND_PIECEWISE", "3": "FULL_AND_PIECEWISE"}
 
 #: The modelled arguments (vLLM 0.33.0 names: vllm/engine/arg_utils.py:1114, 1866-1873, 1891).
 FLAGS: Mapping[str, Flag] = {
     "attention_backend": Flag(_backend),
     "spec_method": _METHOD,
     "spec_tokens": Flag(positive),
-    "speculative_config": Flag(_json_table({"method": _METHOD, "num_speculative_tokens": Flag(positive)})),
+    "speculative_config": Flag(_json_table({"method": _METHOD, "num_speculative_tokens": Flag(positive),
+                                            "model": Flag(_text)})),
     "compilation_config": Flag(_json_table({"cudagraph_mode": _MODE})),
     "enforce_eager": Flag(truth, boolean=True),
+    "optimization_level": Flag(one_of(tuple(OPTIMIZATION_LEVELS))),
 }
 
 
 def parse_cli(argv: Sequence[str]) -> dict[str, Any]:
-    """vLLM command-line flags -> ``{argument_name: text}``; a leading word is the model, as in
-    ``vllm serve MODEL`` (``vllm/entrypoints/cli/serve.py:56-57``: ``model_tag`` becomes ``model``)."""
-    return parse_flags(argv, FLAGS, positional="model")
+    """vLLM command-line flags -> ``{argument_name: text}``, read with vLLM's own rewriting first
+    (:func:`attnhal_vllm.grammar.rewrite`: ``-O0``, ``-cc.cudagraph_mode=...``, dotted keys, aliases);
+    a leading word is the model, as in ``vllm serve MODEL`` (``vllm/entrypoints/cli/serve.py:56-57``:
+    ``model_tag`` becomes ``model``)."""
+    from attnhal_vllm.grammar import rewrite
+
+    return parse_flags(rewrite(argv), FLAGS, positional="model")

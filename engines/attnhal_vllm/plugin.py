@@ -4,10 +4,13 @@ vLLM's ``load_general_plugins()`` calls :func:`register` in every process. It wr
 functions :data:`RELEASES` names for the installed vLLM release — each when its module is first
 imported, so a process that never builds a model runner (the API server) imports nothing more:
 
-- vLLM 0.33.0: ``GPUModelRunner._check_and_update_cudagraph_mode`` (the V1 runner);
-- vLLM 0.34.0 (the V2 runner, :mod:`~attnhal_vllm.runner_v2`): the weakest builder
+- vLLM 0.33.0, both of its runners (``VLLM_USE_V2_MODEL_RUNNER`` and vLLM's defaults pick one:
+  :mod:`~attnhal_vllm.runner`): ``GPUModelRunner._check_and_update_cudagraph_mode`` (V1), and
+  V2's steps as on 0.34, its drafter being ``TargetDependentARSpeculator.init_cudagraph_manager``;
+- vLLM 0.34.0 (the V2 runner only, :mod:`~attnhal_vllm.runner_v2`): the weakest builder
   level (``get_attn_cg_support``), the mode resolution
-  (``CompilationConfig.resolve_cudagraph_mode_and_sizes``) and the drafter's own mode
+  (``CompilationConfig.resolve_cudagraph_mode_and_sizes``; on 0.33 the V1 runner's call of it is
+  left to the V1 wrapper) and the drafter's own mode
   (``AutoRegressiveSpeculator.init_cudagraph_manager``).
 
 After vLLM has resolved ``cudagraph_mode`` it logs, through vLLM's logger, the level each
@@ -62,17 +65,21 @@ class Target:
     kind: str  # which wrapper (_maker): runner, groups, resolution, drafter
 
 
-#: The vLLM releases the plugin hooks, and where (version as data: another release is audit-free,
-#: said once). 0.33.0: the V1 runner's mode check. 0.34.0 removed that runner: the V2 runner
-#: collects the weakest builder level (``v1/worker/gpu/attn_utils.py:322-347``), resolves the mode
-#: with ``CompilationConfig.resolve_cudagraph_mode_and_sizes`` (``v1/worker/gpu/model_runner.py:792``)
-#: and hands it to the drafter (``spec_decode/autoregressive/speculator.py:36-52``).
+#: The V2 runner's steps: it collects the weakest builder level (``v1/worker/gpu/attn_utils.py``:
+#: 0.33 314-347, 0.34 322-347), resolves the mode with ``CompilationConfig.resolve_cudagraph_mode_and_sizes``
+#: (``v1/worker/gpu/model_runner.py``: 0.33 756, 0.34 792) and hands it to the drafter.
+_V2_STEPS = (Target("vllm.v1.worker.gpu.attn_utils", None, "get_attn_cg_support", "groups"),
+             Target("vllm.config.compilation", "CompilationConfig", "resolve_cudagraph_mode_and_sizes", "resolution"))
+#: The vLLM releases the plugin hooks, and where (version as data: another minor is audit-free,
+#: said once). 0.33.0 has both runners: V1's mode check, and V2's steps with its EAGLE/MTP drafter
+#: (``spec_decode/target_dependent_ar/speculator.py:89-107``). 0.34.0 removed the V1 runner; its
+#: drafter's decode mode is set in ``spec_decode/autoregressive/speculator.py:36-52``.
 RELEASES: Mapping[str, tuple[Target, ...]] = {
     "0.33.0": (Target("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_check_and_update_cudagraph_mode",
-                      "runner"),),
-    "0.34.0": (Target("vllm.v1.worker.gpu.attn_utils", None, "get_attn_cg_support", "groups"),
-               Target("vllm.config.compilation", "CompilationConfig", "resolve_cudagraph_mode_and_sizes",
-                      "resolution"),
+                      "runner"), *_V2_STEPS,
+               Target("vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator", "TargetDependentARSpeculator",
+                      "init_cudagraph_manager", "drafter")),
+    "0.34.0": (*_V2_STEPS,
                Target("vllm.v1.worker.gpu.spec_decode.autoregressive.speculator", "AutoRegressiveSpeculator",
                       "init_cudagraph_manager", "drafter")),
 }
@@ -94,12 +101,22 @@ def register() -> None:
 
 
 def _register(env: Mapping[str, str]) -> None:
+    from attnhal.engines.releases import modelled
+    from attnhal_vllm.flags import VLLM_SERIES_DIGITS
+
     version = installed_vllm()
-    # Another release: no known code to hook (0.34 moved the runner), so the plugin stays off.
+    # Another minor: no known code to hook (0.34 moved the runner), so the plugin stays off; a patch
+    # or pre/post release of a supported minor is hooked as that minor's release (said once).
     if plugin_mode("vLLM", version, tuple(RELEASES), mode_from(env, ENV_VAR, MODES, log), ENV_VAR, log,
-                   other=None) is None:
+                   other=None, digits=VLLM_SERIES_DIGITS) is None:
         return
-    targets = RELEASES[str(version)]
+    same = modelled(version, tuple(RELEASES), VLLM_SERIES_DIGITS)
+    if same is None:
+        return
+    from attnhal_vllm import runner_v2
+
+    runner_v2.RELEASE[0] = same.release  # the drafter lines name the release modelled
+    targets = RELEASES[same.release]
     waiting = []
     for target in targets:
         module = sys.modules.get(target.module)
@@ -214,7 +231,7 @@ def _report(runner: Any, before: tuple[Any, Any] | None, error: str | None) -> N
 
 
 def _report_drafter(runner: Any, resolved: Any) -> None:
-    """vLLM 0.33: the drafter's mode, read from its dispatcher once the runner initialised it."""
+    """vLLM 0.33's V1 runner: the drafter's mode, read from its dispatcher once the runner initialised it."""
     from attnhal_vllm.drafter import drafter_line, observed
 
     drafter = getattr(runner, "drafter", None)
@@ -222,7 +239,7 @@ def _report_drafter(runner: Any, resolved: Any) -> None:
     if resolved is None or dispatcher is None or not getattr(runner, "speculative_config", None):
         return  # no mode, or a drafter without graphs of its own (n-gram)
     seen = getattr(getattr(dispatcher, "cudagraph_mode", None), "name", None)
-    log.info("attnhal: %s", drafter_line(type(drafter).__name__, observed("0.33.0", resolved, seen)))
+    log.info("attnhal: %s", drafter_line(type(drafter).__name__, observed("0.33.0", resolved, seen, "V1")))
 
 
 def _maker(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -1,6 +1,6 @@
-"""The vLLM plugin's wrappers for vLLM 0.34's V2 model runner (``v1/worker/gpu/``).
+"""The vLLM plugin's wrappers for the V2 model runner (``v1/worker/gpu/``): vLLM 0.33's default, 0.34's only.
 
-0.34 removed the V1 runner whose mode check the plugin wrapped on 0.33. The V2 runner takes
+0.34 removed the V1 runner whose mode check the plugin wraps on 0.33 (beside these). The V2 runner takes
 the weakest builder level over its attention groups (``attn_utils.get_attn_cg_support``,
 322-347), resolves the mode with ``CompilationConfig.resolve_cudagraph_mode_and_sizes``
 (``model_runner.py:792``; config/compilation.py:1535) and hands it to the drafter, which
@@ -9,7 +9,7 @@ supported for draft decodes", ``spec_decode/autoregressive/speculator.py:36-52``
 
 The wrappers log what vLLM decided, the same audit lines as on 0.33
 (:func:`~attnhal_vllm.audit.audit_mode`), and never change a decision; an error of
-theirs is logged and vLLM's result stands. Imported only inside vLLM 0.34, by the plugin.
+theirs is logged and vLLM's result stands. Imported only inside vLLM, by the plugin.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from typing import Any
 __all__ = ["drafter_audited", "groups_recorded", "resolution_audited"]
 
 log = logging.getLogger("vllm.attnhal")
+#: The release the plugin models (set by the plugin before it wraps): the drafter lines name it.
+RELEASE = ["0.34.0"]
 #: The attention groups' levels the last ``get_attn_cg_support`` saw, for the resolution that follows
 #: it in the same runner (``model_runner.py:724-799``): a list of audit.GroupLevel.
 _last_groups: list[Any] = []
@@ -73,6 +75,8 @@ def resolution_audited(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, min_cg_support: Any, min_cg_attn_backend: str | None, uniform_decode_query_len: int = 1,
                 *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("use_v2_model_runner") is False:  # vLLM 0.33's V1 runner: its own wrapper reports
+            return original(self, min_cg_support, min_cg_attn_backend, uniform_decode_query_len, *args, **kwargs)
         requested = self.cudagraph_mode
         try:
             result = original(self, min_cg_support, min_cg_attn_backend, uniform_decode_query_len, *args, **kwargs)
@@ -130,7 +134,8 @@ def _report(config: Any, requested: Any, min_cg_support: Any, min_cg_attn_backen
 
 
 def drafter_audited(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Around ``AutoRegressiveSpeculator.init_cudagraph_manager(cudagraph_mode)``: log the drafter's modes."""
+    """Around the V2 drafter's ``init_cudagraph_manager(cudagraph_mode)`` (0.34: ``AutoRegressiveSpeculator``'s,
+    0.33: ``TargetDependentARSpeculator``'s): log the drafter's modes."""
     @functools.wraps(original)
     def wrapper(self: Any, cudagraph_mode: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, cudagraph_mode, *args, **kwargs)
@@ -138,7 +143,7 @@ def drafter_audited(original: Callable[..., Any]) -> Callable[..., Any]:
             from attnhal_vllm.drafter import drafter_line, observed
             from attnhal_vllm.modes import GraphMode
 
-            seen = observed("0.34.0", GraphMode(cudagraph_mode.name), _mode_of(self, "decode_cudagraph_manager"))
+            seen = observed(RELEASE[0], GraphMode(cudagraph_mode.name), _mode_of(self, "decode_cudagraph_manager"))
             log.info("attnhal: %s", drafter_line(type(self).__name__, seen,
                                                  _mode_of(self, "prefill_cudagraph_manager")))
         except Exception:

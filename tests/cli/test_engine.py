@@ -92,7 +92,7 @@ SPEC_CONFIG = '{"method": "mtp", "num_speculative_tokens": 2}'
     ("vllm", ["--spec-method", "eagle", "--spec-tokens", "100"], "--spec-tokens=100 (supported: 1..64)"),
     ("vllm", ["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 200}'],
      "--speculative-config num_speculative_tokens=200 (supported: 1..64)"),
-    ("sglang", ["--cuda-graph-max-bs", "100000"], "--cuda-graph-max-bs=100000 (supported: 1..4096)"),
+    ("sglang", ["--cuda-graph-max-bs-decode", "100000"], "--cuda-graph-max-bs-decode=100000 (supported: 1..4096)"),
     ("vllm", ["--spec-method", "eagle", "--spec-tokens", "2", "--speculative-config", SPEC_CONFIG],
      "--spec-method=eagle contradicts --speculative-config method=mtp"),
     ("vllm", ["--spec-tokens", "3", "--speculative-config", SPEC_CONFIG],

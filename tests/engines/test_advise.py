@@ -129,16 +129,20 @@ def test_vllm_recommends_a_backend_whose_mode_keeps_full_graphs() -> None:
     assert [str(c) for c in best.changes] == [f"--attention-backend FLASHINFER -> {best.flags['attention_backend']}"]
 
 
-def test_vllm_advice_names_its_release_and_the_0_33_drafter_as_why_drafts_run_eager(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def test_vllm_advice_names_its_release_and_the_v1_drafter_as_why_drafts_run_eager(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from attnhal.cli import main
 
     argv = ["advise", "--engine", "vllm", "--platform", "cuda:sm90", "--model", "mha", "--", "--attention-backend",
             "FLASH_ATTN", "--spec-method", "eagle", "--spec-tokens", "3", "--vllm-version"]
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # vLLM 0.33's V1 runner (its default is V2)
     assert main([*argv, "0.33.0"]) == 0
     old = capsys.readouterr().out
     assert old.startswith("advise: vLLM 0.33.0 on cuda:sm90") and "captured: target_verify\n" in old
     assert "draft_decode (vLLM 0.33.0's drafter runs PIECEWISE: " in old
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    assert main([*argv, "0.33.0"]) == 0
+    assert "captured: target_verify, draft_decode, draft_extend" in capsys.readouterr().out
     assert main([*argv, "0.34.0"]) == 0
     new = capsys.readouterr().out
     assert new.startswith("advise: vLLM 0.34.0") and "captured: target_verify, draft_decode, draft_extend" in new

@@ -18,9 +18,9 @@ EAGLE = {"attention_backend": "triton", "speculative_algorithm": "EAGLE", "specu
 
 def test_parse_cli_forms() -> None:
     argv = ["--attention-backend", "aiter", "--speculative-num-steps=2", "--disable-cuda-graph",
-            "--cuda-graph-bs", "1", "2", "4", "--port", "30000"]
+            "--cuda-graph-bs-decode", "1", "2", "4", "--port", "30000"]
     assert sglang.parse_cli(argv) == {"attention_backend": "aiter", "speculative_num_steps": "2",
-                                      "disable_cuda_graph": True, "cuda_graph_bs": "1 2 4", "port": "30000"}
+                                      "disable_cuda_graph": True, "cuda_graph_bs_decode": "1 2 4", "port": "30000"}
     with pytest.raises(sglang.EngineArgError, match="--page-size needs a value"):
         sglang.parse_cli(["--page-size"])
 

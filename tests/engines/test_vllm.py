@@ -196,35 +196,74 @@ def test_the_release_modelled_is_the_installed_one_else_the_newest(
     monkeypatch.setattr(vllm_config, "installed", lambda distribution: here)
     assert vllm_config.release_for(None)[0] == release and vllm_config.release_for(None)[1].startswith(chosen)
     assert vllm_config.release_for("0.33.0") == ("0.33.0", "--vllm-version")
-    with pytest.raises(EngineArgError, match=r"--vllm-version='0.36' \(supported: 0.33.0, 0.34.0\)"):
+    with pytest.raises(EngineArgError, match=r"--vllm-version='0.36' \(supported: 0.33.0, 0.34.0 and the patch"):
         vllm_config.release_for("0.36")
 
 
 EAGLE = {"attention_backend": "FLASH_ATTN", "spec_method": "eagle", "spec_tokens": 3}
 
 
-@pytest.mark.parametrize("mode,release,drafter,drafts_captured", [
-    (None, "0.33.0", "PIECEWISE", False),  # vLLM 0.33's drafter: piecewise at most, attention eager
-    ("FULL_DECODE_ONLY", "0.33.0", "NONE", False),  # no piecewise part: no drafter graphs at all
-    (None, "0.34.0", "FULL_DECODE_ONLY", True),  # 0.34: draft decodes captured with attention
-    ("PIECEWISE", "0.34.0", "NONE", False),
+@pytest.mark.parametrize("mode,release,env,drafter,drafts_captured", [
+    (None, "0.33.0", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "PIECEWISE", False),  # V1's drafter: attention eager
+    ("FULL_DECODE_ONLY", "0.33.0", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "NONE", False),  # V1: no piecewise part
+    (None, "0.33.0", {}, "FULL_DECODE_ONLY", True),  # 0.33's default runner is V2: draft decodes captured
+    ("PIECEWISE", "0.33.0", {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "NONE", False),
+    (None, "0.34.0", {}, "FULL_DECODE_ONLY", True),  # 0.34: V2 only
+    (None, "0.34.0", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "FULL_DECODE_ONLY", True),  # 0.34 reads no switch
+    ("PIECEWISE", "0.34.0", {}, "NONE", False),
 ])
-def test_the_drafter_follows_its_release(mode: str | None, release: str, drafter: str,
-                                         drafts_captured: bool) -> None:
+def test_the_drafter_follows_the_runner_vllm_selects(mode: str | None, release: str, env: dict[str, str],
+                                                     drafter: str, drafts_captured: bool) -> None:
     args = {**EAGLE, **({"compilation_config": {"cudagraph_mode": mode}} if mode else {})}
-    config = from_engine_args(args, "cuda:sm90", version=release)
+    config = from_engine_args(args, "cuda:sm90", version=release, env=env)
+    v1 = release == "0.33.0" and env.get("VLLM_USE_V2_MODEL_RUNNER") == "0"
+    assert config.runner is not None and config.runner.name == ("V1" if v1 else "V2")
     assert config.version == release and config.drafter is not None and config.drafter.mode == drafter
     result = config.plan("cuda:sm90")
-    assert result["draft_decode"].capture is drafts_captured and result["draft_extend"].capture is (
-        drafts_captured or release == "0.34.0" and mode is None)
+    assert result["draft_decode"].capture is drafts_captured and result["draft_extend"].capture is drafts_captured
     assert result["target_verify"].capture is (mode != "PIECEWISE")
-    assert any("drafter runs" in note for note in config.notes) is (release == "0.33.0")
-    assert from_engine_args({**EAGLE, "spec_method": "ngram"}, version=release).drafter is None
+    assert any("drafter on the V1 runner runs" in note for note in config.notes) is v1
+    assert from_engine_args({**EAGLE, "spec_method": "ngram"}, version=release, env=env).drafter is None
 
 
-def test_cli_plan_prints_the_start_up_report_of_the_release(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_runner_switch_is_read_as_vllm_reads_it() -> None:
+    from attnhal_vllm.runner import select_runner
+
+    assert select_runner("0.33.0", {}).assumes and select_runner("0.34.0", {"VLLM_USE_V2_MODEL_RUNNER": "0"}).name == "V2"
+    assert [select_runner("0.33.0", {"VLLM_USE_V2_MODEL_RUNNER": v}).name for v in ("0", "1", "2", "-1", "00")] == [
+        "V1", "V2", "V2", "V2", "V1"]
+    with pytest.raises(EngineArgError, match=r"VLLM_USE_V2_MODEL_RUNNER='yes' \(supported: an integer"):
+        select_runner("0.33.0", {"VLLM_USE_V2_MODEL_RUNNER": "yes"})
+
+
+def test_vllm_033s_v2_draft_model_speculator_captures_nothing() -> None:
+    args = {"attention_backend": "FLASH_ATTN", "spec_method": "draft_model", "spec_tokens": 3}
+    assert from_engine_args(args, "cuda:sm90", version="0.33.0").drafter.mode == "NONE"  # type: ignore[union-attr]
+    assert from_engine_args(args, "cuda:sm90", version="0.34.0").drafter.mode == "FULL_DECODE_ONLY"  # type: ignore[union-attr]
+
+
+def test_the_issues_repro_says_what_vllm_033s_v2_eagle_speculator_sets_up(capsys: pytest.CaptureFixture[str],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    argv = ["plan", "--engine", "vllm", "--platform", "cuda:sm90", "--json", "--", "--attention-backend",
+            "FLASH_ATTN", "--spec-method", "eagle", "--spec-tokens", "3", "--spec-model", "M", "--vllm-version",
+            "0.33.0"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["runner"]["runner"] == "V2" and data["drafter"]["draft_decode"] == "FULL_DECODE_ONLY"
+    phases = data["plan"]["phases"]
+    assert phases["draft_decode"]["capture"] is True and phases["draft_extend"]["capture"] is True
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["runner"]["runner"] == "V1" and data["drafter"]["draft_decode"] == "PIECEWISE"
+
+
+def test_cli_plan_prints_the_start_up_report_of_the_release(capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     argv = ["plan", "--engine", "vllm", "--platform", "cuda:sm90", "--vllm-version", "0.33.0", "--",
             "--attention-backend", "FLASH_ATTN", "--spec-method", "eagle", "--spec-tokens", "3"]
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # the V1 runner's drafter (vLLM 0.33's default is V2)
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "engine: vLLM 0.33.0 (--vllm-version)" in out and "drafter: draft decode PIECEWISE" in out
@@ -232,11 +271,11 @@ def test_cli_plan_prints_the_start_up_report_of_the_release(capsys: pytest.Captu
     rows = {line.split()[0]: line for line in table[2:]}
     # with speculation the uniform batch is target_verify: no decode row, as the plan runs no decode
     assert set(rows) == {"prefill+decode", "target_verify", "draft_decode"}
-    assert "full" in rows["target_verify"] and "piecewise" in rows["draft_decode"] and "vLLM 0.34" in rows[
+    assert "full" in rows["target_verify"] and "piecewise" in rows["draft_decode"] and "V2 model runner" in rows[
         "draft_decode"]
     assert main(["plan", "--engine", "vllm", "--json", *argv[3:]]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["release"] == {"version": "0.33.0", "chosen": "--vllm-version"}
     assert data["drafter"]["draft_decode"] == "PIECEWISE" and not data["drafter"]["captures_attention"]
     assert main([*argv[:5], "--vllm-version", "0.2", *argv[7:]]) == 2
-    assert "--vllm-version='0.2' (supported: 0.33.0, 0.34.0)" in capsys.readouterr().err
+    assert "--vllm-version='0.2' (supported: 0.33.0, 0.34.0 and the patch" in capsys.readouterr().err

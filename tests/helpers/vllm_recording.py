@@ -20,6 +20,7 @@ from repo import ROOT
 
 RECORDED = ROOT / "tests" / "engines" / "recorded"
 SPEC_TOKENS = 3
+RUNNER_VAR = "VLLM_USE_V2_MODEL_RUNNER"
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,11 @@ class Case:
     spec: str | None
     mode: str | None
     platform: str
+    runner_env: str | None = None  # VLLM_USE_V2_MODEL_RUNNER (None: unset, vLLM's own selection)
 
     def __str__(self) -> str:
-        return f"{self.platform}:{self.backend}:{self.model}:{self.spec or 'nospec'}:{self.mode or 'default'}"
+        runner = f":{RUNNER_VAR}={self.runner_env}" if self.runner_env is not None else ""
+        return f"{self.platform}:{self.backend}:{self.model}:{self.spec or 'nospec'}:{self.mode or 'default'}{runner}"
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,12 @@ class Outcome:
     sizes: tuple[int, ...] = ()
     refused: bool = False  # the backend refused for the arch (vLLM's selection / attnhal's [arch])
     drafter: str | None = None  # the drafter's draft-decode mode (None: no drafter)
+    runner: str | None = None  # the model runner vLLM selects (V1, V2)
+    draft_extend: str | None = None  # the drafter's prefill: captured (attention in a FULL graph) or eager
 
 
 CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
-KEPT = ("support", "mode", "error", "refused", "drafter")  # the sizes are not compared
+KEPT = ("support", "mode", "error", "refused", "drafter", "runner", "draft_extend")  # the sizes are not compared
 
 
 def path(release: str) -> Path:
@@ -55,7 +60,8 @@ def path(release: str) -> Path:
 def kept(outcome: Outcome) -> Outcome:
     """What the recording keeps: the compared fields, an error's first line."""
     error = outcome.error.splitlines()[0][:160] if outcome.error else None
-    return Outcome(outcome.support, outcome.mode, error, (), outcome.refused, outcome.drafter)
+    return Outcome(outcome.support, outcome.mode, error, (), outcome.refused, outcome.drafter, outcome.runner,
+                   outcome.draft_extend)
 
 
 def write(release: str, outcomes: Iterable[tuple[Case, Outcome]]) -> None:
@@ -87,18 +93,22 @@ def attnhal_outcome(case: Case, release: str) -> Outcome:
         args["speculative_config"] = json.dumps({"method": case.spec, "num_speculative_tokens": SPEC_TOKENS})
     if case.mode is not None:
         args["compilation_config"] = json.dumps({"cudagraph_mode": case.mode})
-    config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False, model=case.model, version=release)
+    env = {RUNNER_VAR: case.runner_env} if case.runner_env is not None else {}
+    config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False, model=case.model, version=release,
+                                   env=env)
     r = config.resolution
     assert config.level is not None
     plan = config.plan(case.platform)
     refused = any(reason.code == "arch" for decision in plan.phases.values() for reason in decision.reasons)
-    drafter = None
+    drafter = extend = None
     if config.drafter is not None and r.mode is not None:
         drafter = config.drafter.mode
         if plan[Phase.DRAFT_DECODE].capture != config.drafter.captures_attention:
             drafter += f" (but the plan has draft_decode captured={plan[Phase.DRAFT_DECODE].capture})"
+        extend = "captured" if plan[Phase.DRAFT_EXTEND].capture else "eager"
+    assert config.runner is not None
     return Outcome(config.level.support.name, r.mode.value if r.mode else None, r.error, refused=refused,
-                   drafter=drafter)
+                   drafter=drafter, runner=config.runner.name, draft_extend=extend)
 
 
 def differences(engine: Outcome, attnhal: Outcome) -> frozenset[str]:
@@ -115,4 +125,8 @@ def differences(engine: Outcome, attnhal: Outcome) -> frozenset[str]:
         out.add(f"mode: engine {engine.mode}, attnhal {attnhal.mode}")
     if engine.drafter != attnhal.drafter:
         out.add(f"drafter: engine {engine.drafter}, attnhal {attnhal.drafter}")
+    if engine.runner != attnhal.runner:
+        out.add(f"runner: engine {engine.runner}, attnhal {attnhal.runner}")
+    if engine.draft_extend != attnhal.draft_extend:
+        out.add(f"draft_extend: engine {engine.draft_extend}, attnhal {attnhal.draft_extend}")
     return frozenset(out)

@@ -9,15 +9,17 @@ package. ``VLLM_TARGET_DEVICE=cpu`` must be set before vLLM is imported (the tie
   mode; the compilation config is then replaced by a real ``CompilationConfig`` (vLLM's GPU
   default or the requested mode, ``VLLM_COMPILE``) with its splitting ops and capture sizes
   set by vLLM's own methods, as on a GPU.
-- :func:`resolve`: the real builder's ``get_cudagraph_support`` and, on 0.33,
+- :func:`selected_runner`: the model runner vLLM selects (0.33's own ``use_v2_model_runner``, with
+  Triton importable as on a GPU machine and ``VLLM_USE_V2_MODEL_RUNNER`` as the case sets it; V2 on 0.34).
+- :func:`resolve`: the real builder's ``get_cudagraph_support`` and, on the V1 runner (0.33),
   ``GPUModelRunner._check_and_update_cudagraph_mode`` (which calls
   ``CompilationConfig.resolve_cudagraph_mode_and_sizes``) on an emulated SM90/SM100, with a
-  runner made by ``object.__new__`` and the graph dispatcher replaced by a recorder; on 0.34
-  (no V1 runner) what the V2 runner runs (``v1/worker/gpu/model_runner.py:724-829``):
+  runner made by ``object.__new__`` and the graph dispatcher replaced by a recorder; on the V2
+  runner (0.33's default, 0.34's only) what it runs (0.34: ``v1/worker/gpu/model_runner.py:724-829``):
   ``attn_utils.get_attn_cg_support`` over the model's one attention group,
   ``resolve_cudagraph_mode_and_sizes`` with piecewise capture available (a compiled model),
-  and the drafter's ``AutoRegressiveSpeculator.init_cudagraph_manager`` with its graph manager
-  replaced by a recorder. vLLM 0.34's CPU platform refuses a config without a Triton driver
+  and the drafter's ``TargetDependentARSpeculator.init_cudagraph_manager`` (draft prefill and
+  draft decode managers) with its graph manager replaced by a recorder. vLLM 0.34's CPU platform refuses a config without a Triton driver
   (``platforms/cpu.py:241-243``): its flag is set while the config is built.
   FlashInfer's cubin check (``has_nvidia_artifactory``) answers "no cubins" instead of
   making an HTTP request: the environment of this resolution has no trtllm-gen cubins.
@@ -34,7 +36,8 @@ from typing import Any
 from unittest import mock
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
-#: The vLLM releases the harness executes -> whether the release runs the V2 model runner.
+#: The vLLM releases the harness executes -> whether the release has only the V2 model runner
+#: (0.33 has both and selects one: :func:`selected_runner`).
 V2_RUNNER = {"0.33.0": False, "0.34.0": True}
 
 
@@ -154,6 +157,8 @@ class Resolution:
     error: str | None = None
     dispatcher_modes: tuple[str, ...] = field(default_factory=tuple)
     drafter: str | None = None  # the drafter's draft-decode CUDAGraphMode name (None: no drafter)
+    runner: str = "V2"  # the model runner vLLM selected (V1 or V2)
+    draft_extend: str | None = None  # whether the drafter's prefill runs its attention in a graph (captured/eager)
 
 
 def kv_cache_spec(config: Any) -> Any:
@@ -170,9 +175,29 @@ def kv_cache_spec(config: Any) -> Any:
     return FullAttentionSpec(block_size=block, num_kv_heads=heads, head_size=size, dtype=torch.bfloat16)
 
 
-def resolve(config: Any, backend: str, platform: str) -> Resolution:
-    """The builder's support level and the graph mode the installed vLLM resolves on ``platform``."""
+#: vLLM's switch between its model runners (0.33; 0.34 has V2 only).
+RUNNER_VAR = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def selected_runner(config: Any, runner_env: str | None = None) -> str:
+    """The runner vLLM selects for ``config`` on a GPU machine with Triton: 0.33's own
+    ``VllmConfig.use_v2_model_runner`` (config/vllm.py:731-767) executed with ``VLLM_USE_V2_MODEL_RUNNER``
+    set to ``runner_env`` (None: unset) and Triton importable; 0.34 has no V1 runner."""
+    import os
+
     if V2_RUNNER[release()]:
+        return "V2"
+    env = {RUNNER_VAR: runner_env} if runner_env is not None else {}
+    with mock.patch.dict(os.environ, env), mock.patch("vllm.config.vllm.HAS_TRITON", True):
+        if runner_env is None:
+            os.environ.pop(RUNNER_VAR, None)
+        return "V2" if config.use_v2_model_runner else "V1"
+
+
+def resolve(config: Any, backend: str, platform: str, runner_env: str | None = None) -> Resolution:
+    """The builder's support level and the graph mode the installed vLLM resolves on ``platform``,
+    on the runner it selects (:func:`selected_runner`)."""
+    if selected_runner(config, runner_env) == "V2":
         return _resolve_v2(config, backend, platform)
     return _resolve_v1(config, backend, platform)
 
@@ -205,9 +230,12 @@ def _resolve_v1(config: Any, backend: str, platform: str) -> Resolution:
         except ValueError as exc:
             return Resolution(support=support, error=f"ValueError: {exc}")
         mode = config.compilation_config.cudagraph_mode
+        drafter = drafted[-1] if drafted else None
+        # V1's drafter runs every draft forward (decode and prefill) in the one mode its dispatcher has.
+        extend = None if drafter is None else "captured" if drafter.startswith("FULL") else "eager"
         return Resolution(support=support, mode=recorded[-1] if recorded else mode.name,
                           capture_sizes=tuple(config.compilation_config.cudagraph_capture_sizes or ()),
-                          dispatcher_modes=tuple(recorded), drafter=drafted[-1] if drafted else None)
+                          dispatcher_modes=tuple(recorded), drafter=drafter, runner="V1", draft_extend=extend)
 
 
 def _drafter_probe_v1(speculative: Any, drafted: list[str]) -> Any:
@@ -283,7 +311,8 @@ def arch_refusals(backend: str, model: str) -> dict[tuple[int, int], str | None]
 
 
 def _resolve_v2(config: Any, backend: str, platform: str) -> Resolution:
-    """vLLM 0.34: the V2 runner's steps (``v1/worker/gpu/model_runner.py:724-829``) on one attention group."""
+    """The V2 runner's steps (0.34: ``v1/worker/gpu/model_runner.py:724-829``; 0.33: 745-792) on one
+    attention group."""
     import types as _types
 
     from vllm.config import set_current_vllm_config
@@ -302,37 +331,54 @@ def _resolve_v2(config: Any, backend: str, platform: str) -> Resolution:
         query_len = 1 + (speculative.num_speculative_tokens if speculative else 0)
         compilation = config.compilation_config
         try:
+            # 0.33's V2 runner says which runner calls (model_runner.py:756-765); 0.34 has one runner.
+            which = {} if V2_RUNNER[release()] else {"use_v2_model_runner": True}
             mode = compilation.resolve_cudagraph_mode_and_sizes(
                 info.min_cg_support, info.min_cg_attn_backend, query_len, kv_cache_config=None,
-                max_num_reqs=config.scheduler_config.max_num_seqs, piecewise_capture_available=True)
+                max_num_reqs=config.scheduler_config.max_num_seqs, piecewise_capture_available=True, **which)
         except ValueError as exc:
             return Resolution(support=support, error=f"ValueError: {exc}")
         autoregressive = speculative is not None and speculative.method not in NOT_AUTOREGRESSIVE
-        drafter = _drafter_mode(config, mode) if autoregressive else None
+        drafter, extend = _drafter_modes(config, mode) if autoregressive else (None, None)
         return Resolution(support=support, mode=mode.name,
-                          capture_sizes=tuple(compilation.cudagraph_capture_sizes or ()), drafter=drafter)
+                          capture_sizes=tuple(compilation.cudagraph_capture_sizes or ()), drafter=drafter,
+                          runner="V2", draft_extend=extend)
 
 
 #: Speculative methods without an autoregressive draft model (no draft decodes to capture).
 NOT_AUTOREGRESSIVE = ("ngram", "ngram_gpu", "suffix")
 
 
-def _drafter_mode(config: Any, mode: Any) -> str:
-    """The draft-decode graph mode vLLM 0.34's autoregressive drafter takes for the target's ``mode``:
-    its own ``init_cudagraph_manager`` (spec_decode/autoregressive/speculator.py:36-52), on a
-    speculator made by ``object.__new__`` with the graph manager replaced by a recorder."""
-    from vllm.v1.worker.gpu.spec_decode.autoregressive import speculator
+def _drafter_modes(config: Any, mode: Any) -> tuple[str, str]:
+    """The V2 EAGLE/MTP drafter's graph managers for the target's ``mode``: its own
+    ``TargetDependentARSpeculator.init_cudagraph_manager`` (0.33: spec_decode/target_dependent_ar/
+    speculator.py:89-107; 0.34: 42-53, then autoregressive/speculator.py:36-52) on a speculator made
+    by ``object.__new__``, the graph manager replaced by a recorder. Returns the draft-decode mode's
+    name and whether the draft prefill (attnhal's draft extend) runs its uniform batches in a FULL
+    graph ("captured": the prefill manager's decode mode is FULL) or not ("eager")."""
+    import importlib
 
-    probe = type("Probe", (speculator.AutoRegressiveSpeculator,), {})
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.worker.gpu.spec_decode.target_dependent_ar import speculator
+
+    probe = type("Probe", (speculator.TargetDependentARSpeculator,), {})
     probe.__abstractmethods__ = frozenset()  # type: ignore[attr-defined]
     drafter = object.__new__(probe)
     drafter.vllm_config, drafter.device, drafter.max_num_reqs = config, "cpu", config.scheduler_config.max_num_seqs
-    recorded: list[str] = []
+    drafter.num_speculative_steps = config.speculative_config.num_speculative_tokens
+    drafter.enable_adaptive_verification = False
+    recorded: list[Any] = []
 
-    def manager(vllm_config: Any, device: Any, decode_mode: Any, **kwargs: Any) -> Any:
-        recorded.append(decode_mode.name)
-        return types.SimpleNamespace(cudagraph_mode=decode_mode)  # what the plugin reads of a manager
+    def manager(vllm_config: Any, device: Any, cg_mode: Any, *args: Any, **kwargs: Any) -> Any:
+        recorded.append(cg_mode)
+        return types.SimpleNamespace(cudagraph_mode=cg_mode)  # what the plugin reads of a manager
 
-    with mock.patch.object(speculator, "SpeculatorCudaGraphManager", manager):
+    modules = [speculator]
+    if V2_RUNNER[release()]:
+        modules.append(importlib.import_module("vllm.v1.worker.gpu.spec_decode.autoregressive.speculator"))
+    with contextlib.ExitStack() as stack:
+        for module in modules:
+            stack.enter_context(mock.patch.object(module, "SpeculatorCudaGraphManager", manager))
         drafter.init_cudagraph_manager(mode)
-    return recorded[-1]
+    prefill, decode = recorded[0], recorded[-1]
+    return decode.name, "captured" if prefill.decode_mode() == CUDAGraphMode.FULL else "eager"

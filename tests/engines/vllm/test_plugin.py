@@ -1,7 +1,8 @@
 """attnhal's vLLM plugin inside vLLM 0.33.0 or 0.34.0: loaded by vLLM's own ``load_general_plugins()``
 from the entry point installed in this environment, then vLLM's real mode resolution executed as in
-``test_vllm_executed.py`` (emulated SM90/SM100): 0.33's ``_check_and_update_cudagraph_mode``, 0.34's
-V2-runner steps (``harness.resolve``)."""
+``test_vllm_executed.py`` (emulated SM90/SM100) on the runner vLLM selects (``harness.resolve``): the
+V2 runner's steps (0.33's default, 0.34's only) and, on 0.33, the V1 runner's
+``_check_and_update_cudagraph_mode`` (``VLLM_USE_V2_MODEL_RUNNER=0``)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,13 @@ def _targets() -> list[tuple[Any, str]]:
 
 
 def _target() -> tuple[Any, str]:
-    """The mode check (0.33) or the mode resolution (0.34): the wrapper every cell goes through."""
-    targets = _targets()
-    return targets[0] if len(targets) == 1 else targets[1]
+    """The mode resolution: the wrapper every V2 cell goes through."""
+    kinds = [t.kind for t in plugin.RELEASES[harness.release()]]
+    return _targets()[kinds.index("resolution")]
+
+
+#: The runners each release's grid runs on: ``VLLM_USE_V2_MODEL_RUNNER`` (None: unset, vLLM's own choice).
+RUNNER_ENVS: tuple[str | None, ...] = (None,) if harness.V2_RUNNER[harness.release()] else (None, "0")
 
 
 def _wrapped() -> bool:
@@ -120,9 +125,10 @@ def _platform(platform: str) -> Iterator[None]:
 
 
 def _resolve(backend: str, model: str, speculative: dict[str, Any] | None, platform: str,
-             mode: str | None = None) -> harness.Resolution:
+             mode: str | None = None, runner_env: str | None = None) -> harness.Resolution:
     with _platform(platform):
-        return harness.resolve(harness.engine_config(backend, model, speculative, mode), backend, platform)
+        return harness.resolve(harness.engine_config(backend, model, speculative, mode), backend, platform,
+                               runner_env)
 
 
 def test_the_entry_point_is_installed_in_this_environment() -> None:
@@ -228,10 +234,10 @@ def test_an_error_inside_the_wrapper_leaves_vllms_resolution_and_is_logged(monke
     assert lines == ["attnhal: explaining vLLM's cudagraph_mode failed; vLLM's resolution stands"]
 
 
-def _cells() -> list[tuple[str, str, str, str | None, str]]:
-    """(backend, model, speculation, requested mode, platform): every catalogued CUDA backend of vLLM
-    whose builder imports here (not ``harness.NOT_REACHED``) with eagle (3 tokens) and ngram, vLLM's
-    default mode and FULL, on SM90 and SM100."""
+def _cells() -> list[tuple[str, str, str, str | None, str, str | None]]:
+    """(backend, model, speculation, requested mode, platform, runner switch): every catalogued CUDA
+    backend of vLLM whose builder imports here (not ``harness.NOT_REACHED``) with eagle (3 tokens) and
+    ngram, vLLM's default mode and FULL, on SM90 and SM100, on each runner of the release."""
     from attnhal import catalog
 
     out = []
@@ -242,14 +248,15 @@ def _cells() -> list[tuple[str, str, str, str | None, str]]:
         for spec in ("eagle", "ngram"):
             for mode in (None, "FULL"):
                 for platform in ("cuda:sm90", "cuda:sm100"):
-                    out.append((entry.name, model, spec, mode, platform))
+                    out.extend((entry.name, model, spec, mode, platform, env) for env in RUNNER_ENVS)
     return out
 
 
-def _outcome(backend: str, model: str, spec: str, mode: str | None, platform: str) -> harness.Resolution:
+def _outcome(backend: str, model: str, spec: str, mode: str | None, platform: str,
+             runner_env: str | None = None) -> harness.Resolution:
     speculative: dict[str, Any] = dict(NGRAM) if spec == "ngram" else {
         "method": "eagle", "num_speculative_tokens": 3, "model": harness.model_dir(model)}
-    return _resolve(backend, model, speculative, platform, mode)
+    return _resolve(backend, model, speculative, platform, mode, runner_env)
 
 
 def test_no_vllm_decision_changes_on_the_grid() -> None:
@@ -266,19 +273,22 @@ def test_no_vllm_decision_changes_on_the_grid() -> None:
                    f"{sum(line.startswith('attnhal: differs') for line in lines)} differences logged")
 
 
-def test_the_drafters_mode_is_logged_with_its_releases_reason() -> None:
-    """Each release's drafter (0.33: the proposer's dispatcher; 0.34: the speculator's decode graph
-    manager) as vLLM set it up, with the reason attnhal's rule for the release gives."""
-    import harness as h
-
+@pytest.mark.parametrize("runner_env", RUNNER_ENVS)
+def test_the_drafters_mode_is_logged_with_its_runners_reason(runner_env: str | None) -> None:
+    """The drafter of the runner vLLM selects (V1, 0.33 with VLLM_USE_V2_MODEL_RUNNER=0: the proposer's
+    dispatcher; V2: the speculator's decode graph manager) as vLLM set it up, with the reason attnhal's
+    rule for that runner gives; the draft prefill's mode too on V2."""
     with loaded() as lines:
-        resolution = _outcome("TRITON_ATTN", "mha", "eagle", None, "cuda:sm90")
+        resolution = _outcome("TRITON_ATTN", "mha", "eagle", None, "cuda:sm90", runner_env)
     drafted = [line for line in lines if line.startswith("attnhal: drafter ")]
-    expected = {"0.33.0": "draft decode PIECEWISE (the target's mixed mode is PIECEWISE; vLLM 0.33's drafter",
-                "0.34.0": "draft decode FULL_DECODE_ONLY (the target's decode graphs are FULL)"}[h.release()]
+    expected = ("draft decode PIECEWISE (the target's mixed mode is PIECEWISE; the V1 runner's drafter"
+                if runner_env == "0" else "draft decode FULL_DECODE_ONLY (the target's decode graphs are FULL)")
+    assert resolution.runner == ("V1" if runner_env == "0" else "V2")
     assert resolution.drafter in expected and len(drafted) == 1 and expected in drafted[0], drafted
     assert "differs" not in drafted[0]
-    SUMMARY.append(f"vLLM plugin, TRITON_ATTN + eagle, SM90: {drafted[0]}")
+    assert drafted[0].endswith("; draft prefill FULL_AND_PIECEWISE") is (runner_env is None), drafted[0]
+    assert sum(line.startswith("attnhal: cudagraph_mode: ") for line in lines) == 1, lines  # one runner reports
+    SUMMARY.append(f"vLLM plugin, TRITON_ATTN + eagle, SM90, {resolution.runner} runner: {drafted[0]}")
 
 
 def test_the_docs_show_the_lines_these_tests_check() -> None:

@@ -59,11 +59,15 @@ def backends() -> list[tuple[str, str]]:
 
 
 def cases() -> Iterator[Case]:
+    """The grid on the runner vLLM selects (``VLLM_USE_V2_MODEL_RUNNER`` unset); on 0.33, which has
+    both runners, the EAGLE cells again on the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``)."""
     for backend, model in backends():
         for spec in SPECS:
             for mode in MODES:
                 for platform in PLATFORMS:
                     yield Case(backend, model, spec, mode, platform)
+                    if spec == "eagle" and not harness.V2_RUNNER[harness.release()]:
+                        yield Case(backend, model, spec, mode, platform, "0")
 
 
 @functools.cache
@@ -74,8 +78,8 @@ def _arch_refusals(backend: str, model: str) -> dict[tuple[int, int], str | None
 def engine_outcome(case: Case) -> Outcome:
     refused = _arch_refusals(case.backend, case.model)[harness.CAPABILITIES[case.platform]] is not None
     config = harness.engine_config(case.backend, case.model, case.speculative(), case.mode)
-    r = harness.resolve(config, case.backend, case.platform)
-    return Outcome(r.support, r.mode, r.error, r.capture_sizes, refused, r.drafter)
+    r = harness.resolve(config, case.backend, case.platform, case.runner_env)
+    return Outcome(r.support, r.mode, r.error, r.capture_sizes, refused, r.drafter, r.runner, r.draft_extend)
 
 
 def attnhal_outcome(case: Case) -> Outcome:
