@@ -41,7 +41,8 @@ from peer_cases import time_graph  # noqa: E402  (one graph-timing rule for ever
 
 from attnhal.phases import Phase  # noqa: E402
 from attnhal.platform import detect  # noqa: E402
-from attnhal_triton.launch_table import UNITS, LaunchRow  # noqa: E402
+from attnhal_triton.device_fill import UNITS  # noqa: E402
+from attnhal_triton.launch_table import LaunchRow  # noqa: E402
 
 HEADS, KV_HEADS, HEAD = 32, 8, 128
 TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 5e-3, torch.float32: 1e-4}

@@ -57,8 +57,7 @@ def _tanh(x):
 def _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One KV block of the online softmax: ``s`` [M, N] base-2 scores, ``v`` [N, D]."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    # A row with every score -inf so far keeps m = -inf; subtract 0 instead to avoid NaN.
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # an all -inf row so far: no NaN
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -103,20 +102,25 @@ def _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
 
 
 @triton.jit
+def _fp16_pow2(q):
+    """The power of two that brings max |q| of the block q [M, D] into [2^13, 2^14): 2^(13 - e)
+    for max |q| = 1.x * 2^e, from the exponent bits (exp2 may round). One factor per block,
+    not per row: a scalar costs no registers in the KV loop."""
+    biased = (tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0).to(tl.int32, bitcast=True) >> 23) & 0xFF
+    return (tl.minimum(tl.maximum(267 - biased, 1), 254) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _kv_scaled(q, qk_scale, KScale, VScale, KV_SCALED: tl.constexpr, KV_F16: tl.constexpr):
     """(q, score scale, V's scale): an fp8 cache folds K's scale into the score scale. With
-    ``KV_F16`` (fp8 cache, 16-bit q) the dots run in fp16 (the cache widens in one instruction
-    per pair, three to bf16): q times the power of two that brings the block's max |q| into
-    [2^13, 2^14) (exact, in range for any q); its inverse scales the fp32 scores."""
+    ``KV_F16`` (fp8 cache, 16-bit q) the dots run in fp16 (the cache widens in one instruction per
+    pair, three to bf16): q times ``_fp16_pow2(q)`` (exact, in range), the fp32 scores its inverse."""
     v_scale = 1.0
     if KV_SCALED:
         qk_scale = qk_scale * tl.load(KScale)
         v_scale = tl.load(VScale)
     if KV_F16:
-        # 2^(13 - e) for max |q| = 1.x * 2^e from the exponent bits (exp2 may round); one
-        # factor per block, not per row: a scalar costs no registers in the KV loop.
-        biased = (tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0).to(tl.int32, bitcast=True) >> 23) & 0xFF
-        pow2 = (tl.minimum(tl.maximum(267 - biased, 1), 254) << 23).to(tl.float32, bitcast=True)
+        pow2 = _fp16_pow2(q)
         q = (q.to(tl.float32) * pow2).to(tl.float16)
         qk_scale = qk_scale / pow2
     return q, qk_scale, v_scale
@@ -212,8 +216,7 @@ def decode_reduce_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
     s_ok = offs_s < tl.load(NumSplits + row // rows_per_entry)
-    lse = tl.load(MidLse + row * stride_lb + head * stride_lh + offs_s, mask=s_ok,
-                  other=float("-inf"))
+    lse = tl.load(MidLse + row * stride_lb + head * stride_lh + offs_s, mask=s_ok, other=float("-inf"))
     m = tl.max(lse, 0)
     if HAS_SINKS:
         sink = tl.load(Sinks + head) * _LOG2E
@@ -221,19 +224,17 @@ def decode_reduce_kernel(
     m_use = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m_use)
     filled = s_ok & (lse != float("-inf"))
-    o = tl.load(MidO + row * stride_ob + head * stride_oh + offs_s[:, None] * stride_os
-                + offs_d[None, :], mask=filled[:, None], other=0.0)
+    o = tl.load(MidO + row * stride_ob + head * stride_oh + offs_s[:, None] * stride_os + offs_d[None, :],
+                mask=filled[:, None], other=0.0)
     total = tl.sum(w, 0)
     if HAS_SINKS:
         total += tl.exp2(sink - m_use)
     out = tl.sum(o * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(Out + row * stride_outt + head * stride_outh + offs_d,
-             out.to(Out.dtype.element_ty))
+    tl.store(Out + row * stride_outt + head * stride_outh + offs_d, out.to(Out.dtype.element_ty))
 
 
 @triton.jit
-def _row_queries(row, QoIndptr, ExtLens, q_per_row, PACKED: tl.constexpr,
-                 HAS_EXT_LENS: tl.constexpr):
+def _row_queries(row, QoIndptr, ExtLens, q_per_row, PACKED: tl.constexpr, HAS_EXT_LENS: tl.constexpr):
     """(first query token, query tokens, new tokens) of ``row``."""
     if PACKED:
         q_start = tl.load(QoIndptr + row).to(tl.int64)
@@ -265,8 +266,7 @@ def _tree_depth(Tree, row, tok, ok, q_per_row, MASK_WORDS: tl.constexpr):
 @triton.jit
 def extend_kernel(
     Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
-    Tree, KScale, VScale, Sinks,
-    qk_scale, softcap, window, q_per_row, max_splits,
+    Tree, KScale, VScale, Sinks, qk_scale, softcap, window, q_per_row, max_splits,
     stride_qt, stride_qh, stride_req,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -381,8 +381,7 @@ def extend_kernel(
         cell = (token * NUM_Q_HEADS + heads) * max_splits + split  # [M] (token, head, split)
         tl.store(MidO + cell[:, None] * HEAD_DIM + offs_d[None, :], acc / l_safe[:, None],
                  mask=(m_ok & (tok * 0 + s_lo < s_hi))[:, None])
-        tl.store(MidLse + cell, m_i + tl.log2(l_safe),
-                 mask=m_ok & (tok * 0 + split < n_splits))
+        tl.store(MidLse + cell, m_i + tl.log2(l_safe), mask=m_ok & (tok * 0 + split < n_splits))
     else:
         if HAS_SINKS:
             # The sink joins the denominator only: exp(sink) with no value.

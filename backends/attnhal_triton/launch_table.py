@@ -24,16 +24,15 @@ from types import MappingProxyType
 from typing import Any
 
 from attnhal.platform import Platform
+from attnhal_triton.device_fill import GPU_SPLITS, PROGRAMS_PER_UNIT, fill_programs
 
 __all__ = [
     "ALIASES",
     "EXTEND_VARIANTS",
     "FALLBACK",
-    "PROGRAMS_PER_UNIT",
     "KERNELS",
     "MLA_KERNELS",
     "TABLE",
-    "UNITS",
     "LaunchRow",
     "NoLaunchRowWarning",
     "best_row",
@@ -200,28 +199,6 @@ def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...
     return rows
 
 
-#: SMs (NVIDIA) or CUs (AMD) of each family's reference part: A100, H100/H200, RTX 5090,
-#: MI250X (one GCD), MI300X, MI355X. The split rows fill :data:`PROGRAMS_PER_UNIT` programs
-#: on each; a part with fewer units is filled sooner, one with more a little later.
-UNITS: Mapping[str, int] = MappingProxyType({
-    "sm80": 108, "sm90": 132, "sm120": 170, "gfx90": 110, "gfx94": 304, "gfx95": 256,
-})
-#: Programs per SM/CU that each split kernel is split up to. Measured on an H200
-#: (benchmarks/triton_sweep.py, docs/triton.md): decode's small programs want 4 per SM, causal
-#: verify's 2, the tree's (more work per position) 1. Draft extend takes verify's count, and
-#: other families take these counts, unmeasured.
-PROGRAMS_PER_UNIT: Mapping[str, int] = MappingProxyType({
-    "decode": 4, "extend_verify": 2, "extend_verify_tree": 1, "extend_draft": 2,
-})
-#: Most KV splits of a row on a GPU: the partial buffers are sized by the work
-#: (:func:`attnhal_triton.work.partial_slots`), not by this, so it can be generous.
-_GPU_SPLITS = 64
-
-
-def _fill(family: str) -> dict[str, int]:
-    return {kernel: UNITS[family] * n for kernel, n in PROGRAMS_PER_UNIT.items()}
-
-
 def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256: int,
             prefill_verify: Mapping[str, int] | None = None,
             overrides: Iterable[tuple[Any, ...]] = ()) -> list[LaunchRow]:
@@ -231,7 +208,7 @@ def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256:
     # row before the shared fp32 rows, ``overrides`` after the decode and fp32 rows
     # (so a head-size decode override leaves fp32 to its row) and before the general
     # extend rows.
-    splits, fill = _GPU_SPLITS, _fill(family)
+    splits, fill = GPU_SPLITS, fill_programs(family)
     big = {"BLOCK_M": 64, "BLOCK_N": 64}
     wide = [(kernel, head, None, prefill_verify, 8, 2) for kernel in ("extend_prefill", "extend_verify")
             for head in (None, 128)] if prefill_verify else []
@@ -296,7 +273,7 @@ def _amd(family: str) -> list[LaunchRow]:
             # 64x32 at head size 256 fills all 256 VGPRs with an fp8 cache (split forms
             # spill one); 64x16 needs ~190.
             ("extend", 256, None, {"BLOCK_M": 64, "BLOCK_N": 16}, 8, 1),
-        ], splits=_GPU_SPLITS, fill=_fill(family), extra=_HIP),
+        ], splits=GPU_SPLITS, fill=fill_programs(family), extra=_HIP),
         *_rows("hip", family, [("decode_reduce", None, None, {}, 4, 1)]),
     ]
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnhal_triton.kernels import _LOG2E, _paged_slots, _row_queries, _tanh, _tree_allowed, _tree_depth
+from attnhal_triton.kernels import _LOG2E, _fp16_pow2, _paged_slots, _row_queries, _tanh, _tree_allowed, _tree_depth
 
 __all__ = ["mla_kernel"]
 
@@ -189,10 +189,11 @@ def mla_kernel(
     if KV_SCALED:  # an fp8 cache: K's scale joins the score scale, V's the accumulator
         qk_scale = qk_scale * tl.load(KScale)
         v_scale = tl.load(VScale)
-    if KV_F16:  # q pre-scaled in fp16, so the fp8 cache widens to fp16 (see kernels._kv_scaled)
-        q_main = (q_main.to(tl.float32) * qk_scale).to(tl.float16)
-        q_tail = (q_tail.to(tl.float32) * qk_scale).to(tl.float16)
-        qk_scale = 1.0
+    if KV_F16:  # dots in fp16 as kernels._kv_scaled; one power of two for both q tiles, whose dots sum
+        pow2 = tl.minimum(_fp16_pow2(q_main), _fp16_pow2(q_tail))
+        q_main = (q_main.to(tl.float32) * pow2).to(tl.float16)
+        q_tail = (q_tail.to(tl.float32) * pow2).to(tl.float16)
+        qk_scale = qk_scale / pow2
 
     # [lo, shared) is seen by every query of the block but for the window; [shared, hi) is
     # masked per query (causal diagonal or the tree's draft keys).

@@ -25,10 +25,10 @@ from types import MappingProxyType
 
 from attnhal.phases import Phase
 from attnhal.platform import Platform
+from attnhal_triton.device_fill import UNITS
 from attnhal_triton.launch_table import (
     _HIP,
     MLA_KERNELS,
-    UNITS,
     LaunchRow,
     NoLaunchRowWarning,
     best_row,

@@ -4,7 +4,8 @@ The kernels once entered the dots with ``q * sm_scale * log2(e) * k_scale`` roun
 fp16, which overflowed to inf (then NaN) once that product passed 65504, and below it cost
 the rounding of a pre-scaled q (up to 3x the bf16 tolerance at large logits). These cases
 sit on both sides of that threshold, for both fp8 encodings, decode and verify, and hold
-the outputs to the descriptor's tolerance against the kit's fp64 oracle.
+the outputs to the descriptor's tolerance against the kit's fp64 oracle; MLA's kernel
+(two q tiles, one power of two) too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from triton_cases import TritonCase, assert_close, build, expected, run, shape
 
 from attnhal.phases import Phase
 from attnhal.testing.cases.recipe import MAX_EXACT_QK
+from attnhal_triton.mla_traffic import latent_pool
 
 #: Where the old pre-scaled fp16 query overflowed: ``|q| * sm_scale * log2(e) * k_scale``.
 FP16_MAX = 65504.0
@@ -65,3 +67,19 @@ def test_fp8_under_fp16_queries_with_a_large_k_scale(phase: Phase) -> None:
     case.q.mul_(2.0**10)
     assert _scaled_q_peak(case, backend, case.q) >= FP16_MAX
     assert_close(backend, run(case, backend), expected(case, backend))
+
+
+@pytest.mark.parametrize("tail", [1.0, 64.0], ids=["even", "rope_larger"])
+@pytest.mark.parametrize("phase", [Phase.DECODE, Phase.TARGET_VERIFY], ids=lambda p: p.value)
+def test_mla_fp8_past_fp16_max(phase: Phase, tail: float) -> None:
+    """MLA (q 576 = latent 512 + rope 64, 4 heads, latent pool) with bf16 queries over an
+    e4m3 cache, scaled until the old pre-scaled query peaks at 2-4 x 65504; ``rope_larger``:
+    the rope part 64x the latent's, so one power of two must cover both of q's dots."""
+    base = shape(phase, kv_heads=1, group=4, head_size=576, dtype="bfloat16", lens=(40, 9),
+                 kv_dtype="fp8_e4m3", page_size=16)
+    recipe = replace(base.recipe, v_head_size=512)
+    case, backend = build(TritonCase(recipe), pool=latent_pool(recipe))
+    case.q[..., 512:].mul_(tail)
+    case.q.mul_(2.0 ** math.floor(math.log2(4 * FP16_MAX / _scaled_q_peak(case, backend, case.q))))
+    assert _scaled_q_peak(case, backend, case.q) >= FP16_MAX
+    assert_close(backend, run(case, backend, write=False), expected(case, backend, write=False))

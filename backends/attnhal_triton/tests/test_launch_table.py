@@ -23,9 +23,9 @@ from attnhal.capabilities import Feature, Phase, SpecLimits  # noqa: E402
 from attnhal.platform import Fp8Flavor, parse  # noqa: E402
 from attnhal_triton import CAPABILITIES, FALLBACK, TABLE, NoLaunchRowWarning, lookup  # noqa: E402
 from attnhal_triton.compile_check import DEFAULT_TARGETS, DTYPES, HEAD_SIZES, VARIANTS, target_platform  # noqa: E402
+from attnhal_triton.device_fill import UNITS  # noqa: E402
 from attnhal_triton.launch_table import (  # noqa: E402
     ALIASES,
-    UNITS,
     EXTEND_VARIANTS,
     KERNELS,
     LaunchRow,

@@ -15,7 +15,8 @@ from triton_cases import assert_close, build, expected, record_launches, run, sh
 from attnhal.phases import Phase  # noqa: E402
 from attnhal.platform import parse  # noqa: E402
 from attnhal_triton import ops, work  # noqa: E402
-from attnhal_triton.launch_table import UNITS, lookup  # noqa: E402
+from attnhal_triton.device_fill import UNITS  # noqa: E402
+from attnhal_triton.launch_table import lookup  # noqa: E402
 
 HEADS, KV_HEADS = 32, 8
 #: The GPU benchmarks' shapes (benchmarks/triton_sweep.py, gpu_peers.py): (kernel, bs, tokens).

@@ -1,0 +1,38 @@
+"""How many programs fill a device: the split launch rows' targets, as data.
+
+A split kernel's row is split until its launch reaches ``UNITS[family] x
+PROGRAMS_PER_UNIT[kernel]`` programs (:mod:`attnhal_triton.launch_table`'s GQA rows,
+:mod:`attnhal_triton.mla_table`'s with their own count per unit; :mod:`attnhal_triton.work`
+sizes the split).
+
+This module imports neither torch nor triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+__all__ = ["GPU_SPLITS", "PROGRAMS_PER_UNIT", "UNITS", "fill_programs"]
+
+#: SMs (NVIDIA) or CUs (AMD) of each family's reference part: A100, H100/H200, RTX 5090,
+#: MI250X (one GCD), MI300X, MI355X. The split rows fill :data:`PROGRAMS_PER_UNIT` programs
+#: on each; a part with fewer units is filled sooner, one with more a little later.
+UNITS: Mapping[str, int] = MappingProxyType({
+    "sm80": 108, "sm90": 132, "sm120": 170, "gfx90": 110, "gfx94": 304, "gfx95": 256,
+})
+#: Programs per SM/CU that each split kernel is split up to. Measured on an H200
+#: (benchmarks/triton_sweep.py, docs/triton.md): decode's small programs want 4 per SM, causal
+#: verify's 2, the tree's (more work per position) 1. Draft extend takes verify's count, and
+#: other families take these counts, unmeasured.
+PROGRAMS_PER_UNIT: Mapping[str, int] = MappingProxyType({
+    "decode": 4, "extend_verify": 2, "extend_verify_tree": 1, "extend_draft": 2,
+})
+#: Most KV splits of a row on a GPU: the partial buffers are sized by the work
+#: (:func:`attnhal_triton.work.partial_slots`), not by this, so it can be generous.
+GPU_SPLITS = 64
+
+
+def fill_programs(family: str) -> dict[str, int]:
+    """Programs that fill ``family``'s reference part, per split kernel."""
+    return {kernel: UNITS[family] * n for kernel, n in PROGRAMS_PER_UNIT.items()}
