@@ -139,12 +139,15 @@ def forms(platform: Platform, kernels: Iterable[str] = KERNELS, dtypes: Iterable
           groups: Iterable[int] = range(1, MAX_GROUP + 1)) -> list[Form]:
     """Every distinct form the backend can launch on ``platform`` (its launch rows), for
     compute ``dtypes`` x KV formats ``kv_dtypes`` x ``head_sizes`` x ``groups`` (defaults:
-    everything the Triton descriptor claims, groups 1..16). fp8 formats whose storage the
+    everything the Triton descriptor claims for its GQA kernels, groups 1..16). fp8 formats whose storage the
     platform lacks (e4m3 without a flavour) are left out, as the backend refuses them."""
     from attnhal_triton.descriptor import CAPABILITIES as caps
 
     dtypes, kv_dtypes = tuple(dtypes) or tuple(sorted(caps.dtypes)), tuple(kv_dtypes) or tuple(sorted(caps.kv_dtypes or ()))
-    heads, groups = tuple(head_sizes) or tuple(sorted(caps.head_sizes)), tuple(groups)
+    # A head that is not a power of two (576, MLA's) launches the MLA kernel, whose forms
+    # attnhal_triton.mla_compile_check enumerates.
+    gqa_heads = tuple(sorted(h for h in caps.head_sizes if h & (h - 1) == 0))
+    heads, groups = tuple(head_sizes) or gqa_heads, tuple(groups)
     seen: dict[tuple[Any, ...], Form] = {}
     for kernel in kernels:
         for dtype in dtypes:

@@ -154,7 +154,7 @@ def test_one_claim_check_per_build(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(calls) == 1
     assert not hasattr(triton_backend, "detect") and not hasattr(triton_backend, "not_supported_reasons")
     cfg = AttentionConfig(num_q_heads=4, num_kv_heads=2, head_size=80)
-    with pytest.raises(UnsupportedFeature, match=r"head_size=80 \(supported: \{16, 32, 64, 128, 256\}\)") as info:
+    with pytest.raises(UnsupportedFeature, match=r"head_size=80 \(supported: \{16, 32, 64, 128, 256, 576\}\)") as info:
         TritonBackend(cfg, _pool(torch.float32, head=80), platform=HIP)
     assert isinstance(info.value, ValueError)  # what backends raised before the contract checked it
     assert len(calls) == 2

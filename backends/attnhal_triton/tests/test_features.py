@@ -65,12 +65,13 @@ def test_fp8_pool_of_the_other_flavour_is_refused() -> None:
         TritonBackend(AttentionConfig(4, 1, 32, torch.float16), pool, platform=parse("cuda:sm90"))
 
 
-def test_unclaimed_feature_is_refused_not_ignored() -> None:
-    """MLA (v head size != qk head size) is not implemented: construction fails naming it."""
+def test_unserved_mla_shape_is_refused_not_ignored() -> None:
+    """A v head size the MLA kernel does not serve (32 under a qk head of 64; it serves 576/512
+    and 576/576): construction fails naming both sizes and what is served."""
     pool = KVPool(num_layers=1, num_slots=16, num_kv_heads=1, head_dim=64, dtype=torch.float16,
                   max_reqs=2, max_context_len=16)
     # The contract refuses what the descriptor does not claim, before the backend's checks.
-    with pytest.raises(UnsupportedFeature, match="feature=mla"):
+    with pytest.raises(UnsupportedFeature, match=r"head_size/v_head_size=64/32 \(supported: 576/512"):
         TritonBackend(AttentionConfig(4, 1, 64, torch.float16, v_head_size=32), pool,
                       platform=parse("cuda:sm90"))
 
