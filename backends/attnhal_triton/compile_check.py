@@ -164,29 +164,37 @@ def _constexprs(job: Job, variant: Variant, row: LaunchRow) -> dict[str, Any]:
 
 
 def _source(job: Job, variant: Variant, row: LaunchRow) -> Any:
-    from triton.compiler import ASTSource
-
     from attnhal_triton import kernels
 
-    fn = getattr(kernels, variant.function)
-    constexprs = _constexprs(job, variant, row)
+    fp8_flavor = job.fp8_flavor if job.dtype == "fp8" else None
+    return kernel_source(getattr(kernels, variant.function), _constexprs(job, variant, row), job.compute_dtype,
+                         fp8_flavor)
+
+
+def kernel_source(fn: Any, constexprs: Mapping[str, Any], compute_dtype: str, fp8_flavor: str | None,
+                  aligned: frozenset[str] = _ALIGNED) -> Any:
+    """Triton's ``ASTSource`` of kernel ``fn``: constexprs as given, every other argument typed
+    by its name (K/V fp8 of ``fp8_flavor`` where given, else ``compute_dtype`` like Q and Out;
+    metadata pointers; fp32 or i32 scalars), pointers and ``aligned`` strides 16-divisible."""
+    from triton.compiler import ASTSource
+
     signature: dict[str, str] = {}
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
             continue
-        if name in ("K", "V") and job.dtype == "fp8":
-            signature[name] = "*" + _FP8[job.fp8_flavor]
+        if name in ("K", "V") and fp8_flavor is not None:
+            signature[name] = "*" + _FP8[fp8_flavor]
         elif name in ("Q", "K", "V", "Out"):
-            signature[name] = "*" + _TRITON_DTYPE[job.compute_dtype]
+            signature[name] = "*" + _TRITON_DTYPE[compute_dtype]
         elif name in _POINTERS:
             signature[name] = "*" + _POINTERS[name]
         else:
             signature[name] = "fp32" if name in _FLOAT_SCALARS else "i32"
-        if signature[name].startswith("*") or name in _ALIGNED:
+        if signature[name].startswith("*") or name in aligned:
             attrs[(index,)] = [["tt.divisibility", 16]]
-    return ASTSource(fn, signature, constexprs, attrs)
+    return ASTSource(fn, signature, dict(constexprs), attrs)
 
 
 def served_by(row: LaunchRow) -> str:

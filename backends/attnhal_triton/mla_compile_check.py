@@ -27,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from attnhal_triton.compile_check import _FP8, _TRITON_DTYPE, SHARED_LIMIT, _gpu_target, format_table, target_platform
+from attnhal_triton.compile_check import _FP8, SHARED_LIMIT, _gpu_target, format_table, kernel_source, target_platform
 from attnhal_triton.compile_usage import dot_operand_types, resource_usage
 from attnhal_triton.launch_table import LaunchRow, NoLaunchRowWarning
 from attnhal_triton.mla_table import mla_lookup
@@ -72,9 +72,6 @@ def _forms() -> dict[str, Form]:
 
 
 FORMS: Mapping[str, Form] = _forms()
-_POINTERS = {"MidO": "fp32", "MidLse": "fp32", "ReqToPage": "i32", "ReqIdx": "i64", "SeqLens": "i32",
-             "NumSplits": "i32", "QoIndptr": "i32", "ExtLens": "i32", "Tree": "i32", "Extra": "i64",
-             "KScale": "fp32", "VScale": "fp32", "Sinks": "fp32"}
 _ALIGNED = frozenset({"stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh"})
 
 
@@ -101,8 +98,6 @@ class Job:
 
 
 def _source(job: Job, row: LaunchRow) -> Any:
-    from triton.compiler import ASTSource
-
     from attnhal_triton import mla_kernels
 
     fn, fp8 = mla_kernels.mla_kernel, job.dtype == "fp8"
@@ -111,23 +106,7 @@ def _source(job: Job, row: LaunchRow) -> Any:
         **FORMS[job.form].flags, **row.constexprs, "NUM_Q_HEADS": NUM_Q_HEADS, "GROUP": NUM_Q_HEADS,
         "D_MAIN": 512, "D_TAIL": 64, "PAGE_SIZE": 16, "MASK_WORDS": 1, "HAS_SOFTCAP": True,
         "KV_SCALED": fp8, "KV_F16": fp8, "DOT_F32": False}
-    signature: dict[str, str] = {}
-    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-    for index, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-            continue
-        if name in ("K", "V") and fp8:
-            signature[name] = "*" + _FP8[job.fp8_flavor]
-        elif name in ("Q", "K", "V", "Out"):
-            signature[name] = "*" + _TRITON_DTYPE[job.compute_dtype]
-        elif name in _POINTERS:
-            signature[name] = "*" + _POINTERS[name]
-        else:
-            signature[name] = "fp32" if name in ("qk_scale", "softcap") else "i32"
-        if signature[name].startswith("*") or name in _ALIGNED:
-            attrs[(index,)] = [["tt.divisibility", 16]]
-    return ASTSource(fn, signature, constexprs, attrs)
+    return kernel_source(fn, constexprs, job.compute_dtype, job.fp8_flavor if fp8 else None, _ALIGNED)
 
 
 def _compile_one(job: Job) -> dict[str, Any]:
