@@ -3,7 +3,8 @@
 Exit status: 0 yes; 1 a valid question with a negative answer (an invalid plan, a
 backend that does not fit, a falsified claim, a stale file); 2 bad input, with one
 line ``attnhal <command>: error: ...`` naming the flag, the value and what is
-allowed; 3 an internal error (a bug: ``--debug`` shows the traceback); 130
+allowed; 3 an internal error (a bug: ``--debug`` shows the traceback); 4 ``plan --engine``:
+the engine starts, but its outcome is not attnhal's plan (:data:`~attnhal.cli.app.OUTCOME_DIFFERS`); 130
 interrupted; 141 the reader of the output went away (``attnhal info | head -2``).
 
 Each built-in command is a module with ``register(sub)`` (its parser and flags) and
@@ -56,7 +57,8 @@ def build_parser(plugins: Sequence[Command] = (), unavailable: Sequence[CommandU
                  argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser: built-in commands, then the plugin commands that work here. Of the engine adapters
     only the one ``argv`` asks for (``--engine E``) is loaded, for its own flags."""
-    epilog = "exit status: 0 yes, 1 a negative answer, 2 bad input, 3 internal error (see docs/cli.md)"
+    epilog = ("exit status: 0 yes, 1 a negative answer, 2 bad input, 3 internal error, 4 plan --engine: the engine "
+              "runs, but not as attnhal's plan recommends (see docs/cli.md)")
     if unavailable:
         epilog += "\nplugin commands not available here:\n" + "\n".join(
             f"  {u.name}: {u.reason}" for u in unavailable)

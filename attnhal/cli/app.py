@@ -3,6 +3,8 @@
 Exit status: 0 yes; 1 a valid question with a negative answer; :data:`BAD_USAGE` (2) bad
 input, one line ``attnhal <command>: error: ...`` naming the flag, the value and what is
 allowed; :data:`INTERNAL_ERROR` (3) a bug (``--debug`` shows the traceback);
+:data:`OUTCOME_DIFFERS` (4) ``plan --engine``: the engine starts and runs, but what it will do
+differs from attnhal's recommendation (a phase attnhal's plan captures runs eagerly, or the reverse);
 :data:`INTERRUPTED` (130); :data:`BROKEN_PIPE` (141) when the reader of the output went away.
 """
 
@@ -19,13 +21,17 @@ from attnhal.cli.args import BadArgument, ParamType
 from attnhal.cli.output import one_line
 from attnhal.errors import AttnhalError
 
-__all__ = ["BAD_INPUT", "BAD_USAGE", "BROKEN_PIPE", "INTERNAL_ERROR", "INTERRUPTED", "UsageError",
+__all__ = ["BAD_INPUT", "BAD_USAGE", "BROKEN_PIPE", "INTERNAL_ERROR", "INTERRUPTED", "OUTCOME_DIFFERS", "UsageError",
            "installed_version", "root_parser", "run"]
 
 #: Bad input: an expected failure, told in one line.
 BAD_USAGE = 2
 #: Internal errors exit with this status; expected failures never do.
 INTERNAL_ERROR = 3
+#: ``plan --engine``: the plan is valid and the engine starts, but the engine's outcome (what it
+#: will do per phase) is not attnhal's plan; distinct from 1 so that a CI check can tell "runs,
+#: differently from what attnhal recommends" from "cannot run".
+OUTCOME_DIFFERS = 4
 #: 128 + SIGPIPE, the status a Unix tool gets when its reader goes away.
 BROKEN_PIPE = 141
 INTERRUPTED = 130

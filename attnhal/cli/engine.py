@@ -16,20 +16,21 @@ from typing import Any
 
 from attnhal.capabilities import AttentionRequest, BackendCapabilities, Facts, not_supported_reasons
 from attnhal.catalog import CatalogError, citations, entries, load
-from attnhal.cli.app import UsageError
+from attnhal.cli.app import OUTCOME_DIFFERS, UsageError
 from attnhal.cli.args import choice
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import format_plan, print_json, table
 from attnhal.engines import registry
 from attnhal.engines.base import EngineAdapter, EngineConfig, in_engine_words
 from attnhal.engines.flags import EngineArgError, check
+from attnhal.engines.report import GraphRow, outcome_differs
 from attnhal.errors import InvalidValue
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 
 __all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "check_values", "engine_errors",
-           "engine_json", "engine_message", "own_flags", "register_catalog", "requested_engine", "run_catalog",
-           "run_explain", "run_plan", "split_own_flags"]
+           "engine_json", "engine_message", "engine_status", "own_flags", "register_catalog", "requested_engine",
+           "run_catalog", "run_explain", "run_plan", "split_own_flags"]
 
 #: The commands that take ``--engine E`` and the engine's own flags on either side of ``--``.
 ENGINE_COMMANDS = ("plan", "explain")
@@ -206,26 +207,44 @@ def run_explain(args: argparse.Namespace) -> int:
     return _run(args, _explain)
 
 
+def engine_status(config: EngineConfig, result: GraphPlan, rows: Sequence[GraphRow]) -> int:
+    """``plan --engine``'s exit status: 1 when the plan is invalid or the engine refuses the flags;
+    else :data:`~attnhal.cli.app.OUTCOME_DIFFERS` (4) when the engine's outcome ``rows`` differ from
+    attnhal's plan on a phase (:func:`~attnhal.engines.report.outcome_differs`); else 0."""
+    if not result.valid or config.refusal() is not None:
+        return 1
+    return OUTCOME_DIFFERS if outcome_differs(rows, result) else 0
+
+
 def _plan(args: argparse.Namespace, config: EngineConfig, platform: Platform) -> int:
-    """The plan, with what the adapter says before and after it; exit 1 when invalid or refused."""
+    """The plan, with what the adapter says before and after it; the status: :func:`engine_status`."""
     result = config.plan(platform)
-    ok = result.valid and config.refusal() is None
+    rows = config.outcome(platform, result)
+    status = engine_status(config, result, rows)
     if args.json:
-        print_json(engine_json(config, platform, result))
-        return 0 if ok else 1
+        print_json(engine_json(config, platform, result, rows))
+        return status
     print("\n".join(config.summary(platform)))
     print(format_plan(result, context_notes=config.context_notes(platform)))
     for line in config.remarks(platform, result):
         print(line)
-    return 0 if ok else 1
+    differs = outcome_differs(rows, result)
+    if differs:
+        said = ", ".join(f"{row.phase} {row.graph}" + (f" ({row.by})" if row.by else "") for row in differs)
+        print(f"outcome: what the engine will do differs from attnhal's plan: {said}; the report's last column says what "
+              "changes it")
+    return status
 
 
-def engine_json(config: EngineConfig, platform: Platform, result: GraphPlan) -> dict[str, object]:
+def engine_json(config: EngineConfig, platform: Platform, result: GraphPlan,
+                rows: Sequence[GraphRow] | None = None) -> dict[str, object]:
     """``--engine --json``: the adapter's report, ``engine_outcome`` (what the engine will do per
-    phase: the rows the text report prints, :meth:`~attnhal.engines.base.EngineConfig.outcome`)
-    and ``plan`` (attnhal's own plan for the same flags)."""
-    return {"engine": config.engine, **config.report(platform),
-            "engine_outcome": [row.to_dict() for row in config.outcome(platform, result)], "plan": result.to_dict()}
+    phase: the rows the text report prints, :meth:`~attnhal.engines.base.EngineConfig.outcome`;
+    given as ``rows`` or computed), ``outcome_differs`` (the phases where it is not attnhal's
+    plan: exit 4) and ``plan`` (attnhal's own plan for the same flags)."""
+    rows = config.outcome(platform, result) if rows is None else rows
+    return {"engine": config.engine, **config.report(platform), "engine_outcome": [row.to_dict() for row in rows],
+            "outcome_differs": [row.phase for row in outcome_differs(rows, result)], "plan": result.to_dict()}
 
 
 def _fits(described: list[tuple[BackendCapabilities, list[str]]], platform: Platform, result: GraphPlan,

@@ -19,11 +19,17 @@ from attnhal.cli.inputs import (
 from attnhal.cli.output import format_plan, print_json
 from attnhal.planner import plan
 
-__all__ = ["register", "run"]
+__all__ = ["EPILOG", "register", "run"]
+
+#: ``attnhal plan --help``'s last lines: the exit status, with and without ``--engine``.
+EPILOG = ("exit status: 0 the plan is valid (with --engine: and the engine's outcome is attnhal's plan); 1 the plan "
+          "is invalid (with --engine: or the engine refuses the flags); 2 bad input; 4 with --engine: the plan is "
+          "valid and the engine starts, but what it will do differs from attnhal's plan on a phase (the report "
+          "says which and what changes it; --json: outcome_differs)")
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("plan", help="which attention phases run and are captured as graphs")
+    p = sub.add_parser("plan", help="which attention phases run and are captured as graphs", epilog=EPILOG)
     add_spec_flags(p)
     p.add_argument("--backend", help="registered name or descriptor file (.json/.toml) for every role "
                                      "(default: the registry's choice for the platform)")
@@ -37,7 +43,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit 0 for a valid plan, 1 for an invalid one."""
+    """Exit 0 for a valid plan, 1 for an invalid one; with ``--engine``: :func:`attnhal.cli.engine.engine_status`."""
     if args.engine or args.engine_args:
         return engine.run_plan(args)
     spec, policy, context = spec_from(args), policy_from(args), context_from(args)

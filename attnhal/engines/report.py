@@ -16,9 +16,15 @@ from attnhal.errors import AttnhalError
 if TYPE_CHECKING:
     from attnhal.planner import GraphPlan
 
-__all__ = ["GraphRow", "StrictRefusal", "format_report", "plan_verdict_rows", "sizes_text"]
+__all__ = ["CAPTURED_GRAPHS", "GraphRow", "StrictRefusal", "format_report", "outcome_differs", "plan_verdict_rows",
+           "sizes_text"]
 
 _COLUMNS = ("phase", "capture sizes", "graph", "backend", "why", "to change it")
+
+
+#: The ``graph`` values of a row whose attention runs inside a captured graph: SGLang's word, vLLM's
+#: modes with full graphs (piecewise graphs leave attention outside the graph).
+CAPTURED_GRAPHS = frozenset({"captured", "full", "full_decode_only", "full_and_piecewise"})
 
 
 class StrictRefusal(AttnhalError, RuntimeError):
@@ -50,17 +56,38 @@ class GraphRow:
     by: str = ""
     capture_sizes: tuple[int, ...] = ()
 
+    @property
+    def captured(self) -> bool:
+        """Whether the phase's attention runs inside a captured graph (:data:`CAPTURED_GRAPHS`)."""
+        return self.graph in CAPTURED_GRAPHS
+
     def cells(self) -> tuple[str, ...]:
         graph = f"{self.graph} ({self.by})" if self.by else self.graph
         return (self.phase, self.sizes, graph, self.backend, self.why, self.change)
 
     def to_dict(self) -> dict[str, object]:
-        """The row as JSON: the same fields the table shows, ``-`` as ``null``."""
+        """The row as JSON: the same fields the table shows, ``-`` as ``null``, and ``captured``."""
         def value(text: str) -> str | None:
             return None if text == "-" else text
-        return {"phase": self.phase, "graph": self.graph, "decided_by": self.by or None,
+        return {"phase": self.phase, "graph": self.graph, "captured": self.captured, "decided_by": self.by or None,
                 "capture_sizes": list(self.capture_sizes), "sizes": value(self.sizes),
                 "backend": value(self.backend), "why": value(self.why), "to_change": value(self.change)}
+
+
+def outcome_differs(rows: Iterable[GraphRow], plan: GraphPlan) -> list[GraphRow]:
+    """The rows where what the engine will do is not attnhal's recommendation (``plan``): a phase
+    of the plan that runs, captured by one and not the other. Rows that are the plan's own verdict
+    (``by`` attnhal's plan), rows of no plan phase (vLLM's ``prefill+decode``, ``all``) and phases
+    the plan cannot run (the plan is invalid: a negative answer of its own) are not differences."""
+    phases = {phase.value: decision for phase, decision in plan.phases.items()}
+    out = []
+    for row in rows:
+        decision = phases.get(row.phase)
+        if row.by == "attnhal's plan" or decision is None or not decision.runs or decision.blocking:
+            continue
+        if row.captured != decision.capture:
+            out.append(row)
+    return out
 
 
 def plan_verdict_rows(plan: GraphPlan) -> list[GraphRow]:

@@ -3,7 +3,8 @@
 Doctest-style: in a ```console block, ``$ attnhal ...`` is run in-process and its output
 (stdout then stderr) compared with the lines below it. ``...`` alone on a line stands for
 any number of lines; ``...`` inside a line for any text. An example with no lines below
-it must run as a valid command (exit 0 or 1, never 2 or 3); one that shows an error must
+it must run as a valid command (exit 0, 1 or 4 — `plan --engine`'s "the engine runs otherwise",
+never 2 or 3); one that shows an error must
 exit 2. A command
 continued with a trailing backslash is joined. Commands other than ``attnhal`` (``pytest``,
 ``pip``) are not run here.
@@ -64,7 +65,7 @@ def test_console_example(path, command, expected, capsys, monkeypatch):
     shows_error = any(": error: " in line for line in expected)
     # Progress on stderr (a first native build) is not part of the example unless it shows an error.
     text = "".join(line.rstrip() + "\n" for line in (out.out + (out.err if shows_error else "")).splitlines())
-    assert code in ((2,) if shows_error else (0, 1)), f"{path.name}: `{command}` exited {code}:\n{out.err}"
+    assert code in ((2,) if shows_error else (0, 1, 4)), f"{path.name}: `{command}` exited {code}:\n{out.err}"
     if expected:
         assert pattern(expected).fullmatch(text), \
             f"{path.name}: `{command}` printed\n{text}\nexpected\n" + "\n".join(expected)

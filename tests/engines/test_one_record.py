@@ -9,6 +9,8 @@ from __future__ import annotations
 import collections
 import json
 import re
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sglang_grid
@@ -17,7 +19,10 @@ import vllm_recording
 
 import attnhal_sglang as sglang
 from attnhal.cli import main
+from attnhal.cli.app import OUTCOME_DIFFERS
+from attnhal.cli.engine import engine_status
 from attnhal.engines.report import GraphRow, format_report
+from attnhal.phases import Phase
 
 #: The seed: aiter, EAGLE one step, on gfx942 (docs/catalog.md D1).
 SEED = ["--attention-backend", "aiter", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
@@ -35,6 +40,22 @@ def _table(text: str) -> list[tuple[str, ...]]:
         cells = [line[a:b].strip() for a, b in zip(starts, starts[1:])] + [line[starts[-1]:].strip()]
         out.append(tuple(cells))
     return out
+
+
+def _vllm_configs(release: str) -> Iterator[tuple[vllm_recording.Case, Any]]:
+    """Each recorded vLLM cell of ``release`` and attnhal's adapter's config for it."""
+    import attnhal_vllm as vllm
+
+    for case in vllm_recording.load(release):
+        args: dict[str, object] = {"attention_backend": case.backend}
+        if case.spec is not None:
+            args["speculative_config"] = json.dumps({"method": case.spec,
+                                                     "num_speculative_tokens": vllm_recording.SPEC_TOKENS})
+        if case.mode is not None:
+            args["compilation_config"] = json.dumps({"cudagraph_mode": case.mode})
+        env = {vllm_recording.RUNNER_VAR: case.runner_env} if case.runner_env is not None else {}
+        yield case, vllm.from_engine_args(args, case.platform, trtllm_cubins=False, model=case.model,
+                                          version=release, env=env)
 
 
 def _same(rows: list[GraphRow]) -> None:
@@ -87,7 +108,6 @@ def test_the_sglang_plugins_log_says_what_the_report_said_on_every_recorded_cell
     verdicts of the draft phases it audits: here the recorded ones) and the report before launch
     (:func:`~attnhal_sglang.report.plan_rows`) give each phase the same graph, and for a phase
     SGLang's rule leaves eager the same catalogue entry and switch."""
-    from attnhal.phases import Phase
     from attnhal_sglang.audit import Verdict, audit, engine_differs
     from attnhal_sglang.report import plan_rows, server_rows
 
@@ -120,32 +140,74 @@ def test_the_sglang_plugins_log_says_what_the_report_said_on_every_recorded_cell
 
 @pytest.mark.parametrize("release", ["0.33.0", "0.34.0"])
 def test_vllm_json_and_text_agree_on_every_recorded_cell(release: str) -> None:
-    import attnhal_vllm as vllm
-
     cells = 0
-    for case in vllm_recording.load(release):
-        args: dict[str, object] = {"attention_backend": case.backend}
-        if case.spec is not None:
-            args["speculative_config"] = json.dumps({"method": case.spec,
-                                                     "num_speculative_tokens": vllm_recording.SPEC_TOKENS})
-        if case.mode is not None:
-            args["compilation_config"] = json.dumps({"cudagraph_mode": case.mode})
-        config = vllm.from_engine_args(args, case.platform, trtllm_cubins=False, model=case.model, version=release)
+    for case, config in _vllm_configs(release):
         result = config.plan(case.platform)
         _same(config.outcome(result.platform, result))
         cells += 1
     assert cells >= 280
 
 
+def test_the_exit_status_says_whether_sglangs_executed_outcome_is_attnhals_plan() -> None:
+    """On every recorded cell SGLang starts with and attnhal plans valid, ``plan --engine``'s status
+    is 4 exactly where SGLang's executed code captures other draft phases than attnhal's plan
+    (and 0 where the same): the exit status answers the question from the engine's own code."""
+    _, recorded = sglang_recording.load()
+    statuses: collections.Counter[int] = collections.Counter()
+    for case, engine in recorded.items():
+        try:
+            config = sglang.from_server_args(case.args(), model=case.model, platform=case.platform)
+        except ValueError:
+            continue
+        result = config.plan(case.platform)
+        status = engine_status(config, result, config.outcome(result.platform, result))
+        statuses[status] += 1
+        if not result.valid:
+            assert status == 1, case
+            continue
+        if not engine.accepted:
+            continue
+        planned = frozenset(p for p in sglang_grid.SPEC_PHASES if result.phases[Phase(p)].capture)
+        assert status == (OUTCOME_DIFFERS if planned != engine.captured else 0), (case, status, engine.captured)
+    assert statuses[0] > 500 and statuses[OUTCOME_DIFFERS] > 50 and statuses[1] > 500, statuses
+
+
+@pytest.mark.parametrize("release", ["0.33.0", "0.34.0"])
+def test_vllms_exit_status_on_every_recorded_cell(release: str) -> None:
+    """vLLM: attnhal's plan follows vLLM's resolved mode and drafter (it has no enforce), so a valid
+    plan vLLM starts with exits 0 on every recorded cell, and 1 where the plan cannot run or vLLM
+    refuses the mode."""
+    statuses: collections.Counter[int] = collections.Counter()
+    for case, config in _vllm_configs(release):
+        result = config.plan(case.platform)
+        status = engine_status(config, result, config.outcome(result.platform, result))
+        assert status == (0 if result.valid and config.refusal() is None else 1), (case, status)
+        statuses[status] += 1
+    assert statuses[0] > 100 and statuses[1] > 50, statuses
+
+
+def test_the_seed_exits_4_and_a_cell_sglang_captures_exits_0(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", "--engine", "sglang", "--json", "--", *SEED]) == OUTCOME_DIFFERS
+    assert json.loads(capsys.readouterr().out)["outcome_differs"] == ["draft_extend"]
+    two_steps = [*SEED]
+    two_steps[two_steps.index("--speculative-num-steps") + 1] = "2"
+    two_steps[two_steps.index("--speculative-num-draft-tokens") + 1] = "3"
+    assert main(["plan", "--engine", "sglang", "--json", "--", *two_steps]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["outcome_differs"] == [] and all(
+        row["captured"] == data["plan"]["phases"][row["phase"]]["capture"] for row in data["engine_outcome"])
+
+
 def test_the_seeds_json_says_draft_extend_eager_by_sglang_and_enforce_captures_it(capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["plan", "--engine", "sglang", "--json", "--", *SEED]) == 0
+    assert main(["plan", "--engine", "sglang", "--json", "--", *SEED]) == OUTCOME_DIFFERS
     data = json.loads(capsys.readouterr().out)
     extend = next(row for row in data["engine_outcome"] if row["phase"] == "draft_extend")
     assert (extend["graph"], extend["decided_by"], extend["to_change"]) == ("eager", "SGLang",
                                                                            "ATTNHAL_SGLANG_GRAPHS=enforce")
     assert "docs/catalog.md D1" in extend["why"]
     assert data["plan"]["phases"]["draft_extend"]["capture"] is True  # attnhal's own plan, named apart
-    assert main(["plan", "--engine", "sglang", "--", *SEED]) == 0
+    assert main(["plan", "--engine", "sglang", "--", *SEED]) == OUTCOME_DIFFERS
     text = capsys.readouterr().out
+    assert "outcome: what the engine will do differs from attnhal's plan: draft_extend eager (SGLang)" in text
     line = next(l for l in text.splitlines() if l.startswith("draft_extend") and "(SGLang)" in l)
     assert "eager (SGLang)" in line and line.endswith("ATTNHAL_SGLANG_GRAPHS=enforce")
