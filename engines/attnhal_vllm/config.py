@@ -80,7 +80,8 @@ class VllmConfig(EngineConfig):
                 *([f"drafter: draft decode {self.drafter.mode} ({self.drafter.why})"] if self.drafter else [])]
 
     def outcome(self, platform: Platform, result: GraphPlan) -> list[GraphRow]:
-        """vLLM's graphs per routine from its mode resolution (the rows the plugin logs at start);
+        """vLLM's graphs per routine from its mode resolution, and the drafter's (draft decode where it
+        runs, draft extend) by its runner's rule: the rows the plugin logs at start;
         for a plan that cannot run (the backend refuses the platform), one row saying so and none
         claiming graphs."""
         blocked = [(phase, decision) for phase, decision in result.phases.items() if decision.blocking]
@@ -91,7 +92,7 @@ class VllmConfig(EngineConfig):
                              "--attention-backend (one that runs on this platform)", by="attnhal's plan")]
         level, r = self._level(platform), self.resolution
         return report_rows(self.backend.removeprefix("vllm:"), level.support, r.mode, self.query_len,
-                           "vLLM's default", r.error, self.drafter, r.requested)
+                           "vLLM's default", r.error, self.drafter, r.requested, result[Phase.DRAFT_DECODE].runs)
 
     def remarks(self, platform: Platform, result: GraphPlan) -> list[str]:
         """The notes, the start-up graph report the plugin would log, the ignored flags."""
@@ -178,7 +179,7 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     full = resolution.mode is not None and "FULL" in (resolution.mode.decode, resolution.mode.mixed)
     runs = phases_run(spec) | {Phase.PREFILL, Phase.DECODE}
     drafter = (drafter_mode(release, resolution.mode, runner.name, spec.algorithm.value)
-               if Phase.DRAFT_DECODE in runs else None)
+               if Phase.DRAFT_EXTEND in runs else None)  # a draft model: its prefill runs with one token too
     notes, off = _drafter_notes(drafter, full)
     return VllmConfig(spec=spec, backends=PhaseBackends.same(load(backend).descriptor, spec),
                       policy=GraphPolicy(enabled=full, disabled_phases=off, disabled_by=_why_no_full(resolution)),

@@ -231,15 +231,20 @@ def _report(runner: Any, before: tuple[Any, Any] | None, error: str | None) -> N
 
 
 def _report_drafter(runner: Any, resolved: Any) -> None:
-    """vLLM 0.33's V1 runner: the drafter's mode, read from its dispatcher once the runner initialised it."""
+    """vLLM 0.33's V1 runner: the drafter's mode, read from its dispatcher once the runner initialised it,
+    and its graph-report table."""
     from attnhal_vllm.drafter import drafter_line, observed
+    from attnhal_vllm.startup import at_drafter
 
     drafter = getattr(runner, "drafter", None)
     dispatcher = getattr(drafter, "cudagraph_dispatcher", None)
     if resolved is None or dispatcher is None or not getattr(runner, "speculative_config", None):
         return  # no mode, or a drafter without graphs of its own (n-gram)
     seen = getattr(getattr(dispatcher, "cudagraph_mode", None), "name", None)
-    log.info("attnhal: %s", drafter_line(type(drafter).__name__, observed("0.33.0", resolved, seen, "V1")))
+    mode = observed("0.33.0", resolved, seen, "V1")
+    log.info("attnhal: %s", drafter_line(type(drafter).__name__, mode))
+    tokens = getattr(runner.speculative_config, "num_speculative_tokens", None) or 2
+    at_drafter(mode, resolved, tokens > 1)
 
 
 def _maker(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

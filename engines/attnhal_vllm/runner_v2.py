@@ -135,7 +135,8 @@ def _report(config: Any, requested: Any, min_cg_support: Any, min_cg_attn_backen
 
 def drafter_audited(original: Callable[..., Any]) -> Callable[..., Any]:
     """Around the V2 drafter's ``init_cudagraph_manager(cudagraph_mode)`` (0.34: ``AutoRegressiveSpeculator``'s,
-    0.33: ``TargetDependentARSpeculator``'s): log the drafter's modes."""
+    0.33: ``TargetDependentARSpeculator``'s): log the drafter's modes, then its graph-report table
+    (:func:`~attnhal_vllm.startup.at_drafter`; draft decodes where it takes more than one step)."""
     @functools.wraps(original)
     def wrapper(self: Any, cudagraph_mode: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, cudagraph_mode, *args, **kwargs)
@@ -143,9 +144,13 @@ def drafter_audited(original: Callable[..., Any]) -> Callable[..., Any]:
             from attnhal_vllm.drafter import drafter_line, observed
             from attnhal_vllm.modes import GraphMode
 
-            seen = observed(RELEASE[0], GraphMode(cudagraph_mode.name), _mode_of(self, "decode_cudagraph_manager"))
+            from attnhal_vllm.startup import at_drafter
+
+            target = GraphMode(cudagraph_mode.name)
+            seen = observed(RELEASE[0], target, _mode_of(self, "decode_cudagraph_manager"))
             log.info("attnhal: %s", drafter_line(type(self).__name__, seen,
                                                  _mode_of(self, "prefill_cudagraph_manager")))
+            at_drafter(seen, target, (getattr(self, "num_speculative_steps", None) or 2) > 1)
         except Exception:
             log.exception("attnhal: explaining the drafter's cudagraph mode failed; vLLM's decision stands")
         return result

@@ -2,9 +2,11 @@
 
 The plugin hands in the groups' levels vLLM's builders reported, the requested and resolved
 mode, and the capture sizes; this module builds :mod:`attnhal.engines.report`'s table (a row
-per phase the mode decides: decode, mixed prefill+decode batches, target verify with speculation)
-and, in strict mode, refuses where attnhal's reading of the same backends captures decode
-graphs vLLM does not (a level attnhal gives them, on this platform).
+per phase the mode decides: decode, mixed prefill+decode batches, target verify with speculation;
+when vLLM has set up the drafter, a second table: draft decode and draft extend). The rows are the
+ones ``attnhal plan --engine vllm`` reports and prints as ``engine_outcome`` (:func:`report_rows`,
+``VllmConfig.outcome``). In strict mode it refuses where attnhal's reading of the same backends
+captures decode graphs vLLM does not (a level attnhal gives them, on this platform).
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ from attnhal_vllm.drafter import DrafterMode
 from attnhal_vllm.modes import CGSupport, GraphMode, min_support, resolve_mode
 from attnhal.platform import Platform
 
-__all__ = ["MODE_VAR", "TITLE", "at_start", "attnhal_mode", "refuse_eager", "report", "report_rows"]
+__all__ = ["MODE_VAR", "TITLE", "at_drafter", "at_start", "attnhal_mode", "drafter_rows", "refuse_eager", "report",
+           "report_rows", "target_rows"]
 
 TITLE = "attnhal graph report"
 #: The plugin's mode variable (``attnhal_vllm.plugin.ENV_VAR``): ``strict`` refuses here.
 MODE_VAR = "ATTNHAL_VLLM"
 log = logging.getLogger("vllm.attnhal")
-_REPORTED: list[bool] = []  # the table is logged once per process
+_REPORTED: list[str] = []  # each table ("target", "drafter") is logged once per process
+#: The weakest backend, the capture sizes and the platform's name of the target's resolution.
+_STARTED: list[object] = []
 _MODE_FLAG = "--compilation-config '{\"cudagraph_mode\": ...}'"
 
 
@@ -55,14 +60,25 @@ def report(head: str, groups: Sequence[GroupLevel], resolved: GraphMode | None, 
 
 def report_rows(backend: str, level: CGSupport, resolved: GraphMode | None, query_len: int,
                 sizes: Sequence[int] | str, error: str | None = None, drafter: DrafterMode | None = None,
+                requested: GraphMode | None = None, draft_decodes: bool = True) -> list[GraphRow]:
+    """The report's rows for the weakest ``backend`` at ``level``: :func:`target_rows`, then, given the
+    ``drafter``'s mode, :func:`drafter_rows` (none where vLLM refuses the mode: it starts no drafter)."""
+    rows = target_rows(backend, level, resolved, query_len, sizes, error, requested)
+    if drafter is not None and resolved is not None:
+        rows.extend(drafter_rows(backend, drafter, resolved, sizes, draft_decodes))
+    return rows
+
+
+def target_rows(backend: str, level: CGSupport, resolved: GraphMode | None, query_len: int,
+                sizes: Sequence[int] | str, error: str | None = None,
                 requested: GraphMode | None = None) -> list[GraphRow]:
-    """The report's rows for the weakest ``backend`` at ``level``: decode, mixed batches, target
-    verify (``query_len > 1``) and, given the ``drafter``'s mode, draft decode; ``sizes``: the
-    capture sizes, or text where they are decided at start (``attnhal plan``); ``requested``: the
-    mode asked for (a graph it leaves out is said as asked, not as a downgrade)."""
+    """The target's rows (what the plugin logs when vLLM resolved the mode): decode, mixed batches,
+    target verify (``query_len > 1``); ``sizes``: the capture sizes, or text where they are decided
+    at start (``attnhal plan``); ``requested``: the mode asked for (a graph it leaves out is said as
+    asked, not as a downgrade)."""
     if resolved is None:
         return [GraphRow("all", "-", "refused", backend, f"vLLM refuses the mode: {error}", _MODE_FLAG)]
-    shown = sizes if isinstance(sizes, str) else sizes_text(sizes)
+    shown = _shown(sizes)
     why = f"weakest level {level.name}"
 
     def not_full(graph: str, asked: str | None, downgrade: str) -> str:
@@ -88,11 +104,36 @@ def report_rows(backend: str, level: CGSupport, resolved: GraphMode | None, quer
         rows.append(GraphRow("target_verify", shown if full else "-", "full" if full else resolved.decode.lower(),
                              backend, "-" if full else f"{why}: spec decode needs UNIFORM_BATCH",
                              "-" if full else "--attention-backend (one graded UNIFORM_BATCH or ALWAYS)"))
-    if drafter is not None:
-        captured = drafter.captures_attention
-        rows.append(GraphRow("draft_decode", shown if drafter.mode != "NONE" else "-", drafter.mode.lower(), backend,
-                             "-" if captured else drafter.why, "-" if captured else drafter.change or _MODE_FLAG))
     return rows
+
+
+def drafter_rows(backend: str, drafter: DrafterMode, resolved: GraphMode, sizes: Sequence[int] | str,
+                 draft_decodes: bool = True) -> list[GraphRow]:
+    """The drafter's rows (what the plugin logs when vLLM set up the drafter), from the runner's
+    rule (:mod:`~attnhal_vllm.drafter`) for the target's ``resolved`` mode: draft decode (where
+    ``draft_decodes``: more than one speculative token) in the drafter's mode, and draft extend
+    (the draft prefill, uniform batches): ``full`` exactly when the drafter captures its attention;
+    else on the V2 runner the decode routine of the target's mode, which its prefill manager takes
+    (``piecewise``, ``none``), on the V1 runner the proposer's one mode."""
+    captured = drafter.captures_attention
+    why, change = ("-", "-") if captured else (drafter.why, drafter.change or _MODE_FLAG)
+    rows = [GraphRow("draft_decode", _shown(sizes) if drafter.mode != "NONE" else "-", drafter.mode.lower(), backend,
+                     why, change)] if draft_decodes else []
+    if captured:
+        extend, extend_why = "full", "-"
+    elif drafter.runner == "V2" and resolved.decode != "FULL":
+        extend = resolved.decode.lower()
+        extend_why = (f"the draft prefill takes the target's mode {resolved.value}, which has no FULL graphs "
+                      "for uniform batches")
+    else:
+        extend, extend_why = drafter.mode.lower(), drafter.why
+    rows.append(GraphRow("draft_extend", _shown(sizes) if extend != "none" else "-", extend, backend, extend_why,
+                         change))
+    return rows
+
+
+def _shown(sizes: Sequence[int] | str) -> str:
+    return sizes if isinstance(sizes, str) else sizes_text(sizes)
 
 
 def refuse_eager(groups: Sequence[GroupLevel], requested: GraphMode, resolved: GraphMode | None, query_len: int,
@@ -110,14 +151,25 @@ def refuse_eager(groups: Sequence[GroupLevel], requested: GraphMode, resolved: G
 
 def at_start(groups: Sequence[GroupLevel], requested: GraphMode, resolved: GraphMode | None, query_len: int,
              split: bool, sizes: Sequence[int], error: str | None, platform: Platform) -> None:
-    """The plugin's step after vLLM resolved the mode: the table (once per process, rank 0) and,
-    with ``ATTNHAL_VLLM=strict``, the refusal."""
-    if not _REPORTED and _rank0():
-        _REPORTED.append(True)
+    """The plugin's step after vLLM resolved the mode: the target's table (once per process, rank 0)
+    and, with ``ATTNHAL_VLLM=strict``, the refusal."""
+    _STARTED[:] = [_weakest(groups)[1], tuple(sizes), platform.name]
+    if "target" not in _REPORTED and _rank0():
+        _REPORTED.append("target")
         log.info("attnhal: %s", report(f"vLLM on {platform.name}", groups, resolved, query_len, sizes, error,
                                        requested))
     if os.environ.get(MODE_VAR, "").strip().lower() == "strict":
         refuse_eager(groups, requested, resolved, query_len, split, platform)
+
+
+def at_drafter(drafter: DrafterMode, resolved: GraphMode, draft_decodes: bool) -> None:
+    """The plugin's step after vLLM set up the drafter: the drafter's table (:func:`drafter_rows`,
+    once per process, rank 0), with the backend and capture sizes of the target's resolution."""
+    backend, sizes, where = _STARTED or ["-", (), "this platform"]
+    if "drafter" not in _REPORTED and _rank0():
+        _REPORTED.append("drafter")
+        rows = drafter_rows(str(backend), drafter, resolved, tuple(sizes), draft_decodes)
+        log.info("attnhal: %s", format_report(f"{TITLE}: vLLM on {where}, the drafter", rows))
 
 
 def _rank0() -> bool:

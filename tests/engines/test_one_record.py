@@ -1,13 +1,18 @@
 """One record, three views: for every recorded grid cell, ``--engine --json``'s ``engine_outcome``,
 the text report and attnhal's plan are rendered from the same rows
-(:meth:`~attnhal.engines.base.EngineConfig.outcome`), and on SGLang's grid the engine outcome
+(:meth:`~attnhal.engines.base.EngineConfig.outcome`); on SGLang's grid the engine outcome
 (attnhal's plan with the catalogued SGLang decisions, docs/catalog.md D-entries) is what SGLang's
-executed code did: on every cell SGLang starts with and attnhal plans valid, the same phases captured."""
+executed code did: on every cell SGLang starts with and attnhal plans valid, the same phases captured;
+the plugins' start-up tables (SGLang's and vLLM's, fed what the engine decided on each recorded cell)
+say what the report says; and ``plan --engine``'s exit status (0 / 1 / 4) says whether the engine's
+outcome is attnhal's plan."""
 
 from __future__ import annotations
 
 import collections
+import functools
 import json
+import logging
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -56,6 +61,11 @@ def _vllm_configs(release: str) -> Iterator[tuple[vllm_recording.Case, Any]]:
         env = {vllm_recording.RUNNER_VAR: case.runner_env} if case.runner_env is not None else {}
         yield case, vllm.from_engine_args(args, case.platform, trtllm_cubins=False, model=case.model,
                                           version=release, env=env)
+
+
+@functools.cache
+def _recorded(release: str) -> dict[vllm_recording.Case, vllm_recording.Outcome]:
+    return vllm_recording.load(release)
 
 
 def _same(rows: list[GraphRow]) -> None:
@@ -196,6 +206,64 @@ def test_the_seed_exits_4_and_a_cell_sglang_captures_exits_0(capsys) -> None:  #
     data = json.loads(capsys.readouterr().out)
     assert data["outcome_differs"] == [] and all(
         row["captured"] == data["plan"]["phases"][row["phase"]]["capture"] for row in data["engine_outcome"])
+
+
+def _plugin_tables(release: str, case: vllm_recording.Case, engine: vllm_recording.Outcome, query_len: int,
+                   requested: Any, caplog: pytest.LogCaptureFixture,
+                   monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """The vLLM plugin's start-up tables for a server whose vLLM decided ``engine`` (the recording):
+    the plugin's own steps (:func:`~attnhal_vllm.startup.at_start` when vLLM resolved the mode,
+    :func:`~attnhal_vllm.startup.at_drafter` when it set up the drafter), as logged, read back."""
+    from attnhal_vllm import startup
+    from attnhal_vllm.audit import GroupLevel
+    from attnhal_vllm.drafter import observed
+    from attnhal_vllm.modes import CGSupport, GraphMode
+
+    from attnhal.platform import parse
+
+    monkeypatch.setattr(startup, "_REPORTED", [])  # a fresh server; the process's own state is restored after
+    monkeypatch.setattr(startup, "_STARTED", [])
+    monkeypatch.delenv(startup.MODE_VAR, raising=False)
+    caplog.clear()
+    groups = [GroupLevel(0, case.backend, CGSupport[engine.support or "NEVER"], "FullAttentionSpec")]
+    resolved = GraphMode(engine.mode) if engine.mode else None
+    with caplog.at_level(logging.INFO, logger="vllm.attnhal"):
+        startup.at_start(groups, requested, resolved, query_len, True, (1, 2, 4, 8), engine.error,
+                         parse(case.platform))
+        if engine.drafter is not None and resolved is not None:
+            drafter = observed(release, resolved, engine.drafter, engine.runner or "V2")
+            startup.at_drafter(drafter, resolved, vllm_recording.SPEC_TOKENS > 1)
+    tables = [r.getMessage().removeprefix("attnhal: ") for r in caplog.records if "graph report" in r.getMessage()]
+    return [row for table in tables for row in _table(table)]
+
+
+@pytest.mark.parametrize("release", ["0.33.0", "0.34.0"])
+def test_the_vllm_plugins_lines_are_the_report_on_every_recorded_cell(release: str, caplog: pytest.LogCaptureFixture,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin's start-up tables, fed what vLLM decided on each recorded cell, say per phase what
+    ``attnhal plan --engine vllm``'s report and JSON say (the capture sizes aside: known at start only);
+    the draft_extend row is captured exactly where vLLM's drafter captured its prefill (recorded)."""
+    compared = extends = 0
+    for case, config in _vllm_configs(release):
+        engine = _recorded(release)[case]
+        if engine.refused:  # vLLM refuses the backend for the arch: no server, no plugin line
+            continue
+        result = config.plan(case.platform)
+        rows = config.outcome(result.platform, result)
+        logged = _plugin_tables(release, case, engine, config.query_len, config.resolution.requested, caplog,
+                                monkeypatch)
+        assert [cells[0] for cells in logged] == [row.phase for row in rows], (case, logged, rows)
+        for cells, row in zip(logged, rows, strict=True):
+            data = row.to_dict()
+            assert (cells[2], cells[3], cells[5]) == (data["graph"], data["backend"], data["to_change"] or "-"), case
+            assert (cells[1] == "-") == (data["sizes"] is None), (case, cells, data)
+            if row.graph != "refused":  # vLLM's refusal is vLLM's own message in the plugin's line
+                assert cells[4] == (data["why"] or "-"), (case, cells, data)
+            if row.phase == "draft_extend":
+                assert row.captured == (engine.draft_extend == "captured") == result[Phase.DRAFT_EXTEND].capture
+                extends += 1
+        compared += 1
+    assert compared >= 200 and extends >= 40, (compared, extends)
 
 
 def test_the_seeds_json_says_draft_extend_eager_by_sglang_and_enforce_captures_it(capsys) -> None:  # type: ignore[no-untyped-def]

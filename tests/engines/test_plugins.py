@@ -361,7 +361,7 @@ def test_vllm_strict_refuses_where_attnhals_reading_captures_decode_and_vllms_do
 
     groups = [GroupLevel(0, "FLASHINFER", CGSupport.UNIFORM_SINGLE_TOKEN_DECODE, "FullAttentionSpec")]
     monkeypatch.setenv(startup.MODE_VAR, "strict")
-    monkeypatch.setattr(startup, "_REPORTED", [True])
+    monkeypatch.setattr(startup, "_REPORTED", ["target", "drafter"])
     with pytest.raises(StrictRefusal, match=r"attnhal plans decode \(and target verify\) captured with full "
                                             r"graphs \(FULL_AND_PIECEWISE\), vLLM resolves PIECEWISE \(FLASHINFER"):
         startup.at_start(groups, GraphMode.FULL_AND_PIECEWISE, GraphMode.PIECEWISE, 4, True, (1, 2), None,

@@ -270,9 +270,10 @@ def test_cli_plan_prints_the_start_up_report_of_the_release(capsys: pytest.Captu
     table = out[out.index("attnhal graph report (before launch): vLLM 0.33.0 on cuda:sm90"):].splitlines()
     rows = {line.split()[0]: line for line in table[2:]}
     # with speculation the uniform batch is target_verify: no decode row, as the plan runs no decode
-    assert set(rows) == {"prefill+decode", "target_verify", "draft_decode"}
+    assert set(rows) == {"prefill+decode", "target_verify", "draft_decode", "draft_extend"}
     assert "full" in rows["target_verify"] and "piecewise" in rows["draft_decode"] and "V2 model runner" in rows[
         "draft_decode"]
+    assert "  piecewise  " in rows["draft_extend"] and "V2 model runner" in rows["draft_extend"]  # as the plan: eager
     assert main(["plan", "--engine", "vllm", "--json", *argv[3:]]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["release"] == {"version": "0.33.0", "chosen": "--vllm-version"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -289,6 +290,34 @@ def test_the_drafters_mode_is_logged_with_its_runners_reason(runner_env: str | N
     assert drafted[0].endswith("; draft prefill FULL_AND_PIECEWISE") is (runner_env is None), drafted[0]
     assert sum(line.startswith("attnhal: cudagraph_mode: ") for line in lines) == 1, lines  # one runner reports
     SUMMARY.append(f"vLLM plugin, TRITON_ATTN + eagle, SM90, {resolution.runner} runner: {drafted[0]}")
+
+
+def _rows(table: str) -> list[list[str]]:
+    """A logged table's rows, cells split at the column gaps (two spaces or more)."""
+    return [re.split(r"\s{2,}", line.strip()) for line in table.removeprefix("attnhal: ").splitlines()[2:]]
+
+
+@pytest.mark.parametrize("runner_env", RUNNER_ENVS)
+def test_the_executed_plugins_tables_are_attnhal_plans_report(runner_env: str | None) -> None:
+    """Inside vLLM's executed code the plugin logs two tables (the target's at the mode resolution,
+    the drafter's when vLLM set the drafter up); their rows are the rows ``attnhal plan --engine vllm``
+    prints and puts in ``engine_outcome`` for the same flags, the capture sizes aside (known at start)."""
+    import attnhal_vllm
+
+    with loaded():
+        _outcome("TRITON_ATTN", "mha", "eagle", None, "cuda:sm90", runner_env)
+    assert [r.splitlines()[0] for r in REPORTS] == [f"{REPORT}vLLM on cuda:sm90", f"{REPORT}vLLM on cuda:sm90, the drafter"]
+    logged = [row for report in REPORTS for row in _rows(report)]
+    config = attnhal_vllm.from_engine_args(
+        {"attention_backend": "TRITON_ATTN", "speculative_config": '{"method": "eagle", "num_speculative_tokens": 3}'},
+        "cuda:sm90", model="mha", version=harness.release(),
+        env={"VLLM_USE_V2_MODEL_RUNNER": runner_env} if runner_env is not None else {})
+    result = config.plan("cuda:sm90")
+    planned = [row.cells() for row in config.outcome(result.platform, result)]
+    assert [(r[0], *r[2:]) for r in logged] == [(r[0], *r[2:]) for r in planned], (logged, planned)
+    assert [r[0] for r in logged] == ["prefill+decode", "target_verify", "draft_decode", "draft_extend"]
+    SUMMARY.append(f"vLLM plugin, TRITON_ATTN + eagle, SM90, {runner_env or 'default'} runner: the tables' rows = "
+                   "attnhal plan's report: " + "; ".join(f"{r[0]} {r[2]}" for r in logged))
 
 
 def test_the_docs_show_the_lines_these_tests_check() -> None:
