@@ -21,7 +21,6 @@ import importlib
 import importlib.util
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
 from attnhal.capabilities import AttentionRequest, BackendCapabilities, not_supported_reasons
@@ -30,6 +29,8 @@ from attnhal.platform import Platform, Vendor
 from attnhal.reasons import Reason, ReasonCode
 
 if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
     from attnhal.backend import AttentionBackend
 
 __all__ = [
@@ -198,6 +199,14 @@ class BackendEntry:
         return self
 
 
+def _installed() -> Iterable[EntryPoint]:
+    """The installed ``attnhal.backends`` entry points (``importlib.metadata`` is imported here, when
+    the registry is first read, not with ``import attnhal``: a usage error does not wait for it)."""
+    from importlib.metadata import entry_points
+
+    return entry_points(group=GROUP)
+
+
 def _load(ep: EntryPoint) -> BackendEntry:
     source = f"{ep.value} (entry point {ep.name!r})"
     try:
@@ -232,7 +241,7 @@ class Registry:
     """Backend implementations by name (one per vendor at most), from entry points and :meth:`register`."""
 
     def __init__(self, discover: Callable[[], Iterable[EntryPoint]] | None = None) -> None:
-        self._discover = discover or (lambda: entry_points(group=GROUP))
+        self._discover = discover or _installed
         self._entries: list[BackendEntry] | None = None
         self._registered: list[BackendEntry] = []
 

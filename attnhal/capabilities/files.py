@@ -22,13 +22,8 @@ from attnhal.capabilities.conditions import IntSet, Variant, When
 from attnhal.capabilities.descriptor import BackendCapabilities
 from attnhal.capabilities.schema import SCHEMA_VERSION, DescriptorError, converted
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 __all__ = ["MAX_FILE_BYTES", "SCHEMA_VERSION", "DescriptorError", "dump_descriptor", "load_descriptor",
-           "parse_descriptor"]
+           "parse_descriptor", "toml_parser"]
 
 #: The largest descriptor file read (the shipped examples are a few KiB).
 MAX_FILE_BYTES = 1 << 20
@@ -63,6 +58,16 @@ def _read(path: Path) -> str:
         raise DescriptorError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
 
 
+def toml_parser() -> Any:
+    """The TOML parser (``tomllib``; ``tomli`` on 3.10), imported when a file is read: a command
+    refused before any file is read (a usage error) does not pay for it."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    return tomllib
+
+
 def load_descriptor(path: str | Path) -> BackendCapabilities:
     """Read a ``.json`` or ``.toml`` descriptor file; every failure is a :class:`DescriptorError` naming it."""
     if not isinstance(path, (str, Path)):
@@ -71,6 +76,7 @@ def load_descriptor(path: str | Path) -> BackendCapabilities:
     if path.suffix not in (".json", ".toml"):
         raise DescriptorError(f"file={str(path)!r} (supported: .json or .toml)")
     text = _read(path)
+    tomllib = toml_parser()
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:

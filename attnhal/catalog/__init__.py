@@ -15,7 +15,6 @@ implementation here: they are descriptors to plan with, not backends to run.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -24,14 +23,9 @@ from types import MappingProxyType
 from typing import Any
 
 from attnhal.capabilities import BackendCapabilities
-from attnhal.capabilities.files import DescriptorError, parse_descriptor
+from attnhal.capabilities.files import DescriptorError, parse_descriptor, toml_parser
 from attnhal.engines import registry
 from attnhal.errors import AttnhalError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 __all__ = ["ENGINES", "CatalogEntry", "CatalogError", "Citation", "citations", "entries", "is_catalog_name", "load"]
 
@@ -105,6 +99,7 @@ def _files(engine: str) -> dict[str, Any]:
 
 def _parse(engine: str, name: str, text: str) -> CatalogEntry:
     where = f"{str(registry.get(engine).catalog).replace('.', '/')}/{name}.toml"
+    tomllib = toml_parser()
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -72,10 +72,16 @@ def build_parser(plugins: Sequence[Command] = (), unavailable: Sequence[CommandU
     return parser
 
 
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The command named on the command line: its first word that is not a flag (the root parser's
+    flags take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def _unavailable_command(argv: Sequence[str], unavailable: Sequence[CommandUnavailable]) -> str | None:
-    words = [a for a in argv if not a.startswith("-")]
+    word = _command_word(argv)
     for u in unavailable:
-        if words and words[0] == u.name:
+        if word == u.name:
             return f"attnhal {u.name}: error: command unavailable here: {u.reason}"
     return None
 
@@ -87,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     and ``registry`` (:func:`~attnhal.registry.default_registry`, the backends installed here).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    plugins, unavailable = load_commands(BUILTIN_NAMES)
+    # A built-in command needs no plugin command: their entry points are not loaded (nor anything they
+    # import), so a built-in's usage error answers before them; ``attnhal --help`` still lists them all.
+    plugins, unavailable = ((), ()) if _command_word(argv) in BUILTIN_NAMES else load_commands(BUILTIN_NAMES)
     missing = _unavailable_command(argv, unavailable)
     if missing:
         print(missing, file=sys.stderr)

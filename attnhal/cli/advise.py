@@ -9,23 +9,25 @@ engine's (as ``plan --engine`` does, :func:`attnhal.cli.engine.split_own_flags`)
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnhal.cli.app import UsageError
-from attnhal.cli.args import bounded, choice
+from attnhal.cli.args import Registered, bounded, choice
 from attnhal.cli.engine import check_values, engine_errors, own_flags, split_own_flags
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import print_json
 from attnhal.engines import registry
-from attnhal.engines.advice import PRIORITY, Advice, Option, adviser
+
+if TYPE_CHECKING:
+    from attnhal.engines.advice import Advice, Option
 
 __all__ = ["register", "run"]
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("advise", help="the engine's attention-backend flags that capture the most, before it starts")
-    p.add_argument("--engine", type=choice(registry.names()), required=True,
-                   help="the engine whose flags follow `--` (" + ", ".join(registry.names()) + ")")
+    p.add_argument("--engine", type=Registered(registry.names), required=True,
+                   help="the engine whose flags follow `--` ({names})")
     p.add_argument("--platform", help="the GPU to advise for, e.g. hip:gfx942 (default: this machine's)")
     p.add_argument("--model", type=choice(("mha", "gqa", "mla")),
                    help="the model's attention kind (the engine reads it from the checkpoint)")
@@ -40,6 +42,8 @@ def register(sub: Any) -> None:
 
 def advising() -> list[str]:
     """The registered engines whose adapter gives advice (loads every adapter)."""
+    from attnhal.engines.advice import adviser  # here: another command's usage error does not load it
+
     return [a.name for a in registry.adapters() if adviser(a) is not None]
 
 
@@ -47,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0 with advice (the best flags: the user's or others), 1 when no flag set the engine takes is left;
     2 for bad input and for an engine whose adapter gives no advice."""
     adapter = registry.get(args.engine)
+    from attnhal.engines.advice import adviser
+
     advises = adviser(adapter)
     if advises is None:
         raise UsageError(f"--engine={args.engine!r}: the {args.engine} adapter gives no advice (supported: "
@@ -67,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _phases(option: Option) -> str:
+    from attnhal.engines.advice import PRIORITY
+
     captured = ", ".join(p.value for p in PRIORITY if p in option.captured) or "none"
     eager = "; ".join(f"{p.value} ({why})" for p, why in option.eager.items())
     return f"captured: {captured}" + (f"\n     eager: {eager}" if eager else "")

@@ -17,7 +17,7 @@ import traceback
 import warnings
 from typing import Any
 
-from attnhal.cli.args import BadArgument, ParamType
+from attnhal.cli.args import BadArgument, ParamType, Registered
 from attnhal.cli.output import one_line
 from attnhal.errors import AttnhalError
 
@@ -52,6 +52,8 @@ class _Help(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
+        if isinstance(action.type, Registered):  # the names, read now that help is shown
+            text = text.replace("{names}", ", ".join(action.type.names()))
         default = action.default
         if ("%(default)" in text or "default:" in text or not action.option_strings or default is None
                 or default is False or default is argparse.SUPPRESS):
@@ -120,10 +122,20 @@ def root_parser(epilog: str) -> tuple[argparse.ArgumentParser, Any]:
                      "CUDA, HIP and CPU.", epilog=epilog,
                      formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog))
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    parser.add_argument("--version", action="version", version=f"attnhal {installed_version()}",
-                        help="show the installed attnhal version and exit")
+    parser.add_argument("--version", action=_Version, help="show the installed attnhal version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     return parser, sub
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed version, read from the metadata only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"attnhal {installed_version()}")  # on stdout, as argparse's own version action
+        parser.exit()
 
 
 def installed_version() -> str:

@@ -23,14 +23,14 @@ second ``bounded(...)`` of the same numbers.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
 from attnhal.bounds import Bound, FloatBound
 from attnhal.errors import AttnhalError, InvalidValue, shown
 
-__all__ = ["BadArgument", "Bounded", "Choice", "IntList", "ParamType", "Real", "bounded", "choice", "int_list",
+__all__ = ["BadArgument", "Bounded", "Choice", "IntList", "ParamType", "Real", "Registered", "bounded", "choice", "int_list",
            "seconds", "within"]
 
 class BadArgument(AttnhalError, argparse.ArgumentTypeError, ValueError):
@@ -113,6 +113,21 @@ class Choice(ParamType):
     def __call__(self, text: str) -> str:
         if text not in self.allowed:
             raise BadArgument(text, ", ".join(self.allowed))
+        return text
+
+
+@dataclass(frozen=True)
+class Registered(ParamType):
+    """One of the names ``names()`` gives (an entry-point group's), read only when the flag is given
+    or help is shown: a command line without the flag never waits for the scan. The message lists
+    them all; a help text's ``{names}`` becomes them (:class:`attnhal.cli.app` formats it)."""
+
+    names: Callable[[], Sequence[str]]
+
+    def __call__(self, text: str) -> str:
+        allowed = tuple(self.names())
+        if text not in allowed:
+            raise BadArgument(text, ", ".join(allowed))
         return text
 
 

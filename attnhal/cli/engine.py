@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from attnhal.capabilities import AttentionRequest, BackendCapabilities, Facts, not_supported_reasons
-from attnhal.catalog import CatalogError, citations, entries, load
 from attnhal.cli.app import OUTCOME_DIFFERS, UsageError
-from attnhal.cli.args import choice
+from attnhal.cli.args import Registered, choice
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import format_plan, print_json, table
 from attnhal.engines import registry
@@ -53,8 +52,8 @@ def own_flags(adapter: EngineAdapter | None = None) -> tuple[str, ...]:
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """``--engine E`` and the engine's flags after ``--`` (for ``plan`` and ``explain``); reads the
     registered names only (the requested adapter's own flags: :func:`add_own_flags`)."""
-    p.add_argument("--engine", type=choice(registry.names()),
-                   help="read the engine's own flags after `--` (" + ", ".join(registry.names()) + ")")
+    p.add_argument("--engine", type=Registered(registry.names),
+                   help="read the engine's own flags after `--` ({names})")
     p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
 
 
@@ -290,6 +289,8 @@ def register_catalog(sub: Any) -> None:
 def run_catalog(args: argparse.Namespace) -> int:
     """``attnhal catalog [--engine E]``: every catalogued engine backend; ``--backend E:N``: one
     entry's claims with the engine source each cites."""
+    from attnhal.catalog import CatalogError, entries  # here: another command's usage error does not load it
+
     if args.backend is not None:
         return _citations(args)
     try:
@@ -319,6 +320,8 @@ def _releases(engine: str) -> tuple[str, ...]:
 
 
 def _citations(args: argparse.Namespace) -> int:
+    from attnhal.catalog import CatalogError, citations, load
+
     if args.engine is not None:
         raise UsageError("--engine and --backend are exclusive (--backend names the engine: ENGINE:NAME)")
     try:

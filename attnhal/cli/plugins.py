@@ -26,7 +26,10 @@ import argparse
 import importlib.util
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 __all__ = ["GROUP", "Command", "CommandUnavailable", "load_commands"]
 
@@ -95,7 +98,12 @@ def load_commands(taken: Collection[str],
     ``taken`` holds the built-in command names a plugin may not reuse; ``discover``
     replaces the installed entry points (tests).
     """
-    found = (discover or (lambda: entry_points(group=GROUP)))()
+    if discover is None:
+        from importlib.metadata import entry_points  # only when a plugin command may be asked for
+
+        found: Iterable[EntryPoint] = entry_points(group=GROUP)
+    else:
+        found = discover()
     commands: list[Command] = []
     unavailable: list[CommandUnavailable] = []
     names = set(taken)

@@ -16,12 +16,13 @@ as a failing backend plugin does in :mod:`attnhal.registry`.
 from __future__ import annotations
 
 from functools import cache
-from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING
 
 from attnhal.errors import AttnhalError
 
 if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
     from attnhal.engines.base import EngineAdapter
 
 __all__ = ["GROUP", "EngineUnavailable", "UnknownEngine", "adapters", "clear", "get", "names", "unavailable"]
@@ -49,6 +50,8 @@ class EngineUnavailable(AttnhalError, LookupError):
 
 @cache
 def _entry_points() -> dict[str, EntryPoint]:
+    from importlib.metadata import entry_points  # when an engine is first asked for, not at import
+
     return dict(sorted((ep.name, ep) for ep in entry_points(group=GROUP)))
 
 

@@ -73,3 +73,30 @@ def test_a_good_command_still_plans_with_the_detected_platform():
     rows, err = _probe([["plan", "--backend", "docs/examples/triton-like.toml", "--spec-steps", "1", "--json"]])
     (argv, code, torch_loaded, _), = rows
     assert code == 0 and torch_loaded, err  # detection asked torch, after the inputs were read
+
+
+#: Prints, after one command line (argv[1], JSON), its exit status and which of argv[2:] were imported.
+MODULES = """
+import json, sys
+from attnhal.cli import main
+code = main(json.loads(sys.argv[1]))
+print(json.dumps([code, sorted(m for m in sys.argv[2:] if m in sys.modules)]))
+"""
+
+#: What a built-in command's usage error needs none of (benchmarks/usage_errors.py times them):
+#: the entry-point machinery (plugin commands, engines; read when a name is looked up), the TOML
+#: parser (when a file is read), the conformance kit's hypothesis (found, not imported, before the
+#: kit runs) and the plugin commands' own modules.
+NOT_NEEDED = ("importlib.metadata", "tomllib", "hypothesis", "attnhal_triton.compile_check")
+
+
+def test_a_usage_error_imports_nothing_it_does_not_need():
+    for argv in (["plan", "--backend", "/nonexistent.toml"], ["plan", "--spec-steps", "1", "--topk", "3"],
+                 ["demo", "--topk", "2", "--draft-tokens", "30"], ["conformance", "torch", "--platform", "bogus"]):
+        # conformance looks its backend's name up (the entry points) before the platform is read
+        needed = {"importlib.metadata"} if argv[0] == "conformance" else set()
+        environ = {k: v for k, v in os.environ.items() if k != "ATTNHAL_PLATFORM"}
+        proc = subprocess.run([sys.executable, "-c", MODULES, json.dumps(argv), *NOT_NEEDED], capture_output=True,
+                              text=True, timeout=300, cwd=ROOT, env=environ)
+        code, imported = json.loads(proc.stdout.splitlines()[-1])
+        assert (code, set(imported)) == (2, needed), (argv, imported, proc.stderr)
