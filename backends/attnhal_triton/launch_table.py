@@ -268,7 +268,8 @@ def _amd(family: str) -> list[LaunchRow]:
             ("extend_verify_tree", None, None, {"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1),
             ("extend_verify_tree", 256, None, {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
             ("extend_verify_tree", 256, "float32", {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
-            ("extend", 256, "float32", {"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1),
+            # fp32 tiles (an fp32 cache: work.row_dtype) at 256: 32x32 spilled 47-462 under a bf16 query.
+            ("extend", 256, "float32", {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
             ("extend", None, None, {"BLOCK_M": 64, "BLOCK_N": 32}, 4, 1),
             # 64x32 at head size 256 fills all 256 VGPRs with an fp8 cache (split forms
             # spill one); 64x16 needs ~190.
