@@ -11,6 +11,9 @@ a launch loaded (:func:`attnhal_triton.kv_traffic.kv_loads` with ``per_program``
 * ``logical``: every live lane of every load (what the caches serve);
 * ``unique``: the union of all programs' addresses (what memory serves when every repeat of
   the launch hits the cache);
+* ``windowed``: the sum over windows — the programs sharing ``(y, z)`` of the grid, i.e. the
+  head blocks of one (row, KV head, split) — of each window's union (what memory serves when
+  only a window's programs share the cache);
 * ``distance``: the largest gap, in dispatch order, between two programs that load the same
   address (0: no address is read by two programs).
 
@@ -47,6 +50,7 @@ class Reuse:
     logical: int
     unique: int
     distance: int
+    windowed: int = 0
 
 
 def reuse(grid: Sequence[int], reads: Mapping[tuple[int, int, int], Iterable[np.ndarray]],
@@ -58,17 +62,20 @@ def reuse(grid: Sequence[int], reads: Mapping[tuple[int, int, int], Iterable[np.
         raise ValueError(f"element_sizes={sorted(sizes)} (supported: one size per launch)")
     size = sizes.pop() if sizes else 0
     logical, addresses, ranks = 0, [], []
+    windows: dict[tuple[int, int], list[np.ndarray]] = {}
     for program, loads in reads.items():
         mine = np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in loads] or [np.zeros(0, np.int64)])
         logical += mine.size
         mine = np.unique(mine)
         addresses.append(mine)
         ranks.append(np.full(mine.size, dispatch_rank(grid, program), dtype=np.int64))
+        windows.setdefault((program[1], program[2]), []).append(mine)
+    windowed = sum(np.unique(np.concatenate(w)).size for w in windows.values()) * size
     if not addresses or not sum(a.size for a in addresses):
-        return Reuse(logical * size, 0, 0)
+        return Reuse(logical * size, 0, 0, 0)
     address, rank = np.concatenate(addresses), np.concatenate(ranks)
     order = np.lexsort((rank, address))
     address, rank = address[order], rank[order]
     starts = np.flatnonzero(np.r_[True, address[1:] != address[:-1]])
     spread = np.maximum.reduceat(rank, starts) - np.minimum.reduceat(rank, starts)
-    return Reuse(logical * size, starts.size * size, int(spread.max()))
+    return Reuse(logical * size, starts.size * size, int(spread.max()), windowed)

@@ -29,7 +29,7 @@ def test_each_latent_row_is_read_once(name: str) -> None:
     [check] = mla_report(names=[name])
     print(check.line())
     assert check.ok and check.model == "covered" and check.loaded == check.covered
-    assert check.unique == check.covered and check.distance == 0
+    assert check.unique == check.windowed == check.covered and check.distance == 0
 
 
 def test_a_separate_v_is_read_once_too() -> None:
@@ -44,7 +44,7 @@ def test_128_heads_read_once_per_block() -> None:
     print(check.line())
     assert check.ok and check.loaded == check.expected == 2 * check.covered  # 2 blocks of 64 heads
     # ... side by side in dispatch order: memory serves each latent row once if they share a cache
-    assert check.window == 2 and check.distance == 1 and check.unique == check.covered
+    assert check.window == 2 and check.distance == 1 and check.unique == check.windowed == check.covered
 
 
 def test_a_second_read_fails() -> None:
@@ -97,10 +97,10 @@ def test_reuse_counts_union_and_dispatch_distance() -> None:
     rows = [np.arange(0, 1152, 2) + 2 * 576 * r for r in range(2)]  # 2 rows x 576 bf16
     near = {(x, r, 0): [rows[r]] for x in range(4) for r in range(2)}
     got = reuse((4, 2, 1), near, [2])
-    assert got == Reuse(logical=8 * 1152, unique=2 * 1152, distance=3)
+    assert got == Reuse(logical=8 * 1152, unique=2 * 1152, distance=3, windowed=2 * 1152)
     far = {(0, r, x): [rows[r]] for x in range(4) for r in range(2)}
-    assert reuse((1, 2, 4), far, [2]).distance == 6
+    assert reuse((1, 2, 4), far, [2]).distance == 6 and reuse((1, 2, 4), far, [2]).windowed == 8 * 1152
     again = reuse((1, 1, 1), {(0, 0, 0): [rows[0], rows[0]]}, [2])
-    assert again == Reuse(logical=2 * 1152, unique=1152, distance=0)
+    assert again == Reuse(logical=2 * 1152, unique=1152, distance=0, windowed=1152)
     with pytest.raises(ValueError, match="element_sizes"):
         reuse((1, 1, 1), near, [2, 4])
