@@ -22,7 +22,8 @@ prefill, and attnhal / the fastest other contender of the row. Without a GPU (``
 Triton interpreter, fp32 or fp16) it runs the same calls eagerly and gates them: plumbing
 only, no speed. ``--shapes core`` / ``rest``: the device session's two halves of the default
 table; ``--budget-s S`` stops starting shapes when S seconds would be passed and lists the
-rest as NOT RUN (the table keeps what ran; gpu_session.sh's cap would otherwise kill it). On a GPU, ``--warm-workers N`` (default 8) processes compile every kernel
+rest as NOT RUN (the table keeps what ran; gpu_session.sh's cap would otherwise kill it).
+On a GPU, ``--warm-workers N`` (default 8) processes compile every kernel
 first (``--check-only`` over a share of the shapes each), so the timing run finds them in
 Triton's cache.
 Exit status 1 when any output was WRONG or a contender failed.

@@ -26,7 +26,8 @@ from attnhal.phases import Phase
 from attnhal.platform import Fp8Flavor, detect
 from attnhal.testing.cases import tree_mask
 
-__all__ = ["CALLS", "DEFAULT_SHAPES", "KINDS", "REPLAYS", "SHAPE_SETS", "TINY_SHAPES", "Case", "Shape", "allowed", "build_case",
+__all__ = ["CALLS", "DEFAULT_SHAPES", "KINDS", "REPLAYS", "SHAPE_SETS", "TINY_SHAPES", "Case", "Shape", "allowed",
+           "build_case",
            "fp8_storage", "gather", "parse_shapes", "reference", "time_graph"]
 
 #: The defaults of a shape: 8 KV heads, group 4 (32 query heads), head size 128.

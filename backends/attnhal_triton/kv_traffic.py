@@ -116,7 +116,7 @@ def kv_loads(k: torch.Tensor, v: torch.Tensor, per_program: bool = False) -> Ite
     """Inside: every interpreted load's bytes of unmasked lanes within ``k``'s or ``v``'s
     elements, added to the current launch of the yielded :class:`Traffic` (each launch of
     an attnhal_triton custom op starts one; loads before any go to a launch named ``"-"``);
-    ``per_program``: also each program's addresses (:attr:`Launch.reads`)."""
+    ``per_program``: also each program's addresses, per kernel run (:attr:`Launch.runs`)."""
     traffic, builder, spans = Traffic(), _interpreter(), (_Span(k), _Span(v))
     real_load, real_grid = builder.create_masked_load, builder.set_grid_dim
     new_run = [False]

@@ -70,7 +70,8 @@ class MlaTrafficCheck(TrafficCheck):
 
     def line(self) -> str:
         return (f"{super().line()}\n      logical/covered {self.loaded / self.covered:.3f}  unique/covered "
-                f"{self.unique_ratio:.3f}  per (row, split) window {self.windowed / self.covered:.3f}  repeat distance {self.distance} < {self.window} programs")
+                f"{self.unique_ratio:.3f}  per (row, split) window {self.windowed / self.covered:.3f}  "
+                f"repeat distance {self.distance} < {self.window} programs")
 
 
 def latent_pool(recipe: CaseRecipe) -> KVPool:
