@@ -1,8 +1,9 @@
 """The share of the compile forms CI builds, chosen by a rule, and the counts of the whole.
 
     python -m attnhal_triton.compile_coverage [--json] [--by function|kernel] [--targets ...] [--jobs N]
+        [--counts]
 
-Every launchable form compiled for cuda:80/90/100 and gfx942/950 is about 92,000 GQA forms
+Every launchable form compiled for cuda:80/90/100 and gfx942/950 is about 87,000 GQA forms
 (:func:`attnhal_triton.launch_forms.forms`) plus 532 MLA compiles
 (:mod:`attnhal_triton.mla_compile_check`): days of CPU at 5-10 s a compile. CI compiles one
 form per class instead, the one a register estimate says is heaviest:
@@ -11,12 +12,13 @@ form per class instead, the one a register estimate says is heaviest:
   function (``decode_partial_kernel``, ``decode_reduce_kernel``, ``extend_kernel``,
   ``mla_kernel``), ``--by kernel`` the launch-table kernel, i.e. the phase's form
   (``extend_verify_tree``, ``mla_decode``, ...); precision is ``fp32`` or ``16-bit`` (a
-  16-bit query over a 16-bit or fp8 cache: fp8 is widened to fp16 in registers);
+  16-bit query over any cache: fp8 is widened to fp16 in registers);
 * the heaviest form of a class has the most 32-bit words of live tiles per thread (CUDA)
   or lane (HIP) over its register budget (:func:`register_demand`: the fp32 accumulator,
   the query block, the K and V tiles, fp8's widened copies, the scores), ties broken
   towards an fp8 cache, a tree mask, the one-pass form (sinks), a separate V tensor, a
-  group that is not a power of two, more mask words.
+  group that is not a power of two, more mask words; for MLA also the form measured
+  tightest (:data:`MLA_TIGHTEST`) beside the estimate's pick.
 
 The estimate is not ptxas: a class's heaviest form by it is not proven its tightest
 (docs/triton.md says what was compared). Each form is compiled by the compile checks' own
