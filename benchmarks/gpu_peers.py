@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_peers.py [--shapes KIND:BSxCTX,...] [--contenders attnhal,sglang,vllm,sdpa]
         [--dtype bf16|fp16|fp32] [--peers-dir DIR] [--launch KERNEL:ENCODED ...] [--json FILE]
-        [--warm-workers N] [--check-only] [--tiny]
+        [--warm-workers N] [--check-only] [--tiny] [--budget-s S]
 
 Contenders (``peer_contenders``), each at its best: attnhal's ``triton`` backend through the
 backend contract; SGLang 0.5.23's ``decode_attention_fwd`` (its split heuristic, its default
@@ -20,7 +20,10 @@ median of 5 replays; a contender's fastest setting is its cell, its default's sp
 printed beside. GB/s of the K/V bytes the batch covers (fp8: of the fp8 bytes), TFLOP/s for
 prefill, and attnhal / the fastest other contender of the row. Without a GPU (``--tiny``, the
 Triton interpreter, fp32 or fp16) it runs the same calls eagerly and gates them: plumbing
-only, no speed. On a GPU, ``--warm-workers N`` (default 8) processes compile every kernel
+only, no speed. ``--shapes core`` / ``rest``: the device session's two halves of the default
+table; ``--budget-s S`` stops starting shapes when S seconds would be passed and lists the
+rest as NOT RUN (the table keeps what ran; gpu_session.sh's cap would otherwise kill it).
+On a GPU, ``--warm-workers N`` (default 8) processes compile every kernel
 first (``--check-only`` over a share of the shapes each), so the timing run finds them in
 Triton's cache.
 Exit status 1 when any output was WRONG or a contender failed.
@@ -185,10 +188,19 @@ def warm_up(shapes: tuple[Shape, ...], args: argparse.Namespace) -> str:
     return done + (f" ({'; '.join(failed)})" if failed else "")
 
 
+def within_budget(budget_s: float | None, elapsed_s: float, shapes_s: float, shapes_done: int) -> bool:
+    """Whether one more shape fits: ``elapsed_s`` since the start plus the mean time of the
+    ``shapes_done`` shapes (``shapes_s`` in all) stays within ``budget_s`` (None: no budget)."""
+    if budget_s is None:
+        return True
+    mean = shapes_s / shapes_done if shapes_done else 0.0
+    return elapsed_s + mean <= budget_s
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", help="comma list of KIND:BSxCTX, KIND in decode, chain4, tree8, fp8, prefill "
-                   "(default: the issue's table; with --tiny: tiny shapes)")
+                   "(default: the issue's table; with --tiny: tiny shapes), or a set: core, rest")
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--dtype", choices=DTYPES, default=None, help="q and K/V dtype (default bf16; fp32 with --tiny)")
     p.add_argument("--peers-dir", type=Path, default=None, help=f"peer kernel cache (default {default_peers_dir()})")
@@ -197,12 +209,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="write the rows as JSON")
     p.add_argument("--tiny", action="store_true", help="tiny shapes (the interpreter's plumbing run)")
     p.add_argument("--check-only", action="store_true", help="on a GPU: check the outputs, time nothing")
+    p.add_argument("--budget-s", type=float, default=None, metavar="S",
+                   help="start no shape past S seconds from the start (warm-up included) less the mean "
+                        "shape's time so far; the shapes left are listed NOT RUN")
     p.add_argument("--warm-workers", type=int, default=8, metavar="N",
                    help="on a GPU: compile the kernels in N processes before timing (0: in the timing process)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    begun = time.perf_counter()
     args = parser().parse_args(argv)
     if args.dtype is None:
         args.dtype = "fp32" if args.tiny and not torch.cuda.is_available() else "bf16"
@@ -223,10 +239,15 @@ def main(argv: list[str] | None = None) -> int:
         print(warm_up(shapes, args), flush=True)
     rows, start = [], time.perf_counter()
     for i, shape in enumerate(shapes, 1):
+        if not within_budget(args.budget_s, time.perf_counter() - begun, time.perf_counter() - start, len(rows)):
+            break
         print(f"[{i}/{len(shapes)}] {shape.title}", flush=True)
         rows.append(run_shape(shape, peers, settings))
-    print(f"\n{len(shapes)} shapes in {time.perf_counter() - start:.0f} s\n")
+    print(f"\n{len(rows)} shapes in {time.perf_counter() - start:.0f} s\n")
     print(markdown(rows, settings.contenders, settings.timed))
+    not_run = [shape.key for shape in shapes[len(rows):]]
+    if not_run:
+        print(f"\nNOT RUN (the --budget-s {args.budget_s:.0f} s was spent): {', '.join(not_run)}")
     speedup = fp8_speedup(rows)
     if speedup is not None:
         print(f"\nattnhal fp8 / bf16 decode tokens/s at {speedup[0]}: {speedup[1]:.2f}x")
@@ -234,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "device": where, "dtype": args.dtype, "timed": settings.timed,
             "peers": {n: p.source for n, p in peers.items()},
-            "fp8_vs_bf16_tokens_per_s": speedup[1] if speedup else None,
+            "fp8_vs_bf16_tokens_per_s": speedup[1] if speedup else None, "not_run": not_run,
             "rows": [{**asdict(r), "speeds": {n: r.speed(n) for n in r.results}} for r in rows]}, indent=1))
     bad = [f"{r.key} {n}" for r in rows for n, res in r.results.items() if res.status in ("WRONG", "FAILED")]
     if bad:

@@ -26,7 +26,8 @@ from attnhal.phases import Phase
 from attnhal.platform import Fp8Flavor, detect
 from attnhal.testing.cases import tree_mask
 
-__all__ = ["CALLS", "DEFAULT_SHAPES", "KINDS", "REPLAYS", "TINY_SHAPES", "Case", "Shape", "allowed", "build_case",
+__all__ = ["CALLS", "DEFAULT_SHAPES", "KINDS", "REPLAYS", "SHAPE_SETS", "TINY_SHAPES", "Case", "Shape", "allowed",
+           "build_case",
            "fp8_storage", "gather", "parse_shapes", "reference", "time_graph"]
 
 #: The defaults of a shape: 8 KV heads, group 4 (32 query heads), head size 128.
@@ -149,13 +150,24 @@ DEFAULT_SHAPES = tuple(_shape(t) for t in (
     *(f"{k}:{s}" for k in ("chain4", "tree8")
       for s in ("1x32768", "8x8192", "16x2048", "64x2048", "256x1024", "64x2048/ragged", "64x2048/g16")),
     "fp8:64x2048", "fp8:256x1024", "prefill:1x8192", "prefill:1x8192/d64"))
+#: The device session's two halves (benchmarks/gpu_session.sh PLAN): ``core``, the issue's
+#: first rows (decode, the chain and the tree at the four base sizes, fp8, prefill) and
+#: ``rest`` (groups, heads, ragged, 8 x 8192 verify, head-64 prefill); together the default.
+SHAPE_SETS = {"core": tuple(s for s in DEFAULT_SHAPES if s.key in (
+    "decode:1x32768", "decode:8x8192", "decode:64x2048", "decode:256x1024", "chain4:1x32768", "chain4:16x2048",
+    "chain4:64x2048", "chain4:256x1024", "tree8:1x32768", "tree8:16x2048", "tree8:64x2048", "tree8:256x1024",
+    "fp8:64x2048", "fp8:256x1024", "prefill:1x8192"))}
+SHAPE_SETS["rest"] = tuple(s for s in DEFAULT_SHAPES if s not in SHAPE_SETS["core"])
 TINY_SHAPES = tuple(_shape(t) for t in (
     "decode:2x32", "chain4:2x32", "tree8:2x32", "fp8:2x32", "prefill:1x32", "decode:3x32/ragged/g1",
     "tree8:2x32/g16/d64"))
 
 
 def parse_shapes(text: str) -> tuple[Shape, ...]:
-    """``"decode:8x8192,tree8:64x2048/g16/ragged"`` -> shapes (errors name the item and what is allowed)."""
+    """``"decode:8x8192,tree8:64x2048/g16/ragged"`` -> shapes (errors name the item and what is
+    allowed); a name of :data:`SHAPE_SETS` (``core``, ``rest``) is that set."""
+    if text in SHAPE_SETS:
+        return SHAPE_SETS[text]
     return tuple(_shape(s.strip()) for s in text.split(",") if s.strip())
 
 

@@ -69,8 +69,9 @@ class TritonBackend(AttentionBackend):
         if no_fp8:
             raise UnsupportedFeature("backend 'triton': " + "; ".join(r.message for r in no_fp8))
         dtype = dtype_name(config.dtype)
+        tiles = work.row_dtype(dtype, pool.kv_dtype)
         self.rows: dict[str, LaunchRow] = {
-            k: lookup(k, self.platform, config.head_size, dtype) for k in KERNELS}
+            k: lookup(k, self.platform, config.head_size, tiles) for k in KERNELS}
         # MLA (and any head that is a power of two plus a tail, e.g. 576): the MLA kernel.
         self._mla = config.head_size & (config.head_size - 1) != 0 or config.out_head_size != config.head_size
         if self._mla:
@@ -78,7 +79,7 @@ class TritonBackend(AttentionBackend):
                 raise UnsupportedFeature(f"backend 'triton': head_size/v_head_size={config.head_size}/"
                                          f"{config.out_head_size} (supported: 576/512 (MLA) or 576/576)")
             v_tail = config.out_head_size == config.head_size
-            self.rows.update({k: mla_lookup(k, self.platform, dtype, v_tail) for k in MLA_KERNELS})
+            self.rows.update({k: mla_lookup(k, self.platform, tiles, v_tail) for k in MLA_KERNELS})
         self._launch = {k: row.encode() for k, row in self.rows.items()}
         self._meta: Meta | None = None
         self._graph: GraphState | None = None

@@ -37,14 +37,18 @@ def _cuda_usage(compiled: Any, capability: int) -> dict[str, int]:
 
 
 def _hip_usage(compiled: Any) -> dict[str, int]:
-    """VGPRs (+AGPRs), spill counts and scratch from the code object's metadata."""
+    """VGPRs + AGPRs a lane, spill counts and scratch from the code object's metadata."""
     text = compiled.asm["amdgcn"]
 
     def meta(key: str) -> int:
         m = re.search(rf"\.{key}:\s+(\d+)", text)
         return int(m.group(1)) if m else -1
 
-    return {"registers": meta("vgpr_count") + max(meta("agpr_count"), 0),
+    # On CDNA2+ (one register file of 512 a lane) the metadata's ``.vgpr_count`` already
+    # includes the AGPRs (gfx942: ``.vgpr_count 456`` = 256 VGPRs + 200 AGPRs); LLVM's
+    # ``TotalNumVgprs`` comment states the total on every target with AGPRs.
+    total = re.search(r";\s*TotalNumVgprs:\s+(\d+)", text)
+    return {"registers": int(total.group(1)) if total else meta("vgpr_count"),
             "spills": meta("vgpr_spill_count") + meta("sgpr_spill_count"),
             "scratch": meta("private_segment_fixed_size")}
 

@@ -59,6 +59,12 @@ class Launch:
     constexprs: dict[str, Any]
     k_bytes: int = 0
     v_bytes: int = 0
+    #: With ``kv_loads(..., per_program=True)``: per kernel run of the op (each grid the
+    #: interpreter ran), the grid and per program ``(x, y, z)`` the byte addresses of the K/V
+    #: elements it loaded (each load's live lanes), for :mod:`attnhal_triton.kv_reuse`.
+    runs: list[tuple[tuple[int, int, int], dict[tuple[int, int, int], list[np.ndarray]]]] = field(
+        default_factory=list)
+    element_sizes: set[int] = field(default_factory=set)
 
     @property
     def kv_bytes(self) -> int:
@@ -106,12 +112,18 @@ def _interpreter() -> Any:
 
 
 @contextlib.contextmanager
-def kv_loads(k: torch.Tensor, v: torch.Tensor) -> Iterator[Traffic]:
+def kv_loads(k: torch.Tensor, v: torch.Tensor, per_program: bool = False) -> Iterator[Traffic]:
     """Inside: every interpreted load's bytes of unmasked lanes within ``k``'s or ``v``'s
     elements, added to the current launch of the yielded :class:`Traffic` (each launch of
-    an attnhal_triton custom op starts one; loads before any go to a launch named ``"-"``)."""
+    an attnhal_triton custom op starts one; loads before any go to a launch named ``"-"``);
+    ``per_program``: also each program's addresses, per kernel run (:attr:`Launch.runs`)."""
     traffic, builder, spans = Traffic(), _interpreter(), (_Span(k), _Span(v))
-    real_load = builder.create_masked_load
+    real_load, real_grid = builder.create_masked_load, builder.set_grid_dim
+    new_run = [False]
+
+    def grid_dim(nx: int, ny: int, nz: int) -> None:
+        new_run[0] = True  # a kernel starts: its programs' reads are a run of their own
+        real_grid(nx, ny, nz)
 
     def counted_load(ptrs: Any, mask: Any, other: Any, cache_policy: Any, is_volatile: Any) -> Any:
         addresses = np.asarray(ptrs.data)
@@ -120,8 +132,16 @@ def kv_loads(k: torch.Tensor, v: torch.Tensor) -> Iterator[Traffic]:
         if not traffic.launches:
             traffic.launches.append(Launch("-", {}))
         launch = traffic.launches[-1]
-        launch.k_bytes += int(np.count_nonzero(live & spans[0].inside(addresses))) * size
-        launch.v_bytes += int(np.count_nonzero(live & spans[1].inside(addresses))) * size
+        in_k, in_v = live & spans[0].inside(addresses), live & spans[1].inside(addresses)
+        launch.k_bytes += int(np.count_nonzero(in_k)) * size
+        launch.v_bytes += int(np.count_nonzero(in_v)) * size
+        if per_program and (in_k.any() or in_v.any()):
+            if new_run[0] or not launch.runs:
+                launch.runs.append((tuple(builder.grid_dim), {}))
+                new_run[0] = False
+            reads = launch.runs[-1][1].setdefault(tuple(builder.grid_idx), [])
+            reads.append(addresses[in_k | in_v].astype(np.int64))
+            launch.element_sizes.add(size)
         return real_load(ptrs, mask, other, cache_policy, is_volatile)
 
     saved_ops = {name: getattr(ops, name) for name in _OPS}
@@ -135,12 +155,14 @@ def kv_loads(k: torch.Tensor, v: torch.Tensor) -> Iterator[Traffic]:
         return launch
 
     builder.create_masked_load = counted_load  # the instance attribute shadows the method
+    builder.set_grid_dim = grid_dim
     try:
         for name, op in saved_ops.items():
             setattr(ops, name, announced(name, op))
         yield traffic
     finally:
         del builder.create_masked_load
+        del builder.set_grid_dim
         for name, op in saved_ops.items():
             setattr(ops, name, op)
 

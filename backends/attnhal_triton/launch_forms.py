@@ -156,8 +156,9 @@ def forms(platform: Platform, kernels: Iterable[str] = KERNELS, dtypes: Iterable
                 if fmt.needs_flavor and platform.fp8_flavor not in fmt.by_flavor:
                     continue
                 for head in heads:
-                    row = lookup(kernel, platform, head, dtype)
-                    max_splits = max(lookup(k, platform, head, dtype).kv_splits for k in KERNELS)
+                    tiles = work.row_dtype(dtype, kv_dtype)
+                    row = lookup(kernel, platform, head, tiles)
+                    max_splits = max(lookup(k, platform, head, tiles).kv_splits for k in KERNELS)
                     for function, constexprs, example in _row_forms(kernel, row, dtype, kv_dtype, head, groups,
                                                                     max_splits):
                         reads_kv = function != "decode_reduce_kernel"

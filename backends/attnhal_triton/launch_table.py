@@ -268,7 +268,8 @@ def _amd(family: str) -> list[LaunchRow]:
             ("extend_verify_tree", None, None, {"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1),
             ("extend_verify_tree", 256, None, {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
             ("extend_verify_tree", 256, "float32", {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
-            ("extend", 256, "float32", {"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1),
+            # fp32 tiles (an fp32 cache: work.row_dtype) at 256: 32x32 spilled 47-462 under a bf16 query.
+            ("extend", 256, "float32", {"BLOCK_M": 32, "BLOCK_N": 16}, 4, 1),
             ("extend", None, None, {"BLOCK_M": 64, "BLOCK_N": 32}, 4, 1),
             # 64x32 at head size 256 fills all 256 VGPRs with an fp8 cache (split forms
             # spill one); 64x16 needs ~190.
@@ -303,7 +304,9 @@ TABLE: tuple[LaunchRow, ...] = (
                  ("extend_prefill", 128, None, {"BLOCK_M": 128, "BLOCK_N": 64}, 8, 3),
                  ("extend_verify", 128, None, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2),
                  ("extend_draft", 128, None, {"BLOCK_M": 64, "BLOCK_N": 64}, 4, 2),
-                 ("extend_verify_tree", 128, None, {"BLOCK_M": 32, "BLOCK_N": 64}, 8, 2, {"maxnreg": 255})]),
+                 ("extend_verify_tree", 128, None, {"BLOCK_M": 32, "BLOCK_N": 64}, 8, 2, {"maxnreg": 255}),
+                 # d256: the general 64x32 spilled 120 bytes (fp8, group 15, T 33, unsplit).
+                 ("extend_verify_tree", 256, None, {"BLOCK_M": 32, "BLOCK_N": 32}, 8, 2, {"maxnreg": 255})]),
     # Consumer Blackwell (RTX 50): mma.sync and ~100 KB shared memory like sm89, so
     # Ampere's shapes, except decode at head size 64: 64-position blocks in 2 stages
     # spill 44 bytes under sm_120's ptxas (capped at 64 registers), 32 do not.

@@ -32,7 +32,7 @@ from attnhal_triton.compile_usage import dot_operand_types, resource_usage
 from attnhal_triton.launch_table import LaunchRow, NoLaunchRowWarning
 from attnhal_triton.mla_table import mla_lookup
 
-__all__ = ["FORMS", "TARGETS", "main", "run_mla_compile_check"]
+__all__ = ["FORMS", "TARGETS", "compile_job", "main", "run_mla_compile_check"]
 
 TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx942", "hip:gfx950")
 DTYPES = ("bfloat16", "float16", "float32", "fp8")
@@ -109,7 +109,7 @@ def _source(job: Job, row: LaunchRow) -> Any:
     return kernel_source(fn, constexprs, job.compute_dtype, job.fp8_flavor if fp8 else None, _ALIGNED)
 
 
-def _compile_one(job: Job) -> dict[str, Any]:
+def compile_job(job: Job) -> dict[str, Any]:
     """Compile one job; never raises (errors are reported in the row)."""
     import triton
 
@@ -160,9 +160,9 @@ def run_mla_compile_check(forms: Sequence[str] | None = None, targets: Sequence[
             if d != "fp8" or Job(f, t, d).fp8_flavor in _FP8]
     workers = max(1, min(jobs or os.cpu_count() or 1, len(work)))
     if workers == 1:
-        return [_compile_one(j) for j in work]
+        return [compile_job(j) for j in work]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_compile_one, work))
+        return list(pool.map(compile_job, work))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,22 +4,30 @@
 MLA's point is that every q head reads one latent stream: a (row, split) program holding
 ``BLOCK_M`` flattened (query token, q head) rows reads each latent row of its range once, and
 V comes from the same tile when the pool keeps V inside K's row (``KVPool(v_in_k=True)``,
-one 576-wide row per position). Two models:
+one 576-wide row per position). Models and figures of one forward:
 
 * ``covered``: each row's attended positions once, ``x (576 [+ 512 for a separate V]) x
   itemsize`` — what a forward loads when one block holds every (token, head) of a row;
 * ``tiled BLOCK_M=m``: each block of ``m`` flattened rows re-reads the union of its queries'
-  ranges (:func:`~attnhal_triton.kv_traffic_model.tiled_bytes`), what the kernel is built to
-  do when a row has more (token, head) pairs than one block holds (128 heads).
+  ranges (:func:`~attnhal_triton.kv_traffic_model.tiled_bytes`), what the kernel does when a
+  row has more (token, head) pairs than one block holds (128 heads: ``ceil(128 / m)`` blocks);
+* ``unique`` and ``distance`` (:mod:`attnhal_triton.kv_reuse`): the union of the addresses of
+  each launch, and the largest gap in dispatch order between two programs reading one
+  address. The head blocks of one (row, KV head, split) are grid axis 0, dispatched side by
+  side, so ``distance`` must stay below the launch's blocks per row (``grid[0]``) and
+  ``unique`` must equal ``covered``: every repeat is a neighbour's read of the same tile.
+Each kernel run is its own launch: a second run over the same rows is a second pass.
 
-Every shape must load at most ``SLACK x tiled``; ``covered / tiled`` says what the blocks
-cost. ``TRITON_INTERPRET=1 python -m attnhal_triton.mla_traffic [PLATFORM ...]`` prints them.
+A shape passes when ``loaded <= SLACK x tiled``, ``unique <= SLACK x covered`` and the
+distance holds. ``TRITON_INTERPRET=1 python -m attnhal_triton.mla_traffic [PLATFORM ...]``
+prints them.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,11 +39,39 @@ from attnhal.spec import SpecConfig
 from attnhal.testing.cases import Case, CaseRecipe, build_case, make_pool, pool_size
 from attnhal_triton import mla_ops
 from attnhal_triton.backend import TritonBackend
+from attnhal_triton.kv_reuse import reuse
 from attnhal_triton.kv_traffic import Launch, Traffic, kv_loads
 from attnhal_triton.kv_traffic_model import SLACK, TrafficCheck, covered_bytes, tiled_bytes
 from attnhal_triton.launch_table import decode_launch
 
-__all__ = ["check_mla", "latent_pool", "main", "mla_recipes", "mla_report"]
+__all__ = ["MlaTrafficCheck", "check_mla", "latent_pool", "main", "mla_recipes", "mla_report"]
+
+
+@dataclass(frozen=True)
+class MlaTrafficCheck(TrafficCheck):
+    """:class:`TrafficCheck` (``loaded`` against the tiled model) plus what memory serves:
+    ``unique`` bytes (each launch's union), the largest dispatch ``distance`` of a repeated
+    read and the ``window`` it must stay below (head blocks per row, ``grid[0]``)."""
+
+    unique: int = 0
+    distance: int = 0
+    window: int = 1
+    windowed: int = 0  # the sum of each (row, KV head, split) window's union
+
+    @property
+    def unique_ratio(self) -> float:
+        """Unique / covered: 1.000 when memory serves each covered latent row once."""
+        return self.unique / self.covered if self.covered else float(self.unique > 0) + 1.0
+
+    @property
+    def ok(self) -> bool:
+        return (super().ok and max(self.unique, self.windowed) <= SLACK * self.covered
+                and self.distance < self.window)
+
+    def line(self) -> str:
+        return (f"{super().line()}\n      logical/covered {self.loaded / self.covered:.3f}  unique/covered "
+                f"{self.unique_ratio:.3f}  per (row, split) window {self.windowed / self.covered:.3f}  "
+                f"repeat distance {self.distance} < {self.window} programs")
 
 
 def latent_pool(recipe: CaseRecipe) -> KVPool:
@@ -95,7 +131,7 @@ def count_mla_loads(case: Case, backend: TritonBackend) -> Traffic:
     pool's V is K's own bytes, counted once (as K)."""
     pool, layer = backend.pool, case.layer
     v = pool.k[layer][:0] if pool.v_in_k else pool.v[layer]
-    with kv_loads(pool.k[layer], v) as traffic, _mla_launches(traffic):
+    with kv_loads(pool.k[layer], v, per_program=True) as traffic, _mla_launches(traffic):
         backend.init_forward_metadata(case.batch)
         backend.forward(case.q, None, None, layer, case.batch)
     if not any(launch.op == "mla_attend" for launch in traffic.launches):
@@ -103,10 +139,14 @@ def count_mla_loads(case: Case, backend: TritonBackend) -> Traffic:
     return traffic
 
 
-def check_mla(name: str, case: Case, backend: TritonBackend) -> TrafficCheck:
-    """One forward of ``case`` held to the tiled model of the block size it launched with."""
+def check_mla(name: str, case: Case, backend: TritonBackend) -> MlaTrafficCheck:
+    """One forward of ``case`` held to the tiled model of the block size it launched with and
+    to the covered bytes once per launch (:class:`MlaTrafficCheck`)."""
     traffic = count_mla_loads(case, backend)
-    blocks = {launch.constexprs["BLOCK_M"] for launch in traffic.launches if launch.op == "mla_attend"}
+    launches = [launch for launch in traffic.launches if launch.op == "mla_attend"]
+    runs = [(grid, reads, launch.element_sizes) for launch in launches for grid, reads in launch.runs]
+    reuses = [reuse(*run) for run in runs]
+    blocks = {launch.constexprs["BLOCK_M"] for launch in launches}
     if len(blocks) != 1:
         raise ValueError(f"MLA launches with BLOCK_M={sorted(blocks)} (supported: exactly one)")
     block_m = blocks.pop()
@@ -116,11 +156,14 @@ def check_mla(name: str, case: Case, backend: TritonBackend) -> TrafficCheck:
     covered = round(covered_bytes(case, config) * share)
     tiled = round(tiled_bytes(case, config, block_m) * share)
     model = "covered" if tiled == covered else f"tiled BLOCK_M={block_m}"
-    return TrafficCheck(name, case.batch.phase, traffic.kv_bytes, covered, tiled, model)
+    return MlaTrafficCheck(name, case.batch.phase, traffic.kv_bytes, covered, tiled, model,
+                           unique=sum(r.unique for r in reuses), distance=max(r.distance for r in reuses),
+                           windowed=sum(r.windowed for r in reuses),
+                           window=min(grid[0] for grid, _, _ in runs))
 
 
 def mla_report(platform: str = "cpu", names: Sequence[str] | None = None, latent: bool = True,
-               dtype: str = "bfloat16") -> list[TrafficCheck]:
+               dtype: str = "bfloat16") -> list[MlaTrafficCheck]:
     """One check per shape of :func:`mla_recipes` on ``platform``'s launch rows; ``latent``:
     V inside K's rows (else a separate V tensor, as the conformance kit's pools)."""
     recipes, target = mla_recipes(dtype), parse(platform)
@@ -148,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"MLA K/V traffic, launch rows of {platform}, "
               f"{'separate V' if args.separate_v else 'latent pool (V in K)'} (limit: {SLACK} x the model)")
         for check in checks:
-            print(f"  {check.line()}  covered ratio {check.loaded / check.covered:.3f}")
+            print(f"  {check.line()}")
         failed |= not all(check.ok for check in checks)
     return 1 if failed else 0
 

@@ -15,12 +15,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from attnhal.kv_format import kv_format
 from attnhal_triton.launch_table import LaunchRow
 
-__all__ = ["Launch", "batch_splits", "head_block", "partial_slots", "programs", "query_block"]
+__all__ = ["Launch", "batch_splits", "head_block", "partial_slots", "programs", "query_block", "row_dtype"]
 
 #: ``tl.dot`` needs at least 16 rows in its first operand.
 MIN_DOT_ROWS = 16
+
+
+def row_dtype(dtype: str, kv_dtype: str) -> str:
+    """The dtype a launch row is chosen for: ``float32`` over an fp32 cache (its K/V tiles
+    take twice a 16-bit row's registers: a 16-bit query with the 16-bit rows spilled 17-208
+    bytes there, docs/triton.md), else the compute ``dtype``."""
+    fmt = kv_format(kv_dtype)
+    return "float32" if fmt.fp8 is None and fmt.storage_name() == "float32" else dtype
 
 
 def _pow2_at_least(n: int) -> int:

@@ -124,6 +124,23 @@ def test_warm_up_workers_run_their_share_of_the_shapes(monkeypatch: pytest.Monke
     assert summary.startswith("warm-up: 2 processes compiled the kernels in") and "rc=" not in summary, summary
 
 
+def test_the_session_halves_partition_the_table_and_the_budget_stops_starting_shapes(tmp_path: Path) -> None:
+    """gpu_session.sh runs ``--shapes core`` or ``rest`` (together: the default table, once
+    each); past ``--budget-s`` no shape starts, and the ones left are listed NOT RUN."""
+    import gpu_peers
+    from peer_cases import DEFAULT_SHAPES, SHAPE_SETS
+
+    core, rest = gpu_peers.parse_shapes("core"), gpu_peers.parse_shapes("rest")
+    assert sorted(core + rest, key=DEFAULT_SHAPES.index) == list(DEFAULT_SHAPES) and not set(core) & set(rest)
+    assert len(SHAPE_SETS["core"]) == 15
+    assert gpu_peers.within_budget(None, 1e9, 0.0, 0) and gpu_peers.within_budget(100, 50, 80, 2)
+    assert not gpu_peers.within_budget(100, 70, 80, 2)  # 70 s + a mean shape of 40 s > 100 s
+    proc, report = _run(tmp_path, "--shapes", "decode:2x32,tree8:2x32", "--contenders", "attnhal",
+                        "--peers-dir", "/nonexistent", "--budget-s", "0")
+    assert report["rows"] == [] and report["not_run"] == ["decode:2x32", "tree8:2x32"]
+    assert "NOT RUN (the --budget-s 0 s was spent): decode:2x32, tree8:2x32" in proc.stdout
+
+
 def test_the_sweeps_chosen_rows_reach_the_backend_with_their_split_fill() -> None:
     """benchmarks/triton_sweep.py hands its chosen rows to gpu_peers as ``--launch
     KERNEL:ENCODED`` with ``fill_programs`` appended: the row the backend serves carries it

@@ -105,7 +105,10 @@ def test_kv_cache_dtype_differs_from_query_dtype(phase: Phase) -> None:
     ("cuda:sm120", Phase.DECODE, 64, "bfloat16", "decode", (32, 16)),
     ("hip:gfx942", Phase.PREFILL, 256, "float16", "extend_prefill", (64, 16)),
     ("hip:gfx942", Phase.TARGET_VERIFY, 256, "float32", "extend_verify_tree", (32, 16)),
-], ids=["sm80-tree-d256", "sm120-decode-d64", "gfx942-prefill-d256", "gfx942-tree-d256-fp32"])
+    ("cuda:sm90", Phase.TARGET_VERIFY, 256, "float16", "extend_verify_tree", (32, 32)),
+    ("hip:gfx942", Phase.PREFILL, 256, "float32", "extend_prefill", (32, 16)),
+], ids=["sm80-tree-d256", "sm120-decode-d64", "gfx942-prefill-d256", "gfx942-tree-d256-fp32", "sm90-tree-d256",
+        "gfx942-prefill-d256-fp32"])
 def test_rows_narrowed_so_as_not_to_spill(platform: str, phase: Phase, head_size: int, dtype: str, kernel: str,
                                           blocks: tuple[int, int]) -> None:
     """The rows whose tiles were narrowed to compile spill-free, run on their own blocks and

@@ -59,10 +59,13 @@ def test_every_launch_of_every_phase_is_an_enumerated_form(monkeypatch: pytest.M
     interpreter's rows: its kernels' constexprs are among :func:`forms` of the same platform."""
     cases = [shape(p, group=g, kv_heads=1, dtype="float16", kv_dtype=kv, tree=tree)
              for p in Phase for g in (1, 4, 7) for kv, tree in ((None, True), ("fp8_e5m2", False))]
+    # An fp32 cache under a 16-bit query takes the fp32 rows (work.row_dtype), in both.
+    cases += [shape(p, group=4, kv_heads=1, dtype="float16", kv_dtype="float32") for p in Phase]
     launched = _recorded(monkeypatch, cases)
     assert {name for name, _, _ in launched} == {"decode_partial_kernel", "decode_reduce_kernel", "extend_kernel"}
     listed = {(f.function, f.dtype, _varying(dict(f.constexprs)))
-              for f in forms(parse("cpu"), dtypes=("float16",), kv_dtypes=("float16", "fp8_e5m2"), groups=(1, 4, 7))}
+              for f in forms(parse("cpu"), dtypes=("float16",), kv_dtypes=("float16", "fp8_e5m2", "float32"),
+                             groups=(1, 4, 7))}
     missing = sorted({x for x in launched if x not in listed}, key=str)
     assert not missing, missing[:3]
 

@@ -3,17 +3,21 @@
 Over MLA's latent pool a decode or verify block holding every (token, head) of a row loads
 each latent row once (576 values: V comes from the same tile), ratio 1.000 to the bytes the
 batch covers; with more heads than a block holds (128) each block reads the row, as its
-tiled model says; a planted second launch (every row read twice) fails.
+tiled model says, and the blocks that repeat a read are neighbours in dispatch order (unique
+bytes still 1.000 of the covered ones); a planted second launch (every row read twice) and a
+planted split of the heads into two launches fail.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from attnhal.testing.cases import build_case
 from attnhal_triton import TritonBackend, mla_ops
+from attnhal_triton.kv_reuse import Reuse, reuse
 from attnhal_triton.mla_traffic import check_mla, latent_pool, mla_recipes, mla_report
 
 RECIPES = mla_recipes()
@@ -25,6 +29,7 @@ def test_each_latent_row_is_read_once(name: str) -> None:
     [check] = mla_report(names=[name])
     print(check.line())
     assert check.ok and check.model == "covered" and check.loaded == check.covered
+    assert check.unique == check.windowed == check.covered and check.distance == 0
 
 
 def test_a_separate_v_is_read_once_too() -> None:
@@ -38,6 +43,8 @@ def test_128_heads_read_once_per_block() -> None:
     [check] = mla_report(names=["mla decode 128 heads page16"])
     print(check.line())
     assert check.ok and check.loaded == check.expected == 2 * check.covered  # 2 blocks of 64 heads
+    # ... side by side in dispatch order: memory serves each latent row once if they share a cache
+    assert check.window == 2 and check.distance == 1 and check.unique == check.windowed == check.covered
 
 
 def test_a_second_read_fails() -> None:
@@ -56,4 +63,44 @@ def test_a_second_read_fails() -> None:
     finally:
         mla_ops.mla_attend = real  # type: ignore[assignment]
     print(check.line())
-    assert not check.ok and check.ratio > 1.9
+    assert not check.ok and check.ratio > 1.9 and check.unique_ratio > 1.9
+
+
+def test_heads_in_separate_launches_fail() -> None:
+    """128 heads as two launches of 64: the same logical bytes as one launch of two blocks,
+    but the second pass over the rows is a whole launch later (no cache holds it)."""
+    name = "mla decode 128 heads page16"
+    case = build_case(RECIPES[name], pool=latent_pool(RECIPES[name]))
+    backend = TritonBackend(case.config, case.pool)
+    real = mla_ops.mla_attend
+
+    def halves(out: Any, mid_o: Any, mid_lse: Any, q: Any, **kwargs: Any) -> None:
+        for h in (slice(0, 64), slice(64, 128)):
+            part = None if mid_o is None else mid_o[:, h].contiguous()
+            real(out[:, h].contiguous(), part, None if mid_lse is None else mid_lse[:, h].contiguous(),
+                 q[:, h], **kwargs)
+
+    mla_ops.mla_attend = halves  # type: ignore[assignment]
+    try:
+        check = check_mla(name, case, backend)
+    finally:
+        mla_ops.mla_attend = real  # type: ignore[assignment]
+    print(check.line())
+    assert check.loaded == 2 * check.covered and check.unique == 2 * check.covered and not check.ok
+
+
+def test_reuse_counts_union_and_dispatch_distance() -> None:
+    """kv_reuse on planted traces: 4 head blocks of one row on grid axis 0 are neighbours in
+    dispatch order (distance 3 < 4); the same blocks on axis 2 (the row's splits axis) repeat
+    each read 2 x 3 = 6 programs later, beyond the window; a re-read inside one program is
+    logical only."""
+    rows = [np.arange(0, 1152, 2) + 2 * 576 * r for r in range(2)]  # 2 rows x 576 bf16
+    near = {(x, r, 0): [rows[r]] for x in range(4) for r in range(2)}
+    got = reuse((4, 2, 1), near, [2])
+    assert got == Reuse(logical=8 * 1152, unique=2 * 1152, distance=3, windowed=2 * 1152)
+    far = {(0, r, x): [rows[r]] for x in range(4) for r in range(2)}
+    assert reuse((1, 2, 4), far, [2]).distance == 6 and reuse((1, 2, 4), far, [2]).windowed == 8 * 1152
+    again = reuse((1, 1, 1), {(0, 0, 0): [rows[0], rows[0]]}, [2])
+    assert again == Reuse(logical=2 * 1152, unique=1152, distance=0, windowed=1152)
+    with pytest.raises(ValueError, match="element_sizes"):
+        reuse((1, 1, 1), near, [2, 4])
