@@ -67,8 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     op, threads = attend_op(), torch.get_num_threads()
     for p in sets:
         args = (*job.args[:-1], split_count(a.bs, a.ctx, threads, p.tasks_per_thread))
-        fns[str(p)] = lambda args=args, p=p: op(job.out, job.mid_o, job.mid_lse, *args, p.prefetch, p.max_vectors,
-                                                bool(p.prefetch_burst))
+        fns[str(p)] = lambda args=args, p=p: op(job.out, job.mid_o, job.mid_lse, *args, *p.op_args())
     gen = torch.Generator().manual_seed(1)
     k, v = (torch.randn(a.bs, 8, a.ctx, 128, generator=gen).to(dtype) for _ in range(2))
     q = torch.randn(a.bs, 8, 4, 128, generator=gen).to(dtype)
