@@ -28,13 +28,21 @@ inline void load_pair(const c10::BFloat16* p, vf& a, vf& b) {
   std::memcpy(&a, &lo, sizeof a); std::memcpy(&b, &hi, sizeof b);
 }
 
-// Where element c of a row of D goes in kernel order (the body is the part in whole 2W pairs).
-template <typename T>
-inline int64_t kernel_index(int64_t c, int64_t D) {
-  const int64_t body = D - D % (2 * W);
-  if (!kPairSplit<T> || c >= body) return c;
-  const int64_t i = c % (2 * W);
-  return c - i + (i % 2) * W + i / 2;
+// dst = scale * src, a row of D elements, from natural into kernel order (to_kernel) or back:
+// in the body (whole 2W pairs) of a pair-split cache element c0 + i sits at c0 + (i % 2) * W
+// + i / 2, as load_pair reads it; the rest keeps its place. Loops of compile-time width (the
+// compiler vectorises them) instead of an index computed per element: once per query vector
+// and task, it cost several per cent of a decode.
+template <typename T, bool to_kernel, typename S>
+inline void reorder(const S* src, float* dst, int64_t D, float scale) {
+  const int64_t body = kPairSplit<T> ? D - D % (2 * W) : 0;
+  for (int64_t c0 = 0; c0 < body; c0 += 2 * W)
+    for (int i = 0; i < 2 * W; ++i) {
+      const int64_t split = c0 + (i % 2) * W + i / 2;
+      if constexpr (to_kernel) dst[split] = static_cast<float>(src[c0 + i]) * scale;
+      else dst[c0 + i] = static_cast<float>(src[split]) * scale;
+    }
+  for (int64_t c = body; c < D; ++c) dst[c] = static_cast<float>(src[c]) * scale;
 }
 
 // Register blocks of the two inner products. A block holds MB query vectors (MB <= 4) and

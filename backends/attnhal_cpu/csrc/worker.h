@@ -17,12 +17,14 @@
 
 namespace {
 
-// --- dtype-generic scalar access for q and out (not on the hot path) --------------------
-float read_float(const void* base, at::ScalarType t, int64_t i) {
+// --- dtype-generic access to q and out (not on the hot path) ---------------------------
+// f(p as a pointer to the element type t names).
+template <typename F>
+void visit_typed(const void* p, at::ScalarType t, F&& f) {
   switch (t) {
-    case at::kFloat: return static_cast<const float*>(base)[i];
-    case at::kBFloat16: return static_cast<float>(static_cast<const c10::BFloat16*>(base)[i]);
-    case at::kHalf: return static_cast<float>(static_cast<const c10::Half*>(base)[i]);
+    case at::kFloat: f(static_cast<const float*>(p)); break;
+    case at::kBFloat16: f(static_cast<const c10::BFloat16*>(p)); break;
+    case at::kHalf: f(static_cast<const c10::Half*>(p)); break;
     default: TORCH_CHECK(false, "unreachable dtype");
   }
 }
@@ -200,8 +202,7 @@ struct Worker {
       if (native)
         std::copy_n(static_cast<const c10::BFloat16*>(P.q) + base, D, q_bf16 + j * Dq);
       else
-        for (int64_t c = 0; c < D; ++c)
-          q[j * Dp + kernel_index<T>(c, D)] = read_float(P.q, P.q_type, base + c) * P.scale;
+        visit_typed(P.q, P.q_type, [&](auto* typed) { reorder<T, true>(typed + base, q + j * Dp, D, P.scale); });
     }
 
     // K/V rows P.ahead tiles ahead are prefetched while this tile computes, one head's K
@@ -258,8 +259,8 @@ struct Worker {
       const float l = lane_sum(run_sum[j]);
       P.mid_lse[((r * P.KV + h) * P.S + s) * M + m] = l > 0 ? run_max[j] + std::log(l) : kNegInf;
       const float inv = l > 0 ? 1.0f / l : 0.0f;
-      for (int64_t c = 0; c < D; ++c) out_row[c] = acc[j][kernel_index<T>(c, D)];  // back to natural order
-      for (int64_t c = 0; c < D; ++c) acc[j][c] = out_row[c] * inv;
+      reorder<T, false>(acc[j], out_row.data(), D, inv);  // back to natural order
+      std::copy_n(out_row.data(), D, acc[j]);
     }
   }
 
