@@ -43,7 +43,7 @@ CANDIDATES: dict[str, tuple[int, ...]] = {
     "max_vectors": (8, 16, 64),
     "tasks_per_thread": (1, 2, 4, 8),
 }
-ROUNDS = 5
+ROUNDS = 4
 #: The least improvement (sum of relative times over the shapes) that replaces the current choice.
 GAIN = 0.03
 BUDGET_S = 3.0
