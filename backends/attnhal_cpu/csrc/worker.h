@@ -124,10 +124,12 @@ struct Worker {
   // The slots of positions [p0, p0 + n): one table read per page the tile touches.
   void tile_slots(int64_t r, const RowView& row, int64_t p0, int n, int64_t* out) const {
     if (P.page > 1 && p0 + n <= row.len) {
-      int64_t first = 0;  // the slot of position p0 + i is first + i within a page
+      int64_t first = 0;                // the slot of position p0 + i is first + i within a page
+      int64_t in_page = p0 % P.page;    // counted, not divided per position (a division is slow)
       for (int i = 0; i < n; ++i) {
-        if (i == 0 || (p0 + i) % P.page == 0) first = slot(r, row, p0 + i) - i;
+        if (i == 0 || in_page == 0) first = slot(r, row, p0 + i) - i;
         out[i] = first + i;
+        if (++in_page == P.page) in_page = 0;
       }
     } else {
       for (int i = 0; i < n; ++i) out[i] = slot(r, row, p0 + i);
