@@ -208,10 +208,13 @@ struct Worker {
     }
 
     // K/V rows P.ahead tiles ahead are prefetched while this tile computes, one head's K
-    // rows just before its scores and its V rows just before its P.V: small bursts spread
-    // through the arithmetic. One burst of every head's K and V rows per tile filled the miss
-    // buffers and stalled the arithmetic queued behind it, so the kernel took the sum of its
-    // memory and compute times (docs/cpu.md, AVX-512 host). The distance that keeps the
+    // rows just after its scores and its V rows just after its P.V: small bursts spread
+    // through the arithmetic. After, not before: with a slot stride of a multiple of 4 KB (8
+    // heads of 128 fp32), every position's line of one head and column falls in one L1 set,
+    // so rows prefetched before the current ones are read can evict them (1-6 % less CPU
+    // time on the Zen 3, docs/cpu.md). One burst of every head's K and V rows per tile filled
+    // the miss buffers and stalled the arithmetic queued behind it, so the kernel took the
+    // sum of its memory and compute times (docs/cpu.md, AVX-512 host). The distance that keeps the
     // reads ahead, and whether the burst or the spread suits the miss buffers, differ between
     // microarchitectures: both are measured on the host (tuning.py); P.burst is the old burst.
     constexpr int kN = TV * W;
@@ -236,9 +239,9 @@ struct Worker {
       // Rows past the split's end repeat row 0: their scores are masked, their weights 0.
       for (int n = n_valid; n < kN; ++n) tile[n] = tile[0];
       for (int64_t hh = 0; hh < P.HG; ++hh) {
-        prefetch_rows(ahead, n_ahead, h0 + hh, true);
         for (int n = 0; n < kN; ++n) rows[n] = k_row(tile[n], h0 + hh);
         scores<TV>(hh, rows);
+        prefetch_rows(ahead, n_ahead, h0 + hh, true);
         for (int64_t m = 0; m < M; ++m) {
           for (int k = 0; k < TV; ++k) {
             vf& v = sc[k * M + m];
@@ -247,12 +250,12 @@ struct Worker {
           }
           softmax_tile<TV>(hh * M + m, m);
         }
-        prefetch_rows(ahead, n_ahead, h0 + hh, false);
         for (int n = 0; n < kN; ++n) rows[n] = v_row(tile[n], h0 + hh);
         float* const* acc_h = acc.data() + hh * M;
         for_blocks(M, [&](auto mb, int64_t m0) {
           tile_accumulate<decltype(mb)::value, TV>(acc_h + m0, alpha.data() + m0, p.data() + m0 * kN, rows, D);
         });
+        prefetch_rows(ahead, n_ahead, h0 + hh, false);
       }
     }
 
