@@ -290,3 +290,28 @@ def test_the_op_refuses_other_tile_widths(kernel_op) -> None:
         kernel_op(torch.empty_like(q), torch.empty(16), torch.empty(2), q, kv, kv, torch.zeros(1, 1, dtype=torch.int32),
                   torch.arange(1), torch.ones(1, dtype=torch.int32), None, None, None, 0, 1, 16, 1.0, 1, 16, 64,
                   False, 3)
+
+
+@pytest.mark.parametrize("shape", ["rising", "spike", "within-slack", "falling"])
+def test_the_reference_max_softmax_matches_sdpa(kernel_op, shape: str) -> None:
+    """Scores that pass the reference max by more than kExpMax (8) every few positions, once by far
+    late, by less than 8 (exponentiated against a stale max), or only fall: fp32 output equals SDPA's."""
+    import torch
+
+    ctx, d, page = 203, 16, 16
+    pos = torch.arange(ctx, dtype=torch.float32)
+    score = {"rising": 0.9 * pos, "spike": torch.where(pos == 170, 60.0, torch.sin(pos)),
+             "within-slack": 7.5 * torch.sin(pos / 5), "falling": -0.9 * pos}[shape]
+    k = torch.zeros(-(-ctx // page) * page + page, 1, d)
+    k[page:page + ctx, 0, 0] = score  # q = e0 and scale 1: the score of position p is k[p, 0]
+    v = torch.randn(k.shape, generator=torch.Generator().manual_seed(5))
+    q = torch.zeros(1, 1, d)
+    q[0, 0, 0] = 1.0
+    table = torch.arange(1, -(-ctx // page) + 1, dtype=torch.int32).view(1, -1)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.view(1, 1, d), k[page:page + ctx, 0].view(1, ctx, d),
+                                                           v[page:page + ctx, 0].view(1, ctx, d), scale=1.0)
+    for tile_vectors in (1, 4):
+        out, mid_o, mid_lse = torch.empty_like(q), torch.empty(2 * d), torch.empty(2)
+        kernel_op(out, mid_o, mid_lse, q, k, v, table, torch.arange(1), torch.tensor([ctx], dtype=torch.int32), None,
+                  None, None, 0, 1, page, 1.0, 2, *KernelParams(tile_vectors=tile_vectors).op_args())
+        torch.testing.assert_close(out.view(1, d), ref.view(1, d), rtol=1e-5, atol=1e-6)
