@@ -1,12 +1,14 @@
 """Parameter sets of the cpu kernel side by side, with other builds and SDPA, in one process, one run.
 
-    python benchmarks/cpu_params.py - fp32.prefetch_burst=1 prefetch=32 [--against main@AVX2]
+    python benchmarks/cpu_params.py - fp32.prefetch_burst=1 prefetch=32 [--against main@AVX2 main@AVX2:PARAMS]
                                     [--dtype bfloat16] [--page 16] [--cpu-time]
 
 Each positional argument is a parameter set of the host's build (``-``: the defaults; else
 ``ATTNHAL_CPU_PARAMS`` syntax, see ``attnhal_cpu.params.parse_host_params``; the set for the
 ``--dtype``'s cache width is used). ``--against REV@ISA`` adds a build of another revision
-(``benchmarks/cpu_builds.py``), launched with its own defaults. All contenders, both SDPA
+(``benchmarks/cpu_builds.py``), launched with its own defaults; ``REV@ISA:PARAMS`` with these
+parameters (its op must take ``prefetch, max_vectors, prefetch_burst``; ``tile_vectors`` is passed
+only when not 1, so revisions before it run too). All contenders, both SDPA
 forms on contiguous K/V and the read bandwidth (``sum`` over 512 MB) are timed interleaved
 on one decode shape (default 16 × 2048, pages in random order), medians of ``--repeats``.
 
@@ -41,7 +43,7 @@ from cpu_builds import build_copy, decode  # noqa: E402 - a sibling script
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("sets", nargs="+", metavar="PARAMS", help="'-' or ATTNHAL_CPU_PARAMS syntax")
-    ap.add_argument("--against", nargs="*", default=[], metavar="REV@ISA")
+    ap.add_argument("--against", nargs="*", default=[], metavar="REV@ISA[:PARAMS]")
     ap.add_argument("--bs", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
@@ -61,14 +63,23 @@ def main(argv: list[str] | None = None) -> None:
     fns: dict[str, Callable[[], object]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, contender in enumerate(a.against):
-            rev, _, isa = contender.partition("@")
+            build, _, text = contender.partition(":")
+            rev, _, isa = build.partition("@")
             ops = build_copy(rev, isa, f"attnhal_cpu_p{i}", Path(tmp))[0]
-            fns[contender] = lambda ops=ops: ops.attend(job.out, job.mid_o, job.mid_lse, *job.args)  # type: ignore[misc]
+            args: tuple[object, ...] = job.args
+            if text:
+                try:
+                    p = parse_host_params(text).for_itemsize(dtype.itemsize)
+                except ValueError as exc:
+                    raise SystemExit(f"--against {contender}: {exc}") from None
+                args = (*job.args[:-1], split_count(a.bs, a.ctx, torch.get_num_threads(), p.tasks_per_thread),
+                        *p.op_args()[:3], *p.op_args()[3:] * (p.tile_vectors != 1))
+            fns[contender] = lambda ops=ops, args=args: ops.attend(  # type: ignore[misc]
+                job.out, job.mid_o, job.mid_lse, *args)
     op, threads = attend_op(), torch.get_num_threads()
     for p in sets:
         args = (*job.args[:-1], split_count(a.bs, a.ctx, threads, p.tasks_per_thread))
-        fns[str(p)] = lambda args=args, p=p: op(job.out, job.mid_o, job.mid_lse, *args, p.prefetch, p.max_vectors,
-                                                bool(p.prefetch_burst))
+        fns[str(p)] = lambda args=args, p=p: op(job.out, job.mid_o, job.mid_lse, *args, *p.op_args())
     gen = torch.Generator().manual_seed(1)
     k, v = (torch.randn(a.bs, 8, a.ctx, 128, generator=gen).to(dtype) for _ in range(2))
     q = torch.randn(a.bs, 8, 4, 128, generator=gen).to(dtype)

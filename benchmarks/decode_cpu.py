@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
                     "the host's own build only unless --isa)")
     ap.add_argument("--shapes", nargs="+", metavar="BSxCTX", help="the fixed shapes (default: 1x8192 16x2048 64x512)")
     ap.add_argument("--isa", nargs="+", choices=sorted(LOWER), help="the kernel builds to run (default: this "
-                    "host's and every lower instruction set it can run; DEFAULT: the generic build, tile 4)")
+                    "host's and every lower instruction set it can run; DEFAULT: the generic build, vectors of 4 floats)")
     a = ap.parse_args(argv)
     bad = [p for p in a.page_sizes if p < 1]
     if bad or a.repeats < 1:

@@ -271,7 +271,7 @@ class CpuBackend(AttentionBackend):
         self.kernel.op(out, meta.mid_o, meta.mid_lse, q, self.pool.k[layer], self.pool.v[layer],
                        self.pool.req_to_page, meta.req, meta.seq, meta.ext, meta.mask, extra, num_extra,
                        meta.tokens_per_row, self.pool.page_size, self.config.sm_scale, meta.splits,
-                       params.prefetch, params.max_vectors, bool(params.prefetch_burst))
+                       *params.op_args())
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -35,8 +35,8 @@ def attend_op() -> Any:
     Schema: ``attend(out!, mid_o!, mid_lse!, q, k_cache, v_cache, req_to_page,
     req_pool_indices, seq_lens, ext_lens?, mask?, extra_slots?, num_extra,
     tokens_per_row, page_size, sm_scale, num_splits, prefetch=16, max_vectors=64,
-    prefetch_burst=False)``; see ``csrc/attention.cpp`` and
-    :class:`~attnhal_cpu.params.KernelParams` for the last three.
+    prefetch_burst=False, tile_vectors=1)``; see ``csrc/attention.cpp`` and
+    :class:`~attnhal_cpu.params.KernelParams` (``op_args``) for the last four.
     """
     global _FAKE_REGISTERED
     build = native_build()

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["DEFAULTS", "HOST_DEFAULTS", "HostParams", "KernelParams", "MIN_SPLIT_LEN", "WIDTHS", "parse_host_params",
-           "parse_params", "split_count"]
+__all__ = ["DEFAULTS", "HOST_DEFAULTS", "HostParams", "KernelParams", "MIN_SPLIT_LEN", "TILE_VECTORS", "WIDTHS",
+           "parse_host_params", "parse_params", "split_count"]
+
+#: Tile widths the kernel is compiled for, in vectors (``tile_vectors``).
+TILE_VECTORS = (1, 2, 4)
 
 #: Shortest KV range worth a split of its own (shorter ones cost more to merge than they save).
 MIN_SPLIT_LEN = 256
@@ -36,28 +39,41 @@ class KernelParams:
         ``max_vectors`` argument.
     tasks_per_thread: how finely a batch is split over the threads (KV splits per row aim at
         this many tasks per thread; :func:`attnhal_cpu.backend.split_count`).
+    tile_vectors: positions per tile, in vectors of the build (a tile is ``tile_vectors × W``
+        KV positions, ``W`` = 8 floats on AVX2, 16 on AVX-512, 4 otherwise; 1, 2 or 4). A wider
+        tile loads, rescales and stores each accumulator and runs the softmax's bookkeeping
+        once per more positions, but keeps more rows in flight and masks more past a split's
+        end. 1 is the kernel before 2026-12-06. The op's ``tile_vectors`` argument.
     """
 
     prefetch: int = 16
     prefetch_burst: int = 0
     max_vectors: int = 64
     tasks_per_thread: int = 4
+    tile_vectors: int = 1
 
     def __post_init__(self) -> None:
         checks = {"prefetch": (0, 1024), "prefetch_burst": (0, 1), "max_vectors": (1, 4096),
-                  "tasks_per_thread": (1, 64)}
+                  "tasks_per_thread": (1, 64), "tile_vectors": (1, 4)}
         for name, (low, high) in checks.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise ValueError(f"{name}={value!r} (supported: an int in [{low}, {high}])")
+        if self.tile_vectors not in TILE_VECTORS:
+            raise ValueError(f"tile_vectors={self.tile_vectors!r} (supported: one of {list(TILE_VECTORS)})")
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    def op_args(self) -> tuple[int, int, bool, int]:
+        """The op's last arguments: ``prefetch, max_vectors, prefetch_burst, tile_vectors``."""
+        return self.prefetch, self.max_vectors, bool(self.prefetch_burst), self.tile_vectors
+
     def __str__(self) -> str:
         how = "one burst per tile" if self.prefetch_burst else "spread over the heads"
         return (f"prefetch {self.prefetch} positions ({how}), {self.max_vectors} query vectors per task, "
-                f"{self.tasks_per_thread} tasks per thread")
+                f"{self.tasks_per_thread} tasks per thread, tiles of {self.tile_vectors} vector"
+                f"{'s' if self.tile_vectors > 1 else ''}")
 
 
 DEFAULTS = KernelParams()

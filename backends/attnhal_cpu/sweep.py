@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnhal.errors import AttnhalError
-from attnhal_cpu.params import DEFAULTS, MIN_SPLIT_LEN, KernelParams, split_count
+from attnhal_cpu.params import DEFAULTS, MIN_SPLIT_LEN, TILE_VECTORS, KernelParams, split_count
 
 __all__ = ["CANDIDATES", "GAIN", "SHAPES", "HostBusy", "SweepResult", "SweepTimeout", "Timer", "kernel_timer",
            "sweep"]
@@ -37,12 +37,13 @@ SHAPES: dict[str, tuple[tuple[int, int], ...]] = {"fp32": ((8, 1024), (1, 8192))
 HEADS = (32, 8, 128)  # query heads, KV heads, head size
 #: Values tried per parameter, in search order (prefetch distances are rounded up to whole tiles).
 CANDIDATES: dict[str, tuple[int, ...]] = {
+    "tile_vectors": TILE_VECTORS,
     "prefetch_burst": (0, 1),
     "prefetch": (0, 8, 16, 32, 64),
     "max_vectors": (8, 16, 64),
     "tasks_per_thread": (1, 2, 4, 8),
 }
-ROUNDS = 5
+ROUNDS = 4
 #: The least improvement (sum of relative times over the shapes) that replaces the current choice.
 GAIN = 0.03
 BUDGET_S = 3.0
@@ -71,13 +72,16 @@ class SweepResult:
     seconds: float
 
 
-def _candidates(best: KernelParams, name: str, tile: int) -> list[KernelParams]:
-    values = CANDIDATES[name]
-    if name == "prefetch":
-        values = tuple(-(-v // tile) * tile for v in values)
+def _whole_tiles(params: KernelParams, vector: int) -> KernelParams:
+    """``params`` with its prefetch distance rounded up to whole tiles (what the kernel runs)."""
+    tile = vector * params.tile_vectors
+    return dataclasses.replace(params, prefetch=-(-params.prefetch // tile) * tile)
+
+
+def _candidates(best: KernelParams, name: str, vector: int) -> list[KernelParams]:
     out = [best]
-    for value in values:
-        cand = dataclasses.replace(best, **{name: value})
+    for value in CANDIDATES[name]:
+        cand = _whole_tiles(dataclasses.replace(best, **{name: value}), vector)
         if cand not in out:
             out.append(cand)
     return out
@@ -91,14 +95,15 @@ def sweep(timer: Timer, tile: int, budget_s: float = BUDGET_S, shapes: int = 2,
           clock: Callable[[], float] = time.monotonic, load: Callable[[], float] = _load_per_cpu) -> SweepResult:
     """Coordinate descent over :data:`CANDIDATES` from :data:`DEFAULTS` (see the module doc).
 
-    ``tile``: the build's positions per tile; ``load``: the load average per CPU. Raises
-    :class:`HostBusy` above :data:`BUSY_LOAD_PER_CPU`, :class:`SweepTimeout` past ``budget_s``.
+    ``tile``: the build's positions per vector (a tile is ``tile_vectors`` of them); ``load``: the
+    load average per CPU. Raises :class:`HostBusy` above :data:`BUSY_LOAD_PER_CPU`,
+    :class:`SweepTimeout` past ``budget_s``.
     """
     if load() > BUSY_LOAD_PER_CPU:
         raise HostBusy(f"load average {load():.2f} per cpu (measured only at <= {BUSY_LOAD_PER_CPU:g}); "
                        "kept the defaults, a later run measures")
     start = clock()
-    best = dataclasses.replace(DEFAULTS, prefetch=-(-DEFAULTS.prefetch // tile) * tile)
+    best = _whole_tiles(DEFAULTS, tile)
     trials: list[tuple[KernelParams, tuple[float, ...]]] = []
     for shape in range(shapes):  # first launches size each thread's buffers: not timed
         timer(best, shape)
@@ -139,7 +144,7 @@ def kernel_timer(op: Any, threads: int, width: str = "fp32", seed: int = 0) -> T
         args, rows, ctx = jobs[shape]
         splits = split_count(rows, ctx, threads, params.tasks_per_thread)
         begin = time.perf_counter()
-        op.attend(*args, splits, params.prefetch, params.max_vectors, bool(params.prefetch_burst))
+        op.attend(*args, splits, *params.op_args())
         return time.perf_counter() - begin
 
     return timer

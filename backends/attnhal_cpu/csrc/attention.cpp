@@ -10,8 +10,11 @@
 // draft extend, target verify): row r has T query tokens and G query heads per KV head,
 // so one task holds M = T * G query vectors against the same K/V rows.
 //
-// Tile width W follows the instruction set the extension was compiled for (AVX-512: 16
-// floats, AVX2: 8, otherwise 4): tiles wider than the registers run several times slower.
+// Vector width W follows the instruction set the extension was compiled for (AVX-512: 16
+// floats, AVX2: 8, otherwise 4): vectors wider than the registers run several times slower.
+// A tile (the KV positions one online-softmax step covers) is tile_vectors (1, 2 or 4) such
+// vectors, a runtime argument measured per host: wider tiles load and store the accumulators
+// and run the softmax's bookkeeping once per more positions, but keep more rows in flight.
 // Inside a tile, scores and P.V are register-blocked (up to 4 query vectors × 2-4 K rows
 // or V pairs per block, see kRowsPerBlock): each K/V load feeds several FMAs and eight
 // independent sums hide FMA latency.
@@ -96,7 +99,7 @@ void attend(at::Tensor out, at::Tensor mid_o, at::Tensor mid_lse, const at::Tens
             const std::optional<at::Tensor>& ext_lens, const std::optional<at::Tensor>& mask,
             const std::optional<at::Tensor>& extra_slots, int64_t num_extra, int64_t tokens_per_row,
             int64_t page_size, double sm_scale, int64_t num_splits, int64_t prefetch, int64_t max_vectors,
-            bool prefetch_burst) {
+            bool prefetch_burst, int64_t tile_vectors) {
   check_float(q, "q"); check_float(out, "out"); check_float(k_cache, "k_cache"); check_float(v_cache, "v_cache");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "v_cache.dtype=", v_cache.scalar_type(),
               " (supported: k_cache.dtype=", k_cache.scalar_type(), ")");
@@ -120,9 +123,12 @@ void attend(at::Tensor out, at::Tensor mid_o, at::Tensor mid_lse, const at::Tens
   TORCH_CHECK(num_splits >= 1, "num_splits=", num_splits, " (supported: >= 1)");
   TORCH_CHECK(prefetch >= 0 && prefetch <= 1024, "prefetch=", prefetch, " (supported: 0..1024 positions)");
   TORCH_CHECK(max_vectors >= 1, "max_vectors=", max_vectors, " (supported: >= 1)");
+  TORCH_CHECK(tile_vectors == 1 || tile_vectors == 2 || tile_vectors == 4, "tile_vectors=", tile_vectors,
+              " (supported: 1, 2, 4)");
   P.G = q.size(1) / P.KV;
   P.S = num_splits;
-  P.ahead = (prefetch + W - 1) / W;  // whole tiles: a tile's rows are prefetched together
+  P.TV = tile_vectors;
+  P.ahead = (prefetch + P.TV * W - 1) / (P.TV * W);  // whole tiles: a tile's rows are prefetched together
   P.burst = prefetch_burst;
   // Heads per task: as many KV heads as keep a task's query vectors within max_vectors (q and
   // the accumulators stay in L1/L2; the bound is measured per host, tuning.py),
@@ -168,16 +174,17 @@ void attend(at::Tensor out, at::Tensor mid_o, at::Tensor mid_lse, const at::Tens
   reduce(P, out.data_ptr(), out.scalar_type(), out.stride(0), out.stride(1));
 }
 
-// The instruction set and tile width this build uses (for `attnhal info --build`).
-std::string isa() { return std::string(kIsa) + ", tile " + std::to_string(W) + " floats"; }
-// Positions per tile, which prefetch distances are rounded up to (for the sweep's candidates).
+// The instruction set and vector width this build uses (for `attnhal info --build`).
+std::string isa() { return std::string(kIsa) + ", vectors of " + std::to_string(W) + " floats"; }
+// Positions per vector (a tile is tile_vectors of them; prefetch distances are rounded up to
+// whole tiles, see the sweep's candidates).
 int64_t tile_width() { return W; }
 
 TORCH_LIBRARY(attnhal_cpu, m) {
   m.def("attend(Tensor(a!) out, Tensor(b!) mid_o, Tensor(c!) mid_lse, Tensor q, Tensor k_cache, "
         "Tensor v_cache, Tensor req_to_page, Tensor req_pool_indices, Tensor seq_lens, Tensor? ext_lens, "
         "Tensor? mask, Tensor? extra_slots, int num_extra, int tokens_per_row, int page_size, "
-        "float sm_scale, int num_splits, int prefetch=16, int max_vectors=64, bool prefetch_burst=False) -> ()");
+        "float sm_scale, int num_splits, int prefetch=16, int max_vectors=64, bool prefetch_burst=False, int tile_vectors=1) -> ()");
   m.def("isa() -> str", &isa);
   m.def("tile_width() -> int", &tile_width);
 }

@@ -138,13 +138,15 @@ inline vf all_sum(vf v) {
 inline float lane_max(vf v) { return all_max(v)[0]; }
 inline float lane_sum(vf v) { return all_sum(v)[0]; }
 
-// exp(x) for x <= 0 (scores minus their running max); lanes at -inf give 0.
-// Range reduction x = n ln2 + r, |r| <= ln2 / 2, degree-7 Taylor for e^r (relative error
-// below 1e-8), 2^n built in the exponent field.
-inline vf exp_nonpositive(vf x) {
+// exp(x) for x <= kExpMax (scores minus a reference max they may pass by up to kExpMax, see
+// Worker::softmax_tile); lanes at -inf give 0. Range reduction x = n ln2 + r, |r| <= ln2 / 2
+// (n rounded to nearest: the +128.5 keeps the truncating conversion a floor), degree-7 Taylor
+// for e^r (relative error below 1e-8), 2^n built in the exponent field.
+constexpr float kExpMax = 8.0f;
+inline vf exp_bounded(vf x) {
   vi dead = x == splat(kNegInf);
   vf c = x < splat(-87.0f) ? splat(-87.0f) : x;
-  vi n = -__builtin_convertvector(splat(0.5f) - c * 1.4426950408889634f, vi);
+  vi n = __builtin_convertvector(c * 1.4426950408889634f + 128.5f, vi) - 128;
   vf nf = __builtin_convertvector(n, vf);
   vf r = c - nf * 0.693145751953125f - nf * 1.428606765330187e-06f;
   vf p = splat(1.0f / 5040) + r * (1.0f / 40320);
@@ -159,6 +161,19 @@ inline vf exp_nonpositive(vf x) {
   vf scale; std::memcpy(&scale, &bits, sizeof scale);
   vf e = p * scale;
   return dead ? splat(0.0f) : e;
+}
+
+// Whether any lane of a comparison result is set.
+inline bool any_lane(vi m) {
+#if defined(__AVX512F__)
+  return _mm512_test_epi32_mask(reinterpret_cast<__m512i>(m), reinterpret_cast<__m512i>(m)) != 0;
+#elif defined(__AVX2__)
+  return !_mm256_testz_si256(reinterpret_cast<__m256i>(m), reinterpret_cast<__m256i>(m));
+#else
+  int32_t any = 0;
+  for (int i = 0; i < W; ++i) any |= m[i];
+  return any != 0;
+#endif
 }
 
 // Keeps v in a register: without it GCC folds a load that feeds several FMAs into each of

@@ -1,6 +1,7 @@
 // Register-blocked tiles of the cpu attention kernel: the order q and the accumulators
-// are kept in, and the two inner products of one tile of W KV positions (scores = q.K,
-// then acc += p.V). See simd.h for why this header keeps an anonymous namespace.
+// are kept in, and the two inner products of one tile of KV positions (scores = q.K for W
+// rows at a time, then acc += p.V over the tile's TV * W rows). See simd.h for why this header
+// keeps an anonymous namespace.
 #pragma once
 
 #include "simd.h"
@@ -27,13 +28,21 @@ inline void load_pair(const c10::BFloat16* p, vf& a, vf& b) {
   std::memcpy(&a, &lo, sizeof a); std::memcpy(&b, &hi, sizeof b);
 }
 
-// Where element c of a row of D goes in kernel order (the body is the part in whole 2W pairs).
-template <typename T>
-inline int64_t kernel_index(int64_t c, int64_t D) {
-  const int64_t body = D - D % (2 * W);
-  if (!kPairSplit<T> || c >= body) return c;
-  const int64_t i = c % (2 * W);
-  return c - i + (i % 2) * W + i / 2;
+// dst = scale * src, a row of D elements, from natural into kernel order (to_kernel) or back:
+// in the body (whole 2W pairs) of a pair-split cache element c0 + i sits at c0 + (i % 2) * W
+// + i / 2, as load_pair reads it; the rest keeps its place. Loops of compile-time width (the
+// compiler vectorises them) instead of an index computed per element: once per query vector
+// and task, it cost several per cent of a decode.
+template <typename T, bool to_kernel, typename S>
+inline void reorder(const S* src, float* dst, int64_t D, float scale) {
+  const int64_t body = kPairSplit<T> ? D - D % (2 * W) : 0;
+  for (int64_t c0 = 0; c0 < body; c0 += 2 * W)
+    for (int i = 0; i < 2 * W; ++i) {
+      const int64_t split = c0 + (i % 2) * W + i / 2;
+      if constexpr (to_kernel) dst[split] = static_cast<float>(src[c0 + i]) * scale;
+      else dst[c0 + i] = static_cast<float>(src[split]) * scale;
+    }
+  for (int64_t c = body; c < D; ++c) dst[c] = static_cast<float>(src[c]) * scale;
 }
 
 // Register blocks of the two inner products. A block holds MB query vectors (MB <= 4) and
@@ -44,7 +53,7 @@ template <int MB> constexpr int kRowsPerBlock = MB == 1 ? 4 : 2;
 template <int MB> constexpr int kPairsPerBlock = MB <= 2 ? 2 : 1;
 
 // sc[m] lane n = q[m] . rows[n] for the MB query vectors q[m] = q + m * qs (kernel order)
-// and the W rows of a tile. K rows are widened to fp32 in registers, never copied.
+// and W rows (one vector of a tile). K rows are widened to fp32 in registers, never copied.
 template <int MB, typename T>
 inline void tile_scores(const float* q, int64_t qs, const T* const* rows, int64_t D, vf* sc) {
   constexpr int NB = kRowsPerBlock<MB>;
@@ -111,23 +120,32 @@ inline void tile_scores_native(const c10::BFloat16* q, int64_t qs, const c10::BF
 #endif
 
 // acc[m] = alpha[m] * acc[m] + sum_n p[m][n] * rows[n] over D (kernel order), for MB query
-// vectors. The rescale by alpha (online softmax) rides on the accumulator loads.
-template <int MB, typename T>
+// vectors and the N = TV * W positions of a tile (p[m] = p + m * N). The rescale by alpha
+// (online softmax) rides on the accumulator loads, and is skipped when every alpha is 1 (the
+// running max did not grow: most tiles past the first few), which saves a multiply per
+// accumulator on the FMA ports. A wider tile loads and stores each accumulator once per N
+// positions instead of once per W.
+template <int MB, int TV, typename T>
 inline void tile_accumulate(float* const* acc, const float* alpha, const float* p, const T* const* rows, int64_t D) {
+  constexpr int N = TV * W;
+  bool rescale = false;
   vf scale[MB];
-  for (int m = 0; m < MB; ++m) scale[m] = splat(alpha[m]);
+  for (int m = 0; m < MB; ++m) { scale[m] = splat(alpha[m]); rescale |= alpha[m] != 1.0f; }
   // Accumulators for C vectors from c on; load(row, c, x) fills x[0..C) from one row.
   auto block = [&](int64_t c, auto vectors, auto load_row) {
     constexpr int C = decltype(vectors)::value;
     vf a[MB][C];
     for (int m = 0; m < MB; ++m)
-      for (int k = 0; k < C; ++k) a[m][k] = load(acc[m] + c + k * W) * scale[m];
-    for (int n = 0; n < W; ++n) {
+      for (int k = 0; k < C; ++k) a[m][k] = load(acc[m] + c + k * W);
+    if (rescale)
+      for (int m = 0; m < MB; ++m)
+        for (int k = 0; k < C; ++k) a[m][k] *= scale[m];
+    for (int n = 0; n < N; ++n) {
       vf x[C];
       load_row(rows[n] + c, x);
       for (int k = 0; k < C; ++k) pin(x[k]);
       for (int m = 0; m < MB; ++m) {
-        const vf w = splat(p[m * W + n]);
+        const vf w = splat(p[m * N + n]);
         for (int k = 0; k < C; ++k) a[m][k] += w * x[k];
       }
     }
@@ -148,7 +166,7 @@ inline void tile_accumulate(float* const* acc, const float* alpha, const float* 
   for (; c < D; ++c)
     for (int m = 0; m < MB; ++m) {
       float s = acc[m][c] * alpha[m];
-      for (int n = 0; n < W; ++n) s += p[m * W + n] * static_cast<float>(rows[n][c]);
+      for (int n = 0; n < N; ++n) s += p[m * N + n] * static_cast<float>(rows[n][c]);
       acc[m][c] = s;
     }
 }

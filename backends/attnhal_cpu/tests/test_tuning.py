@@ -39,8 +39,8 @@ def quiet() -> float:
 
 
 def test_sweep_takes_a_faster_value_and_keeps_the_default_on_a_tie() -> None:
-    result = sweep.sweep(fake_timer({"prefetch": 32, "prefetch_burst": 1, "tasks_per_thread": 2}), tile=8, load=quiet)
-    assert result.params == KernelParams(prefetch=32, prefetch_burst=1, max_vectors=DEFAULTS.max_vectors,
+    result = sweep.sweep(fake_timer({"prefetch": 64, "prefetch_burst": 1, "tasks_per_thread": 2}), tile=8, load=quiet)
+    assert result.params == KernelParams(prefetch=64, prefetch_burst=1, max_vectors=DEFAULTS.max_vectors,
                                          tasks_per_thread=2)
     tried = {p.prefetch for p, _ in result.trials}
     assert tried == {0, 8, 16, 32, 64}
@@ -52,6 +52,15 @@ def test_sweep_takes_a_faster_value_and_keeps_the_default_on_a_tie() -> None:
 def test_sweep_rounds_prefetch_to_whole_tiles() -> None:
     result = sweep.sweep(fake_timer({"prefetch": 32}), tile=16, load=quiet)
     assert {p.prefetch for p, _ in result.trials} == {0, 16, 32, 64}
+
+
+def test_sweep_measures_positions_per_tile() -> None:
+    """tile_vectors is measured first; a wider tile then rounds the prefetch candidates to its width."""
+    result = sweep.sweep(fake_timer({"tile_vectors": 4}), tile=8, load=quiet)
+    assert result.params.tile_vectors == 4 and result.params.prefetch == 32  # 16 positions -> one 32-wide tile
+    assert {p.tile_vectors for p, _ in result.trials} == {1, 2, 4}
+    assert {p.prefetch for p, _ in result.trials if p.tile_vectors == 4} == {0, 32, 64}
+    assert sweep.sweep(fake_timer({}), tile=8, load=quiet).params.tile_vectors == DEFAULTS.tile_vectors == 1
 
 
 def test_sweep_gives_up_past_its_budget_or_on_a_busy_host() -> None:
@@ -189,6 +198,9 @@ def test_parse_params_names_what_is_wrong() -> None:
         KernelParams(prefetch=8, prefetch_burst=1), KernelParams(prefetch=8))
     with pytest.raises(ValueError, match=r"'fp16.prefetch=8' \(supported: NAME=INT, or WIDTH.NAME=INT with WIDTH in"):
         parse_host_params("fp16.prefetch=8")
+    assert parse_params("tile_vectors=2").op_args() == (DEFAULTS.prefetch, DEFAULTS.max_vectors, False, 2)
+    with pytest.raises(ValueError, match=r"tile_vectors=3 \(supported: one of \[1, 2, 4\]\)"):
+        parse_params("tile_vectors=3")
     assert split_count(1, 8192, 2, tasks_per_thread=8) == 16 and split_count(16, 2048, 2) == 1
 
 
@@ -215,16 +227,18 @@ def kernel_op():
 def test_the_op_defaults_are_the_python_defaults(kernel_op) -> None:
     schema = str(kernel_op.default._schema)
     assert (f"int prefetch={DEFAULTS.prefetch}, int max_vectors={DEFAULTS.max_vectors}, "
-            f"bool prefetch_burst={bool(DEFAULTS.prefetch_burst)}") in schema, schema
+            f"bool prefetch_burst={bool(DEFAULTS.prefetch_burst)}, int tile_vectors={DEFAULTS.tile_vectors}") in schema, \
+        schema
 
 
 #: Claims of the conformance kit run per parameter set: decode and verify over pages of 16, in graphs too.
 CLAIMS = ("phase[decode, float32]", "phase[target_verify, bfloat16]", "page_size[16]", "graph[decode]")
 
 
-@pytest.mark.parametrize("params", [DEFAULTS, KernelParams(prefetch=0, max_vectors=4, tasks_per_thread=1),
-                                    KernelParams(prefetch=64, prefetch_burst=1, max_vectors=8, tasks_per_thread=8)],
-                         ids=["defaults", "no-prefetch-one-head", "far-burst-two-heads"])
+@pytest.mark.parametrize("params", [DEFAULTS, KernelParams(prefetch=0, max_vectors=4, tasks_per_thread=1, tile_vectors=2),
+                                    KernelParams(prefetch=64, prefetch_burst=1, max_vectors=8, tasks_per_thread=8,
+                                                 tile_vectors=4)],
+                         ids=["defaults", "no-prefetch-one-head-tile2", "far-burst-two-heads-tile4"])
 def test_conformance_holds_with_these_parameters(kernel_op, params: KernelParams) -> None:
     """The kit's claims (a cheap subset; the full kit runs in test_conformance.py with the host's own
     parameters) with the defaults and with the extremes a sweep may choose."""
@@ -236,3 +250,68 @@ def test_conformance_holds_with_these_parameters(kernel_op, params: KernelParams
                              backend_kwargs={"kernel": Kernel(kernel_op, HostParams(params, params), "test")})
     assert report.ok, report.format()
     assert {r.claim.name for r in report.results if r.status is Status.VERIFIED} == set(CLAIMS)
+
+
+def test_every_tile_width_gives_the_same_output(kernel_op) -> None:
+    """Lengths that end mid-tile and mid-page, several splits, and one row masked to nothing: the
+    tile width changes only the order of fp32 sums."""
+    import torch
+
+    gen = torch.Generator().manual_seed(3)
+    rows, hq, hkv, d, page, per_row = 3, 8, 2, 72, 16, 8
+    k, v = (torch.randn(rows * per_row * page + page, hkv, d, generator=gen) for _ in range(2))
+    table = torch.arange(rows * per_row, dtype=torch.int32).view(rows, per_row) + 1
+    q = torch.randn(rows, hq, d, generator=gen)
+    lens = torch.tensor([37, 0, 101], dtype=torch.int32)
+    outs, lses = [], []
+    for tile_vectors in (1, 2, 4):
+        for splits in (1, 3):
+            out, mid_o, mid_lse = torch.empty_like(q), torch.empty(rows * hq * splits * d), torch.empty(rows * hq * splits)
+            kernel_op(out, mid_o, mid_lse, q, k, v, table, torch.arange(rows), lens, None, None, None, 0, 1, page,
+                      d ** -0.5, splits, *KernelParams(tile_vectors=tile_vectors).op_args())
+            outs.append(out.clone())
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], rtol=1e-5, atol=1e-6)
+    pos = torch.arange(page * per_row)
+    for r in (0, 2):
+        slots = table[r, pos // page].long() * page + pos % page
+        kr, vr = k[slots[:lens[r]]].transpose(0, 1), v[slots[:lens[r]]].transpose(0, 1)  # [hkv, len, d]
+        ref = torch.nn.functional.scaled_dot_product_attention(q[r].view(hkv, hq // hkv, d), kr, vr)
+        torch.testing.assert_close(outs[0][r], ref.reshape(hq, d), rtol=1e-5, atol=1e-5)
+    assert not outs[0][1].any()  # a row of length 0 attends nothing
+
+
+def test_the_op_refuses_other_tile_widths(kernel_op) -> None:
+    import torch
+
+    q = torch.zeros(1, 2, 8)
+    kv = torch.zeros(16, 1, 8)
+    with pytest.raises(RuntimeError, match=r"tile_vectors=3 \(supported: 1, 2, 4\)"):
+        kernel_op(torch.empty_like(q), torch.empty(16), torch.empty(2), q, kv, kv, torch.zeros(1, 1, dtype=torch.int32),
+                  torch.arange(1), torch.ones(1, dtype=torch.int32), None, None, None, 0, 1, 16, 1.0, 1, 16, 64,
+                  False, 3)
+
+
+@pytest.mark.parametrize("shape", ["rising", "spike", "within-slack", "falling"])
+def test_the_reference_max_softmax_matches_sdpa(kernel_op, shape: str) -> None:
+    """Scores that pass the reference max by more than kExpMax (8) every few positions, once by far
+    late, by less than 8 (exponentiated against a stale max), or only fall: fp32 output equals SDPA's."""
+    import torch
+
+    ctx, d, page = 203, 16, 16
+    pos = torch.arange(ctx, dtype=torch.float32)
+    score = {"rising": 0.9 * pos, "spike": torch.where(pos == 170, 60.0, torch.sin(pos)),
+             "within-slack": 7.5 * torch.sin(pos / 5), "falling": -0.9 * pos}[shape]
+    k = torch.zeros(-(-ctx // page) * page + page, 1, d)
+    k[page:page + ctx, 0, 0] = score  # q = e0 and scale 1: the score of position p is k[p, 0]
+    v = torch.randn(k.shape, generator=torch.Generator().manual_seed(5))
+    q = torch.zeros(1, 1, d)
+    q[0, 0, 0] = 1.0
+    table = torch.arange(1, -(-ctx // page) + 1, dtype=torch.int32).view(1, -1)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.view(1, 1, d), k[page:page + ctx, 0].view(1, ctx, d),
+                                                           v[page:page + ctx, 0].view(1, ctx, d), scale=1.0)
+    for tile_vectors in (1, 4):
+        out, mid_o, mid_lse = torch.empty_like(q), torch.empty(2 * d), torch.empty(2)
+        kernel_op(out, mid_o, mid_lse, q, k, v, table, torch.arange(1), torch.tensor([ctx], dtype=torch.int32), None,
+                  None, None, 0, 1, page, 1.0, 2, *KernelParams(tile_vectors=tile_vectors).op_args())
+        torch.testing.assert_close(out.view(1, d), ref.view(1, d), rtol=1e-5, atol=1e-6)
