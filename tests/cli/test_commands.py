@@ -28,7 +28,7 @@ def test_plan_json_seed_scenario(capsys, platform):
     assert data["phases"]["draft_decode"]["runs"] is False
     for d in data["phases"].values():
         assert set(d) == {"runs", "capture", "backend", "reasons", "role", "capture_sizes", "seq_len_fill",
-                          "variants"}
+                          "variants", "graph"}
         assert all(set(r) == {"code", "message"} for r in d["reasons"])
 
 
