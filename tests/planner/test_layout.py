@@ -111,3 +111,13 @@ def test_every_graph_group_gets_one_answer_and_every_no_a_reason(spec, platform,
         assert all(p[m].graph == name for m in members)
     if layout.draft_steps is DraftSteps.DECODE:  # a group changes captures, never whether a plan is valid
         assert p.valid == alone.valid
+
+
+def test_attnhals_own_runner_refuses_a_plan_with_a_graph_group_rather_than_capture_it_per_phase() -> None:
+    from attnhal.graphs import GraphRunner
+    from attnhal.platform import parse
+
+    spec = SpecConfig.eagle(3)
+    p = plan(spec, "cpu", PhaseBackends.same(FULL, spec), layout=ONE_MODEL)
+    with pytest.raises(InvalidValue, match="layout.graph_groups='one_model' .supported: none: GraphRunner captures"):
+        GraphRunner(p, parse("cpu"), {})
