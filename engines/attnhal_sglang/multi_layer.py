@@ -86,11 +86,15 @@ def runner(extend: str | None, model: str | None, topk: int, policy: GraphPolicy
         return None, "no SGLang device graph on this platform (the worker captures nothing on CPU)"
     found = seams_of(f"sglang:{extend}", model) if extend is not None else ()
     env = {DRAFT_EXTEND_GRAPH_OFF: "1"} if Phase.DRAFT_EXTEND in policy.disabled_phases else {}
-    built, why = multi_layer_runner(found[:1], topk, policy.enabled, env, platform_device)
-    if built is not None and len(found) != 1 and platform_device != "npu":
-        # the class (one graph or one per step) depends on the backend class, which the model kind picks
-        return "a multi-layer draft-extend runner", "one graph for all draft steps or one per step: give --model"
-    return built, why
+    # Each class the entry may build (the model kind picks one): one answer, or say it depends.
+    answers = [multi_layer_runner([seam], topk, policy.enabled, env, platform_device) for seam in found]
+    if answers and len({name for name, _ in answers}) == 1:
+        return answers[0]
+    built, why = multi_layer_runner([], topk, policy.enabled, env, platform_device)  # graphs off, the switch
+    if built is None:
+        return built, why
+    return "a multi-layer draft-extend runner", ("one graph for all draft steps or one per step: give --model"
+                                                 if found else "the backend's seams are not catalogued")
 
 
 def draft_extend_row(row: GraphRow, config: EngineConfig, platform: Platform, result: GraphPlan) -> GraphRow:
