@@ -158,10 +158,6 @@ class StepLayout:
             seen |= group.phases
         object.__setattr__(self, "graph_groups", groups)
 
-    def group_of(self, phase: Phase) -> GraphGroup | None:
-        """The group ``phase`` is captured in (``None``: its own graph)."""
-        return next((g for g in self.graph_groups if phase in g.phases), None)
-
     def to_dict(self) -> dict[str, object]:
         """JSON-ready: ``{"draft_steps": ..., "graph_groups": {name: [phases in phase order]}}``."""
         return {"draft_steps": self.draft_steps.value,
