@@ -2,7 +2,8 @@
 
 A step of speculative decoding runs up to five attention phases (:class:`Phase`).
 Which of them run is data: :data:`ALGORITHM_PHASES` per algorithm, less
-draft_decode when ``num_steps == 1`` (:func:`phases_run`, :func:`not_run_reason`).
+draft_decode when ``num_steps == 1`` or when the engine runs its draft steps as extends
+(:func:`phases_run`, :func:`not_run_reason`; the engine's :class:`StepLayout`).
 How many query tokens a phase has is :func:`tokens_per_request` (per request) and
 :func:`tokens_per_row` (per batch row); they differ for draft_decode only.
 """
@@ -10,19 +11,25 @@ How many query tokens a phase has is :func:`tokens_per_request` (per request) an
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 from typing import Protocol
 
+from attnhal.errors import InvalidValue
 from attnhal.reasons import Reason, ReasonCode, fmt_set, reason
 from attnhal.spec import SpecAlgorithm, SpecConfig
 
 __all__ = [
     "ALGORITHM_PHASES",
+    "DEFAULT_LAYOUT",
     "GRAPH_PHASES",
+    "DraftSteps",
     "Feature",
+    "GraphGroup",
     "Phase",
     "SpecWidths",
+    "StepLayout",
     "draft_decode_runs",
     "not_run_reason",
     "phases_run",
@@ -77,6 +84,97 @@ _ONE_STEP = reason(ReasonCode.PHASE_NOT_RUN, "num_steps", 1,
                    "draft_decode runs when num_steps > 1; the first draft token comes from draft_extend")
 
 
+class DraftSteps(str, Enum):
+    """How an engine runs the draft steps of one speculative step.
+
+    - ``decode``: EAGLE's loop: draft_extend gives the first draft token, then ``num_steps - 1``
+      draft_decode forwards of ``topk`` rows per request give the others.
+    - ``extend``: each draft step is an extend over the accepted chain (one draft layer per step,
+      SGLang's multi-layer EAGLE): draft_extend runs ``num_steps`` times and there is no draft_decode.
+    """
+
+    DECODE = "decode"
+    EXTEND = "extend"
+
+
+_EXTEND_STEPS = reason(ReasonCode.PHASE_NOT_RUN, "draft_steps", DraftSteps.EXTEND,
+                       "draft_decode runs when draft steps are decodes; here each draft step is a draft_extend")
+
+
+@dataclass(frozen=True)
+class GraphGroup:
+    """Phases an engine captures as ONE graph: a fused draft loop (``{draft_extend, draft_decode}``),
+    or the draft and the verify in one graph (``{draft_extend, draft_decode, target_verify}``,
+    TensorRT-LLM's one-model drafter).
+
+    The planner gives the group one answer (:func:`attnhal.planner.plan`): its running phases are
+    captured together, at the batch sizes all of them capture, or none of them is. Each phase's
+    own decision still reads that phase's own backend; the group only joins them.
+    """
+
+    name: str  # how plans name the graph ("draft_and_verify")
+    phases: frozenset[Phase]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidValue("graph_groups.name", self.name, "a non-empty name")
+        if isinstance(self.phases, (str, Phase)):
+            raise TypeError(f"phases={self.phases!r} (supported: a collection of phases)")
+        phases = frozenset(_phase(p) for p in self.phases)
+        bad = sorted(p.value for p in phases - frozenset(GRAPH_PHASES))
+        if bad or len(phases) < 2:
+            raise InvalidValue(f"graph_groups.{self.name}", sorted(p.value for p in phases),
+                               f"2 or more of {', '.join(p.value for p in GRAPH_PHASES)}")
+        object.__setattr__(self, "phases", phases)
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """How an engine's worker lays out the phases of one speculative step: the form of its draft
+    steps (:class:`DraftSteps`) and the phases it captures as one graph (:class:`GraphGroup`).
+
+    The default is EAGLE's layout: draft steps are decodes and each phase has its own graph.
+    An engine adapter states its worker's layout as this record (``EngineConfig.layout``); the
+    planner reads it as data, never per engine.
+    """
+
+    draft_steps: DraftSteps = DraftSteps.DECODE
+    graph_groups: tuple[GraphGroup, ...] = ()
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "draft_steps", DraftSteps(self.draft_steps))
+        except ValueError:
+            raise InvalidValue("draft_steps", self.draft_steps, ", ".join(d.value for d in DraftSteps)) from None
+        groups = tuple(self.graph_groups)
+        for group in groups:
+            if not isinstance(group, GraphGroup):
+                raise TypeError(f"graph_groups={group!r} (supported: GraphGroup records)")
+        seen: set[Phase] = set()
+        for group in groups:
+            if group.phases & seen or sum(g.name == group.name for g in groups) > 1:
+                raise InvalidValue(f"graph_groups.{group.name}", sorted(p.value for p in group.phases),
+                                   "groups with distinct names and no phase in two groups")
+            seen |= group.phases
+        object.__setattr__(self, "graph_groups", groups)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready: ``{"draft_steps": ..., "graph_groups": {name: [phases in phase order]}}``."""
+        return {"draft_steps": self.draft_steps.value,
+                "graph_groups": {g.name: [p.value for p in Phase if p in g.phases] for g in self.graph_groups}}
+
+
+#: EAGLE's layout: draft steps as decodes, one graph per phase.
+DEFAULT_LAYOUT = StepLayout()
+
+
+def _phase(value: object) -> Phase:
+    try:
+        return Phase(value)
+    except ValueError:
+        raise InvalidValue("phase", value, ", ".join(p.value for p in Phase)) from None
+
+
 def draft_decode_runs(num_steps: int) -> bool:
     """Whether ``num_steps`` draft steps run a draft-decode forward: ``num_steps > 1`` (the first
     draft token comes from draft_extend). The one place this rule is written: the planner's
@@ -84,23 +182,26 @@ def draft_decode_runs(num_steps: int) -> bool:
     return num_steps > 1
 
 
-def not_run_reason(phase: Phase, spec: SpecConfig) -> Reason | None:
-    """None if ``phase`` runs under ``spec``, else the ``phase_not_run`` reason it does not.
+def not_run_reason(phase: Phase, spec: SpecConfig, layout: StepLayout = DEFAULT_LAYOUT) -> Reason | None:
+    """None if ``phase`` runs under ``spec`` and ``layout``, else the ``phase_not_run`` reason it does not.
 
     The rule: the phases of :data:`ALGORITHM_PHASES` for ``spec.algorithm``, except
-    draft_decode when ``num_steps == 1`` (the first draft token comes from draft_extend).
+    draft_decode when ``num_steps == 1`` (the first draft token comes from draft_extend) or
+    when ``layout`` runs the draft steps as extends.
     """
     not_in_algorithm = _NOT_IN_ALGORITHM.get((phase, spec.algorithm))
     if not_in_algorithm is not None:
         return not_in_algorithm
+    if phase is Phase.DRAFT_DECODE and layout.draft_steps is DraftSteps.EXTEND:
+        return _EXTEND_STEPS
     if phase is Phase.DRAFT_DECODE and not draft_decode_runs(spec.num_steps):
         return _ONE_STEP
     return None
 
 
-def phases_run(spec: SpecConfig) -> frozenset[Phase]:
-    """The phases that run under ``spec`` (those :func:`not_run_reason` has no reason against)."""
-    return frozenset(p for p in ALGORITHM_PHASES[spec.algorithm] if not_run_reason(p, spec) is None)
+def phases_run(spec: SpecConfig, layout: StepLayout = DEFAULT_LAYOUT) -> frozenset[Phase]:
+    """The phases that run under ``spec`` and ``layout`` (those :func:`not_run_reason` has no reason against)."""
+    return frozenset(p for p in ALGORITHM_PHASES[spec.algorithm] if not_run_reason(p, spec, layout) is None)
 
 
 def tokens_per_request(phase: Phase, spec: SpecConfig) -> int:

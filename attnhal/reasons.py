@@ -43,6 +43,8 @@ class ReasonCode(str, Enum):
     #: the device has a graph API, but the implementation its vendor row names cannot capture here
     GRAPH_DEVICE_UNAVAILABLE = "graph_device_unavailable"
     CAPTURE_FAILED = "capture_failed"
+    #: the phase shares one graph with others (a ``GraphGroup``), and one of them is not captured
+    GRAPH_GROUP = "graph_group"
     NOT_SELECTED = "not_selected"
 
 

@@ -65,6 +65,20 @@ def _stored_as(dtype: torch.dtype) -> tuple[KVFormat, Fp8Flavor]:
     raise InvalidValue("dtype", dtype, fmt_set(f"torch.{n}" for f in KV_FORMATS.values() for n in f.storage_names))
 
 
+def _storage(dtype: torch.dtype | None, fmt: KVFormat | str | None,
+             flavor: Fp8Flavor) -> tuple[KVFormat, Fp8Flavor, torch.dtype]:
+    """The pool's format row, e4m3 flavour and storage dtype, from exactly one of ``dtype`` and
+    ``fmt`` (a row is kept as given: no name -> dtype -> name walk)."""
+    if (dtype is None) == (fmt is None):
+        raise TypeError(f"dtype={dtype!r}, kv_format={fmt!r} (supported: exactly one of them)")
+    if dtype is not None:
+        row, stored_flavor = _stored_as(dtype)
+        return row, stored_flavor, dtype
+    row = fmt if isinstance(fmt, KVFormat) else kv_format(str(fmt))
+    storage: torch.dtype = row.storage_dtype(flavor)
+    return row, flavor if row.needs_flavor else Fp8Flavor.NONE, storage
+
+
 def kv_storage_dtype(kv_dtype: str, fp8_flavor: Fp8Flavor) -> torch.dtype:
     """The torch dtype a KV cache named ``kv_dtype`` is stored in, under ``fp8_flavor``.
 
@@ -109,9 +123,13 @@ class KVPool:
     """
 
     def __init__(self, *, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, max_reqs: int, max_context_len: int, page_size: int = 1,
+                 dtype: torch.dtype | None = None, max_reqs: int, max_context_len: int, page_size: int = 1,
                  device: str | torch.device = "cpu", v_head_dim: int | None = None,
-                 v_in_k: bool = False) -> None:
+                 v_in_k: bool = False, kv_format: KVFormat | str | None = None,
+                 fp8_flavor: Fp8Flavor = Fp8Flavor.NONE) -> None:
+        """Give the storage as the KV format row (``kv_format``: a :class:`KVFormat` or its name,
+        with the platform's ``fp8_flavor`` for ``fp8_e4m3``): the pool keeps that row. Or give a
+        torch ``dtype`` (``torch.float16``): the pool reads the row whose storage it is."""
         for name, value in (("num_layers", num_layers), ("num_slots", num_slots),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                             ("max_reqs", max_reqs), ("max_context_len", max_context_len),
@@ -121,7 +139,7 @@ class KVPool:
         PAGE_SIZE.check(page_size)
         if num_slots % page_size:
             raise InvalidValue("num_slots", num_slots, f"a multiple of page_size={page_size}")
-        self.kv_format, self.fp8_flavor = _stored_as(dtype)
+        self.kv_format, self.fp8_flavor, dtype = _storage(dtype, kv_format, fp8_flavor)
         if self.kv_format.scales not in POOL_SCALES:
             raise InvalidValue("kv_dtype", self.kv_format.name, f"a format with scales "
                                f"{fmt_set(s.value for s in POOL_SCALES)} (this one's are {self.kv_format.scales.value}: "

@@ -14,6 +14,7 @@ from attnhal.cli.inputs import (
     add_plan_input_flags,
     add_spec_flags,
     context_from,
+    layout_from,
     policy_from,
     read_backends,
     resolve_backend,
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     platform = resolve_platform(args.platform)  # last: detecting the device imports torch
     caps = read.get(args.backend) or resolve_backend(args.backend, "--backend", args.registry, platform)
     reasons = not_supported_reasons(caps, request, platform)
-    result = plan(spec, platform, PhaseBackends.same(caps, spec), policy, context)
+    result = plan(spec, platform, PhaseBackends.same(caps, spec), policy, context, layout_from(args))
     verdict = explain_verdict(not reasons, result.valid)
     if args.json:
         print_json({"backend": caps.name, "platform": platform.name, "request": request_fields(request),

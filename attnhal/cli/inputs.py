@@ -18,7 +18,7 @@ from attnhal.cli.args import IntList, choice, within
 from attnhal.cli.output import one_line
 from attnhal.errors import InvalidValue, shown
 from attnhal.lookup import DescriptorFileError, RefShape, UnknownBackend, backend_class, describe, shape
-from attnhal.phases import Phase
+from attnhal.phases import DraftSteps, GraphGroup, Phase, StepLayout
 from attnhal.planner import AttentionMode, GraphPolicy, PhaseBackends, needs_draft_backend
 from attnhal.platform import ENV_VAR, Platform, PlatformSpecError, detect, parse
 from attnhal.registry import BackendUnavailable, Registry
@@ -178,6 +178,22 @@ def add_plan_input_flags(p: argparse.ArgumentParser, *, context: bool, roles: bo
                         "(needs --spec-steps)")
     p.add_argument("--capture-max-tokens", type=within(GraphPolicy.BOUNDS["max_tokens"]),
                    help="capture sizes from the spec width: batch sizes with bs x tokens per request <= N, %(type)s")
+    p.add_argument("--draft-as", type=choice([d.value for d in DraftSteps]), default=DraftSteps.DECODE.value,
+                   help="the engine's draft steps: decode (EAGLE) or extend (one extend per step, no draft_decode: "
+                        "SGLang's multi-layer EAGLE)")
+    p.add_argument("--one-graph", action="append", metavar="PHASE,PHASE[,...]",
+                   help="phases the engine captures as one graph (repeatable), e.g. "
+                        "draft_extend,draft_decode,target_verify: one answer for all of them")
+
+
+def layout_from(args: argparse.Namespace) -> StepLayout:
+    """The engine's step layout: ``--draft-as`` and each ``--one-graph`` (a group named by its phases)."""
+    try:
+        groups = tuple(GraphGroup("+".join(names), frozenset(names))
+                       for names in ([n.strip() for n in text.split(",")] for text in getattr(args, "one_graph", None) or ()))
+        return StepLayout(DraftSteps(getattr(args, "draft_as", DraftSteps.DECODE.value)), groups)
+    except InvalidValue as exc:
+        raise UsageError(f"--one-graph: {exc}") from None
 
 
 def context_from(args: argparse.Namespace) -> RequestContext:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from attnhal.phases import DraftSteps
 from attnhal.planner import GraphPlan
 from attnhal.reasons import ReasonCode
 
-__all__ = ["cell", "format_plan", "invalid_cause", "one_line", "print_json", "table", "yes_no"]
+__all__ = ["cell", "format_plan", "invalid_cause", "layout_lines", "one_line", "print_json", "table", "yes_no"]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -59,6 +60,20 @@ def _graphs_line(p: GraphPlan) -> str:
     return "capture sizes " + ",".join(map(str, p.capture_sizes))
 
 
+def layout_lines(p: GraphPlan) -> list[str]:
+    """The engine's step layout as the plan prints it (nothing for EAGLE's default layout):
+    draft steps as extends, and each graph group with its one answer."""
+    spec, out = p.spec, []
+    if p.layout.draft_steps is DraftSteps.EXTEND and spec.speculative:
+        out.append(f"draft steps: extends (draft_extend runs once per draft step, {spec.num_steps} per step of "
+                   "speculation; no draft_decode)")
+    for name, phases in p.graph_groups.items():
+        captured = bool(phases) and all(p.phases[ph].capture for ph in phases)
+        listed = ", ".join(ph.value for ph in phases) or "none of its phases runs"
+        out.append(f"one graph {name!r}: {listed} -> {'captured together' if captured else 'eager'}")
+    return out
+
+
 def format_plan(p: GraphPlan, verdict: bool = True, context_notes: Mapping[str, str | None] | None = None) -> str:
     """The plan as a table; ``verdict`` adds the closing ``plan: valid|INVALID`` line;
     ``context_notes`` says where a context value came from (``{"page_size": "set by ..."}``).
@@ -86,6 +101,7 @@ def format_plan(p: GraphPlan, verdict: bool = True, context_notes: Mapping[str, 
     body = table(("phase", "runs", "captured", "backend", "reasons"), rows)
     notes = sorted({n for d in p.phases.values() if d.runs for n in d.variants})
     text = f"{head}\ngraphs: {graphs}\n{body}" + "".join(f"\nconditional claim applied: {n}" for n in notes)
+    text += "".join(f"\n{line}" for line in layout_lines(p))
     for n, sub in sorted(p.adaptive.items()):
         captured = ", ".join(ph.value for ph in sub.captured) or "none"
         text += f"\nadaptive num_steps={n}: {'valid' if sub.valid else 'INVALID'}; captured: {captured}"

@@ -10,6 +10,7 @@ from attnhal.cli.inputs import (
     add_plan_input_flags,
     add_spec_flags,
     context_from,
+    layout_from,
     phase_backends,
     policy_from,
     read_backends,
@@ -46,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0 for a valid plan, 1 for an invalid one; with ``--engine``: :func:`attnhal.cli.engine.engine_status`."""
     if args.engine or args.engine_args:
         return engine.run_plan(args)
-    spec, policy, context = spec_from(args), policy_from(args), context_from(args)
+    spec, policy, context, layout = spec_from(args), policy_from(args), context_from(args), layout_from(args)
     read = read_backends(args, args.registry)
     platform = resolve_platform(args.platform)  # last: detecting the device imports torch
-    result = plan(spec, platform, phase_backends(args, spec, platform, args.registry, read), policy, context)
+    result = plan(spec, platform, phase_backends(args, spec, platform, args.registry, read), policy, context, layout)
     if args.json:
         print_json(result.to_dict())
     else:

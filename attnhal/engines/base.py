@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from attnhal.capabilities import BackendCapabilities
 from attnhal.engines.flags import EngineArgError, Flag, cli_name
 from attnhal.errors import InvalidValue
-from attnhal.phases import Phase
+from attnhal.phases import DEFAULT_LAYOUT, Phase, StepLayout
 from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends, plan
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import RequestContext, SpecConfig
@@ -94,7 +94,10 @@ class EngineConfig:
     Every adapter resolves to this type (or a subclass adding the engine's own facts). ``roles``
     maps each phase (``"prefill"``, ``"decode"``, ``"draft_decode"``, ``"draft_extend"``,
     ``"target_verify"``) to the engine's name of the backend running it (``None``: not run);
-    ``backends`` holds their descriptors. Subclasses refine what is printed and reported.
+    ``backends`` holds their descriptors. ``layout`` is how the engine's worker lays out a
+    step (:class:`~attnhal.phases.StepLayout`: draft steps as decodes or as extends, phases it
+    captures as one graph); the planner reads it as data. Subclasses refine what is printed and
+    reported.
     """
 
     engine: str
@@ -106,6 +109,7 @@ class EngineConfig:
     roles: Mapping[str, str | None] = field(default_factory=dict)
     ignored: tuple[str, ...] = ()  # harmless flags given (argument names)
     notes: tuple[str, ...] = ()
+    layout: StepLayout = DEFAULT_LAYOUT
 
     def context_on(self, platform: Platform) -> RequestContext:
         """The request context on ``platform`` (an engine may set the page size per platform)."""
@@ -114,7 +118,7 @@ class EngineConfig:
     def plan(self, platform: Platform | str) -> GraphPlan:
         """attnhal's plan for these flags on ``platform``."""
         where = as_platform(platform)
-        return plan(self.spec, where, self.backends, self.policy, self.context_on(where))
+        return plan(self.spec, where, self.backends, self.policy, self.context_on(where), self.layout)
 
     def described(self) -> list[tuple[BackendCapabilities, list[str]]]:
         """Each descriptor the roles read, with the roles it runs, in role order (for ``explain``)."""

@@ -160,7 +160,8 @@ class SpecWorker:
         pages = max_reqs * -(-max_context_len // P) + -(-extra_slots // P)
         # MLA: one latent tensor per layer (V = K's first columns).
         return KVPool(num_layers=cfg.num_layers, num_slots=pages * P, num_kv_heads=att.num_kv_heads,
-                      head_dim=att.head_size, dtype=self.cache_dtype, max_reqs=max_reqs,
+                      head_dim=att.head_size, kv_format=self.kv_dtype, fp8_flavor=self.platform.fp8_flavor,
+                      max_reqs=max_reqs,
                       max_context_len=max_context_len, device=self.device, page_size=P,
                       v_head_dim=att.out_head_size, v_in_k=cfg.mla)
 

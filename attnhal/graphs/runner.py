@@ -32,6 +32,7 @@ import torch
 
 from attnhal.backend.batch import ForwardBatch
 from attnhal.phases import Phase
+from attnhal.errors import InvalidValue
 from attnhal.planner import GraphPlan
 from attnhal.platform import GraphKind, Platform
 from attnhal.platform.detection import torch_version
@@ -113,6 +114,10 @@ class GraphRunner:
         if capture_error_mode not in CAPTURE_ERROR_MODES:
             raise ValueError(f"capture_error_mode={capture_error_mode!r} "
                              f"(supported: {', '.join(CAPTURE_ERROR_MODES)})")
+        if plan.layout.graph_groups:  # never one graph per phase where the plan says one graph for several
+            raise InvalidValue("layout.graph_groups", ", ".join(plan.graph_groups),
+                               "none: GraphRunner captures one graph per phase; an engine capturing a group "
+                               "as one graph runs it with its own runner")
         self._plan = plan
         self.platform = platform
         self._capture_error_mode = capture_error_mode

@@ -6,20 +6,22 @@ that phase's own backend descriptor — resolved once against the plan's
 config) — and :class:`~attnhal.platform.Platform` fields; there is no
 ``isinstance`` and no vendor branch here, so a CUDA and a HIP platform with a
 graph API get the same plan for the same vendor-independent descriptors.
-Which phases run is data: :data:`~attnhal.phases.ALGORITHM_PHASES`, read through
-:func:`~attnhal.phases.not_run_reason`.
+Which phases run is data: :data:`~attnhal.phases.ALGORITHM_PHASES` and the engine's
+:class:`~attnhal.phases.StepLayout`, read through :func:`~attnhal.phases.not_run_reason`.
+Phases the layout captures as one graph (a :class:`~attnhal.phases.GraphGroup`) get one
+answer, joined from their own decisions (:func:`_join_group`).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from attnhal.capabilities.conditions import Facts
 from attnhal.capabilities.descriptor import BackendCapabilities
 from attnhal.capabilities.support import AttentionRequest, fp8_reasons, request_reasons
-from attnhal.phases import Feature, Phase, not_run_reason, tokens_per_request
+from attnhal.phases import DEFAULT_LAYOUT, Feature, GraphGroup, Phase, StepLayout, not_run_reason, tokens_per_request
 from attnhal.planner.policy import GraphPolicy
 from attnhal.planner.result import GraphPlan, PhasePlan
 from attnhal.planner.roles import PhaseBackends
@@ -56,14 +58,16 @@ class _Resolved:
     spec: SpecConfig
     platform_reasons: tuple[Reason, ...]
     context_reasons: tuple[Reason, ...]
-    decisions: dict[tuple[Phase, GraphPolicy, str | None], PhasePlan] = field(default_factory=dict, repr=False)
+    decisions: dict[tuple[Phase, GraphPolicy, str | None, StepLayout], PhasePlan] = field(default_factory=dict,
+                                                                                         repr=False)
 
-    def decide(self, phase: Phase, policy: GraphPolicy, role: str | None) -> PhasePlan:
-        """The decision for ``phase`` run by this backend in ``role`` under ``policy``."""
-        key = (phase, policy, role)
+    def decide(self, phase: Phase, policy: GraphPolicy, role: str | None,
+               layout: StepLayout = DEFAULT_LAYOUT) -> PhasePlan:
+        """The decision for ``phase`` run by this backend in ``role`` under ``policy`` and ``layout``."""
+        key = (phase, policy, role, layout)
         decision = self.decisions.get(key)
         if decision is None:
-            decision = self.decisions[key] = _decide(phase, self, self.spec, self.platform, policy, role)
+            decision = self.decisions[key] = _decide(phase, self, self.spec, self.platform, policy, role, layout)
         return decision
 
 
@@ -126,16 +130,17 @@ def _capture_reasons(phase: Phase, caps: BackendCapabilities, spec: SpecConfig,
 
 def plan_phase(phase: Phase, caps: BackendCapabilities | None, spec: SpecConfig,
                platform: Platform, policy: GraphPolicy, context: RequestContext | None = None,
-               role: str | None = None) -> PhasePlan:
-    """The decision for one phase, from that phase's own backend descriptor only."""
+               role: str | None = None, layout: StepLayout = DEFAULT_LAYOUT) -> PhasePlan:
+    """The decision for one phase, from that phase's own backend descriptor only (a phase of a
+    graph group is joined with the others by :func:`plan`, not here)."""
     if caps is None:
-        return _decide(phase, None, spec, platform, policy, role)
-    return _resolved(caps, platform, context or _NO_CONTEXT, spec).decide(phase, policy, role)
+        return _decide(phase, None, spec, platform, policy, role, layout)
+    return _resolved(caps, platform, context or _NO_CONTEXT, spec).decide(phase, policy, role, layout)
 
 
 def _decide(phase: Phase, backend: _Resolved | None, spec: SpecConfig, platform: Platform,
-            policy: GraphPolicy, role: str | None) -> PhasePlan:
-    not_run = not_run_reason(phase, spec)
+            policy: GraphPolicy, role: str | None, layout: StepLayout = DEFAULT_LAYOUT) -> PhasePlan:
+    not_run = not_run_reason(phase, spec, layout)
     if not_run is not None:
         return PhasePlan(runs=False, capture=False, backend=None, reasons=(not_run,))
     if backend is None:
@@ -167,7 +172,8 @@ _NO_CONTEXT = RequestContext()
 
 
 def plan(spec: SpecConfig, platform: Platform | str, backends: PhaseBackends,
-         policy: GraphPolicy | None = None, context: RequestContext | None = None) -> GraphPlan:
+         policy: GraphPolicy | None = None, context: RequestContext | None = None,
+         layout: StepLayout | None = None) -> GraphPlan:
     """Decide, for every phase, whether it runs and whether it is captured as a graph.
 
     Parameters
@@ -180,6 +186,10 @@ def plan(spec: SpecConfig, platform: Platform | str, backends: PhaseBackends,
     context: model and KV-cache facts (page size, kv dtype, model kind, ...); every
         running phase checks its backend against them, and conditional claims
         (variants) resolve against them.
+    layout: how the engine's worker lays out a step (default: EAGLE's, draft steps as decodes,
+        one graph per phase): with draft steps as extends draft_decode does not run; the phases of
+        each graph group get one answer, captured together at the batch sizes all of them
+        capture, or all eager with a ``graph_group`` reason naming the phase that is not.
 
     Never raises for a well-formed input; a phase that runs without a capable
     backend makes the plan invalid (``GraphPlan.valid``), with its reasons.
@@ -194,11 +204,13 @@ def plan(spec: SpecConfig, platform: Platform | str, backends: PhaseBackends,
     check_type("policy", policy, GraphPolicy)
     context = context if context is not None else _NO_CONTEXT
     check_type("context", context, RequestContext)
+    layout = layout if layout is not None else DEFAULT_LAYOUT
+    check_type("layout", layout, StepLayout)
     counts = sorted(set(policy.step_counts or ()) - {spec.num_steps})
     unfit = {n: r for n in counts if (r := _unfit_step_count(spec, n)) is not None}
-    adaptive = {n: _plan_once(spec.with_steps(n), platform, backends, policy, context)
+    adaptive = {n: _plan_once(spec.with_steps(n), platform, backends, policy, context, layout)
                 for n in counts if n not in unfit}
-    return _plan_once(spec, platform, backends, policy, context, adaptive, unfit)
+    return _plan_once(spec, platform, backends, policy, context, layout, adaptive, unfit)
 
 
 def _unfit_step_count(spec: SpecConfig, num_steps: int) -> Reason | None:
@@ -215,18 +227,41 @@ def _unfit_step_count(spec: SpecConfig, num_steps: int) -> Reason | None:
 
 
 def _plan_once(spec: SpecConfig, platform: Platform, backends: PhaseBackends, policy: GraphPolicy,
-               context: RequestContext, adaptive: Mapping[int, GraphPlan] | None = None,
+               context: RequestContext, layout: StepLayout, adaptive: Mapping[int, GraphPlan] | None = None,
                unfit_steps: Mapping[int, Reason] | None = None) -> GraphPlan:
     resolved: dict[int, _Resolved] = {}  # each distinct backend looked up once per plan
     phases = {}
     for phase in _PHASES:
         role, caps = backends.role(phase)
         if caps is None:
-            phases[phase] = _decide(phase, None, spec, platform, policy, role)
+            phases[phase] = _decide(phase, None, spec, platform, policy, role, layout)
             continue
         backend = resolved.get(id(caps))
         if backend is None:
             backend = resolved[id(caps)] = _resolved(caps, platform, context, spec)
-        phases[phase] = backend.decide(phase, policy, role)
+        phases[phase] = backend.decide(phase, policy, role, layout)
+    for group in layout.graph_groups:
+        phases.update(_join_group(group, phases))
     return GraphPlan(platform=platform.name, spec=spec, policy=policy, phases=phases, context=context,
-                     adaptive=adaptive or {}, unfit_steps=unfit_steps or {})
+                     adaptive=adaptive or {}, unfit_steps=unfit_steps or {}, layout=layout)
+
+
+def _join_group(group: GraphGroup, phases: Mapping[Phase, PhasePlan]) -> dict[Phase, PhasePlan]:
+    """The one answer for the running phases of ``group``: captured in one graph at the batch
+    sizes every one of them captures, or none captured, each saying which phase is not and why."""
+    members = {p: d for p, d in phases.items() if p in group.phases and d.runs}
+    sizes = sorted(set.intersection(*(set(d.capture_sizes) for d in members.values()))) if members else []
+    eager = next(((p, d) for p, d in members.items() if not d.capture), None)
+    if eager is None and sizes:
+        return {p: replace(d, graph=group.name, capture_sizes=tuple(sizes)) for p, d in members.items()}
+    if eager is not None:
+        phase, decision = eager
+        why = "; ".join(str(r) for r in decision.reasons) or "not captured"
+        said = reason(ReasonCode.GRAPH_GROUP, "graph", group.name,
+                      f"a graph whose phases all capture; {phase.value} does not: {why}")
+    else:
+        said = reason(ReasonCode.GRAPH_GROUP, "graph", group.name,
+                      "a graph whose phases share a capture batch size; these share none")
+    return {p: replace(d, graph=group.name) if not d.capture else
+            replace(d, graph=group.name, capture=False, capture_sizes=(), seq_len_fill=None, reasons=(*d.reasons, said))
+            for p, d in members.items()}

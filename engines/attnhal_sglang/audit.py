@@ -24,7 +24,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from attnhal.catalog import load
-from attnhal.phases import Phase
+from attnhal.phases import DraftSteps, Phase
 from attnhal.planner import GraphPlan, PhasePlan
 from attnhal.platform import Platform, Vendor, as_platform
 from attnhal.reasons import Reason, ReasonCode
@@ -78,7 +78,7 @@ def _hip_extend_eager(config: EngineConfig, platform: Platform) -> bool:
     anyway (its ``run_limits``), so they are not this difference."""
     roles, spec = config.roles, config.spec
     extend = roles.get("draft_extend")
-    return (_EXTEND_RULE_READS.get(platform.vendor) == "draft_decode" and extend in ("aiter", "triton")
+    return (_eagle_worker(config) and _EXTEND_RULE_READS.get(platform.vendor) == "draft_decode" and extend in ("aiter", "triton")
             and roles.get("draft_decode") != "aiter" and not (extend == "aiter" and spec.topk > 1))
 
 
@@ -87,6 +87,13 @@ def _extend_gets_decode_runner(platform: Platform) -> bool:
 
     device = device_of(platform)
     return device is not None and DRAFT_RUNNERS["draft_extend"][device] == DRAFT_RUNNERS["draft_decode"][device]
+
+
+def _eagle_worker(config: EngineConfig) -> bool:
+    """eagle_worker_v2 runs the draft (its graph rules D1, D2, D7, D9): draft steps as decodes.
+    Multi-layer EAGLE's worker (draft steps as extends) has its own rule, with no vendor list
+    (:mod:`attnhal_sglang.multi_layer`)."""
+    return config.layout.draft_steps is DraftSteps.DECODE
 
 
 def _split(config: EngineConfig) -> bool:
@@ -108,14 +115,15 @@ RULES: Mapping[str, Rule] = {
     "D1": lambda c, p: _hip_extend_eager(c, p) and not _split(c) and c.roles.get("draft_extend") == "aiter",
     "D2": lambda c, p: _hip_extend_eager(c, p) and not _split(c) and c.roles.get("draft_extend") == "triton",
     "D7": lambda c, p: _hip_extend_eager(c, p) and _split(c),
+    # No multi-step draft backend (the one that refuses trees): one step, NGRAM, or multi-layer EAGLE.
     "D3": lambda c, p: (c.context.model is ModelKind.MLA and _tree(c) and c.roles.get("target_verify") == "flashinfer"
-                        and (c.spec.num_steps == 1 or c.spec.algorithm is SpecAlgorithm.NGRAM)),
+                        and c.roles.get("draft_decode") is None),
     "D4": lambda c, p: _tree(c) and c.roles.get("target_verify") == "dsa" and _page_one(c, p),
     "D6": lambda c, p: (_tree(c) and c.spec.algorithm is SpecAlgorithm.NGRAM
                         and c.roles.get("target_verify") == "torch_native" and _page_one(c, p)),
     # Where SGLang's runner table gives draft extend the draft-decode runner class (MUSA), for a
     # draft extend the CUDA/MUSA allowlist admits (eagle_worker_v2.py:539-544, 567-611): triton.
-    "D9": lambda c, p: (_extend_gets_decode_runner(p) and c.roles.get("draft_extend") == "triton"
+    "D9": lambda c, p: (_eagle_worker(c) and _extend_gets_decode_runner(p) and c.roles.get("draft_extend") == "triton"
                         and c.spec.algorithm is not SpecAlgorithm.NGRAM),
 }
 

@@ -21,10 +21,11 @@ from attnhal.engines.flags import EngineArgError, cli_name, model_kind
 from attnhal.errors import InvalidValue
 from attnhal_sglang.flags import (ALGORITHMS, DTYPES, FIELD_FLAGS, FLAGS, HARMLESS, KV_CACHE_DTYPES,
                                           SGLANG_VERSION)
+from attnhal_sglang import multi_layer
 from attnhal_sglang.defaults import base_backend, needs_default
 from attnhal_sglang.env import BOOL_ENV, DRAFT_EXTEND_GRAPH_OFF, SINGLE_GRAPH_DRAFT, env_bool
 from attnhal_sglang.pages import DEFAULT_PAGE_SIZE, PageSize, model_note, resolve_page_size
-from attnhal.phases import Phase, phases_run
+from attnhal.phases import DEFAULT_LAYOUT, Phase, StepLayout, phases_run
 from attnhal.planner import AttentionMode, GraphPlan, GraphPolicy, PhaseBackends, phase_roles
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind, RequestContext, SpecAlgorithm, SpecConfig
@@ -118,6 +119,9 @@ class SglangConfig(EngineConfig):
 
         late = {failure.phase.value: failure for failure in late_failures(self, platform)}
         rows = plan_rows(result, engine_differs(self, platform))
+        if self.layout is multi_layer.MULTI_LAYER:  # the multi-layer worker's own draft-extend graph rule
+            rows = [multi_layer.draft_extend_row(row, self, platform, result) if row.phase == "draft_extend" else row
+                    for row in rows]
         return [row if row.phase not in late else
                 GraphRow(row.phase, "-", "fails at start" if late[row.phase].when == AT_CAPTURE else "fails later",
                          late[row.phase].backend, str(late[row.phase]), row.change, "late failure")
@@ -190,12 +194,14 @@ def _spec_or_error(build: Callable[[], SpecConfig]) -> SpecConfig:
         raise flag_error(exc, FIELD_FLAGS) from None
 
 
-def roles(values: Mapping[str, Any], spec: SpecConfig) -> dict[str, str | None]:
+def roles(values: Mapping[str, Any], spec: SpecConfig, layout: StepLayout = DEFAULT_LAYOUT) -> dict[str, str | None]:
     """The SGLang backend name running each role, as SGLang picks them.
 
     prefill/decode: the split flags over ``--attention-backend`` (draft_utils.py:55-61);
     target verify and draft extend follow ``--speculative-attention-mode`` (draft_utils.py:145-149);
-    the draft model's backend is ``--speculative-draft-attention-backend`` when given (draft_utils.py:45,61).
+    the draft model's backend is ``--speculative-draft-attention-backend`` when given (draft_utils.py:45,61);
+    ``layout``: multi-layer EAGLE's draft steps are extends (no draft-decode role,
+    :mod:`~attnhal_sglang.multi_layer`).
     """
     base = values.get("attention_backend")
     decode = values.get("decode_attention_backend", base)
@@ -210,7 +216,7 @@ def roles(values: Mapping[str, Any], spec: SpecConfig) -> dict[str, str | None]:
     if extend is not None:
         names[Phase.DRAFT_EXTEND] = _EXTEND_ON.get(extend, extend)
     # The speculative roles exist only where their phase runs (no draft backend for n-gram or one step).
-    runs = phases_run(spec) | {Phase.PREFILL, Phase.DECODE}
+    runs = phases_run(spec, layout) | {Phase.PREFILL, Phase.DECODE}
     return {phase.value: name if phase in runs else None for phase, name in names.items()}
 
 
@@ -272,7 +278,8 @@ def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[
         values = {**values, "attention_backend": base.name}
         notes.append(str(base))
     spec = _spec(values, notes)
-    names = roles(values, spec)
+    layout = multi_layer.layout(values, spec, notes)
+    names = roles(values, spec, layout)
     if not {"cuda_graph_max_bs", "cuda_graph_max_bs_decode", "cuda_graph_bs", "cuda_graph_bs_decode"} & set(values):
         notes.append(f"capture batch sizes up to {DEFAULT_MAX_BS}: SGLang sizes them from GPU memory; "
                      "give --cuda-graph-max-bs-decode to match a server")
@@ -283,4 +290,4 @@ def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[
                              page_size=resolve_page_size(values, kind).value)
     return SglangConfig(spec=spec, backends=_backends(names, values.get("speculative_attention_mode", "prefill")),
                         policy=_policy(values, env or {}, spec), context=context, roles=names, ignored=ignored,
-                        notes=tuple(notes), values=values, default_for=default_for)
+                        notes=tuple(notes), values=values, default_for=default_for, layout=layout)

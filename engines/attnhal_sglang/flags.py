@@ -106,6 +106,7 @@ FLAGS: Mapping[str, Flag] = {
     "cuda_graph_bs": Flag(positive_list),
     "cuda_graph_bs_decode": Flag(positive_list),
     "disable_cuda_graph_padding": Flag(truth, boolean=True),
+    "enable_multi_layer_eagle": Flag(truth, boolean=True),
 }
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnhal.phases import Phase
+from attnhal.phases import DraftSteps, Phase
 from attnhal.platform import Platform, Vendor, as_platform
 
 if TYPE_CHECKING:
@@ -52,10 +52,13 @@ _AITER_EXTEND_CAPTURED_BY: Mapping[Vendor, str] = {Vendor.HIP: "draft_decode"}
 
 def _sglang_captures_aiter_extend(config: EngineConfig, platform: Platform) -> bool:
     """Whether SGLang builds aiter's draft-extend runner: the role above is aiter, graphs are on
-    and the env switch is off (eagle_worker_v2.py:625-628)."""
+    and the env switch is off (eagle_worker_v2.py:625-628); multi-layer EAGLE builds it whenever
+    graphs are on (multi_layer_eagle_worker_v2.py:417-457)."""
+    graphs_on = config.policy.enabled and Phase.DRAFT_EXTEND not in config.policy.disabled_phases
+    if config.layout.draft_steps is DraftSteps.EXTEND:  # multi-layer EAGLE: no role rule, graphs on is enough
+        return graphs_on and platform.vendor in _AITER_EXTEND_CAPTURED_BY
     role = _AITER_EXTEND_CAPTURED_BY.get(platform.vendor)
-    return (role is not None and config.roles.get(role) == "aiter" and config.policy.enabled
-            and Phase.DRAFT_EXTEND not in config.policy.disabled_phases)
+    return role is not None and config.roles.get(role) == "aiter" and graphs_on
 
 
 def late_failures(config: EngineConfig, platform: Platform | str) -> tuple[LateFailure, ...]:

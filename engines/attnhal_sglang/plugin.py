@@ -366,8 +366,9 @@ class EagleDraftHook:
                 setattr(worker, attr, getattr(module, name)(worker))
 
 
-def _unmodelled(what: str, runners: Mapping[str, str]) -> Callable[[str], Callable[..., Any]]:
-    """A hook for a worker whose algorithm attnhal does not model: SGLang decides, one warning says so."""
+def _unmodelled(what: str, runners: Mapping[str, str],
+                said: str = "is not modelled by attnhal") -> Callable[[str], Callable[..., Any]]:
+    """A hook for a worker the plugin does not audit: SGLang decides, one warning says so."""
 
     def make(mode: str) -> Callable[..., Any]:
         logger = _Log()
@@ -377,7 +378,7 @@ def _unmodelled(what: str, runners: Mapping[str, str]) -> Callable[[str], Callab
             try:
                 built = ", ".join(f"{phase} {'captured' if getattr(worker, attr, None) is not None else 'eager'}"
                                   for phase, attr in runners.items())
-                logger.warn_once(f"{type(worker).__name__}: {what} is not modelled by attnhal; SGLang's graph "
+                logger.warn_once(f"{type(worker).__name__}: {what} {said}; SGLang's graph "
                                  f"decision ({built}) is left as it is")
             except Exception:
                 log.exception("attnhal: the %s hook failed; SGLang's own decision stands", type(worker).__name__)
@@ -392,7 +393,8 @@ def _unmodelled(what: str, runners: Mapping[str, str]) -> Callable[[str], Callab
 HOOKS: Mapping[str, Callable[[str], Callable[..., Any]]] = {
     f"{_EAGLE}.EagleDraftWorker._capture_cuda_graphs": EagleDraftHook,
     "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker._capture_cuda_graphs":
-        _unmodelled("multi-layer EAGLE", {"draft_extend": "cuda_graph_runner_for_draft_extend"}),
+        _unmodelled("multi-layer EAGLE", {"draft_extend": "cuda_graph_runner_for_draft_extend"},
+                    "is planned by attnhal (attnhal plan --engine sglang), not audited by its plugin"),
     "sglang.srt.speculative.frozen_kv_mtp_worker_v2.FrozenKVMTPDraftWorker._capture_cuda_graphs":
         _unmodelled("frozen-KV MTP", {"draft_decode": "cuda_graph_runner"}),
 }

@@ -30,6 +30,28 @@ def test_e4m3_without_a_flavour_is_an_error_not_a_guess():
         kv_storage_dtype("fp8", Fp8Flavor.OCP)
 
 
+def test_the_pool_keeps_the_format_row_it_is_given():
+    """A row in, the same row kept: no name -> torch dtype -> name walk (the dtype form reads
+    the row once from storage, for callers holding a torch dtype)."""
+    from attnhal.kv_format import kv_format
+
+    row = kv_format("fp8_e4m3")
+    pool = KVPool(num_layers=1, num_slots=8, num_kv_heads=1, head_dim=8, max_reqs=1, max_context_len=8,
+                  kv_format=row, fp8_flavor=Fp8Flavor.FNUZ)
+    assert pool.kv_format is row and pool.dtype == torch.float8_e4m3fnuz and pool.fp8_flavor is Fp8Flavor.FNUZ
+    named = KVPool(num_layers=1, num_slots=8, num_kv_heads=1, head_dim=8, max_reqs=1, max_context_len=8,
+                   kv_format="bfloat16", fp8_flavor=Fp8Flavor.OCP)
+    assert named.kv_format is kv_format("bfloat16") and named.fp8_flavor is Fp8Flavor.NONE
+    assert (named.dtype, named.kv_dtype) == (_pool(torch.bfloat16).dtype, _pool(torch.bfloat16).kv_dtype)
+    with pytest.raises(ValueError, match=r"fp8_flavor='none' \(supported: e4m3fn, e4m3fnuz"):
+        KVPool(num_layers=1, num_slots=8, num_kv_heads=1, head_dim=8, max_reqs=1, max_context_len=8,
+               kv_format="fp8_e4m3")
+    with pytest.raises(TypeError, match="exactly one of them"):
+        _pool(torch.float16, kv_format="float16")
+    with pytest.raises(TypeError, match="exactly one of them"):
+        KVPool(num_layers=1, num_slots=8, num_kv_heads=1, head_dim=8, max_reqs=1, max_context_len=8)
+
+
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2])
 def test_fp8_write_quantizes_with_the_layer_scale_and_clamps(dtype):
     pool = _pool(dtype)

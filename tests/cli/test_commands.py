@@ -28,7 +28,7 @@ def test_plan_json_seed_scenario(capsys, platform):
     assert data["phases"]["draft_decode"]["runs"] is False
     for d in data["phases"].values():
         assert set(d) == {"runs", "capture", "backend", "reasons", "role", "capture_sizes", "seq_len_fill",
-                          "variants"}
+                          "variants", "graph"}
         assert all(set(r) == {"code", "message"} for r in d["reasons"])
 
 
@@ -211,3 +211,19 @@ def test_the_graphs_line_shows_no_capture_sizes_without_a_graph_api(capsys):
     assert code == 0 and out.splitlines()[1] == "graphs: none (platform cpu,nographs has no graph API)"
     code, out, _ = run(capsys, "plan", "--backend", "torch", "--platform", "cpu", "--spec-steps", "1")
     assert code == 0 and out.splitlines()[1].startswith("graphs: capture sizes 1,2,4,")
+
+
+def test_plan_takes_an_engines_step_layout_from_the_command_line(capsys):
+    """``--one-graph`` (phases captured as one graph, one answer) and ``--draft-as extend`` (no draft_decode)."""
+    fused = "draft_extend,draft_decode,target_verify"
+    code, out, _ = run(capsys, "plan", "--backend", TRITON_LIKE, "--spec-steps", "3", "--platform", "hip:gfx942",
+                       "--one-graph", fused)
+    assert code == 0 and f"one graph '{fused.replace(',', '+')}': draft_decode, draft_extend, target_verify " \
+                          "-> captured together" in out
+    code, out, _ = run(capsys, "plan", "--backend", TRITON_LIKE, "--spec-steps", "3", "--platform", "hip:gfx942",
+                       "--draft-as", "extend", "--json")
+    data = json.loads(out)
+    assert data["layout"] == {"draft_steps": "extend", "graph_groups": {}}
+    assert not data["phases"]["draft_decode"]["runs"] and data["phases"]["draft_extend"]["capture"]
+    code, _, err = run(capsys, "explain", "--backend", TRITON_LIKE, "--spec-steps", "3", "--one-graph", "prefill,decode")
+    assert code == 2 and "--one-graph: graph_groups.prefill+decode=" in err

@@ -3,7 +3,9 @@
 The fake engine is a package written to ``tmp_path`` (``flags``, ``config``, ``adapter``, a
 catalogue folder) and registered by a ``*.dist-info/entry_points.txt`` of its own in the
 ``attnhal.engines`` group; the CLI runs in a subprocess with that folder on ``PYTHONPATH``.
-The command line knows no engine by name (checked on its source here too).
+The command line knows no engine by name (checked on its source here too). Its worker is shaped
+like TensorRT-LLM's one-model drafter: the draft steps and the verify run as ONE captured graph,
+which it says as data (``StepLayout`` with a ``GraphGroup``), and the plan gives that graph one answer.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ FLAGS = '''
 from attnhal.engines.flags import Flag, one_of, parse_cli, positive, truth
 
 VERSION = "1.0"
-FLAGS = {"backend": Flag(one_of(("fast",))), "draft_steps": Flag(positive),
+FLAGS = {"backend": Flag(one_of(("fast", "full"))), "draft_steps": Flag(positive),
          "no_graphs": Flag(truth, boolean=True)}
 HARMLESS = frozenset({"port"})
 FIELD_FLAGS = {"num_steps": (("--draft-steps", "--draft-steps"),)}
@@ -37,11 +39,15 @@ CONFIG = '''
 from attnhal.catalog import load
 from attnhal.engines.base import EngineConfig
 from attnhal.engines.flags import check, model_kind
-from attnhal.phases import Phase, phases_run
+from attnhal.phases import GraphGroup, Phase, StepLayout, phases_run
 from attnhal.planner import GraphPolicy, PhaseBackends
 from attnhal.spec import RequestContext, SpecConfig
 
 from fake_engine.flags import FLAGS, HARMLESS, VERSION
+
+# The one-model drafter: draft extend, the draft steps and the verify are one captured graph.
+ONE_MODEL = StepLayout(graph_groups=(
+    GraphGroup("one_model", {Phase.DRAFT_EXTEND, Phase.DRAFT_DECODE, Phase.TARGET_VERIFY}),))
 
 
 def resolve(args, platform, own):
@@ -54,7 +60,8 @@ def resolve(args, platform, own):
                         backends=PhaseBackends.same(load("fake:" + name).descriptor, spec),
                         policy=GraphPolicy(enabled=not values.get("no_graphs", False)),
                         context=RequestContext(model=model_kind(own.get("model"))),
-                        roles={p.value: name if p in runs else None for p in Phase}, ignored=ignored)
+                        roles={p.value: name if p in runs else None for p in Phase}, ignored=ignored,
+                        layout=ONE_MODEL)
 '''
 
 ADAPTER = '''
@@ -97,8 +104,11 @@ target_verify = {}
 [catalog]
 engine = "fake"
 version = "1.0"
-summary = "the fake engine's one backend: no draft-extend graph"
+summary = "the fake engine's lean backend: no draft-extend graph"
 '''
+
+FULL_TOML = FAST_TOML.replace('"fake:fast"', '"fake:full"').replace(
+    "target_verify = {}\n", "target_verify = {}\ndraft_extend = {}\n", 1).replace("lean backend: no", "full backend: every")
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +117,8 @@ def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     package = root / "fake_engine"
     (package / "catalog").mkdir(parents=True)
     for name, text in {"__init__.py": "", "flags.py": FLAGS, "config.py": CONFIG, "adapter.py": ADAPTER,
-                       "catalog/__init__.py": "", "catalog/fast.toml": FAST_TOML}.items():
+                       "catalog/__init__.py": "", "catalog/fast.toml": FAST_TOML,
+                       "catalog/full.toml": FULL_TOML}.items():
         (package / name).write_text(text.lstrip(), encoding="utf-8")
     info = root / "fake_engine-1.0.dist-info"
     info.mkdir()
@@ -130,18 +141,37 @@ def test_plan_explain_and_catalog_take_an_engine_registered_out_of_tree(fake_eng
     assert done.returncode == 0, done.stderr
     assert "engine: fake 1.0 flags -> roles: prefill=fast, decode=fast, draft_decode=fast" in done.stdout
     assert re.search(r"draft_extend\s+yes\s+no\s+fake:fast", done.stdout), done.stdout
-    assert re.search(r"target_verify\s+yes\s+yes\s+fake:fast", done.stdout), done.stdout
+    # target_verify's own backend captures it, but it is one graph with draft_extend, which is not captured
+    assert re.search(r"target_verify\s+yes\s+no\s+fake:fast[^\n]*\[graph_group\] graph=one_model", done.stdout)
+    assert "one graph 'one_model': draft_decode, draft_extend, target_verify -> eager" in done.stdout
     assert "ignored (cannot change an attention-graph decision): --port" in done.stdout
 
     done = _attnhal(fake_engine, "plan", "--engine", "fake", "--json", *flags)
     data = json.loads(done.stdout)
     assert data["engine"] == "fake" and data["version"] == "1.0" and data["roles"]["draft_extend"] == "fast"
     assert data["plan"]["valid"] is True
+    assert data["plan"]["layout"] == {"draft_steps": "decode", "graph_groups": {
+        "one_model": ["draft_decode", "draft_extend", "target_verify"]}}
+    assert [data["plan"]["phases"][p]["graph"] for p in ("decode", "draft_decode", "target_verify")] == \
+        [None, "one_model", "one_model"]
+    verify = data["plan"]["phases"]["target_verify"]
+    assert not verify["capture"] and verify["reasons"][-1]["code"] == "graph_group"
 
     done = _attnhal(fake_engine, "explain", "--engine", "fake", "--json", *flags)
     data = json.loads(done.stdout)
     assert done.returncode == 0 and [b["backend"] for b in data["backends"]] == ["fake:fast"]
     assert data["backends"][0]["fits"] and "target_verify" in data["backends"][0]["roles"]
+    assert data["plan"]["layout"]["graph_groups"] == {"one_model": ["draft_decode", "draft_extend", "target_verify"]}
+    done = _attnhal(fake_engine, "explain", "--engine", "fake", *flags)
+    assert "one graph 'one_model': draft_decode, draft_extend, target_verify -> eager" in done.stdout
+
+    done = _attnhal(fake_engine, "plan", "--engine", "fake", "--json", *flags, "--backend", "full")
+    phases = json.loads(done.stdout)["plan"]["phases"]
+    fused = [phases[p] for p in ("draft_decode", "draft_extend", "target_verify")]
+    assert all(p["capture"] and p["graph"] == "one_model" for p in fused)
+    assert len({tuple(p["capture_sizes"]) for p in fused}) == 1  # one graph, one set of batch sizes
+    done = _attnhal(fake_engine, "plan", "--engine", "fake", *flags, "--backend", "full")
+    assert "one graph 'one_model': draft_decode, draft_extend, target_verify -> captured together" in done.stdout
 
     done = _attnhal(fake_engine, "catalog", "--json")
     assert {"name": "fake:fast", "engine": "fake", "version": "1.0"}.items() <= next(

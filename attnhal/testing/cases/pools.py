@@ -13,6 +13,7 @@ import torch
 
 from attnhal.backend import KVPool
 from attnhal.phases import Phase
+from attnhal.platform import Fp8Flavor
 from attnhal.testing.cases.recipe import CaseRecipe
 from attnhal.testing.oracle import quantize
 
@@ -52,7 +53,8 @@ def make_pool(recipe: CaseRecipe, size: PoolSize | None = None, device: str | to
     """
     size = size or pool_size(recipe)
     pool = KVPool(num_layers=recipe.num_layers, num_slots=size.num_slots, num_kv_heads=recipe.num_kv_heads,
-                  head_dim=recipe.head_size, dtype=recipe.cache_dtype, max_reqs=size.max_reqs,
+                  head_dim=recipe.head_size, kv_format=recipe.kv_dtype or recipe.dtype,
+                  fp8_flavor=Fp8Flavor(recipe.fp8_flavor), max_reqs=size.max_reqs,
                   max_context_len=size.max_context_len, device=device, page_size=recipe.page_size,
                   v_head_dim=recipe.v_head_size)
     if pool.kv_format.scaled:

@@ -356,7 +356,10 @@ def multi_layer_eagle_graphs(resolution: Resolution, platform: str,
         except Exception as exc:
             return DraftGraphs(error=_error(exc))
         worker._capture_cuda_graphs()
-        return DraftGraphs(None, _class_name(worker.draft_extend_attn_backend_list[0]), dict(built))
+        # Each phase's runner as the worker keeps it: the multi-layer worker has no draft-decode slot filled.
+        slots = {"draft_decode": worker.cuda_graph_runner, "draft_extend": worker.cuda_graph_runner_for_draft_extend}
+        return DraftGraphs(None, _class_name(worker.draft_extend_attn_backend_list[0]),
+                           {phase: r.name for phase, r in slots.items() if isinstance(r, _Recorder)})
 
 
 def frozen_kv_mtp_graphs(resolution: Resolution, platform: str) -> DraftGraphs:

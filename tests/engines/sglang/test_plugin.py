@@ -379,8 +379,8 @@ def test_multi_layer_eagle_and_frozen_kv_mtp_are_left_to_sglang_with_one_warning
             assert harness.frozen_kv_mtp_graphs(frozen, "hip:gfx942").runners == {
                 "draft_decode": "FrozenKVMTPCudaGraphRunner"}
     assert lines() == [
-        "attnhal: MultiLayerEagleDraftWorker: multi-layer EAGLE is not modelled by attnhal; SGLang's graph "
-        "decision (draft_extend captured) is left as it is",
+        "attnhal: MultiLayerEagleDraftWorker: multi-layer EAGLE is planned by attnhal (attnhal plan --engine "
+        "sglang), not audited by its plugin; SGLang's graph decision (draft_extend captured) is left as it is",
         "attnhal: FrozenKVMTPDraftWorker: frozen-KV MTP is not modelled by attnhal; SGLang's graph decision "
         "(draft_decode captured) is left as it is"]
 

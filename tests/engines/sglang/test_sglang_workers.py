@@ -1,9 +1,9 @@
 """The graph decisions of SGLang 0.5.23's other speculative workers, executed on each emulated platform.
 
-attnhal has no algorithm for multi-layer EAGLE, frozen-KV MTP or the block drafters (the
-adapter refuses them by name, saying why: ``attnhal_sglang.flags.UNMODELLED``): these
-tests record what SGLang's own code decides, so an algorithm added to attnhal can be compared
-with it. EAGLE, EAGLE3, NEXTN and STANDALONE are in the differential grid
+attnhal has no algorithm for frozen-KV MTP or the block drafters (the adapter refuses them by
+name, saying why: ``attnhal_sglang.flags.UNMODELLED``): these tests record what SGLang's own code
+decides, so an algorithm added to attnhal can be compared with it. Multi-layer EAGLE is planned
+(draft steps as extends), against its executed worker in ``test_sglang_multi_layer.py``. EAGLE, EAGLE3, NEXTN and STANDALONE are in the differential grid
 (``test_sglang_executed.py``); NGRAM builds no draft runner (its only graph is the target's
 verify graph, also in the grid). DFLASH and DSPARK read the GPU memory free after the target
 is loaded: the harness answers their TP-sync query with a given number of GB.
