@@ -79,15 +79,15 @@ def register_demand(target: str, options: dict[str, int], rows: int, n: int, d_q
 def _gqa_demand(target: str, form: Form) -> tuple[Any, ...]:
     c, d = form.constexprs, form.head_size
     q_bytes = 4 if form.dtype == "float32" else 2
+    fmt = kv_format(form.kv_dtype)
     if form.function == "decode_reduce_kernel":  # partials [BLOCK_S, D] fp32, no K/V tiles
         demand = register_demand(target, dict(form.row.launch_options), c["BLOCK_S"], 0, d, d, 4, 4)
     else:
-        fmt = kv_format(form.kv_dtype)
         kv_bytes = 1 if fmt.fp8 is not None else _BYTES[fmt.storage_name()]
         rows = c.get("BLOCK_M", c.get("BLOCK_H", 1))
         demand = register_demand(target, dict(form.row.launch_options), rows, c["BLOCK_N"], d, d, q_bytes, kv_bytes)
     group = c.get("GROUP", 1)
-    return (round(demand, 6), form.kv_dtype.startswith("fp8"), bool(c.get("USE_MASK")), not c.get("SPLIT", True),
+    return (round(demand, 6), fmt.fp8 is not None, bool(c.get("USE_MASK")), not c.get("SPLIT", True),
             bool(group & (group - 1)), c.get("MASK_WORDS", 1), group, d)
 
 
