@@ -10,6 +10,8 @@ resolution raises is refused at startup and not proposed; each downgrade of the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -30,8 +32,8 @@ Translate = Callable[[Mapping[str, Any], Platform, bool, ModelKind], VllmConfig]
 
 __all__ = ["advise"]
 
-_NOT_GIVEN = ("--attention-backend not given: vLLM picks one per platform and model, which attnhal does not model "
-              "(every catalogued backend that fits is compared)")
+_NOT_GIVEN = ("--attention-backend not given: vLLM picks one per platform and model, which attnhal models on CUDA "
+              "platforms only (every catalogued backend that fits is compared)")
 
 
 def _fitting(model: ModelKind, platform: Platform, named: str | None,
@@ -103,7 +105,12 @@ def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind |
                                         f"serves it (supported: {served_kinds('vllm', where)})")
     check_size(len(names), ("attention_backend",), limit)
     current = Option(flags=given, label="(vLLM's pick)", blocked=_NOT_GIVEN)
-    if named:
+    picked = _default_pick(translate, given, where, kind, trtllm_cubins) if not named else None
+    if picked is not None:  # vLLM's own choice (attnhal_vllm.selection), evaluated as if it were named
+        current = _evaluate(translate, given, given, where, kind, trtllm_cubins) or current
+        current = replace(current, label=f"{current.label}, vLLM's default choice")
+        named = picked
+    elif named:
         current = _evaluate(translate, given, given, where, kind, trtllm_cubins) or Option(
             flags=given, label=named, blocked=f"refused: {_refusal(translate, given, where, kind, trtllm_cubins)}")
     options = [o for name in names if name != named
@@ -112,6 +119,16 @@ def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind |
     ranked = sorted(options, key=rank_key)
     recommended = frontier(o for o in ranked if rank_key(o) < rank_key(current))[:top]
     return Advice(f"vLLM {release}", where.name, kind.value, current, recommended, (), len(names))
+
+
+def _default_pick(translate: Translate, given: Mapping[str, Any], platform: Platform, model: ModelKind,
+                  trtllm_cubins: bool) -> str | None:
+    """The backend vLLM picks without ``--attention-backend`` (``vllm:NAME``; None where attnhal does not
+    model the choice: another vendor)."""
+    try:
+        return translate(given, platform, trtllm_cubins, model).backend
+    except EngineArgError:
+        return None
 
 
 def _refusal(translate: Translate, given: Mapping[str, Any], platform: Platform, model: ModelKind,
