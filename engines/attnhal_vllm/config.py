@@ -107,17 +107,17 @@ class VllmConfig(EngineConfig):
 
 
 #: The ``--spec-*`` flags and the ``--speculative-config`` keys they stand for.
-SPEC_FLAG_KEYS = {"spec_method": "method", "spec_tokens": "num_speculative_tokens"}
+SPEC_FLAG_KEYS = {"spec_method": "method", "spec_model": "model", "spec_tokens": "num_speculative_tokens"}
 
 
 def _refuse_contradictions(values: Mapping[str, Any], speculative: Mapping[str, Any]) -> None:
-    """A ``--spec-*`` flag that contradicts the same key of ``--speculative-config`` is an error:
-    vLLM's own merge of the two is not modelled, so neither is picked silently."""
+    """A ``--spec-*`` flag and the same key of ``--speculative-config`` are refused together, as vLLM
+    refuses them (``engine/arg_utils.py:2108-2120``: mutually exclusive, even with the same value)."""
     for name, key in SPEC_FLAG_KEYS.items():
         flag = "--" + name.replace("_", "-")
-        if name in values and key in speculative and values[name] != speculative[key]:
-            raise EngineArgError(flag, f"{flag}={values[name]} contradicts --speculative-config {key}="
-                                       f"{speculative[key]} (supported: one of them, or both with the same value)")
+        if values.get(name) is not None and key in speculative:
+            raise EngineArgError(flag, f"{flag}={values[name]} with --speculative-config {key}={speculative[key]} "
+                                       f"(supported: one of them; vLLM refuses both as mutually exclusive)")
 
 
 def release_for(given: str | None) -> tuple[str, str]:
@@ -164,7 +164,7 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
         selection = _default_backend(args, where, model_kind(model), shape)
         values["attention_backend"] = selection.backend
     speculative = values.get("speculative_config", {})
-    _refuse_contradictions(values, speculative)
+    _refuse_contradictions({**args, **values}, speculative)  # --spec-model is read as harmless: args has it
     method = values.get("spec_method", speculative.get("method"))
     tokens = values.get("spec_tokens", speculative.get("num_speculative_tokens"))
     if (method is None) != (tokens is None):
