@@ -22,6 +22,7 @@ from attnhal.engines.advice import (MAX_COMBINATIONS, PRIORITY, Advice, Option, 
 from attnhal.engines.flags import EngineArgError, check, model_kind
 from attnhal_vllm.config import VllmConfig, from_engine_args
 from attnhal_vllm.flags import FLAGS, HARMLESS, VLLM_VERSION
+from attnhal_vllm.selection import ModelShape
 from attnhal.phases import Phase
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind
@@ -79,20 +80,21 @@ def _eager_reason(config: VllmConfig, phase: Phase, reasons: str, mode: str, lev
 def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind | str | None = None, *,
            trtllm_cubins: bool = True, top: int = 3, among: Collection[str] | None = None,
            limit: int = MAX_COMBINATIONS, release: str = VLLM_VERSION,
-           env: Mapping[str, str] | None = None) -> Advice:
+           env: Mapping[str, str] | None = None, shape: ModelShape | None = None) -> Advice:
     """The vLLM ``--attention-backend`` values that capture the most on ``platform`` for this model,
     ranked (:func:`attnhal.engines.advice.rank_key`), against the user's engine arguments ``args``.
 
     ``among``: the backend names it may propose (``FLASH_ATTN``; default every catalogued one that
     fits); ``trtllm_cubins``: FlashInfer's assumption (:func:`~attnhal_vllm.support_on`);
     ``release``: the vLLM release modelled (named in the advice); ``env``: vLLM's runner switch
-    (:func:`~attnhal_vllm.runner.select_runner`).
+    (:func:`~attnhal_vllm.runner.select_runner`); ``shape``: the model as vLLM's own backend choice
+    reads it (``--model-config``; :mod:`attnhal_vllm.model`).
     Raises :class:`EngineArgError` naming the flag for bad arguments, as the adapter does.
     """
     where = as_platform(platform)
 
     def translate(flags: Mapping[str, Any], on: Platform, cubins: bool, kind: ModelKind) -> VllmConfig:
-        return from_engine_args(flags, on, cubins, kind, release, env)
+        return from_engine_args(flags, on, cubins, kind, release, env, shape)
 
     raw = {k: v for k, v in dict(args).items() if v is not None}
     converted, _ = check(raw, FLAGS, HARMLESS, "attnhal_vllm.HARMLESS")

@@ -109,3 +109,19 @@ def test_zz_summary() -> None:
     """The backends whose verdict is attnhal's alone here (they cannot be imported on this machine)."""
     SUMMARY.append(f"default backend: {len(CAPABILITIES) * len(SHAPES)} cells; verdicts not executed here: "
                    f"{', '.join(sorted(NOT_EXECUTED)) or 'none'}")
+
+
+@pytest.mark.parametrize("model", ["mha", "mla", "mla-v2"])
+def test_the_model_config_is_read_as_vllm_reads_it(model: str) -> None:
+    """``--model-config`` (``attnhal_vllm.model``) against vLLM's own ``ModelConfig`` of the same file:
+    MLA or not, the head size its selection validates, the query heads."""
+    from attnhal.engines.model_config import read
+    from attnhal_vllm.model import shape_of
+
+    mla = model.startswith("mla")
+    config = harness.engine_config("TRITON_MLA" if mla else "TRITON_ATTN", model).model_config
+    shape = shape_of(read(f"{harness.model_dir(model)}/config.json"), harness.release())
+    assert (shape.mla, shape.head_size, shape.num_heads) == (
+        config.use_mla, config.get_head_size(), config.hf_text_config.num_attention_heads)
+    if mla:
+        assert shape.qk_nope_head_dim == getattr(config.hf_text_config, "qk_nope_head_dim", 1)
