@@ -173,3 +173,43 @@ def test_every_prefix_of_every_option_is_read_as_argparse_reads_it() -> None:
             assert engine_action is ours_action, (written, engine, ours)
     SUMMARY.append(f"option prefixes: {len(spellings)} spellings x 2 forms read as argparse reads them; "
                    f"{differ} refused as read differently by the releases (none of them an option attnhal reads)")
+
+
+def test_every_advice_flag_set_over_the_recorded_grid_parses_with_vllms_parser() -> None:
+    """``attnhal advise --engine vllm`` over the user configurations of the recorded grid
+    (``tests/engines/recorded/vllm-RELEASE.jsonl``): every flag set it prints (the user's and each
+    recommendation, ``Option.argv()``) goes through ``vllm serve``'s parser and ``EngineArgs.from_cli_args``
+    and reads back the backend, the cudagraph mode and the speculative method and tokens attnhal meant."""
+    import vllm_recording
+    from vllm.engine.arg_utils import EngineArgs
+
+    from attnhal.engines import advise
+
+    parser = _serve_parser()
+    users = {(c.backend, c.model, c.spec, c.mode, c.platform) for c in vllm_recording.load(harness.release())}
+    bad: list[str] = []
+    parsed = 0
+    for backend, model, spec, mode, platform in sorted(users, key=str):
+        flags: dict[str, Any] = {"attention_backend": backend}
+        if mode is not None:
+            flags["compilation_config"] = json.dumps({"cudagraph_mode": mode})
+        if spec is not None:
+            flags.update(spec_method=spec, spec_tokens="3", **({"spec_model": "M"} if spec != "ngram" else {}))
+        advice = advise("vllm", flags, platform, model, top=5, trtllm_cubins=False)
+        for option in (advice.current, *advice.recommended):
+            parsed += 1
+            try:
+                args = EngineArgs.from_cli_args(parser.parse_args(["--model", harness.model_dir("mha"),
+                                                                   *option.argv()]))
+            except SystemExit:
+                bad.append(f"{option.command()}: refused")
+                continue
+            cudagraph = getattr(args.compilation_config, "cudagraph_mode", None)
+            read = (str(args.attention_backend).rsplit(".", 1)[-1].upper(), args.spec_method, args.spec_tokens,
+                    getattr(cudagraph, "name", cudagraph))
+            meant = (option.flags["attention_backend"].upper(), spec, 3 if spec else None, mode)
+            if read != meant:
+                bad.append(f"{option.command()}: vLLM read {read}, attnhal meant {meant}")
+    SUMMARY.append(f"advice over the recorded grid: {parsed} flag sets ({len(users)} user configurations) "
+                   f"parsed by vLLM's parser; refused or misread: {len(bad)}")
+    assert not bad, f"{len(bad)}:\n" + "\n".join(bad[:8])
