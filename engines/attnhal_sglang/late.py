@@ -8,8 +8,6 @@ draft extend, at the first draft extend otherwise.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,7 +18,7 @@ from attnhal.platform import Platform, Vendor, as_platform
 if TYPE_CHECKING:
     from attnhal.engines.base import EngineConfig
 
-__all__ = ["ENTRY", "LateFailure", "late_failures", "refuse_late"]
+__all__ = ["ENTRY", "LateFailure", "late_failures"]
 
 #: The catalogue's entry (a bullet of docs/catalog.md, "SGLang: engine behaviour worth knowing").
 ENTRY = "docs/catalog.md, Late failures"
@@ -75,25 +73,3 @@ def late_failures(config: EngineConfig, platform: Platform | str) -> tuple[LateF
            "layers/attention/aiter_backend.py:1396-1401, called at 2210 eager and 3344 in capture)")
     return (LateFailure("sglang:aiter", Phase.DRAFT_EXTEND, when, why),)
 
-
-#: What avoids aiter's late failure (the flags SGLang reads; ``attnhal advise --engine sglang`` ranks them).
-AVOID = ("--speculative-eagle-topk 1, or a draft-extend backend that takes topk > 1 "
-         "(--speculative-draft-attention-backend; attnhal advise --engine sglang)")
-
-
-def refuse_late(head: str, planned: Any) -> None:
-    """Strict mode, before SGLang captures: raise :class:`~attnhal.engines.report.StrictRefusal` where a
-    catalogued late failure applies to the draft worker ``planned`` (the plugin's ``DraftPlan``: its
-    resolved server arguments, model and the backends SGLang built), naming the entry and when it fails.
-    Without this a failure at capture would stop the server from inside SGLang, unexplained, and one at
-    the first draft extend would stop it later."""
-    from attnhal.engines.report import StrictRefusal
-    from attnhal_sglang.config import from_server_args
-
-    config = from_server_args(planned.args, env=os.environ, model=planned.model)
-    names = {phase.value: name for phase, name in planned.names.items()}
-    config = dataclasses.replace(config, roles={**config.roles, **names})
-    found = late_failures(config, planned.platform)
-    if found:
-        said = "; ".join(f"{f.phase.value}: {f}" for f in found)
-        raise StrictRefusal(f"ATTNHAL_SGLANG_GRAPHS=strict refuses to start {head}: {said}; supported: {AVOID}")

@@ -14,7 +14,7 @@ decision (:data:`HOOKS`) when the worker's module is first imported (:mod:`.on_i
   phase's backend descriptor says it cannot be captured, SGLang's runner is not built.
 - ``strict``: as audit, and the server does not start (:class:`~attnhal.engines.report.StrictRefusal`,
   naming the phase, the catalogue entry and the flag that changes it) where attnhal plans a phase
-  captured that SGLang would run eagerly, or plans a late failure (:func:`~attnhal_sglang.late.refuse_late`).
+  captured that SGLang would run eagerly, or plans a late failure (:func:`~attnhal_sglang.strict.refuse_late`).
 - ``off``: no hook.
 
 Once per server (rank 0) the hook logs the graph report (:mod:`attnhal_sglang.report`).
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnhal.engines.plugin_gate import installed, mode_from, plugin_mode
-from attnhal_sglang.late import refuse_late
+from attnhal_sglang.strict import refuse_late
 from attnhal_hooks.sglang import MODE_VAR, MODES
 from attnhal.errors import AttnhalError
 

@@ -124,6 +124,15 @@ class Selection:
                 "candidates": [{"name": c.name, "reasons": list(c.reasons)} for c in self.candidates]}
 
 
+def _cuda(platform: Platform, shape: ModelShape) -> tuple[str, ...]:
+    """The CUDA platform's list for the device's major compute capability (``sm103`` -> 10)."""
+    return priorities(int(platform.arch.removeprefix("sm")) // 10, shape)
+
+
+#: Per vendor, vLLM's priority list for a platform (vLLM's other platforms' selectors: not modelled).
+SELECTORS: Mapping[Vendor, Callable[[Platform, ModelShape], tuple[str, ...]]] = {Vendor.CUDA: _cuda}
+
+
 def reasons(name: str, platform: Platform, shape: ModelShape) -> tuple[str, ...]:
     """vLLM's ``validate_configuration`` reasons against ``name`` for these inputs, as its own words."""
     if name in SPARSE:
@@ -156,13 +165,13 @@ def select(platform: Platform | None, shape: ModelShape) -> Selection:
     """The backend vLLM's CUDA platform picks for ``shape`` on ``platform``. Raises
     :class:`EngineArgError` (``--attention-backend``) where attnhal does not model the choice (no
     platform, another vendor) or where vLLM finds no valid backend (its own refusal)."""
-    if platform is None or platform.vendor is not Vendor.CUDA:
+    walk = SELECTORS.get(platform.vendor) if platform is not None else None
+    if platform is None or walk is None:
         where = "no platform given" if platform is None else f"platform {platform.name}"
         raise EngineArgError("--attention-backend", f"--attention-backend not given and {where}: attnhal models "
-                             "vLLM's default choice on CUDA platforms only (supported: --platform cuda:smNN, or "
-                             "--attention-backend NAME)")
-    major = int(platform.arch.removeprefix("sm")) // 10
-    listed = tuple(Candidate(n, reasons(n, platform, shape)) for n in priorities(major, shape))
+                             f"vLLM's default choice on {', '.join(v.value for v in SELECTORS)} platforms only "
+                             "(supported: --platform cuda:smNN, or --attention-backend NAME)")
+    listed = tuple(Candidate(n, reasons(n, platform, shape)) for n in walk(platform, shape))
     valid = [c for c in listed if not c.reasons]
     if not valid:
         why = "; ".join(f"{c.name}: {', '.join(c.reasons)}" for c in listed)
