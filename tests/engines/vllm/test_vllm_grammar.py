@@ -177,7 +177,7 @@ def test_every_prefix_of_every_option_is_read_as_argparse_reads_it() -> None:
 
 def test_every_advice_flag_set_over_the_recorded_grid_parses_with_vllms_parser() -> None:
     """``attnhal advise --engine vllm`` over the user configurations of the recorded grid
-    (``tests/engines/recorded/vllm-RELEASE.jsonl``): every flag set it prints (the user's and each
+    (``vllm_recording.load``: the recording of the installed release): every flag set it prints (the user's and each
     recommendation, ``Option.argv()``) goes through ``vllm serve``'s parser and ``EngineArgs.from_cli_args``
     and reads back the backend, the cudagraph mode and the speculative method and tokens attnhal meant."""
     import vllm_recording
