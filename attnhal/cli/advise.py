@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from attnhal.cli.app import UsageError
 from attnhal.cli.args import Registered, bounded, choice
-from attnhal.cli.engine import check_values, engine_errors, own_flags, split_own_flags
+from attnhal.cli.engine import (add_model_config_flag, check_model_config, check_values, engine_errors, own_flags,
+                                split_own_flags)
 from attnhal.cli.inputs import resolve_platform
 from attnhal.cli.output import print_json
 from attnhal.engines import registry
@@ -31,6 +32,7 @@ def register(sub: Any) -> None:
     p.add_argument("--platform", help="the GPU to advise for, e.g. hip:gfx942 (default: this machine's)")
     p.add_argument("--model", type=choice(("mha", "gqa", "mla")),
                    help="the model's attention kind (the engine reads it from the checkpoint)")
+    add_model_config_flag(p)
     p.add_argument("--top", type=bounded(1, 20), default=3, help="how many flag sets to print at most")
     p.add_argument("--vary", type=lambda text: tuple(text.split(",")),
                    help="only these engine flags may change, comma-separated, without dashes (default: every flag "
@@ -60,9 +62,11 @@ def run(args: argparse.Namespace) -> int:
     with engine_errors(args.engine, args.engine_args):
         names = own_flags(adapter)  # another engine's own flag reaches the parser: refused
         given, argv = split_own_flags(args.engine_args, names)
-        own = {name: given.get(name) or getattr(args, name.replace("-", "_"), None) for name in names}
+        own = {name: given.get(name) or getattr(args, name, getattr(args, name.replace("-", "_"), None))
+               for name in names}
         values = adapter.parse(argv)
         check_values(adapter, values)
+        check_model_config(own, adapter)
         platform = resolve_platform(own["platform"])  # last: detecting the device imports torch
         advice = advises.advise(values, platform, own, top=args.top, vary=args.vary)
     if args.json:

@@ -27,9 +27,10 @@ from attnhal.errors import InvalidValue
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 
-__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_own_flags", "check_values", "engine_errors",
-           "engine_json", "engine_message", "engine_status", "own_flags", "register_catalog", "requested_engine",
-           "run_catalog", "run_explain", "run_plan", "split_own_flags"]
+__all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_model_config_flag", "add_own_flags",
+           "check_model_config", "check_values", "engine_errors", "engine_json", "engine_message", "engine_status",
+           "own_flags", "register_catalog", "requested_engine", "run_catalog", "run_explain", "run_plan",
+           "split_own_flags"]
 
 #: The commands that take ``--engine E`` and the engine's own flags on either side of ``--``.
 ENGINE_COMMANDS = ("plan", "explain")
@@ -37,7 +38,7 @@ ENGINE_COMMANDS = ("plan", "explain")
 #: attnhal's own flags every engine command takes among the engine's flags (after ``--``), as in
 #: ``attnhal plan --engine E -- <E's flags> --platform hip:gfx942``; an adapter adds its own
 #: (:attr:`~attnhal.engines.base.EngineAdapter.own_flags`).
-COMMON_OWN_FLAGS = ("platform", "model")
+COMMON_OWN_FLAGS = ("platform", "model", "model-config")
 
 #: What an engine command does with (args, the adapter's config, the platform).
 EngineCommand = Callable[[argparse.Namespace, EngineConfig, Platform], int]
@@ -55,6 +56,28 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", type=Registered(registry.names),
                    help="read the engine's own flags after `--` ({names})")
     p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_FLAGS", help="with --engine: the engine's flags")
+    add_model_config_flag(p)
+
+
+def add_model_config_flag(p: argparse.ArgumentParser) -> None:
+    """``--model-config PATH``: the model's Hugging Face ``config.json``, read the way the engine reads it."""
+    p.add_argument("--model-config", dest="model-config", metavar="PATH", default=None,
+                   help="with --engine: the model's config.json (architectures, MLA, heads), read as the engine "
+                        "reads it; --model gives the attention kind alone")
+
+
+def check_model_config(own: Mapping[str, str | None], adapter: EngineAdapter) -> None:
+    """Read ``--model-config`` before anything heavy is imported: a bad file exits 2 naming the field
+    (the adapter reads it again, its engine's way); an adapter that does not read it (no
+    ``reads_model_config``) refuses it rather than dropping it."""
+    if own.get("model-config"):
+        from attnhal.engines.model_config import read
+
+        if not getattr(adapter, "reads_model_config", False):
+            takers = [a.name for a in registry.adapters() if getattr(a, "reads_model_config", False)]
+            raise EngineArgError("--model-config", f"--model-config with --engine {adapter.name} (supported: with "
+                                                   f"--engine {', '.join(takers)})")
+        read(str(own["model-config"]))
 
 
 def requested_engine(argv: Sequence[str]) -> str | None:
@@ -190,6 +213,7 @@ def _run(args: argparse.Namespace, command: EngineCommand) -> int:
         _refuse_command_flags(adapter.name, engine_argv, args.parser)
         parsed = adapter.parse(engine_argv)
         check_values(adapter, parsed)
+        check_model_config(own, adapter)
         platform = resolve_platform(own["platform"])  # last: detecting the device imports torch
         config = adapter.resolve(parsed, platform, own)
         return command(args, config, platform)

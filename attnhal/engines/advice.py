@@ -93,6 +93,8 @@ class Option:
                 words.append(json.dumps(dict(value), separators=(",", ":")))
             elif isinstance(value, (tuple, list)):
                 words += [str(v) for v in value]
+            elif isinstance(value, str) and value.lstrip().startswith(("{", "[")):
+                words.append(value)  # JSON as typed (one word, its spaces kept: the engine parses it whole)
             elif value is not True:
                 words += str(value).split() or [str(value)]  # parse_cli joined a flag's several values
         return words

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnhal.engines.base import OwnFlag
 from attnhal.engines.flags import Flag
+from attnhal.engines.model_config import read
 from attnhal_sglang import executed
 from attnhal_sglang.flags import (FIELD_FLAGS, FLAGS, HARMLESS, SGLANG_SERIES_DIGITS, SGLANG_VERSION,
                                   SGLANG_VERSIONS, parse_cli)
@@ -47,6 +48,8 @@ class SglangAdapter:
                                               "is this machine's and --model-path is given", executed.RESOLUTIONS),)
     field_flags = FIELD_FLAGS
     catalog = "attnhal_sglang.catalog"
+    #: ``--model-config`` is read as SGLang reads a config.json (:mod:`attnhal_sglang.model`).
+    reads_model_config = True
 
     def parse(self, argv: Sequence[str]) -> dict[str, Any]:
         return parse_cli(argv)
@@ -77,7 +80,8 @@ class SglangAdapter:
         if choice.used == "engine":
             config = executed.from_engine(values, env, own.get("model"), platform)
         else:
-            config = from_server_args(values, env=env, model=own.get("model"), platform=platform)
+            config = from_server_args(values, env=env, model=own.get("model"), platform=platform,
+                                      model_config=read(own["model-config"]) if own.get("model-config") else None)
         return replace(config, choice=choice)
 
 

@@ -13,6 +13,7 @@ decisions that apply (:func:`~attnhal_sglang.audit.engine_differs`).
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -291,6 +292,10 @@ def every_phase_line(args: Mapping[str, Any], platform: Platform | str, model: M
         return None
     if best is None:
         return "no combination of attention-backend flags captures every phase here (attnhal advise --engine sglang)"
-    new = " ".join(f"{c.flag} {c.new}" if c.new is not None else f"no {c.flag}" for c in best.changes)
+    # The flags to set as words SGLang's parser reads; a flag to drop cannot be one of them: said apart.
+    new = " ".join(f"{c.flag} {shlex.quote(str(c.new))}" for c in best.changes if c.new is not None)
+    dropped = " ".join(c.flag for c in best.changes if c.new is None)
+    without = (", " if new else "") + f"without {dropped}" if dropped else ""
     old = " ".join(f"{c.flag} {c.old}" for c in best.changes if c.old is not None)
-    return f"a combination that captures every phase here: {new} (instead of {old}; attnhal advise --engine sglang)"
+    return (f"a combination that captures every phase here: {new}{without} (instead of {old}; "
+            "attnhal advise --engine sglang)")

@@ -23,6 +23,8 @@ from attnhal_sglang.flags import (ALGORITHMS, DTYPES, FIELD_FLAGS, FLAGS, HARMLE
                                           SGLANG_VERSION)
 from attnhal_sglang import multi_layer
 from attnhal_sglang.defaults import base_backend, needs_default
+from attnhal_sglang.model import facts_of
+from attnhal.engines.model_config import HFConfig
 from attnhal_sglang.env import BOOL_ENV, DRAFT_EXTEND_GRAPH_OFF, SINGLE_GRAPH_DRAFT, env_bool
 from attnhal_sglang.pages import DEFAULT_PAGE_SIZE, PageSize, model_note, resolve_page_size
 from attnhal.phases import DEFAULT_LAYOUT, Phase, StepLayout, phases_run
@@ -259,22 +261,30 @@ def _policy(values: Mapping[str, Any], env: Mapping[str, str], spec: SpecConfig)
 
 
 def from_server_args(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[str, str] | None = None,
-                     model: ModelKind | str | None = None, platform: Platform | str | None = None) -> SglangConfig:
+                     model: ModelKind | str | None = None, platform: Platform | str | None = None,
+                     model_config: HFConfig | None = None) -> SglangConfig:
     """Translate SGLang server arguments (names as in ``ServerArgs``) into planner inputs.
 
     ``env`` may carry ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH`` (eagle_worker_v2.py:627);
     ``model`` is the model's attention kind, which SGLang reads from the checkpoint;
     ``platform`` the GPU, which SGLang's default attention backend depends on (needed only
-    when no backend flag is given: the config then plans for that platform only).
+    when no backend flag is given: the config then plans for that platform only); ``model_config``
+    the model's ``config.json`` (``--model-config``), read as SGLang reads it (:mod:`attnhal_sglang.model`:
+    the kind when ``model`` is not given, and the DeepSeek override of the default backend).
     Raises :class:`EngineArgError` naming the flag for anything attnhal cannot take.
     """
     raw = vars(args) if isinstance(args, argparse.Namespace) else args  # a Parsed keeps the flags as typed
     values, ignored = _flags.check(raw, FLAGS, HARMLESS, "attnhal_sglang.HARMLESS")
     notes: list[str] = []
     kind = model_kind(model)
+    facts = facts_of(model_config) if model_config is not None else None
+    if facts is not None and kind is not None and (kind is ModelKind.MLA) != (facts.kind is ModelKind.MLA):
+        raise EngineArgError("--model", f"--model={kind.value} contradicts --model-config ({facts.source}: SGLang "
+                                        f"reads it as {facts.kind.value}) (supported: one of them)")
+    kind = kind or (facts.kind if facts else None)
     where = as_platform(platform) if platform is not None else None
     default_for = where.name if where is not None and needs_default(values) else None
-    if (base := base_backend(values, kind, where)) is not None:
+    if (base := base_backend(values, kind, where, facts.deepseek_override if facts else None)) is not None:
         values = {**values, "attention_backend": base.name}
         notes.append(str(base))
     spec = _spec(values, notes)

@@ -71,18 +71,22 @@ def _mha(values: Mapping[str, Any], platform: Platform) -> DefaultBackend:
     return DefaultBackend(name, f"{platform.name}, MHA/GQA model ({_SOURCE})", assumes)
 
 
-def _mla(values: Mapping[str, Any], platform: Platform) -> DefaultBackend:
+def _mla(values: Mapping[str, Any], platform: Platform, deepseek: bool | None) -> DefaultBackend:
     on = platform.arch
-    # The DeepSeek override runs first and only when no backend flag at all is given.
-    if on in _SM100.get(platform.vendor, ()) and not any(values.get(f) is not None for f in _BACKEND_FLAGS):
+    # The DeepSeek override runs first and only when no backend flag at all is given; ``deepseek``:
+    # whether the model's architecture takes it (None: not known, assumed and said).
+    no_flag = not any(values.get(f) is not None for f in _BACKEND_FLAGS)
+    if on in _SM100.get(platform.vendor, ()) and no_flag and deepseek is not False:
         return DefaultBackend("trtllm_mla", "SM100, DeepSeek-V3-family MLA model "
                               "(arg_groups/model_overrides/deepseek_v2.py)",
-                              "a DeepSeek V3/R1 architecture (other MLA models get flashinfer, DeepSeek V3.2 dsa)")
+                              "" if deepseek else "a DeepSeek V3/R1 architecture (other MLA models get flashinfer, "
+                              "DeepSeek V3.2 dsa; --model-config PATH reads it)")
     if on in _HOPPER.get(platform.vendor, ()):
         return DefaultBackend("fa3", f"Hopper, MLA model ({_SOURCE})", "a CUDA >= 12.3 toolkit; "
                               "not DeepSeek V3.2 (its DSA attention gets dsa)")
     if on in _SM100.get(platform.vendor, ()):
-        return DefaultBackend("flashinfer", f"SM100, MLA model with a split backend flag ({_SOURCE})")
+        why = "with a split backend flag" if not no_flag else "whose architecture the DeepSeek override does not take"
+        return DefaultBackend("flashinfer", f"SM100, MLA model {why} ({_SOURCE})")
     name = _other(platform, mla=True)
     assumes = "16 or 128 KV heads per TP rank (SGLang picks triton otherwise)" if name == "aiter" else ""
     return DefaultBackend(name, f"{platform.name}, MLA model ({_SOURCE})", assumes)
@@ -97,11 +101,13 @@ def _other(platform: Platform, mla: bool) -> str:
     return picks[mla]
 
 
-def default_backend(values: Mapping[str, Any], model: ModelKind | None, platform: Platform | None) -> DefaultBackend:
+def default_backend(values: Mapping[str, Any], model: ModelKind | None, platform: Platform | None,
+                    deepseek: bool | None = None) -> DefaultBackend:
     """SGLang's ``--attention-backend`` when ``values`` (converted server arguments) name none.
 
     It depends on the model's attention kind and the platform: without either it is an
-    :class:`EngineArgError` naming the flag that would settle it.
+    :class:`EngineArgError` naming the flag that would settle it. ``deepseek``: whether the model's
+    architecture takes SGLang's DeepSeek override (:mod:`attnhal_sglang.model`; None: not known).
     """
     if model is None:
         raise EngineArgError("--model", "--attention-backend not given: SGLang's default depends on the model's "
@@ -109,7 +115,7 @@ def default_backend(values: Mapping[str, Any], model: ModelKind | None, platform
     if platform is None:
         raise EngineArgError("--attention-backend", "--attention-backend not given: SGLang's default depends on "
                                                     "the GPU; plan for a platform or give --attention-backend")
-    return _mla(values, platform) if model is ModelKind.MLA else _mha(values, platform)
+    return _mla(values, platform, deepseek) if model is ModelKind.MLA else _mha(values, platform)
 
 
 def needs_default(values: Mapping[str, Any]) -> bool:
@@ -121,12 +127,12 @@ def needs_default(values: Mapping[str, Any]) -> bool:
     return not (prefill is not None and prefill == decode)
 
 
-def base_backend(values: Mapping[str, Any], model: ModelKind | None,
-                 platform: Platform | None) -> DefaultBackend | None:
+def base_backend(values: Mapping[str, Any], model: ModelKind | None, platform: Platform | None,
+                 deepseek: bool | None = None) -> DefaultBackend | None:
     """What SGLang sets ``attention_backend`` to (``None``: it keeps the flag as given): its
     default when none is given, then fa3's fp8 fallback (fa3 reads fp8 KV as e4m3 only:
     ``arg_groups/overrides.py`` ``_attention_backend_fa3_fp8_fallback``)."""
-    pick = default_backend(values, model, platform) if needs_default(values) else None
+    pick = default_backend(values, model, platform, deepseek) if needs_default(values) else None
     name = pick.name if pick is not None else values.get("attention_backend")
     if name == "fa3" and values.get("kv_cache_dtype") == "fp8_e5m2":
         return DefaultBackend("triton", "fa3 takes fp8 KV as e4m3 only (arg_groups/overrides.py "

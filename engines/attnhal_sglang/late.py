@@ -75,3 +75,4 @@ def late_failures(config: EngineConfig, platform: Platform | str) -> tuple[LateF
     why = (f"aiter's draft extend raises NotImplementedError for topk={config.spec.topk} (supports topk <= 1; "
            "layers/attention/aiter_backend.py:1396-1401, called at 2210 eager and 3344 in capture)")
     return (LateFailure("sglang:aiter", Phase.DRAFT_EXTEND, when, why),)
+

@@ -12,9 +12,9 @@ decision (:data:`HOOKS`) when the worker's module is first imported (:mod:`.on_i
 - ``enforce``: as audit, and where attnhal captures a phase SGLang leaves eager, the phase's
   runner is built with the class SGLang itself uses for that phase on that device; where the
   phase's backend descriptor says it cannot be captured, SGLang's runner is not built.
-- ``strict``: as audit, and where attnhal plans a phase captured that SGLang would run
-  eagerly, the server does not start (:class:`~attnhal.engines.report.StrictRefusal`, naming
-  the phase, the catalogue entry and the flag that changes it).
+- ``strict``: as audit, and the server does not start (:class:`~attnhal.engines.report.StrictRefusal`,
+  naming the phase, the catalogue entry and the flag that changes it) where attnhal plans a phase
+  captured that SGLang would run eagerly, or plans a late failure (:func:`~attnhal_sglang.strict.refuse_late`).
 - ``off``: no hook.
 
 Once per server (rank 0) the hook logs the graph report (:mod:`attnhal_sglang.report`).
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnhal.engines.plugin_gate import installed, mode_from, plugin_mode
+from attnhal_sglang.strict import refuse_late
 from attnhal_hooks.sglang import MODE_VAR, MODES
 from attnhal.errors import AttnhalError
 
@@ -45,7 +46,6 @@ __all__ = ["HOOKS", "LOGGER", "MODES", "MODE_VAR", "DraftPlan", "Unplannable", "
 
 #: attnhal's log lines go to this child of SGLang's own ``sglang`` logger.
 LOGGER = "sglang.srt.plugins.attnhal"
-
 _EAGLE = "sglang.srt.speculative.eagle_worker_v2"
 #: Where the EAGLE draft worker keeps each phase's graph runner.
 _RUNNER_ATTRS = {"draft_decode": "cuda_graph_runner", "draft_extend": "cuda_graph_runner_for_draft_extend"}
@@ -263,6 +263,8 @@ class EagleDraftHook:
         except Exception:
             log.exception("attnhal: planning %s failed; SGLang's own graph decision stands", type(worker).__name__)
             return original(worker, *args, **kwargs)
+        if self.mode == "strict":  # before SGLang captures: a late failure would stop it there, unexplained
+            refuse_late(f"{type(worker).__name__} on {planned.platform}", planned)
         refused: dict[str, str] = {}
         with _refusing(module, held_back, refused):
             result = original(worker, *args, **kwargs)

@@ -9,7 +9,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from attnhal.engines.base import OwnFlag
-from attnhal.engines.flags import EngineArgError, Flag
+from attnhal.engines.flags import EngineArgError, Flag, model_kind
+from attnhal.engines.model_config import read
+from attnhal.spec import ModelKind
+from attnhal_vllm.model import kind_of, shape_of
+from attnhal_vllm.selection import ModelShape
 from attnhal_vllm.config import VllmConfig, _cubins, from_engine_args, release_for
 from attnhal_vllm.flags import FIELD_FLAGS, FLAGS, HARMLESS, VLLM_SERIES_DIGITS, VLLM_VERSION, VLLM_VERSIONS, parse_cli
 from attnhal_vllm.runner import ENV_VAR as RUNNER_VAR
@@ -41,6 +45,8 @@ class VllmAdapter:
                                          "modelled as it)", VLLM_VERSIONS, open=True))
     field_flags = FIELD_FLAGS
     catalog = "attnhal_vllm.catalog"
+    #: ``--model-config`` is read as vLLM reads a config.json (:mod:`attnhal_vllm.model`).
+    reads_model_config = True
 
     def parse(self, argv: Sequence[str]) -> dict[str, Any]:
         return parse_cli(argv)
@@ -60,12 +66,29 @@ class VllmAdapter:
         release = release_for(own.get("vllm-version"))[0]
         options.setdefault("trtllm_cubins", cubins == "yes")
         options.setdefault("env", _runner_env())
-        return advise(values, platform, own.get("model"), top=top, release=release, **options)
+        model, shape = _model(own, release)
+        return advise(values, platform, model, top=top, release=release, shape=shape, **options)
 
     def resolve(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None]) -> VllmConfig:
         """The flags as vLLM reads them, with the runner switch of this process's environment."""
-        return from_engine_args(values, platform, _cubins(own.get("trtllm-cubins")), own.get("model"),
-                                own.get("vllm-version"), _runner_env())
+        release = release_for(own.get("vllm-version"))[0]
+        model, shape = _model(own, release)
+        return from_engine_args(values, platform, _cubins(own.get("trtllm-cubins")), model,
+                                own.get("vllm-version"), _runner_env(), shape)
+
+
+def _model(own: Mapping[str, str | None], release: str) -> tuple[str | None, ModelShape | None]:
+    """``--model`` (the kind) and ``--model-config`` read as vLLM ``release`` reads it (:mod:`attnhal_vllm.model`):
+    the kind from the config where ``--model`` is not given; the two must agree on MLA."""
+    given = own.get("model")
+    if not own.get("model-config"):
+        return given, None
+    config = read(str(own["model-config"]))
+    kind, shape = kind_of(config, release), shape_of(config, release)
+    if given is not None and (model_kind(given) is ModelKind.MLA) != (kind is ModelKind.MLA):
+        raise EngineArgError("--model", f"--model={given} contradicts --model-config ({shape.source}: vLLM "
+                                        f"{release} reads it as {kind.value}) (supported: one of them)")
+    return given or kind.value, shape
 
 
 def _runner_env() -> dict[str, str]:

@@ -10,6 +10,8 @@ resolution raises is refused at startup and not proposed; each downgrade of the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -20,6 +22,7 @@ from attnhal.engines.advice import (MAX_COMBINATIONS, PRIORITY, Advice, Option, 
 from attnhal.engines.flags import EngineArgError, check, model_kind
 from attnhal_vllm.config import VllmConfig, from_engine_args
 from attnhal_vllm.flags import FLAGS, HARMLESS, VLLM_VERSION
+from attnhal_vllm.selection import ModelShape
 from attnhal.phases import Phase
 from attnhal.platform import Platform, as_platform
 from attnhal.spec import ModelKind
@@ -30,8 +33,8 @@ Translate = Callable[[Mapping[str, Any], Platform, bool, ModelKind], VllmConfig]
 
 __all__ = ["advise"]
 
-_NOT_GIVEN = ("--attention-backend not given: vLLM picks one per platform and model, which attnhal does not model "
-              "(every catalogued backend that fits is compared)")
+_NOT_GIVEN = ("--attention-backend not given: vLLM picks one per platform and model, which attnhal models on CUDA "
+              "platforms only (every catalogued backend that fits is compared)")
 
 
 def _fitting(model: ModelKind, platform: Platform, named: str | None,
@@ -77,20 +80,21 @@ def _eager_reason(config: VllmConfig, phase: Phase, reasons: str, mode: str, lev
 def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind | str | None = None, *,
            trtllm_cubins: bool = True, top: int = 3, among: Collection[str] | None = None,
            limit: int = MAX_COMBINATIONS, release: str = VLLM_VERSION,
-           env: Mapping[str, str] | None = None) -> Advice:
+           env: Mapping[str, str] | None = None, shape: ModelShape | None = None) -> Advice:
     """The vLLM ``--attention-backend`` values that capture the most on ``platform`` for this model,
     ranked (:func:`attnhal.engines.advice.rank_key`), against the user's engine arguments ``args``.
 
     ``among``: the backend names it may propose (``FLASH_ATTN``; default every catalogued one that
     fits); ``trtllm_cubins``: FlashInfer's assumption (:func:`~attnhal_vllm.support_on`);
     ``release``: the vLLM release modelled (named in the advice); ``env``: vLLM's runner switch
-    (:func:`~attnhal_vllm.runner.select_runner`).
+    (:func:`~attnhal_vllm.runner.select_runner`); ``shape``: the model as vLLM's own backend choice
+    reads it (``--model-config``; :mod:`attnhal_vllm.model`).
     Raises :class:`EngineArgError` naming the flag for bad arguments, as the adapter does.
     """
     where = as_platform(platform)
 
     def translate(flags: Mapping[str, Any], on: Platform, cubins: bool, kind: ModelKind) -> VllmConfig:
-        return from_engine_args(flags, on, cubins, kind, release, env)
+        return from_engine_args(flags, on, cubins, kind, release, env, shape)
 
     raw = {k: v for k, v in dict(args).items() if v is not None}
     converted, _ = check(raw, FLAGS, HARMLESS, "attnhal_vllm.HARMLESS")
@@ -103,7 +107,12 @@ def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind |
                                         f"serves it (supported: {served_kinds('vllm', where)})")
     check_size(len(names), ("attention_backend",), limit)
     current = Option(flags=given, label="(vLLM's pick)", blocked=_NOT_GIVEN)
-    if named:
+    picked = _default_pick(translate, given, where, kind, trtllm_cubins) if not named else None
+    if picked is not None:  # vLLM's own choice (attnhal_vllm.selection), evaluated as if it were named
+        current = _evaluate(translate, given, given, where, kind, trtllm_cubins) or current
+        current = replace(current, label=f"{current.label}, vLLM's default choice")
+        named = picked
+    elif named:
         current = _evaluate(translate, given, given, where, kind, trtllm_cubins) or Option(
             flags=given, label=named, blocked=f"refused: {_refusal(translate, given, where, kind, trtllm_cubins)}")
     options = [o for name in names if name != named
@@ -112,6 +121,16 @@ def advise(args: Mapping[str, Any], platform: Platform | str, model: ModelKind |
     ranked = sorted(options, key=rank_key)
     recommended = frontier(o for o in ranked if rank_key(o) < rank_key(current))[:top]
     return Advice(f"vLLM {release}", where.name, kind.value, current, recommended, (), len(names))
+
+
+def _default_pick(translate: Translate, given: Mapping[str, Any], platform: Platform, model: ModelKind,
+                  trtllm_cubins: bool) -> str | None:
+    """The backend vLLM picks without ``--attention-backend`` (``vllm:NAME``; None where attnhal does not
+    model the choice: another vendor)."""
+    try:
+        return translate(given, platform, trtllm_cubins, model).backend
+    except EngineArgError:
+        return None
 
 
 def _refusal(translate: Translate, given: Mapping[str, Any], platform: Platform, model: ModelKind,

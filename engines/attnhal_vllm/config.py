@@ -4,7 +4,7 @@ release :func:`release_for` picks), and what the plan reports."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from attnhal.catalog import load
@@ -19,6 +19,7 @@ from attnhal_vllm.flags import (FIELD_FLAGS, FLAGS, HARMLESS, METHODS, OPTIMIZAT
 from attnhal_vllm.levels import Level, support_on
 from attnhal_vllm.modes import GraphMode, ModeResolution, resolve_mode
 from attnhal_vllm.runner import RunnerChoice, select_runner
+from attnhal_vllm.selection import ASSUMED, ModelShape, Selection, select
 from attnhal_vllm.startup import report_rows
 from attnhal.phases import Phase, phases_run
 from attnhal.planner import GraphPlan, GraphPolicy, PhaseBackends
@@ -47,6 +48,7 @@ class VllmConfig(EngineConfig):
     level: Level | None = None  # the builder's level the resolution used (None: not resolved yet)
     drafter: DrafterMode | None = None  # None: no draft model (no speculation, or n-gram)
     runner: RunnerChoice | None = None  # the model runner vLLM selects (None: not selected yet)
+    selection: Selection | None = None  # vLLM's default choice of backend (None: --attention-backend given)
     query_len: int = 1  # the uniform decode query length: 1 + speculative tokens
 
     def refusal(self) -> str | None:
@@ -64,6 +66,7 @@ class VllmConfig(EngineConfig):
                                    "steps": list(r.steps), "error": r.error},
                 "release": {"version": self.version, "chosen": self.chosen},
                 "runner": self.runner.to_dict() if self.runner else None,
+                "backend_choice": self.selection.to_dict() if self.selection else {"by": "--attention-backend"},
                 "drafter": self.drafter.to_dict() if self.drafter else None}
 
     def summary(self, platform: Platform) -> list[str]:
@@ -73,6 +76,9 @@ class VllmConfig(EngineConfig):
         chosen = f" ({self.chosen})" if self.chosen else ""
         return [f"engine: vLLM {self.version}{chosen} -> {self.backend}: AttentionCGSupport {level.support.name}"
                 + (f" ({why})" if why else ""),
+                *([f"backend: {self.selection.why()}"] if self.selection else []),
+                *([f"assumes: {self.selection.shape.source.removeprefix('assumed: ')}"]
+                  if self.selection and self.selection.shape.source.startswith("assumed: ") else []),
                 *([f"assumes: {level.assumes}"] if level.assumes else []),
                 *([f"runner: {self.runner.name} ({self.runner.why})"] if self.runner else []),
                 *([f"assumes: {self.runner.assumes}"] if self.runner and self.runner.assumes else []),
@@ -102,17 +108,17 @@ class VllmConfig(EngineConfig):
 
 
 #: The ``--spec-*`` flags and the ``--speculative-config`` keys they stand for.
-SPEC_FLAG_KEYS = {"spec_method": "method", "spec_tokens": "num_speculative_tokens"}
+SPEC_FLAG_KEYS = {"spec_method": "method", "spec_model": "model", "spec_tokens": "num_speculative_tokens"}
 
 
 def _refuse_contradictions(values: Mapping[str, Any], speculative: Mapping[str, Any]) -> None:
-    """A ``--spec-*`` flag that contradicts the same key of ``--speculative-config`` is an error:
-    vLLM's own merge of the two is not modelled, so neither is picked silently."""
+    """A ``--spec-*`` flag and the same key of ``--speculative-config`` are refused together, as vLLM
+    refuses them (``engine/arg_utils.py:2108-2120``: mutually exclusive, even with the same value)."""
     for name, key in SPEC_FLAG_KEYS.items():
         flag = "--" + name.replace("_", "-")
-        if name in values and key in speculative and values[name] != speculative[key]:
-            raise EngineArgError(flag, f"{flag}={values[name]} contradicts --speculative-config {key}="
-                                       f"{speculative[key]} (supported: one of them, or both with the same value)")
+        if values.get(name) is not None and key in speculative:
+            raise EngineArgError(flag, f"{flag}={values[name]} with --speculative-config {key}={speculative[key]} "
+                                       f"(supported: one of them; vLLM refuses both as mutually exclusive)")
 
 
 def release_for(given: str | None) -> tuple[str, str]:
@@ -136,7 +142,8 @@ def release_for(given: str | None) -> tuple[str, str]:
 
 def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = None,
                      trtllm_cubins: bool = True, model: ModelKind | str | None = None,
-                     version: str | None = None, env: Mapping[str, str] | None = None) -> VllmConfig:
+                     version: str | None = None, env: Mapping[str, str] | None = None,
+                     shape: ModelShape | None = None) -> VllmConfig:
     """Translate vLLM engine arguments (``--attention-backend``, ``--spec-method``, ``--spec-tokens``,
     ``--speculative-config``, ``--compilation-config`` ``cudagraph_mode``, ``--enforce-eager``).
 
@@ -152,11 +159,13 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     release, chosen = release_for(version)
     runner = select_runner(release, env or {})
     values, ignored = check(args, FLAGS, HARMLESS, "attnhal_vllm.HARMLESS")
+    where = as_platform(platform) if platform is not None else None
+    selection = None
     if "attention_backend" not in values:
-        raise EngineArgError("--attention-backend", "--attention-backend is required (vLLM picks one per "
-                             "platform and model when omitted; attnhal does not model that choice)")
+        selection = _default_backend(args, where, model_kind(model), shape)
+        values["attention_backend"] = selection.backend
     speculative = values.get("speculative_config", {})
-    _refuse_contradictions(values, speculative)
+    _refuse_contradictions({**args, **values}, speculative)  # --spec-model is read as harmless: args has it
     method = values.get("spec_method", speculative.get("method"))
     tokens = values.get("spec_tokens", speculative.get("num_speculative_tokens"))
     if (method is None) != (tokens is None):
@@ -172,7 +181,6 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
     if values.get("enforce_eager"):
         requested = GraphMode.NONE
     query_len = 1 + tokens if tokens else 1
-    where = as_platform(platform) if platform is not None else None
     level = support_on(values["attention_backend"], where, tokens or 0, trtllm_cubins)
     resolution = resolve_mode(requested, level.support, query_len)
     backend = values["attention_backend"]
@@ -187,7 +195,30 @@ def from_engine_args(args: Mapping[str, Any], platform: Platform | str | None = 
                       roles={p.value: backend.removeprefix("vllm:") if p in runs else None for p in Phase},
                       ignored=ignored, notes=notes, version=release, chosen=chosen, backend=backend,
                       requested=requested, resolution=resolution, level=level, drafter=drafter,
-                      query_len=query_len, runner=runner)
+                      query_len=query_len, runner=runner, selection=selection)
+
+
+#: ``--dtype`` values under which vLLM's selection sees the dtype attnhal assumes (the model's own).
+_MODEL_DTYPES = {"auto": None, "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
+
+
+def _default_backend(values: Mapping[str, Any], platform: Platform | None, kind: ModelKind | None,
+                     shape: ModelShape | None) -> Selection:
+    """vLLM's own choice (:func:`~attnhal_vllm.selection.select`) for the model's shape, or the shape
+    assumed for its kind; ``--dtype`` as vLLM would read it."""
+    if shape is not None and kind is not None and (kind is ModelKind.MLA) != shape.mla:
+        raise EngineArgError("--model", f"--model={kind.value} contradicts --model-config ({shape.source}: "
+                                        f"{'MLA' if shape.mla else 'not MLA'}) (supported: one of them)")
+    chosen = shape or ASSUMED[kind is ModelKind.MLA]
+    dtype = str(values.get("dtype") or "auto").lower()
+    if dtype not in _MODEL_DTYPES:
+        raise EngineArgError("--dtype", f"--dtype={dtype!r} without --attention-backend (supported: "
+                                        f"{', '.join(_MODEL_DTYPES)}; vLLM's default choice under another dtype "
+                                        "is not modelled: give --attention-backend)")
+    named = _MODEL_DTYPES[dtype]
+    if named is not None:
+        chosen = replace(chosen, dtype=named)
+    return select(platform, chosen)
 
 
 def _drafter_notes(drafter: DrafterMode | None, target_full: bool) -> tuple[tuple[str, ...], frozenset[Phase]]:

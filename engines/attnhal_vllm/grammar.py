@@ -7,7 +7,14 @@ line before argparse reads it (vLLM 0.33.0 ``utils/argparse_utils.py:374-500``; 
   sets one key of that flag's JSON object; its value is JSON where it parses, else the text; the
   keys of one flag are merged and the object is given as that flag's value;
 - the short aliases argparse knows (``-cc`` is ``--compilation-config``, ``-sc``
-  ``--speculative-config``, ``-tp``, ``-pp``, ``-dp``, ``-q``).
+  ``--speculative-config``, ``-tp``, ``-pp``, ``-dp``, ``-q``);
+- then argparse's own reading of a long flag (``allow_abbrev`` stays on: ``FlexibleArgumentParser``
+  does not turn it off): an option string exactly, else the one option it is a prefix of
+  (``--attention-back`` is ``--attention-backend``, ``--enforce`` ``--enforce-eager``); a prefix of
+  several options is refused as ambiguous (``--max-num``: ``--max-num-seqs``,
+  ``--max-num-batched-tokens``, ...), over the ``vllm serve`` parser's options of each release
+  (:data:`~attnhal_vllm.options.OPTIONS`). Where 0.33.0 and 0.34.0 read a prefix differently
+  (``--shu``: 0.34 added ``--shuffle-safetensors-files``) it is refused naming both readings.
 
 :func:`rewrite` does the same for the tokens attnhal reads; a single-dash token it does not know is
 refused naming it (never taken as the previous flag's value). The tier checks each spelling against
@@ -22,8 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from attnhal.engines.flags import EngineArgError
+from attnhal_vllm.options import OPTIONS
 
-__all__ = ["ALIASES", "rewrite"]
+__all__ = ["ALIASES", "full_name", "rewrite"]
 
 #: vLLM's single-dash aliases of the flags attnhal reads or lists as harmless (``engine/arg_utils.py``).
 ALIASES = {"-cc": "--compilation-config", "-sc": "--speculative-config", "-tp": "--tensor-parallel-size",
@@ -33,9 +41,11 @@ _NEGATIVE_NUMBER = re.compile(r"-\d+(\.\d*)?")
 
 
 def _name(token: str) -> str:
-    """``--a_b.c_d`` -> ``--a-b.c_d`` (underscores become dashes before the first dot only)."""
-    head, dot, rest = token[2:].partition(".")
-    return "--" + head.replace("_", "-") + dot + rest
+    """``--a_b.c_d`` -> ``--a-b.c_d`` (underscores become dashes before the first dot only, and in
+    the name only: ``--attention_backend=TRITON_ATTN`` keeps its value)."""
+    key, eq, value = token.partition("=")
+    head, dot, rest = key[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + rest + eq + value
 
 
 def _long(token: str) -> str:
@@ -45,6 +55,34 @@ def _long(token: str) -> str:
         raise EngineArgError(head, f"{head} is not modelled by attnhal (vLLM's short flags it reads: "
                                    f"{', '.join(sorted(ALIASES))}, -O<level>)")
     return ALIASES[head] + dot + rest
+
+
+def _reading(name: str, options: frozenset[str]) -> tuple[str, ...]:
+    """The options argparse takes ``name`` for: itself, else every option it prefixes."""
+    return (name,) if name in options else tuple(sorted(o for o in options if o.startswith(name)))
+
+
+def full_name(name: str) -> str:
+    """The long option vLLM's parser takes ``name`` (``--...``, dashes) for; a name of no option is
+    kept (attnhal refuses it by name later, as vLLM's parser does). Raises :class:`EngineArgError`
+    for a prefix of several options, or one the supported releases read differently."""
+    readings = {release: _reading(name, options) for release, options in OPTIONS.items()}
+    found = set(readings.values())
+    if len(found) > 1 and any(len(r) == 1 for r in found):
+        said = "; ".join(f"vLLM {release}: {r[0] if len(r) == 1 else 'ambiguous' if r else 'no option'}"
+                         for release, r in readings.items())
+        raise EngineArgError(name, f"{name} is read differently by vLLM's releases ({said}) (supported: the "
+                                   "option spelled out)")
+    matches = max(found, key=len)
+    if len(matches) > 1:
+        raise EngineArgError(name, f"{name} is ambiguous for vLLM's parser (supported: one of {', '.join(matches)})")
+    return matches[0] if matches else name
+
+
+def _long_name(token: str) -> str:
+    """A long-flag token with its name read as vLLM's parser reads it (``=value`` kept)."""
+    name, eq, value = token.partition("=")
+    return full_name(name) + eq + value
 
 
 def _value(text: str) -> Any:
@@ -93,8 +131,8 @@ def rewrite(argv: Sequence[str]) -> list[str]:
                 node = node.setdefault(part, {})
             node[keys[-1]] = _value(value)
         else:
-            out.append(_name(token) if token.startswith("--") else token)
+            out.append(_long_name(_name(token)) if token.startswith("--") and len(token) > 2 else token)
         i += 1
     for flag, table in dotted.items():
-        out += [flag, json.dumps(table)]
+        out += [full_name(flag), json.dumps(table)]
     return out

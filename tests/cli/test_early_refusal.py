@@ -41,6 +41,9 @@ BAD = [
     ["explain", "--engine", "vllm", "--", "--attention-backend", "FLASH_ATTN", "--speculative-config",
      '{"method": "eagle", "num_speculative_tokens": 1e400}'],
     ["advise", "--engine", "sglang", "--", "--attention-backend", "nosuch"],
+    ["plan", "--engine", "vllm", "--", "--model-config", "docs/examples/triton-like.toml"],
+    ["plan", "--engine", "sglang", "--model-config", "/nonexistent.json", "--", "--attention-backend", "fa3"],
+    ["advise", "--engine", "vllm", "--model-config", "tests/engines/models", "--"],
 ]
 
 

@@ -8,7 +8,12 @@ waives unchecked claims. What cannot run here:
   limitation, triton-lang/triton#11584, not SGLang's): every ``phase[P, bfloat16]`` of
   ``sglang:triton`` is not checked, and the other claims draw no bf16 case;
 - ``vendor[cuda]``, ``vendor[hip]``: no such device (the kit's own rule);
-- under the interpreter, ``batch_invariant`` unless ``ATTNHAL_SLOW=1`` (minutes of 64-row batches).
+- under the interpreter, ``batch_invariant`` unless ``ATTNHAL_SLOW=1`` (minutes of 64-row batches);
+- ``kv_dtype[fp8_*]``: SGLang's KV pool stores fp8 as ``uint8`` bytes (``mem_cache/memory_pool.py:2029-2031``)
+  and its backend writes bytes into the pool it is given; the kit hands it attnhal's fp8 pool, so the
+  write fails before any kernel runs (run on 2026-12-06: ``Index put requires the source and destination
+  dtypes match``). Whether SGLang's Triton kernels compute attention over an fp8 cache correctly is
+  therefore not checked here; the other claims draw no fp8 case.
 
 Under the interpreter the kit's bounds are lowered as for attnhal's own Triton backend in
 CI (:data:`INTERPRETER_BOUNDS`: the interpreter runs a kernel's blocks one by one); the
@@ -41,6 +46,11 @@ INTERPRETER_BOUNDS = {"max_seq_len": 70, "max_cost": 2**20}
 
 _BF16_DOT = ("the Triton interpreter computes bf16 tl.dot on raw bit patterns (triton-lang/triton#11584, a Triton "
              "limitation): SGLang's bf16 kernels are unchecked here; other claims draw no bf16 case")
+
+
+_FP8_POOL = ("SGLang stores an fp8 KV cache as uint8 bytes (mem_cache/memory_pool.py:2029-2031) and the kit's pool "
+             "is attnhal's fp8 tensor: SGLang's write fails before its kernels run, so whether they compute fp8 "
+             "attention correctly is not checked here; other claims draw no fp8 case")
 
 
 #: Claims too slow for the interpreter in CI; ``ATTNHAL_SLOW=1`` runs them (as for attnhal's own Triton backend).
@@ -104,14 +114,17 @@ def _interpreted(ref: str) -> bool:
 
 def _runnable(ref: str, caps: BackendCapabilities) -> tuple[BackendCapabilities, dict[str, str]]:
     """The descriptor the kit runs here (claims that cannot run removed) and why each removed claim is not."""
+    fp8 = {d for d in caps.kv_dtypes or () if d.startswith("fp8")}
+    unfp8 = replace(caps, kv_dtypes=(caps.kv_dtypes or frozenset()) - fp8) if fp8 else caps
+    no_fp8 = {c.name: _FP8_POOL for c in claims(caps) if c.name not in {k.name for k in claims(unfp8)}}
     if not _interpreted(ref):
-        return caps, {}
+        return unfp8, no_fp8
     slow = {} if os.environ.get("ATTNHAL_SLOW") == "1" else {c.name: _SLOW for c in claims(caps) if c.name in _SLOW_CLAIMS}
-    if "bfloat16" not in caps.dtypes:
-        return caps, slow
-    narrowed = replace(caps, dtypes=caps.dtypes - {"bfloat16"})
+    if "bfloat16" not in unfp8.dtypes:
+        return unfp8, {**no_fp8, **slow}
+    narrowed = replace(unfp8, dtypes=unfp8.dtypes - {"bfloat16"})
     kept = {c.name for c in claims(narrowed)}
-    return narrowed, {**{c.name: _BF16_DOT for c in claims(caps) if c.name not in kept}, **slow}
+    return narrowed, {**no_fp8, **{c.name: _BF16_DOT for c in claims(unfp8) if c.name not in kept}, **slow}
 
 
 @cache

@@ -36,7 +36,8 @@ EXPECTED = {
     # TritonAttnBackend.init_forward_metadata divides by the request count (get_num_kv_splits,
     # triton_backend.py:441). Shown in SGLang's code on CPU; whether SGLang's own idle path
     # reaches it without graphs is not shown yet (docs/conformance.md).
-    "sglang:triton": ({"empty_batch"}, _DEVICES | _TRITON_BF16 | _SLOW),
+    # fp8 KV: SGLang stores it as uint8 bytes, the kit's pool is attnhal's fp8 tensor (attnhal_sglang.kit.certify).
+    "sglang:triton": ({"empty_batch"}, _DEVICES | _TRITON_BF16 | _SLOW | {"kv_dtype[fp8_e4m3]", "kv_dtype[fp8_e5m2]"}),
 }
 #: Random examples per check on top of the fixed ones (the kit's default is 3). SGLang's Triton
 #: kernels under the interpreter are this tier's cost: 451 s of CPU for the file at 3 (2026-12-02),

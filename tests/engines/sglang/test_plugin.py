@@ -502,3 +502,21 @@ def test_the_docs_show_the_lines_these_tests_check() -> None:
     assert f"draft_extend: SGLang eager, attnhal captured (sglang:aiter); {D1}" in text
     assert f"enforce: built {EXTEND_RUNNER} (SGLang's draft_extend runner on device 'cuda')" in text
     assert SEED_REPORT_ROW in text and "ATTNHAL_SGLANG_GRAPHS=strict refuses to start EagleDraftWorker" in text
+
+
+@pytest.mark.parametrize(("steps", "when"), [(3, "during the draft-extend graph capture at server start-up"),
+                                             (1, "at the first draft extend")])
+def test_strict_refuses_a_late_failure_before_sglang_captures(steps: int, when: str, lines: Any) -> None:
+    """aiter with topk 2 on HIP: SGLang's argument checks accept it and its draft extend raises later
+    (docs/catalog.md, Late failures): strict refuses to start, naming the entry and when it would fail,
+    before SGLang's capture runs (with 3 steps that capture is where it would fail)."""
+    from attnhal.engines.report import StrictRefusal
+
+    with loaded("strict"):
+        with pytest.raises(StrictRefusal) as refused:
+            runners(dataclasses.replace(SEED, num_steps=steps, topk=2))
+    text = str(refused.value)
+    assert text.startswith("ATTNHAL_SGLANG_GRAPHS=strict refuses to start EagleDraftWorker on hip:gfx942: "
+                           "draft_extend: late failure (docs/catalog.md, Late failures; sglang:aiter)"), text
+    assert when in text and "--speculative-eagle-topk 1" in text, text
+    SUMMARY.append(f"plugin, aiter topk 2, {steps} steps, strict: {text}")
