@@ -19,11 +19,10 @@ decision (:data:`HOOKS`) when the worker's module is first imported (:mod:`.on_i
 
 Once per server (rank 0) the hook logs the graph report (:mod:`attnhal_sglang.report`).
 
-What attnhal cannot plan (a backend class outside the table, an argument the adapter does not
-model, a platform without device graphs, an out-of-tree platform's runners) is left to
-SGLang with one warning naming it. An error inside a hook is logged and SGLang's own decision
-stands. Another SGLang release: one warning, no hook. Loading this module imports the standard
-library and attnhal's light core only; SGLang's modules are read inside the hooks.
+What attnhal cannot plan (a backend class outside the table, an argument the adapter does not model, a platform
+without device graphs, an out-of-tree platform's runners) is left to SGLang with one warning naming it. An error
+inside a hook is logged and SGLang's own decision stands. Another SGLang release: one warning, no hook. Loading
+this module imports the standard library and attnhal's light core only; SGLang's modules are read inside the hooks.
 """
 
 from __future__ import annotations
@@ -380,8 +379,7 @@ def _unmodelled(what: str, runners: Mapping[str, str],
             try:
                 built = ", ".join(f"{phase} {'captured' if getattr(worker, attr, None) is not None else 'eager'}"
                                   for phase, attr in runners.items())
-                logger.warn_once(f"{type(worker).__name__}: {what} {said}; SGLang's graph "
-                                 f"decision ({built}) is left as it is")
+                logger.warn_once(f"{type(worker).__name__}: {what} {said}; SGLang's graph decision ({built}) is left as it is")
             except Exception:
                 log.exception("attnhal: the %s hook failed; SGLang's own decision stands", type(worker).__name__)
             return result
