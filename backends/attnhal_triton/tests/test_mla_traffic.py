@@ -47,45 +47,37 @@ def test_128_heads_read_once_per_block() -> None:
     assert check.window == 2 and check.distance == 1 and check.unique == check.windowed == check.covered
 
 
-def test_a_second_read_fails() -> None:
-    name = "mla target_verify chain 4 page16"
+def _checked_with(name: str, planted: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The traffic check of ``name`` with ``planted(real, ...)`` in place of the MLA op."""
     case = build_case(RECIPES[name], pool=latent_pool(RECIPES[name]))
     backend = TritonBackend(case.config, case.pool)
     real = mla_ops.mla_attend
-
-    def twice(*args: Any, **kwargs: Any) -> None:
-        real(*args, **kwargs)
-        real(*args, **kwargs)
-
-    mla_ops.mla_attend = twice  # type: ignore[assignment]
-    try:
-        check = check_mla(name, case, backend)
-    finally:
-        mla_ops.mla_attend = real  # type: ignore[assignment]
+    monkeypatch.setattr(mla_ops, "mla_attend", lambda *a, **kw: planted(real, *a, **kw))
+    check = check_mla(name, case, backend)
     print(check.line())
+    return check
+
+
+def test_a_second_read_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def twice(real: Any, *args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        real(*args, **kwargs)
+
+    check = _checked_with("mla target_verify chain 4 page16", twice, monkeypatch)
     assert not check.ok and check.ratio > 1.9 and check.unique_ratio > 1.9
 
 
-def test_heads_in_separate_launches_fail() -> None:
+def test_heads_in_separate_launches_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     """128 heads as two launches of 64: the same logical bytes as one launch of two blocks,
     but the second pass over the rows is a whole launch later (no cache holds it)."""
-    name = "mla decode 128 heads page16"
-    case = build_case(RECIPES[name], pool=latent_pool(RECIPES[name]))
-    backend = TritonBackend(case.config, case.pool)
-    real = mla_ops.mla_attend
 
-    def halves(out: Any, mid_o: Any, mid_lse: Any, q: Any, **kwargs: Any) -> None:
+    def halves(real: Any, out: Any, mid_o: Any, mid_lse: Any, q: Any, **kwargs: Any) -> None:
         for h in (slice(0, 64), slice(64, 128)):
             part = None if mid_o is None else mid_o[:, h].contiguous()
             real(out[:, h].contiguous(), part, None if mid_lse is None else mid_lse[:, h].contiguous(),
                  q[:, h], **kwargs)
 
-    mla_ops.mla_attend = halves  # type: ignore[assignment]
-    try:
-        check = check_mla(name, case, backend)
-    finally:
-        mla_ops.mla_attend = real  # type: ignore[assignment]
-    print(check.line())
+    check = _checked_with("mla decode 128 heads page16", halves, monkeypatch)
     assert check.loaded == 2 * check.covered and check.unique == 2 * check.covered and not check.ok
 
 
