@@ -172,20 +172,24 @@ def _source(job: Job, variant: Variant, row: LaunchRow) -> Any:
 
 
 def kernel_source(fn: Any, constexprs: Mapping[str, Any], compute_dtype: str, fp8_flavor: str | None,
-                  aligned: frozenset[str] = _ALIGNED) -> Any:
+                  aligned: frozenset[str] = _ALIGNED, kv_pointer: str | None = None) -> Any:
     """Triton's ``ASTSource`` of kernel ``fn``: constexprs as given, every other argument typed
-    by its name (K/V fp8 of ``fp8_flavor`` where given, else ``compute_dtype`` like Q and Out;
-    metadata pointers; fp32 or i32 scalars), pointers and ``aligned`` strides 16-divisible."""
+    by its name (K/V ``kv_pointer`` where given, else fp8 of ``fp8_flavor``, else
+    ``compute_dtype`` like Q and Out; metadata pointers; fp32 or i32 scalars), pointers and
+    ``aligned`` strides 16-divisible; the other integers unspecialised, as the kernels'
+    ``do_not_specialize`` lists launch them."""
     from triton.compiler import ASTSource
 
     signature: dict[str, str] = {}
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    if kv_pointer is None and fp8_flavor is not None:
+        kv_pointer = _FP8[fp8_flavor]
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
             continue
-        if name in ("K", "V") and fp8_flavor is not None:
-            signature[name] = "*" + _FP8[fp8_flavor]
+        if name in ("K", "V") and kv_pointer is not None:
+            signature[name] = "*" + kv_pointer
         elif name in ("Q", "K", "V", "Out"):
             signature[name] = "*" + _TRITON_DTYPE[compute_dtype]
         elif name in _POINTERS:

@@ -2,7 +2,7 @@
 
     python -m attnhal_triton.compile_forms [--json] [--targets cuda:90 hip:gfx942 ...]
         [--kernels ...] [--dtypes ...] [--kv-dtypes ...] [--head-sizes ...] [--groups ...]
-        [--sample N] [--jobs N]
+        [--sample N] [--jobs N] [--results FILE]
 
 The forms are :func:`attnhal_triton.launch_forms.forms` of each target's platform (the
 launch rows and sizing the backend uses, every group 1..16, head size, compute dtype, KV
@@ -17,6 +17,7 @@ N-th form (the suite's share); the whole enumeration is the default.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -24,6 +25,7 @@ import warnings
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from attnhal.kv_format import kv_format
@@ -59,28 +61,10 @@ def _pointer(form: Form, target: str) -> str:
 
 
 def _source(form: Form, target: str) -> Any:
-    from triton.compiler import ASTSource
-
     from attnhal_triton import kernels
 
-    fn = getattr(kernels, form.function)
-    signature: dict[str, str] = {}
-    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
-    for index, name in enumerate(fn.arg_names):
-        if name in form.constexprs:
-            signature[name] = "constexpr"
-            continue
-        if name in ("K", "V"):
-            signature[name] = "*" + _pointer(form, target)
-        elif name in ("Q", "Out"):
-            signature[name] = "*" + _STORAGE[form.dtype]
-        elif name in cc._POINTERS:
-            signature[name] = "*" + cc._POINTERS[name]
-        else:
-            signature[name] = "fp32" if name in cc._FLOAT_SCALARS else "i32"
-        if signature[name].startswith("*") or name in cc._ALIGNED:
-            attrs[(index,)] = [["tt.divisibility", 16]]
-    return ASTSource(fn, signature, dict(form.constexprs), attrs)
+    return cc.kernel_source(getattr(kernels, form.function), form.constexprs, form.dtype, None,
+                            kv_pointer=_pointer(form, target))
 
 
 def _payload(target: str, form: Form) -> tuple[str, Form]:
@@ -99,7 +83,8 @@ def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
     group, tokens, batch = form.example
     options = form.row.launch_options
     result: dict[str, Any] = {
-        "kernel": form.kernel, "target": target, "dtype": form.dtype, "kv_dtype": form.kv_dtype,
+        "form_id": form_id(target, form), "kernel": form.kernel, "target": target, "dtype": form.dtype,
+        "kv_dtype": form.kv_dtype,
         "head_size": form.head_size, "group": group, "query_tokens": tokens, "batch": batch,
         "split": bool(form.constexprs.get("SPLIT", form.kernel == "decode")),
         "blocks": {k: v for k, v in form.constexprs.items() if k.startswith("BLOCK_")},
@@ -124,17 +109,54 @@ def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
     return result
 
 
+@functools.lru_cache(maxsize=None)
+def _source_key(function: str) -> str:
+    """Triton's key of a kernel's source and the jit functions it calls: a results file's
+    rows of an older kernel do not count."""
+    from attnhal_triton import kernels
+
+    return str(getattr(kernels, function).cache_key)[:16]
+
+
+def form_id(target: str, form: Form) -> str:
+    """A form's identity on a target and its kernel's source (what a results file is keyed by)."""
+    return json.dumps([_source_key(form.function), target, *form.key()], default=str)
+
+
+def _serving_first(item: tuple[str, Form]) -> tuple[Any, ...]:
+    """16-bit queries over 16-bit or fp8 caches at the common head sizes come first, so a
+    partial run of a results file covers what models run."""
+    target, form = item
+    return ("float32" in (form.dtype, form.kv_dtype), form.head_size not in (64, 128, 256),
+            FORM_TARGETS.index(target) if target in FORM_TARGETS else len(FORM_TARGETS))
+
+
+def _done(results: Path | None) -> dict[str, dict[str, Any]]:
+    if results is None or not results.exists():
+        return {}
+    rows = (json.loads(line) for line in results.read_text().splitlines() if line.strip())
+    return {r["form_id"]: r for r in rows if "form_id" in r}
+
+
 def run_forms(targets: Sequence[str] = FORM_TARGETS, sample: int = 1, jobs: int = 1,
-              **select: Any) -> list[dict[str, Any]]:
-    """Compile every ``sample``-th form of each target (``select``: :func:`forms`'s filters)."""
+              results: Path | None = None, **select: Any) -> list[dict[str, Any]]:
+    """Compile every ``sample``-th form of each target (``select``: :func:`forms`'s filters).
+    ``results``: a JSON-lines file each compile is appended to as it finishes; forms already
+    in it are not compiled again (a run can stop and go on)."""
     if cc._interpreting():
         raise RuntimeError("compiling needs a process without TRITON_INTERPRET (use main(), "
                            "which re-runs itself without it)")
     work = [_payload(t, f) for t in targets for f in forms(cc.target_platform(t), **select)][::max(1, sample)]
-    if jobs <= 1:
-        return [compile_form(w) for w in work]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(compile_form, work, chunksize=4))
+    done = _done(results)
+    rows = [done[i] for i in (form_id(*w) for w in work) if i in done]
+    todo = sorted((w for w in work if form_id(*w) not in done), key=_serving_first)
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for row in pool.map(compile_form, todo, chunksize=1):
+            rows.append(row)
+            if results is not None:
+                with results.open("a") as out:
+                    out.write(json.dumps(row) + "\n")
+    return rows
 
 
 def summary(rows: Sequence[dict[str, Any]], seconds: float) -> list[str]:
@@ -165,6 +187,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", nargs="+", type=int, default=list(range(1, MAX_GROUP + 1)), metavar="G")
     p.add_argument("--sample", type=int, default=1, help="compile every N-th form (default: all)")
     p.add_argument("--jobs", type=int, default=1, help="parallel compiles")
+    p.add_argument("--results", type=Path, metavar="FILE",
+                   help="append each compile to this JSON-lines file; forms already in it are not compiled again")
     return p
 
 
@@ -176,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = [sys.executable, "-m", "attnhal_triton.compile_forms", *(sys.argv[1:] if argv is None else argv)]
         return subprocess.run(command, env=cc._clean_env(), check=False).returncode
     start = time.perf_counter()
-    rows = run_forms(args.targets, args.sample, args.jobs, kernels=args.kernels, dtypes=args.dtypes,
+    rows = run_forms(args.targets, args.sample, args.jobs, args.results, kernels=args.kernels, dtypes=args.dtypes,
                      kv_dtypes=args.kv_dtypes, head_sizes=args.head_sizes, groups=args.groups)
     if args.json:
         print(json.dumps(rows))

@@ -20,20 +20,16 @@ Kernels
     query head of the group) pairs, row, KV head and KV split (m-blocks on axis 0, whose
     limit is 2**31 - 1). ``SPLIT``: (o, lse) partials for the reduce; else the output.
 
-Paging: position ``p`` of a row lives in slot ``page * PAGE_SIZE + p % PAGE_SIZE`` with
-``page = req_to_page[row, p // PAGE_SIZE]``.
-
 Softmax arithmetic is fp32 in base 2 (scores pre-multiplied by ``sm_scale * log2(e)``; with
 a soft-cap, ``cap * tanh(s / cap)`` first). Masked scores are ``-inf``; a row with nothing to
 attend yields 0, never NaN (padded graph rows may have any length). Sliding window: a query
 at KV position ``qpos`` attends positions ``>= qpos - window`` (``window < 0``: none).
 
-``DOT_F32`` casts the dot operands to fp32: the interpreter computes bf16 ``tl.dot`` on raw
-bit patterns (triton-lang/triton#11584), so bf16 takes this path under the interpreter only.
-``DOT_PRECISION`` (``"ieee"``) keeps fp32 inputs from being rounded to tf32. ``KV_SCALED``:
-an fp8 cache read as ``stored * scale`` (per-layer scales): the stored values, exact in fp16,
-enter the dots and the scales multiply the fp32 scores (K) and the accumulator (V); q is never
-pre-scaled into a narrow type (``_kv_scaled``).
+``DOT_F32``: fp32 dot operands, for bf16 under the interpreter only (it computes bf16
+``tl.dot`` on raw bit patterns, triton-lang/triton#11584). ``DOT_PRECISION`` (``"ieee"``)
+keeps fp32 inputs from tf32. ``KV_SCALED``: an fp8 cache read as ``stored * scale``: the
+stored values, exact in fp16, enter the dots; the scales multiply the fp32 scores (K) and
+the accumulator (V); q is never pre-scaled into a narrow type (``_kv_scaled``).
 """
 
 from __future__ import annotations
@@ -126,7 +122,14 @@ def _kv_scaled(q, qk_scale, KScale, VScale, KV_SCALED: tl.constexpr, KV_F16: tl.
     return q, qk_scale, v_scale
 
 
-@triton.jit
+#: Integers the JIT does not specialise (else one kernel per value class: 1, 16k, other); the
+#: rest are strides, 16k in every layout: one constexpr set, one kernel (``launch_forms``).
+DECODE_RUNTIME_INTS = ("window", "num_extra", "stride_lb", "stride_lh", "stride_req", "stride_extra")
+REDUCE_RUNTIME_INTS = ("rows_per_entry", "stride_lb", "stride_lh")
+EXTEND_RUNTIME_INTS = ("window", "q_per_row", "max_splits", "stride_req")
+
+
+@triton.jit(do_not_specialize=DECODE_RUNTIME_INTS)
 def decode_partial_kernel(
     Q, K, V, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, Extra, KScale, VScale,
     qk_scale, softcap, window, num_extra, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
@@ -202,7 +205,7 @@ def decode_partial_kernel(
              mask=head_ok & (offs_g * 0 + split < n_splits))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=REDUCE_RUNTIME_INTS)
 def decode_reduce_kernel(
     MidO, MidLse, Out, NumSplits, Sinks, rows_per_entry,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outt, stride_outh,
@@ -242,10 +245,7 @@ def _row_queries(row, QoIndptr, ExtLens, q_per_row, PACKED: tl.constexpr, HAS_EX
     else:
         q_start = row * q_per_row
         n_q = q_per_row + tl.zeros([], tl.int32)
-    if HAS_EXT_LENS:
-        ext = tl.load(ExtLens + row)
-    else:
-        ext = n_q
+    ext = tl.load(ExtLens + row) if HAS_EXT_LENS else n_q
     return q_start, n_q, ext
 
 
@@ -263,7 +263,7 @@ def _tree_depth(Tree, row, tok, ok, q_per_row, MASK_WORDS: tl.constexpr):
     return tl.load(Tree + (row * q_per_row + tok) * (MASK_WORDS + 1) + MASK_WORDS, mask=ok, other=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=EXTEND_RUNTIME_INTS)
 def extend_kernel(
     Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
     Tree, KScale, VScale, Sinks, qk_scale, softcap, window, q_per_row, max_splits,

@@ -19,6 +19,7 @@ from triton_cases import build, run, shape
 
 from attnhal.phases import Phase
 from attnhal.platform import parse
+from attnhal_triton import compile_check as cc
 from attnhal_triton import kernels, ops
 from attnhal_triton.compile_forms import FORM_TARGETS, budget
 from attnhal_triton.launch_forms import forms
@@ -27,13 +28,35 @@ from attnhal_triton.launch_forms import forms
 _FIXED = ("PAGE_SIZE", "HAS_SOFTCAP", "HAS_SINKS", "NUM_Q_HEADS", "DOT_F32")
 
 
+_RUNTIME = {"decode_partial_kernel": kernels.DECODE_RUNTIME_INTS, "decode_reduce_kernel": kernels.REDUCE_RUNTIME_INTS,
+            "extend_kernel": kernels.EXTEND_RUNTIME_INTS}
+
+
 def _varying(constexprs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(sorted((k, v) for k, v in constexprs.items() if k not in _FIXED))
 
 
+def _specialised(name: str, args: tuple[Any, ...], constexprs: dict[str, Any]) -> list[str]:
+    """The integer arguments of a launch whose value Triton's JIT would compile into another
+    kernel than the compile check builds: outside the kernel's ``do_not_specialize``, the JIT
+    makes 1 a constant and marks a multiple of 16 divisible, and the check assumes the
+    latter of its aligned strides only."""
+    params = [p for p in getattr(kernels, name).arg_names if p not in constexprs]
+    wrong = []
+    for param, value in zip(params, args, strict=True):
+        if not isinstance(value, int) or param in _RUNTIME[name]:
+            continue
+        jit = "constant" if value == 1 else "divisible" if value % 16 == 0 else "plain"
+        if jit != ("divisible" if param in cc._ALIGNED else "plain"):
+            wrong.append(f"{name}.{param}={value}")
+    return wrong
+
+
 def _recorded(monkeypatch: pytest.MonkeyPatch, case_shapes: list[Any]) -> list[tuple[str, str, tuple[Any, ...]]]:
-    """(kernel function, q dtype, varying constexprs) of every launch of each case's forward."""
+    """(kernel function, q dtype, varying constexprs) of every launch of each case's forward;
+    fails if an integer argument of a launch would make the JIT compile another kernel."""
     seen: list[tuple[str, str, tuple[Any, ...]]] = []
+    specialised: list[str] = []
 
     class Spy:
         def __init__(self, name: str, fn: Any) -> None:
@@ -42,7 +65,9 @@ def _recorded(monkeypatch: pytest.MonkeyPatch, case_shapes: list[Any]) -> list[t
         def __getitem__(self, grid: Any) -> Any:
             def launch(*args: Any, **kwargs: Any) -> None:
                 dtype = str(args[2 if self.name == "decode_reduce_kernel" else 0].dtype).removeprefix("torch.")
-                seen.append((self.name, dtype, _varying({k: v for k, v in kwargs.items() if k.isupper()})))
+                constexprs = {k: v for k, v in kwargs.items() if k.isupper()}
+                seen.append((self.name, dtype, _varying(constexprs)))
+                specialised.extend(_specialised(self.name, args, constexprs))
                 self.fn[grid](*args, **kwargs)
             return launch
 
@@ -51,6 +76,7 @@ def _recorded(monkeypatch: pytest.MonkeyPatch, case_shapes: list[Any]) -> list[t
     for case_shape in case_shapes:
         case, backend = build(case_shape)
         run(case, backend, write=False)
+    assert not specialised, sorted(set(specialised))[:5]
     return seen
 
 
