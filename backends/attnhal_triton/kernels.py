@@ -250,17 +250,23 @@ def _row_queries(row, QoIndptr, ExtLens, q_per_row, PACKED: tl.constexpr, HAS_EX
 
 
 @triton.jit
-def _tree_allowed(Tree, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS: tl.constexpr):
-    """Tree-mask bits [M, N] of draft keys ``j`` for queries ``tok``."""
-    words = Tree + (row * q_per_row + tok) * (MASK_WORDS + 1)
-    word = tl.load(words[:, None] + j[None, :] // 32, mask=m_ok[:, None] & ok[None, :], other=0)
-    return ((word >> (j[None, :] % 32)) & 1) != 0
-
-
-@triton.jit
 def _tree_depth(Tree, row, tok, ok, q_per_row, MASK_WORDS: tl.constexpr):
     """Depths of draft tokens ``tok``: the word after each token's mask words."""
     return tl.load(Tree + (row * q_per_row + tok) * (MASK_WORDS + 1) + MASK_WORDS, mask=ok, other=0)
+
+
+@triton.jit
+def _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS: tl.constexpr):
+    """(allowed [M, N], ok [N]) of draft keys at ``pos`` (token ``j = pos - prefix``) for queries
+    ``tok``: bit ``j`` of each query's mask words and the window; ``ok`` narrowed to the keys
+    some query of the block sees. The K/V loads take that ``ok``: a block holding fewer tokens
+    than the tree (a large group) loads its queries' ancestors, not every draft key of the row."""
+    j = pos - prefix
+    kpos = prefix + _tree_depth(Tree, row, j, ok, q_per_row, MASK_WORDS)
+    words = Tree + (row * q_per_row + tok) * (MASK_WORDS + 1)
+    word = tl.load(words[:, None] + j[None, :] // 32, mask=m_ok[:, None] & ok[None, :], other=0)
+    allowed = (((word >> (j[None, :] % 32)) & 1) != 0) & (kpos[None, :] >= lo_q[:, None])
+    return allowed, ok & (tl.max(allowed.to(tl.int32), 0) != 0)
 
 
 @triton.jit
@@ -358,19 +364,14 @@ def extend_kernel(
     for n0 in range(tl.maximum(s_lo, shared), s_hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < s_hi
+        if USE_MASK:  # positions from ``shared`` on are draft tokens j = pos - prefix in [0, T)
+            allowed, ok = _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS)
+        else:
+            allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :] & (pos[None, :] >= lo_q[:, None])
         slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
         s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
                                   KV_ROW, HEAD_DIM, KV_ROW, HEAD_DIM, HEAD_DIM,
                                   HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
-        if USE_MASK:
-            # Positions from ``shared`` on are draft tokens j = pos - prefix in [0, T).
-            j = pos - prefix
-            allowed = _tree_allowed(Tree, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS)
-            kpos = prefix + _tree_depth(Tree, row, j, ok, q_per_row, MASK_WORDS)
-        else:
-            allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :]
-            kpos = pos
-        allowed = allowed & (kpos[None, :] >= lo_q[:, None])
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
 

@@ -72,7 +72,7 @@ def _forms() -> dict[str, Form]:
 
 
 FORMS: Mapping[str, Form] = _forms()
-_ALIGNED = frozenset({"stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh"})
+_ALIGNED = frozenset({"stride_qt", "stride_qh"})
 
 
 @dataclass(frozen=True)

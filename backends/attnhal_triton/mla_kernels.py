@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnhal_triton.kernels import _LOG2E, _fp16_pow2, _paged_slots, _row_queries, _tanh, _tree_allowed, _tree_depth
+from attnhal_triton.kernels import _LOG2E, _draft_keys, _fp16_pow2, _paged_slots, _row_queries, _tanh, _tree_depth
 
 __all__ = ["mla_kernel"]
 
@@ -147,7 +147,7 @@ def mla_kernel(
     Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
     Tree, Extra, KScale, VScale, Sinks,
     qk_scale, softcap, window, q_per_row, max_splits, num_extra,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_req, stride_extra,
+    stride_qt, stride_qh, stride_req, stride_extra,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
     V_IN_K: tl.constexpr, V_TAIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PACKED: tl.constexpr, HAS_EXT_LENS: tl.constexpr, HAS_EXTRA: tl.constexpr,
@@ -157,8 +157,9 @@ def mla_kernel(
 ):
     """MLA attention of one (block of flattened query rows, row, KV head, split).
 
-    Q ``[tokens, Hq, D_MAIN + D_TAIL]``; K ``[slots, Hkv, D_MAIN + D_TAIL]``; V ``[slots, Hkv,
-    D_V]`` with ``D_V = D_MAIN (+ D_TAIL with V_TAIL)`` (ignored with ``V_IN_K``); Out
+    Q ``[tokens, Hq, D_MAIN + D_TAIL]``; K ``[slots, Hkv, D_MAIN + D_TAIL]`` contiguous; V
+    ``[slots, Hkv, D_V]`` contiguous with ``D_V = D_MAIN (+ D_TAIL with V_TAIL)`` (ignored with
+    ``V_IN_K``); ``Hkv = NUM_Q_HEADS // GROUP``; Out
     ``[tokens, Hq, D_V]``, MidO ``[tokens, Hq, max_splits, D_V]``, MidLse ``[tokens, Hq,
     max_splits]`` contiguous. Row ``r``'s queries, prefix, tree and splits as in
     ``kernels.extend_kernel``; with ``HAS_EXTRA`` the row's keys are its ``SeqLens[r]``
@@ -166,6 +167,11 @@ def mla_kernel(
     and its KV length is their sum.
     """
     D_V: tl.constexpr = D_MAIN + D_TAIL * V_TAIL
+    # Contiguous caches (a separate V, or V inside K's rows): strides from the constexpr shapes
+    # keep scalar registers free (fp32 draft decode ran out of SGPRs on gfx942 with them as arguments).
+    D_K: tl.constexpr = D_MAIN + D_TAIL
+    K_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * D_K
+    V_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * D_V
     m_block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     kv_head = tl.program_id(2) // max_splits
@@ -209,7 +215,10 @@ def mla_kernel(
         hi = tl.minimum(prefix + last_tok + 1, kv_len)
         seen_by_all = prefix + first_tok
     hi = tl.where(has_rows, hi, 0)
-    shared = tl.minimum(tl.maximum(seen_by_all, 0), hi)
+    if HAS_EXTRA:  # draft decode: one query per row, which sees all of it (but the window)
+        shared = hi
+    else:
+        shared = tl.minimum(tl.maximum(seen_by_all, 0), hi)
     lo_q = tl.where(window >= 0, qpos - window, 0)
     lo = tl.minimum(tl.maximum(tl.min(tl.where(m_ok, lo_q, hi), 0), 0), hi)
     n_splits = 1
@@ -231,28 +240,26 @@ def mla_kernel(
         ok = pos < shared
         slot = _slots(req_row, extra_row, pos, ok, page_len, PAGE_SIZE, HAS_EXTRA)
         s, v_main, v_tail = _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, D_MAIN, D_TAIL, V_IN_K,
+                                  K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K,
                                   V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
         s = tl.where(ok[None, :] & (pos[None, :] >= lo_q[:, None]), s, float("-inf"))
         m_i, l_i, acc, acc_tail = _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL, DOT_F32,
                                         DOT_PRECISION)
-    for n0 in range(tl.maximum(s_lo, shared), s_hi, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        ok = pos < s_hi
-        slot = _slots(req_row, extra_row, pos, ok, page_len, PAGE_SIZE, HAS_EXTRA)
-        s, v_main, v_tail = _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, D_MAIN, D_TAIL, V_IN_K,
-                                  V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
-        if USE_MASK:
-            j = pos - prefix  # draft token j of the tree
-            allowed = _tree_allowed(Tree, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS)
-            kpos = prefix + _tree_depth(Tree, row, j, ok, q_per_row, MASK_WORDS)
-        else:
-            allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :]
-            kpos = pos
-        s = tl.where(allowed & (kpos[None, :] >= lo_q[:, None]), s, float("-inf"))
-        m_i, l_i, acc, acc_tail = _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL, DOT_F32,
-                                        DOT_PRECISION)
+    if not HAS_EXTRA:  # no diagonal loop for draft decode: fp32 with a separate V spilled SGPRs on gfx942
+        for n0 in range(tl.maximum(s_lo, shared), s_hi, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            ok = pos < s_hi
+            if USE_MASK:  # draft keys: only those some row of the block sees are loaded
+                allowed, ok = _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS)
+            else:
+                allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :] & (pos[None, :] >= lo_q[:, None])
+            slot = _slots(req_row, extra_row, pos, ok, page_len, PAGE_SIZE, HAS_EXTRA)
+            s, v_main, v_tail = _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap,
+                                      K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K,
+                                      V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+            s = tl.where(allowed, s, float("-inf"))
+            m_i, l_i, acc, acc_tail = _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL, DOT_F32,
+                                            DOT_PRECISION)
 
     _store(Out, MidO, MidLse, Sinks, acc * v_scale, acc_tail * v_scale, m_i, l_i, q_start + tok, heads,
            m_ok, split, max_splits, s_lo, s_hi, n_splits, NUM_Q_HEADS, D_MAIN, D_TAIL, D_V, V_TAIL, SPLIT,

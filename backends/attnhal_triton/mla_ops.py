@@ -66,8 +66,9 @@ def mla_attend(
         split partials for :func:`attnhal_triton.ops.decode_reduce` (``num_splits``
         ``[rows]`` int32 in ``[1, S]``), or None for one pass into ``out``.
     q: ``[tokens, Hq, D]`` (``D`` = 576: latent 512 + rope 64; last dim contiguous).
-    k_cache: ``[slots, Hkv, D]``; v_cache: ``[slots, Hkv, Dv]`` (``Dv`` = 512), read from
-        ``k_cache``'s tiles when it is a view of their first columns (:func:`v_in_k`).
+    k_cache: ``[slots, Hkv, D]`` contiguous; v_cache: ``[slots, Hkv, Dv]`` (``Dv`` = 512)
+        contiguous, or a view of ``k_cache``'s first columns (:func:`v_in_k`), then read from
+        its tiles.
     req_to_page, req_pool_indices, seq_lens, qo_indptr, ext_lens, tree, k_scale, v_scale,
         sinks, q_per_row, max_q, softcap, window: as :func:`attnhal_triton.ops.extend`
         (decode: one query per row, ``q_per_row`` 1); seq_lens are the rows' table positions.
@@ -95,7 +96,9 @@ def mla_attend(
                          "sinks to decode_reduce")
     part_o, part_lse = (mid_o, mid_lse) if mid_o is not None and mid_lse is not None else (out, out)
     max_splits = part_o.shape[2] if split else 1
-    _check_contiguous(out=out, mid_o=part_o, mid_lse=part_lse)
+    latent_v = v_in_k(k_cache, v_cache)
+    _check_contiguous(out=out, mid_o=part_o, mid_lse=part_lse, k_cache=k_cache,
+                      **({} if latent_v else {"v_cache": v_cache}))
     if (extra_slots is None) != (num_extra == 0):
         raise ValueError(f"extra_slots/num_extra={'None' if extra_slots is None else 'given'}/{num_extra} "
                          "(supported: both, or None with 0)")
@@ -110,10 +113,9 @@ def mla_attend(
         *(t if t is not None else dummy for t in (num_splits, qo_indptr, ext_lens, tree)),
         extra, k_scale, v_scale, sinks if sinks is not None else dummy,
         qk_scale, cap, window, q_per_row, max_splits, num_extra, q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         req_to_page.stride(0), extra.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, D_MAIN=main, D_TAIL=tail,
-        V_IN_K=v_in_k(k_cache, v_cache), V_TAIL=v_tail,
+        V_IN_K=latent_v, V_TAIL=v_tail,
         BLOCK_M=block_m, BLOCK_N=constexprs["BLOCK_N"], PAGE_SIZE=page_size,
         PACKED=qo_indptr is not None, HAS_EXT_LENS=ext_lens is not None, HAS_EXTRA=extra_slots is not None,
         USE_MASK=tree is not None, MASK_WORDS=words, SPLIT=split, HAS_SOFTCAP=cap > 0,
