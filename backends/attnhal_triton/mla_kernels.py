@@ -38,18 +38,6 @@ __all__ = ["mla_kernel"]
 
 
 @triton.jit
-def _slots(req_row, extra_row, pos, ok, page_len, PAGE_SIZE: tl.constexpr, HAS_EXTRA: tl.constexpr):
-    """Slots of positions ``pos`` [N]: the page table below ``page_len``, then ``extra_row``."""
-    if HAS_EXTRA:
-        in_table = pos < page_len
-        table = _paged_slots(req_row, pos, ok & in_table, PAGE_SIZE)
-        extra = tl.load(extra_row + (pos - page_len), mask=ok & (pos >= page_len), other=0).to(tl.int64)
-        return tl.where(in_table, table, extra)
-    else:
-        return _paged_slots(req_row, pos, ok, PAGE_SIZE)
-
-
-@triton.jit
 def _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap,
           stride_kt, stride_kh, stride_vt, stride_vh,
           D_MAIN: tl.constexpr, D_TAIL: tl.constexpr, V_IN_K: tl.constexpr, V_TAIL: tl.constexpr,
@@ -107,6 +95,19 @@ def _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL: tl.constexpr, DOT_
             acc_tail = tl.dot(p.to(v_tail.dtype), v_tail, acc_tail * alpha[:, None],
                               input_precision=DOT_PRECISION)
     return m_new, l_i, acc, acc_tail
+
+
+@triton.jit
+def _attend(q_main, q_tail, K, V, slot, ok, allowed, kv_head, qk_scale, softcap, m_i, l_i, acc, acc_tail,
+            K_ROW: tl.constexpr, D_K: tl.constexpr, V_ROW: tl.constexpr, D_V: tl.constexpr,
+            D_MAIN: tl.constexpr, D_TAIL: tl.constexpr, V_IN_K: tl.constexpr, V_TAIL: tl.constexpr,
+            HAS_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One tile of positions at ``slot`` [N] (loaded where ``ok``), scored where ``allowed``
+    [M, N]: the online softmax's new (m, l, acc, acc_tail)."""
+    s, v_main, v_tail = _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap, K_ROW, D_K, V_ROW,
+                              D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+    s = tl.where(allowed, s, float("-inf"))
+    return _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL, DOT_F32, DOT_PRECISION)
 
 
 @triton.jit
@@ -215,10 +216,7 @@ def mla_kernel(
         hi = tl.minimum(prefix + last_tok + 1, kv_len)
         seen_by_all = prefix + first_tok
     hi = tl.where(has_rows, hi, 0)
-    if HAS_EXTRA:  # draft decode: one query per row, which sees all of it (but the window)
-        shared = hi
-    else:
-        shared = tl.minimum(tl.maximum(seen_by_all, 0), hi)
+    shared = tl.minimum(tl.maximum(seen_by_all, 0), hi)
     lo_q = tl.where(window >= 0, qpos - window, 0)
     lo = tl.minimum(tl.maximum(tl.min(tl.where(m_ok, lo_q, hi), 0), 0), hi)
     n_splits = 1
@@ -235,17 +233,36 @@ def mla_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_MAIN], tl.float32)
     acc_tail = tl.zeros([BLOCK_M, D_TAIL], tl.float32)
-    for n0 in range(s_lo, tl.minimum(s_hi, shared), BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        ok = pos < shared
-        slot = _slots(req_row, extra_row, pos, ok, page_len, PAGE_SIZE, HAS_EXTRA)
-        s, v_main, v_tail = _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap,
-                                  K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K,
-                                  V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
-        s = tl.where(ok[None, :] & (pos[None, :] >= lo_q[:, None]), s, float("-inf"))
-        m_i, l_i, acc, acc_tail = _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL, DOT_F32,
-                                        DOT_PRECISION)
-    if not HAS_EXTRA:  # no diagonal loop for draft decode: fp32 with a separate V spilled SGPRs on gfx942
+    if HAS_EXTRA:
+        # Draft decode: one query, which sees its whole row (but the window): the table's
+        # positions, then the path's slots, one mask each (fp32 with a separate V ran out of
+        # SGPRs on gfx942 with both masks and the diagonal loop).
+        table_hi = tl.minimum(s_hi, page_len)
+        for n0 in range(s_lo, table_hi, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            ok = pos < table_hi
+            slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
+            m_i, l_i, acc, acc_tail = _attend(
+                q_main, q_tail, K, V, slot, ok, ok[None, :] & (pos[None, :] >= lo_q[:, None]), kv_head, qk_scale,
+                softcap, m_i, l_i, acc, acc_tail, K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
+                HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+        for n0 in range(tl.maximum(s_lo, page_len), s_hi, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            ok = pos < s_hi
+            slot = tl.load(extra_row + (pos - page_len), mask=ok, other=0).to(tl.int64)
+            m_i, l_i, acc, acc_tail = _attend(
+                q_main, q_tail, K, V, slot, ok, ok[None, :] & (pos[None, :] >= lo_q[:, None]), kv_head, qk_scale,
+                softcap, m_i, l_i, acc, acc_tail, K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
+                HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+    else:
+        for n0 in range(s_lo, tl.minimum(s_hi, shared), BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            ok = pos < shared
+            slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
+            m_i, l_i, acc, acc_tail = _attend(
+                q_main, q_tail, K, V, slot, ok, ok[None, :] & (pos[None, :] >= lo_q[:, None]), kv_head, qk_scale,
+                softcap, m_i, l_i, acc, acc_tail, K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
+                HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
         for n0 in range(tl.maximum(s_lo, shared), s_hi, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             ok = pos < s_hi
@@ -253,13 +270,10 @@ def mla_kernel(
                 allowed, ok = _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS)
             else:
                 allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :] & (pos[None, :] >= lo_q[:, None])
-            slot = _slots(req_row, extra_row, pos, ok, page_len, PAGE_SIZE, HAS_EXTRA)
-            s, v_main, v_tail = _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap,
-                                      K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K,
-                                      V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
-            s = tl.where(allowed, s, float("-inf"))
-            m_i, l_i, acc, acc_tail = _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL, DOT_F32,
-                                            DOT_PRECISION)
+            slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
+            m_i, l_i, acc, acc_tail = _attend(
+                q_main, q_tail, K, V, slot, ok, allowed, kv_head, qk_scale, softcap, m_i, l_i, acc, acc_tail,
+                K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
 
     _store(Out, MidO, MidLse, Sinks, acc * v_scale, acc_tail * v_scale, m_i, l_i, q_start + tok, heads,
            m_ok, split, max_splits, s_lo, s_hi, n_splits, NUM_Q_HEADS, D_MAIN, D_TAIL, D_V, V_TAIL, SPLIT,
