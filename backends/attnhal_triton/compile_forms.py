@@ -61,9 +61,9 @@ def _pointer(form: Form, target: str) -> str:
 def _source(form: Form, target: str) -> Any:
     from triton.compiler import ASTSource
 
-    from attnhal_triton import kernels
+    from attnhal_triton import kernels, mla_kernels
 
-    fn = getattr(kernels, form.function)
+    fn = getattr(mla_kernels if form.function == "mla_kernel" else kernels, form.function)
     signature: dict[str, str] = {}
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
     for index, name in enumerate(fn.arg_names):

@@ -1,0 +1,101 @@
+"""The MLA launch forms: what the backend launches is what :func:`mla_forms` lists, and what
+``python -m attnhal_triton.mla_compile_check --enumerated`` compiles.
+
+The whole enumeration's compile is a command (docs/triton_mla.md), not a test. Here: the
+constexprs of real MLA launches of every phase under the interpreter (latent pool, separate
+V, a 576-wide V, 16 and 128 heads, an fp8 cache; the interpreter's and gfx942's rows) are
+among the enumerated forms; the counts per target; and the kernel's KV heads and group are
+run-time arguments (one binary for 16..128 q heads).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from triton_cases import run, shape
+
+from attnhal.phases import Phase
+from attnhal.platform import parse
+from attnhal.testing.cases import build_case
+from attnhal_triton import TritonBackend, mla_kernels, mla_ops
+from attnhal_triton.compile_forms import FORM_TARGETS
+from attnhal_triton.mla_forms import MLA_INPUTS, V_FORMS, mla_forms
+from attnhal_triton.mla_traffic import latent_pool
+
+#: Constexprs the enumeration takes at one value (its module docstring says why).
+_FIXED = ("PAGE_SIZE", "HAS_SOFTCAP", "HAS_SINKS", "DOT_F32")
+
+
+def _varying(constexprs: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted((k, v) for k, v in constexprs.items() if k not in _FIXED))
+
+
+def _launches(monkeypatch: pytest.MonkeyPatch, cases: list[tuple[Any, bool, str]]) -> list[tuple[str, tuple[Any, ...]]]:
+    """(q dtype, varying constexprs) of every MLA launch of each (recipe, latent pool, rows)."""
+    seen: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Spy:
+        def __getitem__(self, grid: Any) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> None:
+                seen.append((str(args[0].dtype).removeprefix("torch."), _varying(
+                    {k: v for k, v in kwargs.items() if k.isupper()})))
+                mla_kernels.mla_kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(mla_ops, "_kernels", lambda: type("K", (), {"mla_kernel": Spy()}))
+    for recipe, latent, rows in cases:
+        case = build_case(recipe, pool=latent_pool(recipe) if latent else None)
+        run(case, TritonBackend(case.config, case.pool, platform=parse(rows)), write=False)
+    return seen
+
+
+def _mla(phase: Phase, dtype: str, heads: int = 16, kv_dtype: str | None = None, **kw: Any) -> Any:
+    recipe = shape(phase, kv_heads=1, group=heads, head_size=576, dtype=dtype, lens=(40, 5), kv_dtype=kv_dtype,
+                   page_size=16, **kw).recipe
+    return replace(recipe, v_head_size=512)
+
+
+@pytest.mark.parametrize("rows", ["cpu", "hip:gfx942"])
+def test_every_mla_launch_is_an_enumerated_form(rows: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cases = [(_mla(p, "float32"), True, rows) for p in Phase]
+    cases += [(_mla(Phase.TARGET_VERIFY, "float16", tree=False), False, rows),
+              (_mla(Phase.DECODE, "bfloat16", kv_dtype="fp8_e5m2"), True, rows),
+              (_mla(Phase.DECODE, "float32", heads=128), True, rows),
+              (shape(Phase.TARGET_VERIFY, kv_heads=2, group=2, head_size=576, lens=(40, 5)).recipe, False, rows)]
+    launched = _launches(monkeypatch, cases)
+    assert len(launched) == len(cases)
+    listed = {(f.dtype, _varying(dict(f.constexprs))) for f in mla_forms(
+        parse(rows), dtypes=("float32", "float16", "bfloat16"), kv_dtypes=("float32", "float16", "fp8_e5m2"))}
+    missing = [x for x in launched if x not in listed]
+    assert not missing, missing[:2]
+
+
+def test_the_enumeration_per_target() -> None:
+    counts = {t: mla_forms(parse(p)) for t, p in zip(FORM_TARGETS, ("cuda:sm80", "cuda:sm90", "cuda:sm100",
+                                                                    "hip:gfx942", "hip:gfx950"))}
+    for target, every in counts.items():
+        print(target, len(every))
+        # every phase's inputs and V layout (verify's chain compiles decode's binary: same flags, same row)
+        flags = {(f.constexprs["PACKED"], f.constexprs["HAS_EXT_LENS"], f.constexprs["HAS_EXTRA"],
+                  f.constexprs["USE_MASK"], f.constexprs["V_IN_K"], f.constexprs["V_TAIL"]) for f in every}
+        assert flags == {(*(inputs.get(k, False) for k in ("PACKED", "HAS_EXT_LENS", "HAS_EXTRA", "USE_MASK")), v_in_k,
+                          v_head == 576) for _, inputs in MLA_INPUTS.values() for v_head, v_in_k in V_FORMS.values()}
+        assert {f.constexprs["SPLIT"] for f in every if f.kernel.startswith("decode")} == {True, False}
+        assert all(not f.constexprs["SPLIT"] for f in every if f.kernel.startswith("prefill"))
+    # sm80 has no e4m3 flavour: no fp8_e4m3 forms there
+    assert "fp8_e4m3" not in {f.kv_dtype for f in counts["cuda:80"]}
+    assert "fp8_e4m3" in {f.kv_dtype for f in counts["hip:gfx942"]}
+    # NVIDIA's 16-bit rows hold 32 q rows; decode of 16 heads sizes its block to 16
+    assert {f.constexprs["BLOCK_M"] for f in counts["cuda:90"] if f.dtype == "bfloat16"} == {16, 32}
+
+
+def test_head_counts_are_run_time_arguments() -> None:
+    """Not constexprs and not specialized on (== 1, divisibility): one binary for 16..128 heads."""
+    fn, names = mla_kernels.mla_kernel, ("kv_heads", "group")
+    params = inspect.signature(fn.fn).parameters
+    assert all(params[n].annotation is inspect.Parameter.empty for n in names)
+    assert "NUM_Q_HEADS" not in params and "GROUP" not in params
+    assert set(names) <= set(fn.kwargs["do_not_specialize"])  # the interpreter's record of the jit options
