@@ -173,15 +173,24 @@ def run_mla_compile_check(forms: Sequence[str] | None = None, targets: Sequence[
         return list(pool.map(compile_job, work))
 
 
+def _interleaved(forms: list[Any]) -> list[Any]:
+    """``forms`` taken in turn from each (dtype, KV format): a stopped run has some of each."""
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for form in forms:
+        groups.setdefault((form.dtype, form.kv_dtype), []).append(form)
+    return [g[i] for i in range(max(map(len, groups.values()), default=0)) for g in groups.values() if i < len(g)]
+
+
 def run_enumerated(targets: Sequence[str], out: str, jobs: int = 1, **select: Any) -> list[dict[str, Any]]:
     """Compile every form of :func:`attnhal_triton.mla_forms.mla_forms` (``select``: its filters)
     on each target with :func:`attnhal_triton.compile_forms.compile_form` (registers, spills,
-    headroom), each form on every target before the next; each result is appended to ``out``
+    headroom), each form on every target before the next, taking each (dtype, KV format) in
+turn; each result is appended to ``out``
     as one JSON line when it is done, so a stopped run keeps what it compiled."""
     from attnhal_triton.compile_forms import _payload, compile_form
     from attnhal_triton.mla_forms import mla_forms
 
-    per_target = {t: mla_forms(target_platform(t), **select) for t in targets}
+    per_target = {t: _interleaved(mla_forms(target_platform(t), **select)) for t in targets}
     work = [_payload(t, forms[i]) for i in range(max(map(len, per_target.values()), default=0))
             for t, forms in per_target.items() if i < len(forms)]
     rows: list[dict[str, Any]] = []
