@@ -99,3 +99,16 @@ def test_head_counts_are_run_time_arguments() -> None:
     assert all(params[n].annotation is inspect.Parameter.empty for n in names)
     assert "NUM_Q_HEADS" not in params and "GROUP" not in params
     assert set(names) <= set(fn.kwargs["do_not_specialize"])  # the interpreter's record of the jit options
+
+
+def test_a_stopped_enumeration_has_some_of_each_dtype_and_kv_format() -> None:
+    """The compile run takes each (dtype, KV format) in turn, so its first forms span them all."""
+    from attnhal_triton.mla_compile_check import _interleaved
+
+    every = mla_forms(parse("hip:gfx942"))
+    combos = {(f.dtype, f.kv_dtype) for f in every}
+    first = _interleaved(every)[:len(combos)]
+    assert sorted(_interleaved(every), key=id) == sorted(every, key=id)
+    assert {(f.dtype, f.kv_dtype) for f in first} == combos == {
+        (d, kv) for d in ("float16", "bfloat16", "float32")
+        for kv in ("float16", "bfloat16", "float32", "fp8_e4m3", "fp8_e5m2")}
