@@ -35,7 +35,7 @@ from attnhal_triton import work
 from attnhal_triton.launch_forms import PAGE_SIZE, QUERY_TOKENS, Form, kv_flags
 from attnhal_triton.mla_table import MLA_HEAD, mla_lookup, mla_programs
 
-__all__ = ["MLA_HEADS", "MLA_INPUTS", "V_FORMS", "head_split", "mla_constexprs", "mla_forms"]
+__all__ = ["MLA_HEADS", "MLA_INPUTS", "V_FORMS", "fp32_dots", "head_split", "mla_constexprs", "mla_forms"]
 
 #: Per phase form: the launch-table kernel and the input flags the backend gives it
 #: (draft decode reads its path's slots after the table: ``HAS_EXTRA``).
@@ -70,6 +70,13 @@ def head_split(head_size: int, v_head_size: int) -> tuple[int, int, bool] | None
     return main, tail, v_head_size == head_size
 
 
+def fp32_dots(dtype: str, kv_dtype: str) -> bool:
+    """``DOT_F32`` of a GPU launch: a 16-bit query over an fp32 cache takes the fp32 rows
+    (:func:`~attnhal_triton.work.row_dtype`) and their fp32 dots (the tiles are fp32 already);
+    16-bit dots over its converted tiles spilled 40-68 bytes on cuda:80/90/100 (one pass)."""
+    return dtype != "float32" and work.row_dtype(dtype, kv_dtype) == "float32"
+
+
 def mla_constexprs(row: Mapping[str, Any], head_dim: int, v_head_dim: int, page_size: int,
                    inputs: Mapping[str, bool], split: bool, softcap: bool, sinks: bool, v_in_k: bool,
                    kv: Mapping[str, bool], dot_f32: bool, mask_words: int) -> dict[str, Any]:
@@ -100,7 +107,8 @@ def _phase_forms(platform: Platform, phase: str, dtype: str, kv_dtype: str, v_fo
                 launch = mla_programs(kernel, row, batch, tokens, heads, 1)
                 split = launch.splits > 1
                 constexprs = mla_constexprs({**row.constexprs, **launch.blocks}, MLA_HEAD, v_head, PAGE_SIZE,
-                                            inputs, split, True, not split, v_in_k, kv, False, words)
+                                            inputs, split, True, not split, v_in_k, kv, fp32_dots(dtype, kv_dtype),
+                                            words)
                 yield Form(f"{phase}_{v_form}", "mla_kernel", dtype, kv_dtype, MLA_HEAD, row, constexprs,
                            (heads, tokens, batch))
 

@@ -13,7 +13,7 @@ import torch
 from attnhal_triton import ops
 from attnhal_triton.arg_devices import on_one_device
 from attnhal_triton.launch_forms import kv_flags
-from attnhal_triton.mla_forms import head_split, mla_constexprs
+from attnhal_triton.mla_forms import fp32_dots, head_split, mla_constexprs
 from attnhal_triton.metadata import Meta
 from attnhal_triton.ops import _check_contiguous, _check_last_dim, _dot_f32, _launch, _scores
 
@@ -92,7 +92,8 @@ def mla_attend(
     inputs = {"PACKED": qo_indptr is not None, "HAS_EXT_LENS": ext_lens is not None,
               "HAS_EXTRA": extra_slots is not None, "USE_MASK": tree is not None}
     constexprs = mla_constexprs(row, head_dim, out.shape[2], page_size, inputs, split, cap > 0, sinks is not None,
-                                latent_v, kv_flags(kv_dtype, q.element_size()), _dot_f32(q.dtype),
+                                latent_v, kv_flags(kv_dtype, q.element_size()),
+                                _dot_f32(q.dtype) or fp32_dots(str(q.dtype).removeprefix("torch."), kv_dtype),
                                 tree.shape[-1] - 1 if tree is not None else 1)
     grid = (-(-max_q * group // constexprs["BLOCK_M"]), rows, k_cache.shape[1] * max_splits)
     _kernels().mla_kernel[grid](
