@@ -96,6 +96,15 @@ def test_tree_verify_in_blocks_of_one_token(window: int | None) -> None:
     assert_close(backend, run(case, backend, write=False), expected(case, backend, write=False))
 
 
+@pytest.mark.parametrize("phase", [Phase.DECODE, Phase.TARGET_VERIFY], ids=lambda p: p.value)
+def test_fp16_query_over_an_fp32_cache(phase: Phase) -> None:
+    """fp32 dots (mla_forms.fp32_dots) over the fp32 latent pool, on sm90's fp32 rows."""
+    recipe = _mla(phase, "float16", kv_dtype="float32")
+    case = build_case(recipe, pool=latent_pool(recipe))
+    backend = TritonBackend(case.config, case.pool, platform=parse("cuda:sm90"))
+    assert_close(backend, run(case, backend, write=False), expected(case, backend, write=False))
+
+
 def test_other_split_heads_are_refused() -> None:
     case = build_case(replace(_mla(Phase.DECODE), v_head_size=256))
     with pytest.raises(UnsupportedFeature, match="head_size/v_head_size=576/256"):

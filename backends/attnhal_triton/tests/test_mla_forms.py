@@ -112,3 +112,15 @@ def test_a_stopped_enumeration_has_some_of_each_dtype_and_kv_format() -> None:
     assert {(f.dtype, f.kv_dtype) for f in first} == combos == {
         (d, kv) for d in ("float16", "bfloat16", "float32")
         for kv in ("float16", "bfloat16", "float32", "fp8_e4m3", "fp8_e5m2")}
+
+
+def test_a_16_bit_query_over_an_fp32_cache_runs_fp32_dots() -> None:
+    """Its fp32 rows are sized for fp32 dots (16-bit dots over converted tiles spilled on NVIDIA)."""
+    from attnhal_triton.mla_forms import fp32_dots
+
+    assert fp32_dots("bfloat16", "float32") and fp32_dots("float16", "float32")
+    assert not fp32_dots("float32", "float32") and not fp32_dots("bfloat16", "fp8_e4m3")
+    assert not fp32_dots("float16", "bfloat16")
+    every = mla_forms(parse("cuda:sm90"))
+    assert {(f.dtype, f.kv_dtype) for f in every if f.constexprs["DOT_F32"]} == {
+        ("bfloat16", "float32"), ("float16", "float32")}
