@@ -4,7 +4,7 @@
         [--counts]
 
 Every launchable form compiled for cuda:80/90/100 and gfx942/950 is about 87,000 GQA forms
-(:func:`attnhal_triton.launch_forms.forms`) plus 2,552 MLA forms
+(:func:`attnhal_triton.launch_forms.forms`) plus 18,978 MLA forms
 (:func:`attnhal_triton.mla_forms.mla_forms`): days of CPU at 5-10 s a compile. CI compiles one
 form per class instead, the one a register estimate says is heaviest:
 

@@ -42,6 +42,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from attnhal_triton.tree_kernels import _draft_keys, _seen_words, _tree_depth
+
 __all__ = ["INTERPRETED", "decode_partial_kernel", "extend_kernel", "decode_reduce_kernel"]
 
 _LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -250,26 +252,6 @@ def _row_queries(row, QoIndptr, ExtLens, q_per_row, PACKED: tl.constexpr, HAS_EX
 
 
 @triton.jit
-def _tree_depth(Tree, row, tok, ok, q_per_row, MASK_WORDS: tl.constexpr):
-    """Depths of draft tokens ``tok``: the word after each token's mask words."""
-    return tl.load(Tree + (row * q_per_row + tok) * (MASK_WORDS + 1) + MASK_WORDS, mask=ok, other=0)
-
-
-@triton.jit
-def _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS: tl.constexpr):
-    """(allowed [M, N], ok [N]) of draft keys at ``pos`` (token ``j = pos - prefix``) for queries
-    ``tok``: bit ``j`` of each query's mask words and the window; ``ok`` narrowed to the keys
-    some query of the block sees. The K/V loads take that ``ok``: a block holding fewer tokens
-    than the tree (a large group) loads its queries' ancestors, not every draft key of the row."""
-    j = pos - prefix
-    kpos = prefix + _tree_depth(Tree, row, j, ok, q_per_row, MASK_WORDS)
-    words = Tree + (row * q_per_row + tok) * (MASK_WORDS + 1)
-    word = tl.load(words[:, None] + j[None, :] // 32, mask=m_ok[:, None] & ok[None, :], other=0)
-    allowed = (((word >> (j[None, :] % 32)) & 1) != 0) & (kpos[None, :] >= lo_q[:, None])
-    return allowed, ok & (tl.max(allowed.to(tl.int32), 0) != 0)
-
-
-@triton.jit
 def extend_kernel(
     Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
     Tree, KScale, VScale, Sinks, qk_scale, softcap, window, q_per_row, max_splits,
@@ -316,6 +298,11 @@ def extend_kernel(
     heads = kv_head * GROUP + offs_m % GROUP
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = (q_start + tok) * stride_qt + heads * stride_qh
+    WORDS_P2: tl.constexpr = triton.next_power_of_2(MASK_WORDS)
+    if USE_MASK:  # before q: the draft keys one of the block's queries sees
+        seen = _seen_words(Tree, row, tok, m_ok, q_per_row, MASK_WORDS, WORDS_P2)
+    else:
+        seen = 0
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
     q, qk_scale, v_scale = _kv_scaled(q, qk_scale, KScale, VScale, KV_SCALED, KV_F16)
 
@@ -365,7 +352,8 @@ def extend_kernel(
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < s_hi
         if USE_MASK:  # positions from ``shared`` on are draft tokens j = pos - prefix in [0, T)
-            allowed, ok = _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS)
+            allowed, ok = _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, seen, q_per_row,
+                                      MASK_WORDS, WORDS_P2)
         else:
             allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :] & (pos[None, :] >= lo_q[:, None])
         slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)

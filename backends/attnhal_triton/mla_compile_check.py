@@ -12,8 +12,7 @@ for :func:`attnhal_triton.mla_kernels.mla_kernel` with the launch rows of
 combination of constexprs the backend launches: each phase, split or one pass (a batch that
 fills the device is not split; decode then writes its output with the sinks), and V read from
 K's tiles (``latent``: a ``v_in_k`` pool) or from its own tensor (``sepv``); ``vtail``: a 576
-head that is not MLA (V 576 wide, its own tensor: the tail accumulator). The q heads, group
-and mask words are run-time arguments of the kernel (one binary for all of them).
+head that is not MLA (V 576 wide, its own tensor: the tail accumulator).
 ``--enumerated`` compiles instead every form :func:`attnhal_triton.mla_forms.mla_forms` lists
 (per compute dtype x KV format, ``BLOCK_M`` as the sizing gives it), with registers, spills
 and headroom as :mod:`attnhal_triton.compile_forms` reports them, appended to ``--out`` as
@@ -113,8 +112,7 @@ def _source(job: Job, row: LaunchRow) -> Any:
         **FORMS[job.form].flags, **row.constexprs, "NUM_Q_HEADS": NUM_Q_HEADS, "GROUP": NUM_Q_HEADS,
         "D_MAIN": 512, "D_TAIL": 64, "PAGE_SIZE": 16, "MASK_WORDS": 1, "HAS_SOFTCAP": True,
         "KV_SCALED": fp8, "KV_F16": fp8, "DOT_F32": False}
-    mine = {k: v for k, v in constexprs.items() if k in fn.arg_names}  # head counts may be run-time
-    return kernel_source(fn, mine, job.compute_dtype, job.fp8_flavor if fp8 else None, _ALIGNED)
+    return kernel_source(fn, constexprs, job.compute_dtype, job.fp8_flavor if fp8 else None, _ALIGNED)
 
 
 def compile_job(job: Job) -> dict[str, Any]:
@@ -174,11 +172,13 @@ def run_mla_compile_check(forms: Sequence[str] | None = None, targets: Sequence[
 
 
 def _interleaved(forms: list[Any]) -> list[Any]:
-    """``forms`` taken in turn from each (dtype, KV format): a stopped run has some of each."""
-    groups: dict[tuple[str, str], list[Any]] = {}
+    """``forms`` taken in turn from each (phase form, dtype, KV format), the dtypes and formats
+    turning fastest, tree verify first (the tightest forms): a stopped run has some of each."""
+    groups: dict[tuple[str, str, str], list[Any]] = {}
     for form in forms:
-        groups.setdefault((form.dtype, form.kv_dtype), []).append(form)
-    return [g[i] for i in range(max(map(len, groups.values()), default=0)) for g in groups.values() if i < len(g)]
+        groups.setdefault((form.kernel, form.dtype, form.kv_dtype), []).append(form)
+    order = [groups[key] for key in sorted(groups, reverse=True)]
+    return [g[i] for i in range(max(map(len, order), default=0)) for g in order if i < len(g)]
 
 
 def run_enumerated(targets: Sequence[str], out: str, jobs: int = 1, **select: Any) -> list[dict[str, Any]]:

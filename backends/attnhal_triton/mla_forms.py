@@ -7,18 +7,17 @@ the constexprs of every MLA launch (:func:`attnhal_triton.mla_ops.mla_attend` ca
 compile check (``python -m attnhal_triton.mla_compile_check --enumerated``) builds exactly
 what can launch.
 
-Run-time arguments of the kernel, not constexprs (``do_not_specialize``: one binary for all
-their values): the KV heads (which set the cache's row stride) and the group, so the q heads
-(16 with TP 8 to 128 with TP 1) — compiled both ways on gfx942, +4-5 SGPRs a form (fp32 at
-most 96 of 102, no spill); the tree's mask words as well cost 10 more there (101), so they
-stay a constexpr (docs/triton_mla.md). The q heads still size ``BLOCK_M``
-(:func:`~attnhal_triton.work.query_block` of ``T x heads``): 16, 32, 64 and 128 heads reach
-every value it takes for 16..128. Taken at one value: the page size (16; a constexpr used
-only in the slot's address) and the soft-cap (on); sinks are on where the form takes them
-(one pass). Everything else is enumerated: the phase's inputs, split or one pass, V inside
-K's rows (``latent``) or its own tensor (``sepv``), a 576-wide V (``vtail``: a 576 head that
-is not MLA, groups 1..16), the tree's mask words (``T`` draft tokens: 1 or 2), compute dtype x
-KV format.
+The q heads (``NUM_Q_HEADS``, 16 with TP 8 to 128 with TP 1: MLA has one KV head, so
+``GROUP`` is the same number) are constexprs and enumerated: 16, 32, 64, 128 (a 576-wide V:
+groups 1..16 over 8 KV heads). As run-time arguments (one binary for every head count) they
+cost +2-6 SGPRs a form on gfx942 and made the one-pass tree verify spill 56-120 bytes on
+cuda:90/100 (docs/triton_mla.md), so they stay constexprs. Taken at one value: the page size
+(16; a constexpr used only in the slot's address) and the soft-cap (on); sinks are on where
+the form takes them (one pass). Everything else is enumerated: ``BLOCK_M`` as the sizing
+gives it for the heads and ``T`` draft tokens, the phase's inputs, split or one pass, V
+inside K's rows (``latent``) or its own tensor (``sepv``), a 576-wide V (``vtail``: a 576 head
+that is not MLA), the tree's mask words (``T``: 1 or 2), compute dtype x KV format (a 16-bit
+query over an fp32 cache runs fp32 dots: :func:`fp32_dots`).
 
 This module imports neither torch nor triton.
 """
@@ -55,8 +54,10 @@ V_FORMS: Mapping[str, tuple[int, bool]] = MappingProxyType({
 MLA_HEADS = (16, 32, 64, 128)
 #: A batch large enough that no split form is split (its launch fills any device).
 _FULL_BATCH = 1 << 16
-#: Groups of a 576 head that is not MLA (V 576): the GQA kernels' range.
-VTAIL_GROUPS = tuple(range(1, 17))
+#: Groups of a 576 head that is not MLA (V 576): the GQA kernels' range, over 8 KV heads
+#: (taken at one value, as :mod:`attnhal_triton.launch_forms` does: they set only the cache's
+#: row stride). MLA itself has one KV head: its group is its q heads.
+VTAIL_GROUPS, VTAIL_KV_HEADS = tuple(range(1, 17)), 8
 
 
 def head_split(head_size: int, v_head_size: int) -> tuple[int, int, bool] | None:
@@ -77,7 +78,8 @@ def fp32_dots(dtype: str, kv_dtype: str) -> bool:
     return dtype != "float32" and work.row_dtype(dtype, kv_dtype) == "float32"
 
 
-def mla_constexprs(row: Mapping[str, Any], head_dim: int, v_head_dim: int, page_size: int,
+def mla_constexprs(row: Mapping[str, Any], num_q_heads: int, group: int, head_dim: int, v_head_dim: int,
+                   page_size: int,
                    inputs: Mapping[str, bool], split: bool, softcap: bool, sinks: bool, v_in_k: bool,
                    kv: Mapping[str, bool], dot_f32: bool, mask_words: int) -> dict[str, Any]:
     """Constexprs of ``mla_kernel``; ``row``: the launch's decoded row constexprs (its
@@ -88,7 +90,7 @@ def mla_constexprs(row: Mapping[str, Any], head_dim: int, v_head_dim: int, page_
         raise ValueError(f"q/out head sizes={head_dim}/{v_head_dim} (supported: a power of two plus a "
                          "power of two >= 16, e.g. 576 = 512 + 64, with out the first or all of it)")
     main, tail, v_tail = dims
-    return dict(D_MAIN=main, D_TAIL=tail, V_IN_K=v_in_k, V_TAIL=v_tail, BLOCK_M=row["BLOCK_M"],
+    return dict(NUM_Q_HEADS=num_q_heads, GROUP=group, D_MAIN=main, D_TAIL=tail, V_IN_K=v_in_k, V_TAIL=v_tail, BLOCK_M=row["BLOCK_M"],
                 BLOCK_N=row["BLOCK_N"], PAGE_SIZE=page_size, **{**_NO_INPUTS, **inputs}, MASK_WORDS=mask_words,
                 SPLIT=split,
                 HAS_SOFTCAP=softcap, HAS_SINKS=sinks, **kv, DOT_F32=dot_f32, DOT_PRECISION=row["DOT_PRECISION"])
@@ -100,13 +102,16 @@ def _phase_forms(platform: Platform, phase: str, dtype: str, kv_dtype: str, v_fo
     row = mla_lookup(kernel, platform, work.row_dtype(dtype, kv_dtype), v_head == MLA_HEAD)
     kv = kv_flags(kv_dtype, 4 if dtype == "float32" else 2)
     one_token = phase in ("decode", "draft_decode", "prefill")
-    for heads in VTAIL_GROUPS if v_form == "vtail" else MLA_HEADS:
+    kv_heads = VTAIL_KV_HEADS if v_form == "vtail" else 1
+    for group in VTAIL_GROUPS if v_form == "vtail" else MLA_HEADS:
+        heads = kv_heads * group
         for tokens in (1,) if one_token else QUERY_TOKENS:
             words = -(-tokens // 32) if inputs.get("USE_MASK") else 1
             for batch in (1, _FULL_BATCH):
-                launch = mla_programs(kernel, row, batch, tokens, heads, 1)
+                launch = mla_programs(kernel, row, batch, tokens, heads, kv_heads)
                 split = launch.splits > 1
-                constexprs = mla_constexprs({**row.constexprs, **launch.blocks}, MLA_HEAD, v_head, PAGE_SIZE,
+                constexprs = mla_constexprs({**row.constexprs, **launch.blocks}, heads, group, MLA_HEAD, v_head,
+                                            PAGE_SIZE,
                                             inputs, split, True, not split, v_in_k, kv, fp32_dots(dtype, kv_dtype),
                                             words)
                 yield Form(f"{phase}_{v_form}", "mla_kernel", dtype, kv_dtype, MLA_HEAD, row, constexprs,

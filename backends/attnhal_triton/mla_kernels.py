@@ -32,7 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnhal_triton.kernels import _LOG2E, _draft_keys, _fp16_pow2, _paged_slots, _row_queries, _tanh, _tree_depth
+from attnhal_triton.kernels import _LOG2E, _fp16_pow2, _paged_slots, _row_queries, _tanh
+from attnhal_triton.tree_kernels import _draft_keys, _seen_words, _tree_depth
 
 __all__ = ["mla_kernel"]
 
@@ -99,26 +100,27 @@ def _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL: tl.constexpr, DOT_
 
 @triton.jit
 def _attend(q_main, q_tail, K, V, slot, ok, allowed, kv_head, qk_scale, softcap, m_i, l_i, acc, acc_tail,
-            stride_kt, stride_kh, stride_vt, stride_vh, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr, V_IN_K: tl.constexpr, V_TAIL: tl.constexpr,
+            K_ROW: tl.constexpr, D_K: tl.constexpr, V_ROW: tl.constexpr, D_V: tl.constexpr,
+            D_MAIN: tl.constexpr, D_TAIL: tl.constexpr, V_IN_K: tl.constexpr, V_TAIL: tl.constexpr,
             HAS_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One tile of positions at ``slot`` [N] (loaded where ``ok``), scored where ``allowed``
     [M, N]: the online softmax's new (m, l, acc, acc_tail)."""
-    s, v_main, v_tail = _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap, stride_kt, stride_kh,
-                              stride_vt, stride_vh, D_MAIN, D_TAIL, V_IN_K, V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+    s, v_main, v_tail = _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap, K_ROW, D_K, V_ROW,
+                              D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
     s = tl.where(allowed, s, float("-inf"))
     return _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL, DOT_F32, DOT_PRECISION)
 
 
 @triton.jit
 def _store(Out, MidO, MidLse, Sinks, acc, acc_tail, m_i, l_i, token, heads, m_ok, split, max_splits,
-           s_lo, s_hi, n_splits, num_q_heads, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
+           s_lo, s_hi, n_splits, NUM_Q_HEADS: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
            D_V: tl.constexpr, V_TAIL: tl.constexpr, SPLIT: tl.constexpr, HAS_SINKS: tl.constexpr):
     """The program's (o, lse) partials (``SPLIT``) or its output rows (sinks applied)."""
     offs_main = tl.arange(0, D_MAIN)
     offs_tail = D_MAIN + tl.arange(0, D_TAIL)
     if SPLIT:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        cell = (token * num_q_heads + heads) * max_splits + split  # [M] (token, head, split)
+        cell = (token * NUM_Q_HEADS + heads) * max_splits + split  # [M] (token, head, split)
         filled = (m_ok & (token * 0 + s_lo < s_hi))[:, None]
         tl.store(MidO + cell[:, None] * D_V + offs_main[None, :], acc / l_safe[:, None], mask=filled)
         if V_TAIL:
@@ -134,7 +136,7 @@ def _store(Out, MidO, MidLse, Sinks, acc, acc_tail, m_i, l_i, token, heads, m_ok
             acc_tail = acc_tail * alpha[:, None]
             l_i = l_i * alpha + tl.exp2(sink - m_new)
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        out_rows = (token * num_q_heads + heads) * D_V
+        out_rows = (token * NUM_Q_HEADS + heads) * D_V
         tl.store(Out + out_rows[:, None] + offs_main[None, :],
                  (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=m_ok[:, None])
         if V_TAIL:
@@ -142,24 +144,24 @@ def _store(Out, MidO, MidLse, Sinks, acc, acc_tail, m_i, l_i, token, heads, m_ok
                      (acc_tail / l_safe[:, None]).to(Out.dtype.element_ty), mask=m_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["kv_heads", "group"])
+@triton.jit
 def mla_kernel(
     Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
     Tree, Extra, KScale, VScale, Sinks,
     qk_scale, softcap, window, q_per_row, max_splits, num_extra,
     stride_qt, stride_qh, stride_req, stride_extra,
-    kv_heads, group, MASK_WORDS: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
     V_IN_K: tl.constexpr, V_TAIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PACKED: tl.constexpr, HAS_EXT_LENS: tl.constexpr, HAS_EXTRA: tl.constexpr,
-    USE_MASK: tl.constexpr, SPLIT: tl.constexpr,
+    USE_MASK: tl.constexpr, MASK_WORDS: tl.constexpr, SPLIT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALED: tl.constexpr,
     KV_F16: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """MLA attention of one (block of flattened query rows, row, KV head, split).
 
-    Q ``[tokens, Hq, D_MAIN + D_TAIL]``; K ``[slots, kv_heads, D_MAIN + D_TAIL]`` contiguous; V
-    ``[slots, kv_heads, D_V]`` contiguous with ``D_V = D_MAIN (+ D_TAIL with V_TAIL)`` (ignored with
-    ``V_IN_K``); ``Hq = kv_heads * group``; Out
+    Q ``[tokens, Hq, D_MAIN + D_TAIL]``; K ``[slots, Hkv, D_MAIN + D_TAIL]`` contiguous; V
+    ``[slots, Hkv, D_V]`` contiguous with ``D_V = D_MAIN (+ D_TAIL with V_TAIL)`` (ignored with
+    ``V_IN_K``); ``Hkv = NUM_Q_HEADS // GROUP``; Out
     ``[tokens, Hq, D_V]``, MidO ``[tokens, Hq, max_splits, D_V]``, MidLse ``[tokens, Hq,
     max_splits]`` contiguous. Row ``r``'s queries, prefix, tree and splits as in
     ``kernels.extend_kernel``; with ``HAS_EXTRA`` the row's keys are its ``SeqLens[r]``
@@ -167,10 +169,11 @@ def mla_kernel(
     and its KV length is their sum.
     """
     D_V: tl.constexpr = D_MAIN + D_TAIL * V_TAIL
-    # Contiguous caches (a separate V, or V inside K's rows): strides from the shapes. The KV
-    # heads and the group are run-time (one binary for 16..128 q heads): +4-5 SGPRs on gfx942.
+    # Contiguous caches (a separate V, or V inside K's rows): strides from the constexpr shapes
+    # keep scalar registers free (fp32 draft decode ran out of SGPRs on gfx942 with them as arguments).
     D_K: tl.constexpr = D_MAIN + D_TAIL
-    num_q_heads = kv_heads * group
+    K_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * D_K
+    V_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * D_V
     m_block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     kv_head = tl.program_id(2) // max_splits
@@ -184,9 +187,14 @@ def mla_kernel(
     prefix = kv_len - ext
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    tok = offs_m // group
+    tok = offs_m // GROUP
     m_ok = tok < n_q
-    heads = kv_head * group + offs_m % group
+    heads = kv_head * GROUP + offs_m % GROUP
+    WORDS_P2: tl.constexpr = triton.next_power_of_2(MASK_WORDS)
+    if USE_MASK:  # before q: the draft keys one of the block's queries sees
+        seen = _seen_words(Tree, row, tok, m_ok, q_per_row, MASK_WORDS, WORDS_P2)
+    else:
+        seen = 0
     q_rows = Q + (q_start + tok) * stride_qt + heads * stride_qh
     q_main = tl.load(q_rows[:, None] + tl.arange(0, D_MAIN)[None, :], mask=m_ok[:, None], other=0.0)
     q_tail = tl.load(q_rows[:, None] + D_MAIN + tl.arange(0, D_TAIL)[None, :], mask=m_ok[:, None], other=0.0)
@@ -202,7 +210,7 @@ def mla_kernel(
 
     # [lo, shared) is seen by every query of the block but for the window; [shared, hi) is
     # masked per query (causal diagonal or the tree's draft keys).
-    first_tok = m_block * BLOCK_M // group
+    first_tok = m_block * BLOCK_M // GROUP
     has_rows = first_tok < n_q
     if USE_MASK:
         qpos = prefix + _tree_depth(Tree, row, tok, m_ok, q_per_row, MASK_WORDS)
@@ -210,7 +218,7 @@ def mla_kernel(
         seen_by_all = prefix
     else:
         qpos = tl.minimum(prefix + tok, kv_len - 1)
-        last_tok = tl.minimum(((m_block + 1) * BLOCK_M - 1) // group, n_q - 1)
+        last_tok = tl.minimum(((m_block + 1) * BLOCK_M - 1) // GROUP, n_q - 1)
         hi = tl.minimum(prefix + last_tok + 1, kv_len)
         seen_by_all = prefix + first_tok
     hi = tl.where(has_rows, hi, 0)
@@ -242,7 +250,7 @@ def mla_kernel(
             slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
             m_i, l_i, acc, acc_tail = _attend(
                 q_main, q_tail, K, V, slot, ok, ok[None, :] & (pos[None, :] >= lo_q[:, None]), kv_head, qk_scale,
-                softcap, m_i, l_i, acc, acc_tail, kv_heads * D_K, D_K, kv_heads * D_V, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
+                softcap, m_i, l_i, acc, acc_tail, K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
                 HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
         for n0 in range(tl.maximum(s_lo, page_len), s_hi, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
@@ -250,7 +258,7 @@ def mla_kernel(
             slot = tl.load(extra_row + (pos - page_len), mask=ok, other=0).to(tl.int64)
             m_i, l_i, acc, acc_tail = _attend(
                 q_main, q_tail, K, V, slot, ok, ok[None, :] & (pos[None, :] >= lo_q[:, None]), kv_head, qk_scale,
-                softcap, m_i, l_i, acc, acc_tail, kv_heads * D_K, D_K, kv_heads * D_V, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
+                softcap, m_i, l_i, acc, acc_tail, K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
                 HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
     else:
         for n0 in range(s_lo, tl.minimum(s_hi, shared), BLOCK_N):
@@ -259,20 +267,21 @@ def mla_kernel(
             slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
             m_i, l_i, acc, acc_tail = _attend(
                 q_main, q_tail, K, V, slot, ok, ok[None, :] & (pos[None, :] >= lo_q[:, None]), kv_head, qk_scale,
-                softcap, m_i, l_i, acc, acc_tail, kv_heads * D_K, D_K, kv_heads * D_V, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
+                softcap, m_i, l_i, acc, acc_tail, K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
                 HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
         for n0 in range(tl.maximum(s_lo, shared), s_hi, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             ok = pos < s_hi
             if USE_MASK:  # draft keys: only those some row of the block sees are loaded
-                allowed, ok = _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS)
+                allowed, ok = _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, seen, q_per_row, MASK_WORDS,
+                                          WORDS_P2)
             else:
                 allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :] & (pos[None, :] >= lo_q[:, None])
             slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
             m_i, l_i, acc, acc_tail = _attend(
                 q_main, q_tail, K, V, slot, ok, allowed, kv_head, qk_scale, softcap, m_i, l_i, acc, acc_tail,
-                kv_heads * D_K, D_K, kv_heads * D_V, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+                K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
 
     _store(Out, MidO, MidLse, Sinks, acc * v_scale, acc_tail * v_scale, m_i, l_i, q_start + tok, heads,
-           m_ok, split, max_splits, s_lo, s_hi, n_splits, num_q_heads, D_MAIN, D_TAIL, D_V, V_TAIL, SPLIT,
+           m_ok, split, max_splits, s_lo, s_hi, n_splits, NUM_Q_HEADS, D_MAIN, D_TAIL, D_V, V_TAIL, SPLIT,
            HAS_SINKS)

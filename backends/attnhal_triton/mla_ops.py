@@ -91,7 +91,8 @@ def mla_attend(
     qk_scale, cap = _scores(sm_scale, softcap)
     inputs = {"PACKED": qo_indptr is not None, "HAS_EXT_LENS": ext_lens is not None,
               "HAS_EXTRA": extra_slots is not None, "USE_MASK": tree is not None}
-    constexprs = mla_constexprs(row, head_dim, out.shape[2], page_size, inputs, split, cap > 0, sinks is not None,
+    constexprs = mla_constexprs(row, num_q_heads, group, head_dim, out.shape[2], page_size, inputs, split, cap > 0,
+                                sinks is not None,
                                 latent_v, kv_flags(kv_dtype, q.element_size()),
                                 _dot_f32(q.dtype) or fp32_dots(str(q.dtype).removeprefix("torch."), kv_dtype),
                                 tree.shape[-1] - 1 if tree is not None else 1)
@@ -101,7 +102,7 @@ def mla_attend(
         *(t if t is not None else dummy for t in (num_splits, qo_indptr, ext_lens, tree)),
         extra, k_scale, v_scale, sinks if sinks is not None else dummy,
         qk_scale, cap, window, q_per_row, max_splits, num_extra, q.stride(0), q.stride(1),
-        req_to_page.stride(0), extra.stride(0), k_cache.shape[1], group, **constexprs, **options,
+        req_to_page.stride(0), extra.stride(0), **constexprs, **options,
     )
 
 

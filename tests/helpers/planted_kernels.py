@@ -10,15 +10,17 @@ import pytest
 import triton
 import triton.language as tl
 
-from attnhal_triton import kernels, mla_kernels
+from attnhal_triton import kernels, mla_kernels, tree_kernels
 
-_REAL_DRAFT_KEYS = kernels._draft_keys
+_REAL_DRAFT_KEYS = tree_kernels._draft_keys
 
 
 @triton.jit
-def _unmasked_draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS: tl.constexpr):
+def _unmasked_draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, seen, q_per_row, MASK_WORDS: tl.constexpr,
+                         WORDS_P2: tl.constexpr):
     """The tree verify before the fix: the same scores, but every draft key of the row loaded."""
-    allowed, _ = _REAL_DRAFT_KEYS(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS)
+    allowed, _ = _REAL_DRAFT_KEYS(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, seen, q_per_row, MASK_WORDS,
+                                  WORDS_P2)
     return allowed, ok
 
 

@@ -4,13 +4,12 @@
 The whole enumeration's compile is a command (docs/triton_mla.md), not a test. Here: the
 constexprs of real MLA launches of every phase under the interpreter (latent pool, separate
 V, a 576-wide V, 16 and 128 heads, an fp8 cache; the interpreter's and gfx942's rows) are
-among the enumerated forms; the counts per target; and the kernel's KV heads and group are
-run-time arguments (one binary for 16..128 q heads).
+among the enumerated forms; the counts per target; every head count, group and mask-word
+count is a form of its own (constexprs).
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +25,7 @@ from attnhal_triton.mla_forms import MLA_INPUTS, V_FORMS, mla_forms
 from attnhal_triton.mla_traffic import latent_pool
 
 #: Constexprs the enumeration takes at one value (its module docstring says why).
-_FIXED = ("PAGE_SIZE", "HAS_SOFTCAP", "HAS_SINKS", "DOT_F32")
+_FIXED = ("PAGE_SIZE", "HAS_SOFTCAP", "HAS_SINKS", "DOT_F32", "NUM_Q_HEADS")
 
 
 def _varying(constexprs: dict[str, Any]) -> tuple[Any, ...]:
@@ -92,24 +91,28 @@ def test_the_enumeration_per_target() -> None:
     assert {f.constexprs["BLOCK_M"] for f in counts["cuda:90"] if f.dtype == "bfloat16"} == {16, 32}
 
 
-def test_head_counts_are_run_time_arguments() -> None:
-    """Not constexprs and not specialized on (== 1, divisibility): one binary for 16..128 heads."""
-    fn, names = mla_kernels.mla_kernel, ("kv_heads", "group")
-    params = inspect.signature(fn.fn).parameters
-    assert all(params[n].annotation is inspect.Parameter.empty for n in names)
-    assert "NUM_Q_HEADS" not in params and "GROUP" not in params
-    assert set(names) <= set(fn.kwargs["do_not_specialize"])  # the interpreter's record of the jit options
+def test_every_head_count_and_group_is_a_form() -> None:
+    """The q heads are constexprs (run-time ones spilled on NVIDIA): MLA's 16..128 heads (its one
+    KV head: the group is the head count) and a 576 V's groups 1..16 are each enumerated."""
+    every = mla_forms(parse("cuda:sm90"), dtypes=("bfloat16",), kv_dtypes=("bfloat16",))
+    assert {f.constexprs["GROUP"] for f in every if not f.constexprs["V_TAIL"]} == {16, 32, 64, 128}
+    assert all(f.constexprs["NUM_Q_HEADS"] == f.constexprs["GROUP"] for f in every if not f.constexprs["V_TAIL"])
+    assert {f.constexprs["GROUP"] for f in every if f.constexprs["V_TAIL"]} == set(range(1, 17))
+    assert {f.constexprs["MASK_WORDS"] for f in every if f.constexprs["USE_MASK"]} == {1, 2}
 
 
 def test_a_stopped_enumeration_has_some_of_each_dtype_and_kv_format() -> None:
-    """The compile run takes each (dtype, KV format) in turn, so its first forms span them all."""
+    """The compile run takes each (phase form, dtype, KV format) in turn, so its first forms span
+    them all."""
     from attnhal_triton.mla_compile_check import _interleaved
 
     every = mla_forms(parse("hip:gfx942"))
     combos = {(f.dtype, f.kv_dtype) for f in every}
-    first = _interleaved(every)[:len(combos)]
-    assert sorted(_interleaved(every), key=id) == sorted(every, key=id)
-    assert {(f.dtype, f.kv_dtype) for f in first} == combos == {
+    classes = {(f.kernel, f.dtype, f.kv_dtype) for f in every}
+    ordered = _interleaved(every)
+    assert sorted(ordered, key=id) == sorted(every, key=id)
+    assert {(f.kernel, f.dtype, f.kv_dtype) for f in ordered[:len(classes)]} == classes
+    assert {(f.dtype, f.kv_dtype) for f in ordered[:len(combos)]} == combos == {
         (d, kv) for d in ("float16", "bfloat16", "float32")
         for kv in ("float16", "bfloat16", "float32", "fp8_e4m3", "fp8_e5m2")}
 
