@@ -5,12 +5,13 @@ check of :func:`attnhal_triton.kv_traffic.count_kv_loads` against it.
 applied), ``x Hkv x (D_k + D_v) x itemsize``. ``tiled`` (prefill, and a verify whose
 tokens x group the sized block cannot hold): the same union taken per block of ``BLOCK_M``
 flattened (query, head of the group) rows — each block re-reads its own queries' range
-(causal, or the tree's ancestors: the kernel loads no draft key none of a block's queries sees). Attended keys come from the conformance kit's oracle
+(causal, or the tree's ancestors: the kernel loads no draft key none of a block's queries
+sees). Attended keys come from the conformance kit's oracle
 (:func:`attnhal.testing.oracle.attended`), the table every backend is checked against.
 
 :func:`traffic_report` runs a fixed set of small shapes of every phase (GQA group 4; 4 and
-8 draft tokens, chain and tree; a tree of 8 at group 16; page sizes 1 and 16; a window) and returns one
-:class:`TrafficCheck` per shape: a CI report prints them, a test asserts ``ok``.
+8 draft tokens, chain and tree; a tree of 8 at group 16; page sizes 1 and 16; a window) and
+returns one :class:`TrafficCheck` per shape: a CI report prints them, a test asserts ``ok``.
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ def traffic_recipes(dtype: str = "float32", head_size: int = 32) -> dict[str, Ca
                 spec=SpecConfig.eagle(tokens - 1), new_lens=(tokens, 1, tokens - 1))
         # Group 16 x 8 tokens: 128 flattened rows, over blocks of fewer tokens than the tree.
         add("target_verify tree 8 group 16", Phase.TARGET_VERIFY, prefix_lens=lens, num_q_heads=32,
-            spec=SpecConfig.eagle(7, topk=2, num_draft_tokens=8), tree_parents=tuple(_tree(8, seed) for seed in range(len(lens))))
+            spec=SpecConfig.eagle(7, topk=2, num_draft_tokens=8),
+            tree_parents=tuple(_tree(8, seed) for seed in range(len(lens))))
         add("prefill", Phase.PREFILL, prefix_lens=(0, 40, 7), new_lens=(37, 9, 1))
         add("prefill window 12", Phase.PREFILL, prefix_lens=(0, 40, 7), new_lens=(37, 9, 1), sliding_window=12)
     return out
