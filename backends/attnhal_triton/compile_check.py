@@ -201,6 +201,23 @@ def kernel_source(fn: Any, constexprs: Mapping[str, Any], compute_dtype: str, fp
     return ASTSource(fn, signature, dict(constexprs), attrs)
 
 
+def specialisation_mismatches(fn: Any, runtime_ints: Iterable[str], args: Sequence[Any],
+                              constexprs: Mapping[str, Any], aligned: frozenset[str] = _ALIGNED) -> list[str]:
+    """The integer arguments of a launch ``fn[grid](*args, **constexprs)`` whose value Triton's
+    JIT would compile into another kernel than :func:`kernel_source` builds: outside the
+    kernel's ``do_not_specialize`` (``runtime_ints``) the JIT makes 1 a constant and marks a
+    multiple of 16 divisible, and the check assumes the latter of ``aligned`` strides only."""
+    params = [p for p in fn.arg_names if p not in constexprs]
+    wrong = []
+    for param, value in zip(params, args, strict=True):
+        if not isinstance(value, int) or isinstance(value, bool) or param in runtime_ints:
+            continue
+        jit = "constant" if value == 1 else "divisible" if value % 16 == 0 else "plain"
+        if jit != ("divisible" if param in aligned else "plain"):
+            wrong.append(f"{fn.__name__}.{param}={value}")
+    return wrong
+
+
 def served_by(row: LaunchRow) -> str:
     """The row set a row belongs to: ``"cuda:sm80"``, ``"hip:gfx94"`` or ``"fallback"``."""
     return f"{row.vendor}:{row.arch_family}" if row.vendor else "fallback"

@@ -60,10 +60,15 @@ def _pointer(form: Form, target: str) -> str:
     return _STORAGE.get(storage) or cc._FP8[flavor.value]
 
 
-def _source(form: Form, target: str) -> Any:
-    from attnhal_triton import kernels
+def _kernel(function: str) -> Any:
+    """The jit function named ``function`` (the GQA kernels' or ``mla_kernel``)."""
+    from attnhal_triton import kernels, mla_kernels
 
-    return cc.kernel_source(getattr(kernels, form.function), form.constexprs, form.dtype, None,
+    return getattr(mla_kernels if function == "mla_kernel" else kernels, function)
+
+
+def _source(form: Form, target: str) -> Any:
+    return cc.kernel_source(_kernel(form.function), form.constexprs, form.dtype, None,
                             kv_pointer=_pointer(form, target))
 
 
@@ -113,9 +118,7 @@ def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
 def _source_key(function: str) -> str:
     """Triton's key of a kernel's source and the jit functions it calls: a results file's
     rows of an older kernel do not count."""
-    from attnhal_triton import kernels
-
-    return str(getattr(kernels, function).cache_key)[:16]
+    return str(_kernel(function).cache_key)[:16]
 
 
 def form_id(target: str, form: Form) -> str:

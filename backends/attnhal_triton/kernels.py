@@ -38,6 +38,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from attnhal_triton.tree_kernels import _draft_keys, _seen_words, _tree_depth
+
 __all__ = ["INTERPRETED", "decode_partial_kernel", "extend_kernel", "decode_reduce_kernel"]
 
 _LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -249,20 +251,6 @@ def _row_queries(row, QoIndptr, ExtLens, q_per_row, PACKED: tl.constexpr, HAS_EX
     return q_start, n_q, ext
 
 
-@triton.jit
-def _tree_allowed(Tree, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS: tl.constexpr):
-    """Tree-mask bits [M, N] of draft keys ``j`` for queries ``tok``."""
-    words = Tree + (row * q_per_row + tok) * (MASK_WORDS + 1)
-    word = tl.load(words[:, None] + j[None, :] // 32, mask=m_ok[:, None] & ok[None, :], other=0)
-    return ((word >> (j[None, :] % 32)) & 1) != 0
-
-
-@triton.jit
-def _tree_depth(Tree, row, tok, ok, q_per_row, MASK_WORDS: tl.constexpr):
-    """Depths of draft tokens ``tok``: the word after each token's mask words."""
-    return tl.load(Tree + (row * q_per_row + tok) * (MASK_WORDS + 1) + MASK_WORDS, mask=ok, other=0)
-
-
 @triton.jit(do_not_specialize=EXTEND_RUNTIME_INTS)
 def extend_kernel(
     Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
@@ -310,6 +298,11 @@ def extend_kernel(
     heads = kv_head * GROUP + offs_m % GROUP
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = (q_start + tok) * stride_qt + heads * stride_qh
+    WORDS_P2: tl.constexpr = triton.next_power_of_2(MASK_WORDS)
+    if USE_MASK:  # before q: the draft keys one of the block's queries sees
+        seen = _seen_words(Tree, row, tok, m_ok, q_per_row, MASK_WORDS, WORDS_P2)
+    else:
+        seen = 0
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
     q, qk_scale, v_scale = _kv_scaled(q, qk_scale, KScale, VScale, KV_SCALED, KV_F16)
 
@@ -358,19 +351,15 @@ def extend_kernel(
     for n0 in range(tl.maximum(s_lo, shared), s_hi, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < s_hi
+        if USE_MASK:  # positions from ``shared`` on are draft tokens j = pos - prefix in [0, T)
+            allowed, ok = _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, seen, q_per_row,
+                                      MASK_WORDS, WORDS_P2)
+        else:
+            allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :] & (pos[None, :] >= lo_q[:, None])
         slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
         s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
                                   KV_ROW, HEAD_DIM, KV_ROW, HEAD_DIM, HEAD_DIM,
                                   HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
-        if USE_MASK:
-            # Positions from ``shared`` on are draft tokens j = pos - prefix in [0, T).
-            j = pos - prefix
-            allowed = _tree_allowed(Tree, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS)
-            kpos = prefix + _tree_depth(Tree, row, j, ok, q_per_row, MASK_WORDS)
-        else:
-            allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :]
-            kpos = pos
-        allowed = allowed & (kpos[None, :] >= lo_q[:, None])
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
 

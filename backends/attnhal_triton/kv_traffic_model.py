@@ -2,14 +2,16 @@
 check of :func:`attnhal_triton.kv_traffic.count_kv_loads` against it.
 
 ``covered``: each row's attended positions once (the union over its queries, window
-applied), ``x Hkv x (D_k + D_v) x itemsize``. ``tiled`` (prefill): the same union taken
-per block of ``BLOCK_M`` flattened (query, head of the group) rows — each block re-reads
-its own causal range. Attended keys come from the conformance kit's oracle
+applied), ``x Hkv x (D_k + D_v) x itemsize``. ``tiled`` (prefill, and a verify whose
+tokens x group the sized block cannot hold): the same union taken per block of ``BLOCK_M``
+flattened (query, head of the group) rows — each block re-reads its own queries' range
+(causal, or the tree's ancestors: the kernel loads no draft key none of a block's queries
+sees). Attended keys come from the conformance kit's oracle
 (:func:`attnhal.testing.oracle.attended`), the table every backend is checked against.
 
 :func:`traffic_report` runs a fixed set of small shapes of every phase (GQA group 4; 4 and
-8 draft tokens, chain and tree; page sizes 1 and 16; a window) and returns one
-:class:`TrafficCheck` per shape: a CI report prints them, a test asserts ``ok``.
+8 draft tokens, chain and tree; a tree of 8 at group 16; page sizes 1 and 16; a window) and
+returns one :class:`TrafficCheck` per shape: a CI report prints them, a test asserts ``ok``.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from attnhal.phases import Phase
 from attnhal.platform import Platform, parse
 from attnhal.spec import SpecConfig
 from attnhal.testing.cases import Case, CaseRecipe, build_case
-from attnhal.testing.oracle import attended, query_tokens
+from attnhal.testing.oracle import attended
+from attnhal.testing.oracle import query_tokens as oracle_tokens
+from attnhal_triton import work
 from attnhal_triton.backend import TritonBackend
 from attnhal_triton.kv_traffic import Traffic, count_kv_loads
+from attnhal_triton.metadata import kernel_of, query_tokens
 
-__all__ = ["SLACK", "TrafficCheck", "check_traffic", "covered_bytes", "main", "tiled_bytes", "traffic_recipes",
-           "traffic_report", "worst_ratio_per_phase"]
+__all__ = ["SLACK", "TrafficCheck", "check_traffic", "covered_bytes", "main", "sized_block", "tiled_bytes",
+           "traffic_recipes", "traffic_report", "worst_ratio_per_phase"]
 
 #: Loaded bytes may exceed the model by 5 % (nothing does today: the check is exact, the
 #: slack leaves room for a kernel that rounds a range to its alignment).
@@ -61,7 +66,7 @@ def _groups_bytes(case: Case, groups: Iterable[Sequence[tuple[int, int]]], layer
 
 def _queries_by_row(batch: ForwardBatch) -> dict[int, list[int]]:
     rows: dict[int, list[int]] = {}
-    for r, i, _ in query_tokens(batch):
+    for r, i, _ in oracle_tokens(batch):
         rows.setdefault(r, []).append(i)
     return rows
 
@@ -111,15 +116,31 @@ class TrafficCheck:
                 f"{self.expected:>9} B  ratio {self.ratio:.3f}{tiling}")
 
 
+def sized_block(case: Case, backend: TritonBackend) -> int:
+    """``BLOCK_M`` the launch sizing (:func:`work.programs`) gives ``case``'s extend batch on
+    ``backend``'s rows; 0 for the decode forms (one block holds a row's group)."""
+    kernel, cfg = kernel_of(case.batch), backend.config
+    if kernel == "decode":
+        return 0
+    return work.programs(kernel, backend.rows[kernel], case.batch.batch_size, query_tokens(case.batch),
+                         cfg.num_q_heads, cfg.num_kv_heads).block_m
+
+
 def check_traffic(name: str, case: Case, backend: TritonBackend) -> TrafficCheck:
-    """Count one forward of ``case`` and hold it to its phase's model."""
+    """Count one forward of ``case`` and hold it to its phase's model: prefill to the tiling of
+    the block it launched; verify and draft extend to the tiling of the block the sizing gives
+    (covered when one block holds a row's tokens x group; a row's tokens over several blocks,
+    a large group, re-read the prefix per block); decode to the covered bytes."""
     traffic: Traffic = count_kv_loads(case, backend)
     covered = covered_bytes(case, backend.config)
     if case.batch.phase is Phase.PREFILL:
         block_m = traffic.block_m()
         return TrafficCheck(name, Phase.PREFILL, traffic.kv_bytes, covered,
                             tiled_bytes(case, backend.config, block_m), f"tiled BLOCK_M={block_m}")
-    return TrafficCheck(name, case.batch.phase, traffic.kv_bytes, covered, covered, "covered")
+    block_m = sized_block(case, backend)
+    tiled = tiled_bytes(case, backend.config, block_m) if block_m else covered
+    model = "covered" if tiled == covered else f"tiled BLOCK_M={block_m}"
+    return TrafficCheck(name, case.batch.phase, traffic.kv_bytes, covered, tiled, model)
 
 
 def traffic_recipes(dtype: str = "float32", head_size: int = 32) -> dict[str, CaseRecipe]:
@@ -130,7 +151,7 @@ def traffic_recipes(dtype: str = "float32", head_size: int = 32) -> dict[str, Ca
     out: dict[str, CaseRecipe] = {}
     for page in (1, 16):
         def add(name: str, phase: Phase, **kw: object) -> None:
-            out[f"{name} page{page}"] = CaseRecipe(phase, page_size=page, **base, **kw)  # type: ignore[arg-type]
+            out[f"{name} page{page}"] = CaseRecipe(phase, page_size=page, **{**base, **kw})  # type: ignore[arg-type]
 
         add("decode", Phase.DECODE, prefix_lens=lens)
         add("decode window 24", Phase.DECODE, prefix_lens=lens, sliding_window=24)
@@ -143,6 +164,10 @@ def traffic_recipes(dtype: str = "float32", head_size: int = 32) -> dict[str, Ca
                 tree_parents=tuple(_tree(tokens, seed) for seed in range(len(lens))))
             add(f"draft_extend {tokens}", Phase.DRAFT_EXTEND, prefix_lens=lens,
                 spec=SpecConfig.eagle(tokens - 1), new_lens=(tokens, 1, tokens - 1))
+        # Group 16 x 8 tokens: 128 flattened rows, over blocks of fewer tokens than the tree.
+        add("target_verify tree 8 group 16", Phase.TARGET_VERIFY, prefix_lens=lens, num_q_heads=32,
+            spec=SpecConfig.eagle(7, topk=2, num_draft_tokens=8),
+            tree_parents=tuple(_tree(8, seed) for seed in range(len(lens))))
         add("prefill", Phase.PREFILL, prefix_lens=(0, 40, 7), new_lens=(37, 9, 1))
         add("prefill window 12", Phase.PREFILL, prefix_lens=(0, 40, 7), new_lens=(37, 9, 1), sliding_window=12)
     return out

@@ -2,6 +2,8 @@
 
     python -m attnhal_triton.mla_compile_check [--json] [--forms mla_decode ...]
         [--targets cuda:80 hip:gfx942 ...] [--dtypes bfloat16 fp8 ...] [--allow-failures]
+    python -m attnhal_triton.mla_compile_check --enumerated [--targets ...] [--dtypes ...]
+        [--kv-dtypes ...] [--jobs N] [--out FILE.jsonl]
 
 Like :mod:`attnhal_triton.compile_check` (whose compile, resource and table code it uses),
 for :func:`attnhal_triton.mla_kernels.mla_kernel` with the launch rows of
@@ -11,6 +13,10 @@ combination of constexprs the backend launches: each phase, split or one pass (a
 fills the device is not split; decode then writes its output with the sinks), and V read from
 K's tiles (``latent``: a ``v_in_k`` pool) or from its own tensor (``sepv``); ``vtail``: a 576
 head that is not MLA (V 576 wide, its own tensor: the tail accumulator).
+``--enumerated`` compiles instead every form :func:`attnhal_triton.mla_forms.mla_forms` lists
+(per compute dtype x KV format, ``BLOCK_M`` as the sizing gives it), with registers, spills
+and headroom as :mod:`attnhal_triton.compile_forms` reports them, appended to ``--out`` as
+they finish.
 """
 
 from __future__ import annotations
@@ -72,7 +78,7 @@ def _forms() -> dict[str, Form]:
 
 
 FORMS: Mapping[str, Form] = _forms()
-_ALIGNED = frozenset({"stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh"})
+_ALIGNED = frozenset({"stride_qt", "stride_qh"})
 
 
 @dataclass(frozen=True)
@@ -165,16 +171,75 @@ def run_mla_compile_check(forms: Sequence[str] | None = None, targets: Sequence[
         return list(pool.map(compile_job, work))
 
 
+def _interleaved(forms: list[Any]) -> list[Any]:
+    """``forms`` taken in turn from each (phase form, dtype, KV format), the dtypes and formats
+    turning fastest, tree verify first (the tightest forms): a stopped run has some of each."""
+    groups: dict[tuple[str, str, str], list[Any]] = {}
+    for form in forms:
+        groups.setdefault((form.kernel, form.dtype, form.kv_dtype), []).append(form)
+    order = [groups[key] for key in sorted(groups, reverse=True)]
+    return [g[i] for i in range(max(map(len, order), default=0)) for g in order if i < len(g)]
+
+
+def run_enumerated(targets: Sequence[str], out: str, jobs: int = 1, **select: Any) -> list[dict[str, Any]]:
+    """Compile every form of :func:`attnhal_triton.mla_forms.mla_forms` (``select``: its filters)
+    on each target with :func:`attnhal_triton.compile_forms.compile_form` (registers, spills,
+    headroom), each form on every target before the next, taking each (dtype, KV format) in
+turn; each result is appended to ``out``
+    as one JSON line when it is done, so a stopped run keeps what it compiled."""
+    from attnhal_triton.compile_forms import _payload, compile_form
+    from attnhal_triton.mla_forms import mla_forms
+
+    per_target = {t: _interleaved(mla_forms(target_platform(t), **select)) for t in targets}
+    work = [_payload(t, forms[i]) for i in range(max(map(len, per_target.values()), default=0))
+            for t, forms in per_target.items() if i < len(forms)]
+    rows: list[dict[str, Any]] = []
+    with open(out, "a") as sink, ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for row in pool.map(compile_form, work, chunksize=1):
+            rows.append(row)
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+    return rows
+
+
+def _enumerated(args: argparse.Namespace) -> int:
+    """``--enumerated``: the whole MLA enumeration, with a summary per target."""
+    from attnhal_triton.compile_forms import summary
+
+    if "TRITON_INTERPRET" in os.environ:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        return subprocess.run([sys.executable, "-m", "attnhal_triton.mla_compile_check", *sys.argv[1:]], env=env,
+                              check=False).returncode
+    start = time.perf_counter()
+    select = {"dtypes": args.dtypes or (), "kv_dtypes": args.kv_dtypes or ()}
+    rows = run_enumerated(args.targets or list(TARGETS), args.out, args.jobs or 1, **select)
+    for r in rows:
+        if not r["ok"]:
+            print(f"FAIL {r['target']} {r['kernel']} {r['dtype']}/{r['kv_dtype']} {r['blocks']}: {r['error']}")
+    print("\n".join(summary(rows, time.perf_counter() - start)))
+    return 0 if args.allow_failures or all(r["ok"] for r in rows) else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attnhal_triton.mla_compile_check",
                                 description="Compile attnhal's MLA Triton kernel forms for CUDA and HIP without a GPU.")
+    p.add_argument("--enumerated", action="store_true",
+                   help="every launchable form (attnhal_triton.mla_forms), not one per phase form and dtype")
+    p.add_argument("--kv-dtypes", nargs="+", metavar="KV", help="--enumerated: default the descriptor's")
+    p.add_argument("--out", default="mla_forms.jsonl", help="--enumerated: JSON lines appended as compiled")
     p.add_argument("--json", action="store_true")
     p.add_argument("--forms", nargs="+", choices=list(FORMS), metavar="FORM", help="default: all")
     p.add_argument("--targets", nargs="+", metavar="TARGET", help=f"default: {' '.join(TARGETS)}")
-    p.add_argument("--dtypes", nargs="+", choices=DTYPES, metavar="DTYPE", help="default: all")
+    p.add_argument("--dtypes", nargs="+", metavar="DTYPE", help=f"default: all ({' '.join(DTYPES)}; "
+                   "--enumerated: the descriptor's compute dtypes)")
     p.add_argument("--jobs", type=int)
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even with errors or spills")
     args = p.parse_args(argv)
+    if args.enumerated:
+        return _enumerated(args)
+    bad_dtypes = sorted(set(args.dtypes or ()) - set(DTYPES))
+    if bad_dtypes:
+        p.error(f"--dtypes={bad_dtypes} (supported: {', '.join(DTYPES)})")
     rows = run_mla_compile_check(args.forms, args.targets, args.dtypes, args.jobs)
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     bad = any(not r["ok"] or r["spills"] for r in rows)

@@ -32,21 +32,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnhal_triton.kernels import _LOG2E, _fp16_pow2, _paged_slots, _row_queries, _tanh, _tree_allowed, _tree_depth
+from attnhal_triton.kernels import _LOG2E, _fp16_pow2, _paged_slots, _row_queries, _tanh
+from attnhal_triton.tree_kernels import _draft_keys, _seen_words, _tree_depth
 
 __all__ = ["mla_kernel"]
-
-
-@triton.jit
-def _slots(req_row, extra_row, pos, ok, page_len, PAGE_SIZE: tl.constexpr, HAS_EXTRA: tl.constexpr):
-    """Slots of positions ``pos`` [N]: the page table below ``page_len``, then ``extra_row``."""
-    if HAS_EXTRA:
-        in_table = pos < page_len
-        table = _paged_slots(req_row, pos, ok & in_table, PAGE_SIZE)
-        extra = tl.load(extra_row + (pos - page_len), mask=ok & (pos >= page_len), other=0).to(tl.int64)
-        return tl.where(in_table, table, extra)
-    else:
-        return _paged_slots(req_row, pos, ok, PAGE_SIZE)
 
 
 @triton.jit
@@ -110,6 +99,19 @@ def _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL: tl.constexpr, DOT_
 
 
 @triton.jit
+def _attend(q_main, q_tail, K, V, slot, ok, allowed, kv_head, qk_scale, softcap, m_i, l_i, acc, acc_tail,
+            K_ROW: tl.constexpr, D_K: tl.constexpr, V_ROW: tl.constexpr, D_V: tl.constexpr,
+            D_MAIN: tl.constexpr, D_TAIL: tl.constexpr, V_IN_K: tl.constexpr, V_TAIL: tl.constexpr,
+            HAS_SOFTCAP: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One tile of positions at ``slot`` [N] (loaded where ``ok``), scored where ``allowed``
+    [M, N]: the online softmax's new (m, l, acc, acc_tail)."""
+    s, v_main, v_tail = _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap, K_ROW, D_K, V_ROW,
+                              D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+    s = tl.where(allowed, s, float("-inf"))
+    return _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL, DOT_F32, DOT_PRECISION)
+
+
+@triton.jit
 def _store(Out, MidO, MidLse, Sinks, acc, acc_tail, m_i, l_i, token, heads, m_ok, split, max_splits,
            s_lo, s_hi, n_splits, NUM_Q_HEADS: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
            D_V: tl.constexpr, V_TAIL: tl.constexpr, SPLIT: tl.constexpr, HAS_SINKS: tl.constexpr):
@@ -142,12 +144,16 @@ def _store(Out, MidO, MidLse, Sinks, acc, acc_tail, m_i, l_i, token, heads, m_ok
                      (acc_tail / l_safe[:, None]).to(Out.dtype.element_ty), mask=m_ok[:, None])
 
 
-@triton.jit
+#: Integers the JIT does not specialise (see ``kernels.EXTEND_RUNTIME_INTS``).
+MLA_RUNTIME_INTS = ("window", "q_per_row", "max_splits", "num_extra", "stride_req", "stride_extra")
+
+
+@triton.jit(do_not_specialize=MLA_RUNTIME_INTS)
 def mla_kernel(
     Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
     Tree, Extra, KScale, VScale, Sinks,
     qk_scale, softcap, window, q_per_row, max_splits, num_extra,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_req, stride_extra,
+    stride_qt, stride_qh, stride_req, stride_extra,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
     V_IN_K: tl.constexpr, V_TAIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PACKED: tl.constexpr, HAS_EXT_LENS: tl.constexpr, HAS_EXTRA: tl.constexpr,
@@ -157,8 +163,9 @@ def mla_kernel(
 ):
     """MLA attention of one (block of flattened query rows, row, KV head, split).
 
-    Q ``[tokens, Hq, D_MAIN + D_TAIL]``; K ``[slots, Hkv, D_MAIN + D_TAIL]``; V ``[slots, Hkv,
-    D_V]`` with ``D_V = D_MAIN (+ D_TAIL with V_TAIL)`` (ignored with ``V_IN_K``); Out
+    Q ``[tokens, Hq, D_MAIN + D_TAIL]``; K ``[slots, Hkv, D_MAIN + D_TAIL]`` contiguous; V
+    ``[slots, Hkv, D_V]`` contiguous with ``D_V = D_MAIN (+ D_TAIL with V_TAIL)`` (ignored with
+    ``V_IN_K``); ``Hkv = NUM_Q_HEADS // GROUP``; Out
     ``[tokens, Hq, D_V]``, MidO ``[tokens, Hq, max_splits, D_V]``, MidLse ``[tokens, Hq,
     max_splits]`` contiguous. Row ``r``'s queries, prefix, tree and splits as in
     ``kernels.extend_kernel``; with ``HAS_EXTRA`` the row's keys are its ``SeqLens[r]``
@@ -166,6 +173,11 @@ def mla_kernel(
     and its KV length is their sum.
     """
     D_V: tl.constexpr = D_MAIN + D_TAIL * V_TAIL
+    # Contiguous caches (a separate V, or V inside K's rows): strides from the constexpr shapes
+    # keep scalar registers free (fp32 draft decode ran out of SGPRs on gfx942 with them as arguments).
+    D_K: tl.constexpr = D_MAIN + D_TAIL
+    K_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * D_K
+    V_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * D_V
     m_block = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     kv_head = tl.program_id(2) // max_splits
@@ -182,6 +194,11 @@ def mla_kernel(
     tok = offs_m // GROUP
     m_ok = tok < n_q
     heads = kv_head * GROUP + offs_m % GROUP
+    WORDS_P2: tl.constexpr = triton.next_power_of_2(MASK_WORDS)
+    if USE_MASK:  # before q: the draft keys one of the block's queries sees
+        seen = _seen_words(Tree, row, tok, m_ok, q_per_row, MASK_WORDS, WORDS_P2)
+    else:
+        seen = 0
     q_rows = Q + (q_start + tok) * stride_qt + heads * stride_qh
     q_main = tl.load(q_rows[:, None] + tl.arange(0, D_MAIN)[None, :], mask=m_ok[:, None], other=0.0)
     q_tail = tl.load(q_rows[:, None] + D_MAIN + tl.arange(0, D_TAIL)[None, :], mask=m_ok[:, None], other=0.0)
@@ -226,33 +243,48 @@ def mla_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D_MAIN], tl.float32)
     acc_tail = tl.zeros([BLOCK_M, D_TAIL], tl.float32)
-    for n0 in range(s_lo, tl.minimum(s_hi, shared), BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        ok = pos < shared
-        slot = _slots(req_row, extra_row, pos, ok, page_len, PAGE_SIZE, HAS_EXTRA)
-        s, v_main, v_tail = _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, D_MAIN, D_TAIL, V_IN_K,
-                                  V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
-        s = tl.where(ok[None, :] & (pos[None, :] >= lo_q[:, None]), s, float("-inf"))
-        m_i, l_i, acc, acc_tail = _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL, DOT_F32,
-                                        DOT_PRECISION)
-    for n0 in range(tl.maximum(s_lo, shared), s_hi, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        ok = pos < s_hi
-        slot = _slots(req_row, extra_row, pos, ok, page_len, PAGE_SIZE, HAS_EXTRA)
-        s, v_main, v_tail = _tile(q_main, q_tail, K, V, slot, ok, kv_head, qk_scale, softcap,
-                                  stride_kt, stride_kh, stride_vt, stride_vh, D_MAIN, D_TAIL, V_IN_K,
-                                  V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
-        if USE_MASK:
-            j = pos - prefix  # draft token j of the tree
-            allowed = _tree_allowed(Tree, row, tok, m_ok, j, ok, q_per_row, MASK_WORDS)
-            kpos = prefix + _tree_depth(Tree, row, j, ok, q_per_row, MASK_WORDS)
-        else:
-            allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :]
-            kpos = pos
-        s = tl.where(allowed & (kpos[None, :] >= lo_q[:, None]), s, float("-inf"))
-        m_i, l_i, acc, acc_tail = _step(s, v_main, v_tail, m_i, l_i, acc, acc_tail, V_TAIL, DOT_F32,
-                                        DOT_PRECISION)
+    if HAS_EXTRA:
+        # Draft decode: one query, which sees its whole row (but the window): the table's
+        # positions, then the path's slots, one mask each (fp32 with a separate V ran out of
+        # SGPRs on gfx942 with both masks and the diagonal loop).
+        table_hi = tl.minimum(s_hi, page_len)
+        for n0 in range(s_lo, table_hi, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            ok = pos < table_hi
+            slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
+            m_i, l_i, acc, acc_tail = _attend(
+                q_main, q_tail, K, V, slot, ok, ok[None, :] & (pos[None, :] >= lo_q[:, None]), kv_head, qk_scale,
+                softcap, m_i, l_i, acc, acc_tail, K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
+                HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+        for n0 in range(tl.maximum(s_lo, page_len), s_hi, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            ok = pos < s_hi
+            slot = tl.load(extra_row + (pos - page_len), mask=ok, other=0).to(tl.int64)
+            m_i, l_i, acc, acc_tail = _attend(
+                q_main, q_tail, K, V, slot, ok, ok[None, :] & (pos[None, :] >= lo_q[:, None]), kv_head, qk_scale,
+                softcap, m_i, l_i, acc, acc_tail, K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
+                HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+    else:
+        for n0 in range(s_lo, tl.minimum(s_hi, shared), BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            ok = pos < shared
+            slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
+            m_i, l_i, acc, acc_tail = _attend(
+                q_main, q_tail, K, V, slot, ok, ok[None, :] & (pos[None, :] >= lo_q[:, None]), kv_head, qk_scale,
+                softcap, m_i, l_i, acc, acc_tail, K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL,
+                HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+        for n0 in range(tl.maximum(s_lo, shared), s_hi, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            ok = pos < s_hi
+            if USE_MASK:  # draft keys: only those some row of the block sees are loaded
+                allowed, ok = _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, seen, q_per_row, MASK_WORDS,
+                                          WORDS_P2)
+            else:
+                allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :] & (pos[None, :] >= lo_q[:, None])
+            slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
+            m_i, l_i, acc, acc_tail = _attend(
+                q_main, q_tail, K, V, slot, ok, allowed, kv_head, qk_scale, softcap, m_i, l_i, acc, acc_tail,
+                K_ROW, D_K, V_ROW, D_V, D_MAIN, D_TAIL, V_IN_K, V_TAIL, HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
 
     _store(Out, MidO, MidLse, Sinks, acc * v_scale, acc_tail * v_scale, m_i, l_i, q_start + tok, heads,
            m_ok, split, max_splits, s_lo, s_hi, n_splits, NUM_Q_HEADS, D_MAIN, D_TAIL, D_V, V_TAIL, SPLIT,

@@ -13,6 +13,7 @@ import torch
 from attnhal_triton import ops
 from attnhal_triton.arg_devices import on_one_device
 from attnhal_triton.launch_forms import kv_flags
+from attnhal_triton.mla_forms import fp32_dots, head_split, mla_constexprs
 from attnhal_triton.metadata import Meta
 from attnhal_triton.ops import _check_contiguous, _check_last_dim, _dot_f32, _launch, _scores
 
@@ -24,17 +25,6 @@ def _kernels() -> types.ModuleType:
     from attnhal_triton import mla_kernels
 
     return mla_kernels
-
-
-def head_split(head_size: int, v_head_size: int) -> tuple[int, int, bool] | None:
-    """``(main, tail, v_tail)``: the q/k head as a power-of-two ``main`` tile plus a
-    power-of-two ``tail`` (>= 16, a ``tl.dot`` minimum), V being ``main`` wide or (``v_tail``)
-    as wide as K; ``None`` when the sizes do not split so (576/512: ``(512, 64, False)``)."""
-    main = 1 << (head_size.bit_length() - 1)
-    tail = head_size - main
-    if tail < 16 or tail & (tail - 1) or v_head_size not in (main, head_size):
-        return None
-    return main, tail, v_head_size == head_size
 
 
 def v_in_k(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -66,8 +56,9 @@ def mla_attend(
         split partials for :func:`attnhal_triton.ops.decode_reduce` (``num_splits``
         ``[rows]`` int32 in ``[1, S]``), or None for one pass into ``out``.
     q: ``[tokens, Hq, D]`` (``D`` = 576: latent 512 + rope 64; last dim contiguous).
-    k_cache: ``[slots, Hkv, D]``; v_cache: ``[slots, Hkv, Dv]`` (``Dv`` = 512), read from
-        ``k_cache``'s tiles when it is a view of their first columns (:func:`v_in_k`).
+    k_cache: ``[slots, Hkv, D]`` contiguous; v_cache: ``[slots, Hkv, Dv]`` (``Dv`` = 512)
+        contiguous, or a view of ``k_cache``'s first columns (:func:`v_in_k`), then read from
+        its tiles.
     req_to_page, req_pool_indices, seq_lens, qo_indptr, ext_lens, tree, k_scale, v_scale,
         sinks, q_per_row, max_q, softcap, window: as :func:`attnhal_triton.ops.extend`
         (decode: one query per row, ``q_per_row`` 1); seq_lens are the rows' table positions.
@@ -81,44 +72,37 @@ def mla_attend(
         return
     _check_last_dim(q=q, k_cache=k_cache, v_cache=v_cache)
     num_q_heads, head_dim = q.shape[1], q.shape[2]
-    split_dims = head_split(head_dim, out.shape[2])
-    if split_dims is None:
-        raise ValueError(f"q/out head sizes={head_dim}/{out.shape[2]} (supported: a power of two plus a "
-                         "power of two >= 16, e.g. 576 = 512 + 64, with out the first or all of it)")
-    main, tail, v_tail = split_dims
     group = num_q_heads // k_cache.shape[1]
-    constexprs, options = _launch(launch)
-    block_m = constexprs["BLOCK_M"]
+    row, options = _launch(launch)
     split = mid_o is not None
     if split and (mid_lse is None or num_splits is None or sinks is not None):
         raise ValueError("a split MLA launch (mid_o given) needs mid_lse and num_splits, and leaves "
                          "sinks to decode_reduce")
     part_o, part_lse = (mid_o, mid_lse) if mid_o is not None and mid_lse is not None else (out, out)
     max_splits = part_o.shape[2] if split else 1
-    _check_contiguous(out=out, mid_o=part_o, mid_lse=part_lse)
+    latent_v = v_in_k(k_cache, v_cache)
+    _check_contiguous(out=out, mid_o=part_o, mid_lse=part_lse, k_cache=k_cache,
+                      **({} if latent_v else {"v_cache": v_cache}))
     if (extra_slots is None) != (num_extra == 0):
         raise ValueError(f"extra_slots/num_extra={'None' if extra_slots is None else 'given'}/{num_extra} "
                          "(supported: both, or None with 0)")
     dummy = seq_lens
     extra = extra_slots if extra_slots is not None else seq_lens.view(-1, 1)
-    kv = kv_flags(kv_dtype, q.element_size())
     qk_scale, cap = _scores(sm_scale, softcap)
-    words = tree.shape[-1] - 1 if tree is not None else 1
-    grid = (-(-max_q * group // block_m), rows, k_cache.shape[1] * max_splits)
+    inputs = {"PACKED": qo_indptr is not None, "HAS_EXT_LENS": ext_lens is not None,
+              "HAS_EXTRA": extra_slots is not None, "USE_MASK": tree is not None}
+    constexprs = mla_constexprs(row, num_q_heads, group, head_dim, out.shape[2], page_size, inputs, split, cap > 0,
+                                sinks is not None,
+                                latent_v, kv_flags(kv_dtype, q.element_size()),
+                                _dot_f32(q.dtype) or fp32_dots(str(q.dtype).removeprefix("torch."), kv_dtype),
+                                tree.shape[-1] - 1 if tree is not None else 1)
+    grid = (-(-max_q * group // constexprs["BLOCK_M"]), rows, k_cache.shape[1] * max_splits)
     _kernels().mla_kernel[grid](
         q, k_cache, v_cache, out, part_o, part_lse, req_to_page, req_pool_indices, seq_lens,
         *(t if t is not None else dummy for t in (num_splits, qo_indptr, ext_lens, tree)),
         extra, k_scale, v_scale, sinks if sinks is not None else dummy,
         qk_scale, cap, window, q_per_row, max_splits, num_extra, q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        req_to_page.stride(0), extra.stride(0),
-        NUM_Q_HEADS=num_q_heads, GROUP=group, D_MAIN=main, D_TAIL=tail,
-        V_IN_K=v_in_k(k_cache, v_cache), V_TAIL=v_tail,
-        BLOCK_M=block_m, BLOCK_N=constexprs["BLOCK_N"], PAGE_SIZE=page_size,
-        PACKED=qo_indptr is not None, HAS_EXT_LENS=ext_lens is not None, HAS_EXTRA=extra_slots is not None,
-        USE_MASK=tree is not None, MASK_WORDS=words, SPLIT=split, HAS_SOFTCAP=cap > 0,
-        HAS_SINKS=sinks is not None, **kv, DOT_F32=_dot_f32(q.dtype),
-        DOT_PRECISION=constexprs["DOT_PRECISION"], **options,
+        req_to_page.stride(0), extra.stride(0), **constexprs, **options,
     )
 
 

@@ -36,22 +36,6 @@ def _varying(constexprs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(sorted((k, v) for k, v in constexprs.items() if k not in _FIXED))
 
 
-def _specialised(name: str, args: tuple[Any, ...], constexprs: dict[str, Any]) -> list[str]:
-    """The integer arguments of a launch whose value Triton's JIT would compile into another
-    kernel than the compile check builds: outside the kernel's ``do_not_specialize``, the JIT
-    makes 1 a constant and marks a multiple of 16 divisible, and the check assumes the
-    latter of its aligned strides only."""
-    params = [p for p in getattr(kernels, name).arg_names if p not in constexprs]
-    wrong = []
-    for param, value in zip(params, args, strict=True):
-        if not isinstance(value, int) or param in _RUNTIME[name]:
-            continue
-        jit = "constant" if value == 1 else "divisible" if value % 16 == 0 else "plain"
-        if jit != ("divisible" if param in cc._ALIGNED else "plain"):
-            wrong.append(f"{name}.{param}={value}")
-    return wrong
-
-
 def _recorded(monkeypatch: pytest.MonkeyPatch, case_shapes: list[Any]) -> list[tuple[str, str, tuple[Any, ...]]]:
     """(kernel function, q dtype, varying constexprs) of every launch of each case's forward;
     fails if an integer argument of a launch would make the JIT compile another kernel."""
@@ -67,7 +51,8 @@ def _recorded(monkeypatch: pytest.MonkeyPatch, case_shapes: list[Any]) -> list[t
                 dtype = str(args[2 if self.name == "decode_reduce_kernel" else 0].dtype).removeprefix("torch.")
                 constexprs = {k: v for k, v in kwargs.items() if k.isupper()}
                 seen.append((self.name, dtype, _varying(constexprs)))
-                specialised.extend(_specialised(self.name, args, constexprs))
+                specialised.extend(cc.specialisation_mismatches(getattr(kernels, self.name), _RUNTIME[self.name],
+                                                                args, constexprs))
                 self.fn[grid](*args, **kwargs)
             return launch
 

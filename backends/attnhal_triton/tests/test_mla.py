@@ -85,6 +85,26 @@ def test_head_576_with_v_576_and_features(phase: Phase) -> None:
     assert_close(backend, run(case, backend), expected(case, backend))
 
 
+@pytest.mark.parametrize("window", [None, 1], ids=["full", "window1"])
+def test_tree_verify_in_blocks_of_one_token(window: int | None) -> None:
+    """gfx942's rows: BLOCK_M 16 holds one token's 16 heads, so a block loads only the draft
+    keys its token sees (its ancestors; with a window, the near ones): exact all the same."""
+    recipe = replace(_mla(Phase.TARGET_VERIFY, tokens=8, lens=(40, 3)), sliding_window=window)
+    case = build_case(recipe, pool=latent_pool(recipe))
+    backend = TritonBackend(case.config, case.pool, platform=parse("hip:gfx942"))
+    assert backend.rows["mla_verify_tree"].blocks["BLOCK_M"] == 16
+    assert_close(backend, run(case, backend, write=False), expected(case, backend, write=False))
+
+
+@pytest.mark.parametrize("phase", [Phase.DECODE, Phase.TARGET_VERIFY], ids=lambda p: p.value)
+def test_fp16_query_over_an_fp32_cache(phase: Phase) -> None:
+    """fp32 dots (mla_forms.fp32_dots) over the fp32 latent pool, on sm90's fp32 rows."""
+    recipe = _mla(phase, "float16", kv_dtype="float32")
+    case = build_case(recipe, pool=latent_pool(recipe))
+    backend = TritonBackend(case.config, case.pool, platform=parse("cuda:sm90"))
+    assert_close(backend, run(case, backend, write=False), expected(case, backend, write=False))
+
+
 def test_other_split_heads_are_refused() -> None:
     case = build_case(replace(_mla(Phase.DECODE), v_head_size=256))
     with pytest.raises(UnsupportedFeature, match="head_size/v_head_size=576/256"):

@@ -1,0 +1,55 @@
+# mypy: disable-error-code="no-untyped-def"
+"""The draft-token tree of target verify, inside the Triton kernels (GQA ``extend_kernel`` and
+``mla_kernel``): each query's packed mask words and depth (``Tree [rows, T, MASK_WORDS + 1]``
+int32, the layout of :mod:`attnhal_triton.tree_mask`), and which draft keys a block of queries
+loads. Imported by the kernel modules (``TRITON_INTERPRET=1`` before import to run on CPU).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__: list[str] = []
+
+
+@triton.jit
+def _tree_depth(Tree, row, tok, ok, q_per_row, MASK_WORDS: tl.constexpr):
+    """Depths of draft tokens ``tok``: the word after each token's mask words."""
+    return tl.load(Tree + (row * q_per_row + tok) * (MASK_WORDS + 1) + MASK_WORDS, mask=ok, other=0)
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _seen_words(Tree, row, tok, m_ok, q_per_row, MASK_WORDS: tl.constexpr, WORDS_P2: tl.constexpr):
+    """[WORDS_P2] the OR of the mask words of the block's queries ``tok``: the draft keys one of
+    them sees. Once per program, before the KV loop (a reduction over the block's rows inside
+    it cost MLA's fp8 tree verify 16 bytes of spill on sm90)."""
+    w = tl.arange(0, WORDS_P2)
+    words = tl.load(Tree + ((row * q_per_row + tok) * (MASK_WORDS + 1))[:, None] + w[None, :],
+                    mask=m_ok[:, None] & (w[None, :] < MASK_WORDS), other=0)
+    return tl.reduce(words, 0, _or)
+
+
+@triton.jit
+def _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, seen, q_per_row, MASK_WORDS: tl.constexpr,
+                WORDS_P2: tl.constexpr):
+    """(allowed [M, N], ok [N]) of draft keys at ``pos`` (token ``j = pos - prefix``) for queries
+    ``tok``: bit ``j`` of each query's mask words and the window; ``ok`` narrowed to the keys
+    whose bit is set in ``seen`` (:func:`_seen_words`). The K/V loads take that ``ok``: a block
+    holding fewer tokens than the tree (a large group) loads its queries' ancestors, not every
+    draft key of the row."""
+    j = pos - prefix
+    kpos = prefix + _tree_depth(Tree, row, j, ok, q_per_row, MASK_WORDS)
+    words = Tree + (row * q_per_row + tok) * (MASK_WORDS + 1)
+    word = tl.load(words[:, None] + j[None, :] // 32, mask=m_ok[:, None] & ok[None, :], other=0)
+    allowed = (((word >> (j[None, :] % 32)) & 1) != 0) & (kpos[None, :] >= lo_q[:, None])
+    if WORDS_P2 == 1:
+        mine = tl.sum(seen, 0)
+    else:
+        mine = tl.sum(tl.where(tl.arange(0, WORDS_P2)[None, :] == (j // 32)[:, None], seen[None, :], 0), 1)
+    return allowed, ok & (((mine >> (j % 32)) & 1) != 0)
