@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from attnhal_triton.tree_kernels import _draft_keys, _seen_words, _tree_depth
+from attnhal_triton.tree_kernels import _draft_allowed, _seen_keys, _seen_words, _tree_depth
 
 __all__ = ["INTERPRETED", "decode_partial_kernel", "extend_kernel", "decode_reduce_kernel"]
 
@@ -352,14 +352,16 @@ def extend_kernel(
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < s_hi
         if USE_MASK:  # positions from ``shared`` on are draft tokens j = pos - prefix in [0, T)
-            allowed, ok = _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, seen, q_per_row,
-                                      MASK_WORDS, WORDS_P2)
-        else:
-            allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :] & (pos[None, :] >= lo_q[:, None])
+            ok = ok & _seen_keys(seen, pos - prefix, WORDS_P2)
         slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
         s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
                                   KV_ROW, HEAD_DIM, KV_ROW, HEAD_DIM, HEAD_DIM,
                                   HAS_SOFTCAP, DOT_F32, DOT_PRECISION)
+        # The mask after the loads: held across the dots it cost fp32 rows their registers.
+        if USE_MASK:
+            allowed = _draft_allowed(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS)
+        else:
+            allowed = (pos[None, :] <= qpos[:, None]) & ok[None, :] & (pos[None, :] >= lo_q[:, None])
         s = tl.where(allowed, s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, DOT_F32, DOT_PRECISION)
 

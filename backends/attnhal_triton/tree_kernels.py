@@ -36,20 +36,31 @@ def _seen_words(Tree, row, tok, m_ok, q_per_row, MASK_WORDS: tl.constexpr, WORDS
 
 
 @triton.jit
-def _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, seen, q_per_row, MASK_WORDS: tl.constexpr,
-                WORDS_P2: tl.constexpr):
-    """(allowed [M, N], ok [N]) of draft keys at ``pos`` (token ``j = pos - prefix``) for queries
-    ``tok``: bit ``j`` of each query's mask words and the window; ``ok`` narrowed to the keys
-    whose bit is set in ``seen`` (:func:`_seen_words`). The K/V loads take that ``ok``: a block
-    holding fewer tokens than the tree (a large group) loads its queries' ancestors, not every
-    draft key of the row."""
-    j = pos - prefix
-    kpos = prefix + _tree_depth(Tree, row, j, ok, q_per_row, MASK_WORDS)
-    words = Tree + (row * q_per_row + tok) * (MASK_WORDS + 1)
-    word = tl.load(words[:, None] + j[None, :] // 32, mask=m_ok[:, None] & ok[None, :], other=0)
-    allowed = (((word >> (j[None, :] % 32)) & 1) != 0) & (kpos[None, :] >= lo_q[:, None])
+def _seen_keys(seen, j, WORDS_P2: tl.constexpr):
+    """[N] whether draft keys ``j`` are set in ``seen`` (:func:`_seen_words`): the K/V loads
+    take it, so a block holding fewer tokens than the tree (a large group) loads its queries'
+    ancestors, not every draft key of the row."""
     if WORDS_P2 == 1:
         mine = tl.sum(seen, 0)
     else:
         mine = tl.sum(tl.where(tl.arange(0, WORDS_P2)[None, :] == (j // 32)[:, None], seen[None, :], 0), 1)
-    return allowed, ok & (((mine >> (j % 32)) & 1) != 0)
+    return ((mine >> (j % 32)) & 1) != 0
+
+
+@triton.jit
+def _draft_allowed(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS: tl.constexpr):
+    """[M, N] whether queries ``tok`` attend the draft keys at ``pos`` (token ``j = pos -
+    prefix``): bit ``j`` of each query's mask words, and the window."""
+    j = pos - prefix
+    kpos = prefix + _tree_depth(Tree, row, j, ok, q_per_row, MASK_WORDS)
+    words = Tree + (row * q_per_row + tok) * (MASK_WORDS + 1)
+    word = tl.load(words[:, None] + j[None, :] // 32, mask=m_ok[:, None] & ok[None, :], other=0)
+    return (((word >> (j[None, :] % 32)) & 1) != 0) & (kpos[None, :] >= lo_q[:, None])
+
+
+@triton.jit
+def _draft_keys(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, seen, q_per_row, MASK_WORDS: tl.constexpr,
+                WORDS_P2: tl.constexpr):
+    """(:func:`_draft_allowed`, ``ok`` narrowed by :func:`_seen_keys`), both before the loads."""
+    allowed = _draft_allowed(Tree, row, tok, m_ok, pos, ok, prefix, lo_q, q_per_row, MASK_WORDS)
+    return allowed, ok & _seen_keys(seen, pos - prefix, WORDS_P2)
