@@ -36,6 +36,7 @@ from typing import Any
 from attnhal_triton.compile_check import _FP8, SHARED_LIMIT, _gpu_target, format_table, kernel_source, target_platform
 from attnhal_triton.compile_usage import dot_operand_types, resource_usage
 from attnhal_triton.launch_table import LaunchRow, NoLaunchRowWarning
+from attnhal_triton.mla_forms import MLA_INPUTS
 from attnhal_triton.mla_table import mla_lookup
 
 __all__ = ["FORMS", "TARGETS", "compile_job", "main", "run_mla_compile_check"]
@@ -44,14 +45,6 @@ TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx942", "hip:gfx950")
 DTYPES = ("bfloat16", "float16", "float32", "fp8")
 NUM_Q_HEADS = 16
 
-_PHASES: dict[str, tuple[str, dict[str, bool]]] = {
-    "decode": ("mla_decode", {}),
-    "draft_decode": ("mla_decode", {"HAS_EXTRA": True}),
-    "prefill": ("mla_prefill", {"PACKED": True, "HAS_EXT_LENS": True}),
-    "verify": ("mla_verify", {}),
-    "verify_tree": ("mla_verify_tree", {"USE_MASK": True}),
-    "draft_extend": ("mla_draft", {"HAS_EXT_LENS": True}),
-}
 
 
 @dataclass(frozen=True)
@@ -64,7 +57,7 @@ class Form:
 
 def _forms() -> dict[str, Form]:
     out = {}
-    for phase, (kernel, flags) in _PHASES.items():
+    for phase, (kernel, flags) in MLA_INPUTS.items():
         for split in (True, False) if kernel != "mla_prefill" else (False,):
             for latent in (True, False):
                 name = f"{phase}{'' if split else '_onepass'}_{'latent' if latent else 'sepv'}"
