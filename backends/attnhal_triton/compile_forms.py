@@ -17,6 +17,7 @@ N-th form (the suite's share); the whole enumeration is the default.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import sys
@@ -153,8 +154,8 @@ def run_forms(targets: Sequence[str] = FORM_TARGETS, sample: int = 1, jobs: int 
     done = _done(results)
     rows = [done[i] for i in (form_id(*w) for w in work) if i in done]
     todo = sorted((w for w in work if form_id(*w) not in done), key=_serving_first)
-    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for row in pool.map(compile_form, todo, chunksize=1):
+    with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else contextlib.nullcontext() as pool:
+        for row in pool.map(compile_form, todo, chunksize=1) if pool else map(compile_form, todo):
             rows.append(row)
             if results is not None:
                 with results.open("a") as out:
