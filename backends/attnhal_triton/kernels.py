@@ -298,11 +298,12 @@ def extend_kernel(
     heads = kv_head * GROUP + offs_m % GROUP
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = (q_start + tok) * stride_qt + heads * stride_qh
-    WORDS_P2: tl.constexpr = triton.next_power_of_2(MASK_WORDS)
-    if USE_MASK:  # before q: the draft keys one of the block's queries sees
-        seen = _seen_words(Tree, row, tok, m_ok, q_per_row, MASK_WORDS, WORDS_P2)
-    else:
-        seen = 0
+    # Trees of up to 32 tokens load only the draft keys one of the block's queries sees (taken
+    # before q); over 32, every draft key (narrowing two words spilled fp32 d256 by 1,984 B).
+    seen = 0
+    if USE_MASK:
+        if MASK_WORDS == 1:
+            seen = _seen_words(Tree, row, tok, m_ok, q_per_row, MASK_WORDS, 1)
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=m_ok[:, None], other=0.0)
     q, qk_scale, v_scale = _kv_scaled(q, qk_scale, KScale, VScale, KV_SCALED, KV_F16)
 
@@ -352,7 +353,8 @@ def extend_kernel(
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < s_hi
         if USE_MASK:  # positions from ``shared`` on are draft tokens j = pos - prefix in [0, T)
-            ok = ok & _seen_keys(seen, pos - prefix, WORDS_P2)
+            if MASK_WORDS == 1:
+                ok = ok & _seen_keys(seen, pos - prefix, 1)
         slot = _paged_slots(req_row, pos, ok, PAGE_SIZE)
         s, v = _scores_and_values(q, K, V, slot, ok, kv_head, qk_scale, softcap,
                                   KV_ROW, HEAD_DIM, KV_ROW, HEAD_DIM, HEAD_DIM,
