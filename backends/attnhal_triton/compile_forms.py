@@ -35,7 +35,7 @@ from attnhal_triton.compile_usage import resource_usage
 from attnhal_triton.launch_forms import MAX_GROUP, Form, forms
 from attnhal_triton.launch_table import KERNELS
 
-__all__ = ["FORM_TARGETS", "REGISTERS", "budget", "compile_form", "main", "run_forms"]
+__all__ = ["FORM_TARGETS", "REGISTERS", "budget", "compile_all", "compile_form", "main", "run_forms"]
 
 #: The targets every form is compiled for: Ampere, Hopper, Blackwell; MI300, MI350.
 FORM_TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx942", "hip:gfx950")
@@ -151,9 +151,16 @@ def run_forms(targets: Sequence[str] = FORM_TARGETS, sample: int = 1, jobs: int 
         raise RuntimeError("compiling needs a process without TRITON_INTERPRET (use main(), "
                            "which re-runs itself without it)")
     work = [_payload(t, f) for t in targets for f in forms(cc.target_platform(t), **select)][::max(1, sample)]
+    return compile_all(sorted(work, key=_serving_first), jobs, results)
+
+
+def compile_all(work: Sequence[tuple[str, Form]], jobs: int = 1, results: Path | None = None) -> list[dict[str, Any]]:
+    """:func:`compile_form` of each (target, form) of ``work`` in its order, ``jobs`` at a time;
+    with ``results``, each row is appended to that JSON-lines file as it finishes, and forms
+    already in it are taken from it, not compiled again."""
     done = _done(results)
     rows = [done[i] for i in (form_id(*w) for w in work) if i in done]
-    todo = sorted((w for w in work if form_id(*w) not in done), key=_serving_first)
+    todo = [w for w in work if form_id(*w) not in done]
     with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else contextlib.nullcontext() as pool:
         for row in pool.map(compile_form, todo, chunksize=1) if pool else map(compile_form, todo):
             rows.append(row)

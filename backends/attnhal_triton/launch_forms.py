@@ -28,7 +28,7 @@ from attnhal.platform import Platform
 from attnhal_triton import work
 from attnhal_triton.launch_table import KERNELS, LaunchRow, lookup
 
-__all__ = ["EXTEND_INPUTS", "Form", "decode_constexprs", "extend_constexprs", "forms",
+__all__ = ["EXTEND_INPUTS", "Form", "decode_constexprs", "dtype_pairs", "extend_constexprs", "forms",
            "reduce_constexprs"]
 
 #: The input flags of each extend form: which tensors the backend hands the op
@@ -134,6 +134,20 @@ def _row_forms(kernel: str, row: LaunchRow, dtype: str, kv_dtype: str, head: int
                 yield "extend_kernel", constexprs, example
 
 
+def dtype_pairs(platform: Platform, dtypes: Iterable[str] = (), kv_dtypes: Iterable[str] = ()
+                ) -> Iterator[tuple[str, str]]:
+    """(compute dtype, KV format) pairs of ``dtypes`` x ``kv_dtypes`` (defaults: what the Triton
+    descriptor claims) that ``platform`` can store: an fp8 format whose storage the platform
+    lacks (e4m3 without a flavour) is left out, as the backend refuses it."""
+    from attnhal_triton.descriptor import CAPABILITIES as caps
+
+    for dtype in tuple(dtypes) or tuple(sorted(caps.dtypes)):
+        for kv_dtype in tuple(kv_dtypes) or tuple(sorted(caps.kv_dtypes or ())):
+            fmt = kv_format(kv_dtype)
+            if not fmt.needs_flavor or platform.fp8_flavor in fmt.by_flavor:
+                yield dtype, kv_dtype
+
+
 def forms(platform: Platform, kernels: Iterable[str] = KERNELS, dtypes: Iterable[str] = (),
           kv_dtypes: Iterable[str] = (), head_sizes: Iterable[int] = (),
           groups: Iterable[int] = range(1, MAX_GROUP + 1)) -> list[Form]:
@@ -143,26 +157,21 @@ def forms(platform: Platform, kernels: Iterable[str] = KERNELS, dtypes: Iterable
     platform lacks (e4m3 without a flavour) are left out, as the backend refuses them."""
     from attnhal_triton.descriptor import CAPABILITIES as caps
 
-    dtypes, kv_dtypes = tuple(dtypes) or tuple(sorted(caps.dtypes)), tuple(kv_dtypes) or tuple(sorted(caps.kv_dtypes or ()))
     # A head that is not a power of two (576, MLA's) launches the MLA kernel, whose forms
-    # attnhal_triton.mla_compile_check enumerates.
+    # attnhal_triton.mla_forms enumerates.
     gqa_heads = tuple(sorted(h for h in caps.head_sizes if h & (h - 1) == 0))
     heads, groups = tuple(head_sizes) or gqa_heads, tuple(groups)
     seen: dict[tuple[Any, ...], Form] = {}
     for kernel in kernels:
-        for dtype in dtypes:
-            for kv_dtype in kv_dtypes:
-                fmt = kv_format(kv_dtype)
-                if fmt.needs_flavor and platform.fp8_flavor not in fmt.by_flavor:
-                    continue
-                for head in heads:
-                    tiles = work.row_dtype(dtype, kv_dtype)
-                    row = lookup(kernel, platform, head, tiles)
-                    max_splits = max(lookup(k, platform, head, tiles).kv_splits for k in KERNELS)
-                    for function, constexprs, example in _row_forms(kernel, row, dtype, kv_dtype, head, groups,
-                                                                    max_splits):
-                        reads_kv = function != "decode_reduce_kernel"
-                        form = Form(kernel, function, dtype, kv_dtype if reads_kv else dtype, head, row,
-                                    constexprs, example)
-                        seen.setdefault(form.key(), form)
+        for dtype, kv_dtype in dtype_pairs(platform, dtypes, kv_dtypes):
+            for head in heads:
+                tiles = work.row_dtype(dtype, kv_dtype)
+                row = lookup(kernel, platform, head, tiles)
+                max_splits = max(lookup(k, platform, head, tiles).kv_splits for k in KERNELS)
+                for function, constexprs, example in _row_forms(kernel, row, dtype, kv_dtype, head, groups,
+                                                                max_splits):
+                    reads_kv = function != "decode_reduce_kernel"
+                    form = Form(kernel, function, dtype, kv_dtype if reads_kv else dtype, head, row,
+                                constexprs, example)
+                    seen.setdefault(form.key(), form)
     return list(seen.values())

@@ -31,6 +31,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from attnhal_triton.compile_check import _FP8, SHARED_LIMIT, _gpu_target, format_table, kernel_source, target_platform
@@ -179,20 +180,15 @@ def run_enumerated(targets: Sequence[str], out: str, jobs: int = 1, **select: An
     on each target with :func:`attnhal_triton.compile_forms.compile_form` (registers, spills,
     headroom), each form on every target before the next, taking each (dtype, KV format) in
 turn; each result is appended to ``out``
-    as one JSON line when it is done, so a stopped run keeps what it compiled."""
-    from attnhal_triton.compile_forms import _payload, compile_form
+    as one JSON line when it is done, and a form already there is not compiled again
+    (:func:`attnhal_triton.compile_forms.compile_all`)."""
+    from attnhal_triton.compile_forms import _payload, compile_all
     from attnhal_triton.mla_forms import mla_forms
 
     per_target = {t: _interleaved(mla_forms(target_platform(t), **select)) for t in targets}
     work = [_payload(t, forms[i]) for i in range(max(map(len, per_target.values()), default=0))
             for t, forms in per_target.items() if i < len(forms)]
-    rows: list[dict[str, Any]] = []
-    with open(out, "a") as sink, ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for row in pool.map(compile_form, work, chunksize=1):
-            rows.append(row)
-            sink.write(json.dumps(row) + "\n")
-            sink.flush()
-    return rows
+    return compile_all(work, jobs, Path(out))
 
 
 def _enumerated(args: argparse.Namespace) -> int:

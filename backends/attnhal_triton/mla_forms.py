@@ -28,10 +28,9 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from attnhal.kv_format import kv_format
 from attnhal.platform import Platform
 from attnhal_triton import work
-from attnhal_triton.launch_forms import PAGE_SIZE, QUERY_TOKENS, Form, kv_flags
+from attnhal_triton.launch_forms import PAGE_SIZE, QUERY_TOKENS, Form, dtype_pairs, kv_flags
 from attnhal_triton.mla_table import MLA_HEAD, mla_lookup, mla_programs
 
 __all__ = ["MLA_HEADS", "MLA_INPUTS", "V_FORMS", "fp32_dots", "head_split", "mla_constexprs", "mla_forms"]
@@ -125,18 +124,10 @@ def mla_forms(platform: Platform, dtypes: Iterable[str] = (), kv_dtypes: Iterabl
     claims) x phase forms x V layouts. ``Form.kernel`` names the phase form and V layout
     (``verify_tree_latent``); ``example``: (q heads, query tokens per row, batch size).
     fp8 formats whose storage the platform lacks are left out, as the backend refuses them."""
-    from attnhal_triton.descriptor import CAPABILITIES as caps
-
-    dtypes = tuple(dtypes) or tuple(sorted(caps.dtypes))
-    kv_dtypes = tuple(kv_dtypes) or tuple(sorted(caps.kv_dtypes or ()))
     seen: dict[tuple[Any, ...], Form] = {}
-    for dtype in dtypes:
-        for kv_dtype in kv_dtypes:
-            fmt = kv_format(kv_dtype)
-            if fmt.needs_flavor and platform.fp8_flavor not in fmt.by_flavor:
-                continue
-            for phase in phases:
-                for v_form in v_forms:
-                    for form in _phase_forms(platform, phase, dtype, kv_dtype, v_form):
-                        seen.setdefault(form.key(), form)
+    for dtype, kv_dtype in dtype_pairs(platform, dtypes, kv_dtypes):
+        for phase in phases:
+            for v_form in v_forms:
+                for form in _phase_forms(platform, phase, dtype, kv_dtype, v_form):
+                    seen.setdefault(form.key(), form)
     return list(seen.values())
