@@ -128,3 +128,25 @@ def test_tree_verify_with_fp8_at_head_128_on_sm90_is_spill_free() -> None:
     assert {r["split"] for r in rows} == {True, False} and {r["group"] for r in rows} == {4, 7}
     assert done.returncode == 0 and all(r["ok"] and r["headroom"] > 0 for r in rows), \
         [(r["group"], r["query_tokens"], r["split"], r["error"]) for r in rows if not r["ok"]]
+
+
+def test_a_results_file_resumes_and_forgets_other_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """compile_all appends each row as it finishes and, run again on the same file, compiles
+    only what is missing; a row keyed by another kernel source does not count."""
+    from attnhal_triton import compile_forms
+
+    compiled: list[str] = []
+
+    def fake_compile(item: tuple[str, Any]) -> dict[str, Any]:
+        compiled.append(compile_forms.form_id(*item))
+        return {"form_id": compiled[-1], "ok": True}
+
+    monkeypatch.setattr(compile_forms, "compile_form", fake_compile)
+    monkeypatch.setattr(compile_forms, "_source_key", lambda function: "this kernel")  # no cache_key interpreted
+    work = [("cuda:90", f) for f in forms(parse("cuda:sm90"), kernels=("decode",), head_sizes=(128,))[:3]]
+    results = tmp_path / "forms.jsonl"
+    results.write_text(json.dumps({"form_id": "an older kernel's form", "ok": False}) + "\n")
+    assert len(compile_forms.compile_all(work[:2], 1, results)) == 2 and len(compiled) == 2
+    rows = compile_forms.compile_all(work, 1, results)
+    assert len(compiled) == 3 and compiled[-1] == compile_forms.form_id(*work[2])
+    assert sorted(r["form_id"] for r in rows) == sorted(compiled) and len(results.read_text().splitlines()) == 4
