@@ -4,7 +4,8 @@ attnhal and SDPA always run; the engines' kernels run when their files are in th
 cache (``$ATTNHAL_PEER_KERNELS``, or ``.peer-kernels`` at the repository root, filled by
 ``benchmarks/fetch_peer_kernels.py``), else they must report "not available" with the
 reason and the test says they were skipped. Never fetches anything. About 40 s of CPU
-(fewer shapes with the peers absent).
+(fewer shapes with the peers absent). Where an engine tier venv is built, its engine's
+kernels run too: SGLang's imported there, vLLM's copied from there into a peer cache.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ATTNHAL_PLATFORM")}
     out = tmp_path / "peers.json"
     proc = subprocess.run([sys.executable, str(BENCH / "gpu_peers.py"), "--tiny", "--json", str(out), *args],
-                          check=False, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+                          check=False, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc, json.loads(out.read_text())
 
@@ -187,11 +188,15 @@ def test_the_gate_fails_a_kernel_that_reads_seven_eighths_of_the_kv_at_every_sha
             assert float((planted.float() - want).abs().max()) <= 3e-2  # what the old gate let through
 
 
-def _tier_python(engine: str) -> Path | None:
-    """The python of a complete engine tier venv (``tests/engines/setup.sh``), if one is built."""
+def _tier_pythons(engine: str) -> list[Path]:
+    """The pythons of the complete engine tier venvs (``tests/engines/setup.sh``) built for ``engine``."""
     root = Path(os.environ.get("ATTNHAL_ENGINE_ENVS") or Path.home() / ".cache" / "attnhal" / "engine-envs")
-    built = sorted(p.parent for p in root.glob(f"{engine}-*/attnhal-engine-env.stamp"))
-    return built[-1] / "bin" / "python" if built else None
+    return [p.parent / "bin" / "python" for p in sorted(root.glob(f"{engine}-*/attnhal-engine-env.stamp"))]
+
+
+def _tier_python(engine: str) -> Path | None:
+    built = _tier_pythons(engine)
+    return built[-1] if built else None
 
 
 def test_sglang_kernels_from_their_tier_venv_run_every_setting(tmp_path: Path) -> None:
@@ -217,3 +222,40 @@ def test_sglang_kernels_from_their_tier_venv_run_every_setting(tmp_path: Path) -
     assert decode["status"] == "ok" and decode["settings"] == 6, decode
     # Its verify kernel (extend + custom mask) over the same tree attnhal runs, gated alike.
     assert tree["status"] == "ok" and "custom mask" in tree["note"], tree
+
+
+def test_vllm_kernels_copied_from_their_tier_venv_run_every_setting(tmp_path: Path) -> None:
+    """vLLM 0.33's own kernel files, copied offline from a vLLM tier venv
+    (``fetch_peer_kernels.py --from-python``: located, not imported), run under the interpreter
+    from that copy: decode and the 8-token tree (which vLLM runs as a causal chain: its Triton
+    backend has no tree mask), every swept setting, each gated. Two or three minutes of CPU."""
+    peers = tmp_path / "peers"
+    copied = None
+    for python in _tier_pythons("vllm"):  # the 0.33 and 0.34 tiers: the copy refuses another version
+        proc = subprocess.run([sys.executable, str(BENCH / "fetch_peer_kernels.py"), "--dir", str(peers),
+                               "--peers", "vllm", "--from-python", str(python)],
+                              check=False, capture_output=True, text=True, timeout=120)
+        if proc.returncode == 0:
+            copied = python
+            break
+        assert "is installed there (supported: vllm " + PEERS["vllm"].version in proc.stderr, proc.stderr
+    if copied is None:
+        pytest.skip(f"no vLLM {PEERS['vllm'].version} tier venv built (tests/engines/setup.sh vllm)")
+    manifest = (peers / PEERS["vllm"].cache_name / "WHEEL.txt").read_text()
+    assert manifest.startswith(f"installed vllm {PEERS['vllm'].version} at ") and manifest.count("  vllm/") == 2
+    proc, report = _run(tmp_path, "--peers-dir", str(peers), "--contenders", "attnhal,vllm",
+                        "--shapes", "decode:2x32,tree8:2x32")
+    assert report["peers"]["vllm"].startswith("loaded from cache "), report["peers"]
+    decode, tree = (row["results"]["vllm"] for row in report["rows"])
+    assert decode["status"] == "ok" and decode["settings"] > 1 and decode["err"] < 1e-4, decode
+    assert tree["status"] == "ok" and tree["note"].startswith("ran causal"), tree
+
+
+def test_fetch_from_python_names_what_is_missing(tmp_path: Path) -> None:
+    """--from-python with an interpreter that lacks the engine: exit 2, the engine and the
+    interpreter named, nothing written."""
+    proc = subprocess.run([sys.executable, str(BENCH / "fetch_peer_kernels.py"), "--dir", str(tmp_path),
+                           "--peers", "sglang", "--from-python", sys.executable],
+                          check=False, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and f"--from-python {sys.executable}: sglang is not installed there" in proc.stderr
+    assert not any(tmp_path.iterdir())
