@@ -61,3 +61,24 @@ def test_parameter_comparison_refuses_a_bad_set_before_building_anything() -> No
     params = _module("cpu_params")
     with pytest.raises(SystemExit, match=r"PARAMS: 'tile=8' \(supported: NAME=INT with NAME in \["):
         params.main(["-", "tile=8"])
+
+
+def test_read_order_probe_builds_and_prints_every_order(tmp_path) -> None:
+    """benchmarks/cpu_read_order.c (the access order's read ceiling, docs/cpu.md): it compiles
+    warning-free and runs a small pool; a bad size is refused with exit 2, naming the rule."""
+    import shutil
+    import subprocess
+
+    if shutil.which("cc") is None or "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("needs a C compiler and an AVX2 host")
+    exe = tmp_path / "probe"
+    build = subprocess.run(["cc", "-O2", "-mavx2", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
+                            str(ROOT / "benchmarks" / "cpu_read_order.c")], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe), "2", "16", "2", "64", "16"], capture_output=True, text=True, timeout=60,
+                         env={"OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr
+    names = [line.split("  ")[1].strip() for line in run.stdout.splitlines()[1:]]
+    assert names == ["sequential", "head-major", "head-major, prefetch 16", "slot-major", "slot-major, prefetch 16"]
+    refused = subprocess.run([str(exe), "2", "7", "2", "64"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "CTX a multiple of PAGE" in refused.stderr
