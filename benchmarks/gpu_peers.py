@@ -8,20 +8,26 @@ Contenders (``peer_contenders``), each at its best: attnhal's ``triton`` backend
 backend contract; SGLang 0.5.23's ``decode_attention_fwd`` (its split heuristic, its default
 max KV splits and the sweep); vLLM 0.33's ``unified_attention`` as TRITON_ATTN calls it (block
 16; its defaults and the sweep); SDPA on contiguous K/V (its own choice and each backend
-forced). Peers load from the installed engines, else from ``--peers-dir`` (default
+forced). The MLA rows (``peer_mla``): SGLang's ``decode_attention_fwd`` with ``has_mla`` (its
+MLA split cap and the sweep) and its extend + custom-mask verify, vLLM's TRITON_MLA
+``decode_attention_fwd`` as ``forward_mqa`` calls it (its split rule and the sweep; verify as
+its causal multi-token decode). Peers load from the installed engines, else from ``--peers-dir`` (default
 ``$ATTNHAL_PEER_KERNELS`` or ``~/.cache/attnhal/peer-kernels``) that ``fetch_peer_kernels.py``
 fills. Shapes (``peer_cases``): ``KIND:BSxCTX[/gG][/dD][/ragged]``, 8 KV heads, group 4 and
-head 128 unless given, page size 1.
+head 128 unless given, page size 1; MLA ``mla|mla4|mla8:BSxCTX[/hH]``: decode and verify
+chains of 1+3 and 1+7 tokens over one latent head of 576 (V its first 512), 16 q heads
+unless given (``/h128``: TP 1).
 
 Per shape, in one process: every setting of every contender is gated against an fp32
 reference first (each query row's error relative to the row's own norm, ``peer_gate``; one
 that disagrees is WRONG and left out of the ratios), then timed as a CUDA graph of 20 calls,
 median of 5 replays; a contender's fastest setting is its cell, its default's speed is
-printed beside. GB/s of the K/V bytes the batch covers (fp8: of the fp8 bytes), TFLOP/s for
+printed beside. GB/s of the K/V bytes the batch covers (fp8: of the fp8 bytes; MLA: of the
+latent rows, read once), TFLOP/s for
 prefill, and attnhal / the fastest other contender of the row. Without a GPU (``--tiny``, the
 Triton interpreter, fp32 or fp16) it runs the same calls eagerly and gates them: plumbing
-only, no speed. ``--shapes core`` / ``rest``: the device session's two halves of the default
-table; ``--budget-s S`` stops starting shapes when S seconds would be passed and lists the
+only, no speed. ``--shapes core`` / ``rest`` / ``mla``: the device session's three parts of
+the default table; ``--budget-s S`` stops starting shapes when S seconds would be passed and lists the
 rest as NOT RUN (the table keeps what ran; gpu_session.sh's cap would otherwise kill it).
 On a GPU, ``--warm-workers N`` (default 8) processes compile every kernel
 first (``--check-only`` over a share of the shapes each), so the timing run finds them in
@@ -54,9 +60,10 @@ from peer_cases import (
     reference,
     time_graph,
 )
-from peer_contenders import CONTENDERS, ENGINES, NotApplicable, Prepared, prepare
+from peer_contenders import CONTENDERS, ENGINES, NotApplicable, Prepared
 from peer_gate import gate_limit, row_relative_error
 from peer_kernels import LoadedPeer, default_peers_dir, load_peer
+from peer_mla import prepare
 from peer_table import Result, Row, fp8_speedup, markdown, ratio
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -123,7 +130,7 @@ def _measure_one(prepared: Prepared, case: Case, settings: Settings, references:
 def run_shape(shape: Shape, peers: dict[str, LoadedPeer], settings: Settings) -> Row:
     case = build_case(shape, settings.dtype, settings.device)
     references: dict[bool, torch.Tensor] = {}
-    row = Row(shape.key, shape.title, "TFLOP/s" if shape.kind == "prefill" else
+    row = Row(shape.key, shape.title, "TFLOP/s" if shape.kind == "prefill" else "GB/s of latent" if shape.mla else
               "GB/s of fp8 K/V" if shape.fp8 else "GB/s of K/V", case.kv_bytes, case.flops)
     for name in settings.contenders:
         result = measure(name, case, peers, settings, references)
@@ -199,8 +206,9 @@ def within_budget(budget_s: float | None, elapsed_s: float, shapes_s: float, sha
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", help="comma list of KIND:BSxCTX, KIND in decode, chain4, tree8, fp8, prefill "
-                   "(default: the issue's table; with --tiny: tiny shapes), or a set: core, rest")
+    p.add_argument("--shapes", help="comma list of KIND:BSxCTX, KIND in decode, chain4, tree8, fp8, prefill, "
+                   "mla, mla4, mla8 (default: the issue's table; with --tiny: tiny shapes), or a set: core, rest, "
+                   "mla")
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--dtype", choices=DTYPES, default=None, help="q and K/V dtype (default bf16; fp32 with --tiny)")
     p.add_argument("--peers-dir", type=Path, default=None, help=f"peer kernel cache (default {default_peers_dir()})")

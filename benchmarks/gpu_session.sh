@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for a lent GPU machine (CUDA or ROCm): bash benchmarks/gpu_session.sh OUT [core|rest]
+# One command for a lent GPU machine (CUDA or ROCm): bash benchmarks/gpu_session.sh OUT [core|rest|mla]
 #
 # Writes everything under OUT (at most 8 files): summary.txt (one line per part: ok, FAIL,
 # timeout or SKIP, seconds) and one log per part. Uses $PYTHON, else .venv/bin/python when
@@ -9,15 +9,16 @@
 # that would start past the cap is skipped with a line saying so, and the peers' table stops
 # starting shapes at its own budget (the rows left are listed NOT RUN). PLAN core (default):
 # the referee's first 15 shapes, the bandwidth/prefill check, the graph tests; PLAN rest (a
-# second loan): the other 14 shapes, the worker end to end, capture aftermath, graph replay.
+# second loan): the other 14 GQA shapes, the worker end to end, capture aftermath, graph
+# replay; PLAN mla (a third loan): the referee's 24 MLA shapes and nothing else.
 # docs/triton.md (Device session plan) says why and what is left out.
 # Without a CUDA/HIP device it runs the parts a CPU can (platform info, the graph tests,
 # which skip there, the device seam's unit tests, the benchmarks' call sites against SDPA
 # and the engines' kernels under the Triton interpreter) and prints one SKIP line per device part.
 set -u
-OUT=${1:?usage: bash benchmarks/gpu_session.sh OUT [core|rest]}
+OUT=${1:?usage: bash benchmarks/gpu_session.sh OUT [core|rest|mla]}
 PLAN=${2:-core}
-case $PLAN in core|rest) ;; *) echo "PLAN=$PLAN (supported: core, rest)" >&2; exit 2 ;; esac
+case $PLAN in core|rest|mla) ;; *) echo "PLAN=$PLAN (supported: core, rest, mla)" >&2; exit 2 ;; esac
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
@@ -73,6 +74,9 @@ if [ $DEVICE = 1 ] && [ "$PLAN" = core ]; then
         --budget-s 220 --peers-dir "$PEERS_DIR"
     part "triton bandwidth + prefill" bandwidth.txt 60 "$PY" benchmarks/gpu_bandwidth.py --check
     graph_tests 60
+elif [ $DEVICE = 1 ] && [ "$PLAN" = mla ]; then
+    part "engines' kernels (gpu_peers mla)" bandwidth.txt 330 "$PY" benchmarks/gpu_peers.py --shapes mla \
+        --budget-s 310 --peers-dir "$PEERS_DIR"
 elif [ $DEVICE = 1 ]; then
     part "engines' kernels (gpu_peers rest)" bandwidth.txt 180 "$PY" benchmarks/gpu_peers.py --shapes rest \
         --budget-s 160 --peers-dir "$PEERS_DIR"
@@ -87,6 +91,8 @@ else
     if [ "$PLAN" = core ]; then
         skip "engines' kernels (gpu_peers core)"
         skip "triton bandwidth + prefill"
+    elif [ "$PLAN" = mla ]; then
+        skip "engines' kernels (gpu_peers mla)"
     else
         skip "engines' kernels (gpu_peers rest)"
         skip "worker end to end (triton)"
@@ -95,8 +101,10 @@ else
     fi
     TRITON_INTERPRET=1 part "benchmark call sites vs sdpa (cpu)" bandwidth.txt 60 \
         "$PY" benchmarks/gpu_bandwidth.py --check
+    TINY=decode:2x32,tree8:2x32
+    [ "$PLAN" = mla ] && TINY=mla:2x64,mla8:2x64
     TRITON_INTERPRET=1 part "engines' kernels plumbing (cpu)" bandwidth.txt 120 \
-        "$PY" benchmarks/gpu_peers.py --tiny --shapes decode:2x32,tree8:2x32 --peers-dir "$PEERS_DIR"
+        "$PY" benchmarks/gpu_peers.py --tiny --shapes "$TINY" --peers-dir "$PEERS_DIR"
 fi
 note "done in ${SECONDS}s: $([ $FAILED = 0 ] && echo 'no part failed' || echo 'some part FAILED')"
 exit $FAILED

@@ -67,7 +67,7 @@ class NotApplicable(Exception):
 
 @dataclass
 class Prepared:
-    """``run()`` -> the contender's output; ``tokens(out)`` -> ``[bs * T, HEADS, HEAD]`` for the check.
+    """``run()`` -> the contender's output; ``tokens(out)`` -> ``[bs * T, heads, v_head]`` for the check.
 
     causal_only: the contender ran a tree shape causally; it is checked against a causal reference.
     fp8_dot: it multiplies in fp8 (q cast to the K/V's fp8 dtype), which the Triton interpreter
@@ -137,16 +137,21 @@ def prepare_sglang(case: Case, peer: LoadedPeer) -> list[Prepared]:
             for n in (default, *(n for n in SGLANG_SPLITS if n != default))]
 
 
-def _sglang(case: Case, peer: LoadedPeer, splits: int, setting: str) -> Prepared:
+def _sglang(case: Case, peer: LoadedPeer, splits: int, setting: str, scratch: torch.Tensor | None = None) -> Prepared:
+    """SGLang's ``decode_attention_fwd`` at ``max_kv_splits = splits`` (MLA rows: ``has_mla``, as
+    its Triton backend passes it); ``scratch``: fp32 storage for its partials, shared by the
+    settings of a row (they run one after another), else its own."""
     attention = peer.module("sglang.kernels.ops.attention.decode_attention")
     metadata = peer.module("sglang.kernels.ops.attention.metadata")
     s, dev = case.shape, case.device
-    bs, heads, head = s.bs, s.heads, s.head
+    bs, heads, v_head = s.bs, s.heads, s.v_head
     seq_lens = case.batch.seq_lens
     kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
     torch.cumsum(seq_lens, 0, dtype=torch.int32, out=kv_indptr[1:])
     kv_indices = case.kv_indices()
-    logits = torch.empty((bs, heads, splits, head), dtype=torch.float32, device=dev)
+    size = bs * heads * splits * v_head
+    logits = (scratch[:size] if scratch is not None else torch.empty(size, dtype=torch.float32, device=dev)).view(
+        bs, heads, splits, v_head)
     lse = torch.empty((bs, heads, splits), dtype=torch.float32, device=dev)
     num_splits = torch.empty(bs, dtype=torch.int32, device=dev)
     uneven = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -155,16 +160,16 @@ def _sglang(case: Case, peer: LoadedPeer, splits: int, setting: str) -> Prepared
         num_splits.fill_(splits)
     else:
         schedule = 256 if bs < 256 else 1 << (bs - 1).bit_length()
-        metadata.get_num_kv_splits_triton[(1,)](num_splits, seq_lens, bs, 1, heads, KV_HEADS, splits, cores,
+        metadata.get_num_kv_splits_triton[(1,)](num_splits, seq_lens, bs, 1, heads, s.kv_heads, splits, cores,
                                                 MAX_NUM_SEQ=schedule, uneven_batch_ptr=uneven)
-    out = torch.empty_like(case.q)
+    out = case.q.new_empty(case.q.shape[0], heads, v_head)
     pool = case.pool
     k_scale, v_scale = (float(pool.k_scale[0]), float(pool.v_scale[0])) if pool.kv_format.scaled else (1.0, 1.0)
 
     def run() -> torch.Tensor:
         attention.decode_attention_fwd(case.q, pool.k[0], pool.v[0], out, kv_indptr, kv_indices, logits, lse,
                                        num_splits, splits, case.config.sm_scale, k_scale, v_scale,
-                                       uneven_batch=uneven)
+                                       has_mla=s.mla, uneven_batch=uneven)
         return out
 
     split_counts = sorted(set(num_splits.tolist()))
@@ -193,7 +198,7 @@ def _sglang_verify(case: Case) -> Prepared:
                       for p in prefix])
     mask_indptr = torch.tensor([0, *itertools.accumulate(t * (p + t) for p in prefix)], dtype=torch.int32, device=dev)
     qo_indptr = torch.arange(bs + 1, dtype=torch.int32, device=dev) * t
-    out = torch.empty_like(case.q)
+    out = case.q.new_empty(case.q.shape[0], s.heads, s.v_head)
 
     def run() -> torch.Tensor:
         extend.extend_attention_fwd(case.q, k_new, v_new, out, pool.k[0], pool.v[0], qo_indptr, kv_indptr,
@@ -277,7 +282,8 @@ def prepare_sdpa(case: Case) -> list[Prepared]:
         raise NotApplicable("SDPA reads no fp8 K/V")
     if s.ragged:
         raise NotApplicable("contiguous SDPA takes uniform lengths")
-    bs, t, group, heads, d = s.bs, s.tokens, s.group, s.heads, s.head
+    bs, t, group, heads, d, kv, dv = s.bs, s.tokens, s.group, s.heads, s.head, s.kv_heads, s.v_head
+    # [bs, KV, L, D] and [bs, KV, L, Dv]: MLA's V is a contiguous copy of the latent's first 512
     k, v = (gather(c, case.slots).permute(0, 2, 1, 3).contiguous() for c in (case.pool.k[0], case.pool.v[0]))
     if s.phase is Phase.PREFILL:  # causal per token: heads unfolded, K/V repeated per query head
         q = case.q.view(t, heads, d).transpose(0, 1)[None].contiguous()
@@ -285,10 +291,10 @@ def prepare_sdpa(case: Case) -> list[Prepared]:
         kwargs: dict[str, Any] = {"is_causal": True}
         tokens: Callable[[torch.Tensor], torch.Tensor] = lambda o: o[0].transpose(0, 1)
     else:  # query heads of one KV head folded into the query length: row g * T + i is head g, token i
-        q = case.q.view(bs, t, KV_HEADS, group, d).permute(0, 2, 3, 1, 4).reshape(bs, KV_HEADS, group * t, d)
+        q = case.q.view(bs, t, kv, group, d).permute(0, 2, 3, 1, 4).reshape(bs, kv, group * t, d)
         kwargs = {} if s.phase is Phase.DECODE else {"attn_mask": allowed(case, slice(None), case.draft_mask)
                                                      .repeat(group, 1)}  # [group * T, ctx]
-        tokens = lambda o: o.view(bs, KV_HEADS, group, t, d).permute(0, 3, 1, 2, 4).reshape(bs * t, heads, d)
+        tokens = lambda o: o.view(bs, kv, group, t, dv).permute(0, 3, 1, 2, 4).reshape(bs * t, heads, dv)
 
     def variant(name: str) -> Prepared:
         def run() -> torch.Tensor:
@@ -302,7 +308,8 @@ def prepare_sdpa(case: Case) -> list[Prepared]:
 def prepare(name: str, case: Case, peers: Mapping[str, LoadedPeer],
             launch: Mapping[str, Any] | None = None) -> list[Prepared]:
     """Contender ``name`` of :data:`CONTENDERS` over ``case``: its settings, default first
-    (:class:`NotApplicable` if it does not serve the shape)."""
+    (:class:`NotApplicable` if it does not serve the shape). The engines' MLA rows are
+    :func:`peer_mla.prepare`'s, which calls this for the rest."""
     if name == "attnhal":
         return prepare_attnhal(case, launch)
     if name == "sdpa":

@@ -46,9 +46,11 @@ PEERS: dict[str, PeerSpec] = {
                "sglang/kernels/ops/attention/score_mod.py")),
     "vllm": PeerSpec(
         "vllm", "0.33.0",
-        modules=("vllm.v1.attention.ops.triton_unified_attention", "vllm.v1.kv_cache_interface"),
+        modules=("vllm.v1.attention.ops.triton_unified_attention", "vllm.v1.kv_cache_interface",
+                 "vllm.v1.attention.ops.triton_decode_attention"),  # the last: TRITON_MLA's kernel
         files=("vllm/v1/attention/ops/triton_unified_attention.py",
-               "vllm/v1/attention/ops/triton_attention_helpers.py")),
+               "vllm/v1/attention/ops/triton_attention_helpers.py",
+               "vllm/v1/attention/ops/triton_decode_attention.py")),
 }
 
 

@@ -27,7 +27,7 @@ from peer_cases import fp8_storage
 
 from attnhal.platform import detect
 
-__all__ = ["install", "sglang_max_kv_splits"]
+__all__ = ["DEEPSEEK_CONTEXT", "install", "sglang_max_kv_splits", "sglang_mla_max_kv_splits"]
 
 
 def _vendor() -> str:
@@ -48,6 +48,22 @@ def _core_count(device_id: int = 0) -> int:
 def sglang_max_kv_splits() -> int:
     """SGLang's default ``--triton-attention-num-kv-splits``: 8, and 16 on AMD (its platform hook)."""
     return 16 if _vendor() == "hip" else 8
+
+
+#: DeepSeek V3/R1's ``max_position_embeddings``: the model context SGLang sizes MLA splits by.
+DEEPSEEK_CONTEXT = 163_840
+
+
+def sglang_mla_max_kv_splits(context_len: int = DEEPSEEK_CONTEXT) -> int:
+    """SGLang 0.5.23's ``max_kv_splits`` for an MLA model on its Triton backend
+    (``triton_backend._mla_decode_kv_splits_cap``): the flag's value raised to the device's
+    core count and the model's context in 32-position blocks, each rounded up to a power of
+    two, whichever is smaller; 256 at most on gfx942. The flag's value without a device."""
+    base, cores = sglang_max_kv_splits(), _core_count()
+    if cores <= 0:
+        return base
+    cap = max(base, min(1 << (cores - 1).bit_length(), 1 << (-(-context_len // 32) - 1).bit_length()))
+    return min(cap, 256) if _arch() == "gfx942" else cap
 
 
 class _Flag:
@@ -88,7 +104,12 @@ class _OnceLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 
 class _VllmPlatform:
-    """The two questions ``triton_unified_attention.py`` asks ``current_platform``."""
+    """The questions ``triton_unified_attention.py`` and ``triton_decode_attention.py`` (TRITON_MLA's
+    kernel) ask ``current_platform``."""
+
+    @staticmethod
+    def is_rocm() -> bool:
+        return _vendor() == "hip"
 
     @staticmethod
     def fp8_dtype() -> torch.dtype:

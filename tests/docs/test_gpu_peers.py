@@ -70,6 +70,25 @@ def test_tiny_run_checks_every_contender_against_fp32(tmp_path: Path) -> None:
                     "(run benchmarks/fetch_peer_kernels.py --dir DIR); attnhal and SDPA checked")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a device is present: the run would time, not check")
+def test_tiny_mla_rows_check_attnhal_and_sdpa_against_fp32(tmp_path: Path) -> None:
+    """The MLA rows at interpreter sizes (decode at 16 and 128 heads, the 1+3 and 1+7 chains):
+    attnhal's MLA path over the latent pool and SDPA over contiguous copies (V = the latent's
+    first 512), each gated; the unit is the latent's bytes. About 15 s of CPU."""
+    from peer_cases import TINY_MLA_SHAPES
+
+    keys = [s.key for s in TINY_MLA_SHAPES]
+    proc, report = _run(tmp_path, "--contenders", "attnhal,sdpa", "--peers-dir", "/nonexistent",
+                        "--shapes", ",".join(keys))
+    assert [row["key"] for row in report["rows"]] == keys
+    for row in report["rows"]:
+        assert row["unit"] == "GB/s of latent" and row["kv_bytes"] == 2 * 64 * 576 * 4, row  # fp32, read once
+        attnhal, sdpa = row["results"]["attnhal"], row["results"]["sdpa"]
+        assert attnhal["status"] == "ok" and attnhal["err"] < 1e-5, (row["key"], attnhal)
+        assert sdpa["status"] == "ok" and sdpa["err"] < 1e-5 and sdpa["settings"] == 4, (row["key"], sdpa)
+        assert ("masked" in sdpa["note"]) == row["key"].startswith(("mla4:", "mla8:")), sdpa  # verify: causal mask
+
+
 def test_bad_input_names_the_flag_and_what_is_allowed(monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     import gpu_peers
@@ -80,6 +99,9 @@ def test_bad_input_names_the_flag_and_what_is_allowed(monkeypatch: pytest.Monkey
                         (["--shapes", "decode:2x64/g17"], "supported: /g1../g16, /d64, /d128, /d256"),
                         (["--shapes", "decode:1x64/ragged"], "ragged with bs >= 2"),
                         (["--shapes", "decode:2x64/x"], "KIND:BSxCTX[/gG][/dD][/ragged]"),
+                        (["--shapes", "mla:2x64/g4"], "MLA kinds: KIND:BSxCTX[/hH][/ragged]"),
+                        (["--shapes", "decode:2x64/h16"], "MLA kinds: KIND:BSxCTX[/hH][/ragged]"),
+                        (["--shapes", "mla8:2x64/h8"], "supported: MLA heads /h16, /h32, /h64, /h128"),
                         (["--contenders", "attnhal,flashinfer"], "supported: a comma list of attnhal"),
                         (["--launch", "decode"], "supported: KERNEL:ENCODED")):
         assert gpu_peers.main(["--tiny", *args]) == 2, args
@@ -126,14 +148,18 @@ def test_warm_up_workers_run_their_share_of_the_shapes(monkeypatch: pytest.Monke
 
 
 def test_the_session_halves_partition_the_table_and_the_budget_stops_starting_shapes(tmp_path: Path) -> None:
-    """gpu_session.sh runs ``--shapes core`` or ``rest`` (together: the default table, once
-    each); past ``--budget-s`` no shape starts, and the ones left are listed NOT RUN."""
+    """gpu_session.sh runs ``--shapes core``, ``rest`` or ``mla`` (together: the default table,
+    once each); past ``--budget-s`` no shape starts, and the ones left are listed NOT RUN."""
     import gpu_peers
     from peer_cases import DEFAULT_SHAPES, SHAPE_SETS
 
-    core, rest = gpu_peers.parse_shapes("core"), gpu_peers.parse_shapes("rest")
-    assert sorted(core + rest, key=DEFAULT_SHAPES.index) == list(DEFAULT_SHAPES) and not set(core) & set(rest)
-    assert len(SHAPE_SETS["core"]) == 15
+    core, rest, mla = (gpu_peers.parse_shapes(name) for name in ("core", "rest", "mla"))
+    assert sorted(core + rest + mla, key=DEFAULT_SHAPES.index) == list(DEFAULT_SHAPES)
+    assert len(set(core + rest + mla)) == len(DEFAULT_SHAPES)
+    assert len(SHAPE_SETS["core"]) == 15 and len(rest) == 14
+    # The issue's MLA table: decode and both chains, 128 and 16 heads, 1 x 32k .. 256 x 1k.
+    assert {s.key for s in mla} == {f"{k}:{size}{h}" for k in ("mla", "mla4", "mla8") for h in ("/h128", "")
+                                    for size in ("1x32768", "16x4096", "64x2048", "256x1024")}
     assert gpu_peers.within_budget(None, 1e9, 0.0, 0) and gpu_peers.within_budget(100, 50, 80, 2)
     assert not gpu_peers.within_budget(100, 70, 80, 2)  # 70 s + a mean shape of 40 s > 100 s
     proc, report = _run(tmp_path, "--shapes", "decode:2x32,tree8:2x32", "--contenders", "attnhal",
@@ -169,12 +195,15 @@ def _small(shape: "object") -> "object":
 def test_the_gate_fails_a_kernel_that_reads_seven_eighths_of_the_kv_at_every_shape() -> None:
     """A planted kernel attending only the first 7/8 of each row's context (prefill: of its
     keys) against a correct one rounded to the query dtype: the per-row relative gate fails
-    the planted one at every default shape (kind, group, head, ragged; sizes cut for this CPU)
-    and at the issue's 1 x 32,768 cell, where the former absolute gate (3e-2) passed it."""
-    from peer_cases import DEFAULT_SHAPES, Shape, build_case, reference
+    the planted one at every default shape (kind, group, head, ragged, the MLA rows' 16 and
+    128 heads over one latent head; sizes cut for this CPU) and at the issue's 1 x 32,768 cells
+    (GQA and MLA at 128 heads), where the former absolute gate (3e-2) passed it."""
+    from peer_cases import DEFAULT_SHAPES, MLA_KINDS, Shape, build_case, reference
     from peer_gate import gate_limit, row_relative_error
 
-    shapes = list(dict.fromkeys(_small(s) for s in DEFAULT_SHAPES)) + [Shape("decode", 1, 32768)]
+    shapes = list(dict.fromkeys(_small(s) for s in DEFAULT_SHAPES)) + [Shape("decode", 1, 32768),
+                                                                        Shape("mla", 1, 32768, group=128)]
+    assert {(s.kind, s.group) for s in shapes if s.mla} == {(k, h) for k in MLA_KINDS for h in (16, 128)}
     for shape in shapes:
         dtype = torch.bfloat16
         case = build_case(shape, dtype, torch.device("cpu"))
@@ -224,25 +253,73 @@ def test_sglang_kernels_from_their_tier_venv_run_every_setting(tmp_path: Path) -
     assert tree["status"] == "ok" and "custom mask" in tree["note"], tree
 
 
+def test_sglang_mla_kernels_from_their_tier_venv_run_every_setting(tmp_path: Path) -> None:
+    """SGLang 0.5.23's MLA path from its tier venv under the interpreter: ``decode_attention_fwd``
+    with ``has_mla`` over the latent cache (k_buffer 576, v_buffer its first 512) at 16 and 128
+    heads, its default split cap and the swept ones, and its verify kernel (extend + custom
+    mask) over the 1+7 chain, each gated against fp32. About a minute of CPU."""
+    python = _tier_python("sglang")
+    if python is None:
+        pytest.skip("no SGLang tier venv built (tests/engines/setup.sh sglang)")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ATTNHAL_PLATFORM")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "backends")])
+    out = tmp_path / "peers.json"
+    proc = subprocess.run([str(python), str(BENCH / "gpu_peers.py"), "--tiny", "--json", str(out), "--contenders",
+                           "sglang", "--shapes", "mla:2x64,mla:2x64/h128,mla8:2x64"], check=False, env=env,
+                          capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["peers"]["sglang"].startswith("loaded from installed engine sglang 0.5.23"), report["peers"]
+    decode16, decode128, chain = (row["results"]["sglang"] for row in report["rows"])
+    for decode in (decode16, decode128):  # its flag's 8 (no device: no core count), then 1 and 2
+        assert decode["status"] == "ok" and decode["settings"] == 3 and decode["err"] < 1e-5, decode
+        assert decode["note"].startswith("max_kv_splits 8"), decode
+    assert chain["status"] == "ok" and "custom mask" in chain["note"] and chain["err"] < 1e-5, chain
+
+
+def _vllm_copy(peers: Path) -> Path | None:
+    """vLLM's kernel files copied from the first tier venv holding the pinned version (the
+    python copied from), or None where none is built."""
+    for python in _tier_pythons("vllm"):  # the 0.33 and 0.34 tiers: the copy refuses another version
+        proc = subprocess.run([sys.executable, str(BENCH / "fetch_peer_kernels.py"), "--dir", str(peers),
+                               "--peers", "vllm", "--from-python", str(python)],
+                              check=False, capture_output=True, text=True, timeout=120)
+        if proc.returncode == 0:
+            return python
+        assert "is installed there (supported: vllm " + PEERS["vllm"].version in proc.stderr, proc.stderr
+    return None
+
+
+def test_vllm_mla_kernel_copied_from_its_tier_venv_runs_every_setting(tmp_path: Path) -> None:
+    """vLLM 0.33's TRITON_MLA kernel (``triton_decode_attention.py``), copied offline from its
+    tier venv, under the interpreter: decode at 16 and 128 heads and the 1+3 chain flattened
+    to one decode row per query token with causal per-row lengths (``forward_mqa``), its own
+    split count and the swept one, each gated. About 20 s of CPU."""
+    peers = tmp_path / "peers"
+    if _vllm_copy(peers) is None:
+        pytest.skip(f"no vLLM {PEERS['vllm'].version} tier venv built (tests/engines/setup.sh vllm)")
+    proc, report = _run(tmp_path, "--peers-dir", str(peers), "--contenders", "vllm",
+                        "--shapes", "mla:2x64,mla:2x64/h128,mla4:2x64")
+    assert report["peers"]["vllm"].startswith("loaded from cache "), report["peers"]
+    for row in report["rows"]:  # ctx 64: its own 1 split, and 2 (the sweep stops at 32 positions a split)
+        vllm = row["results"]["vllm"]
+        assert vllm["status"] == "ok" and vllm["settings"] == 2 and vllm["err"] < 1e-5, (row["key"], vllm)
+        assert vllm["note"].startswith("causal multi-token decode" if row["key"].startswith("mla4") else
+                                       "num_kv_splits 1"), vllm
+
+
 def test_vllm_kernels_copied_from_their_tier_venv_run_every_setting(tmp_path: Path) -> None:
     """vLLM 0.33's own kernel files, copied offline from a vLLM tier venv
     (``fetch_peer_kernels.py --from-python``: located, not imported), run under the interpreter
     from that copy: decode and the 8-token tree (which vLLM runs as a causal chain: its Triton
     backend has no tree mask), every swept setting, each gated. Two or three minutes of CPU."""
     peers = tmp_path / "peers"
-    copied = None
-    for python in _tier_pythons("vllm"):  # the 0.33 and 0.34 tiers: the copy refuses another version
-        proc = subprocess.run([sys.executable, str(BENCH / "fetch_peer_kernels.py"), "--dir", str(peers),
-                               "--peers", "vllm", "--from-python", str(python)],
-                              check=False, capture_output=True, text=True, timeout=120)
-        if proc.returncode == 0:
-            copied = python
-            break
-        assert "is installed there (supported: vllm " + PEERS["vllm"].version in proc.stderr, proc.stderr
+    copied = _vllm_copy(peers)
     if copied is None:
         pytest.skip(f"no vLLM {PEERS['vllm'].version} tier venv built (tests/engines/setup.sh vllm)")
     manifest = (peers / PEERS["vllm"].cache_name / "WHEEL.txt").read_text()
-    assert manifest.startswith(f"installed vllm {PEERS['vllm'].version} at ") and manifest.count("  vllm/") == 2
+    assert manifest.startswith(f"installed vllm {PEERS['vllm'].version} at ")
+    assert manifest.count("  vllm/") == len(PEERS["vllm"].files) == 3  # TRITON_ATTN's two, TRITON_MLA's one
     proc, report = _run(tmp_path, "--peers-dir", str(peers), "--contenders", "attnhal,vllm",
                         "--shapes", "decode:2x32,tree8:2x32")
     assert report["peers"]["vllm"].startswith("loaded from cache "), report["peers"]

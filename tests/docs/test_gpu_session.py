@@ -21,7 +21,8 @@ from repo import ROOT
 #: The device parts of each plan (benchmarks/gpu_session.sh OUT [core|rest]).
 DEVICE_PARTS = {"core": ("engines' kernels (gpu_peers core)", "triton bandwidth + prefill"),
                 "rest": ("engines' kernels (gpu_peers rest)", "worker end to end (triton)", "capture aftermath",
-                         "decode graph replay vs eager")}
+                         "decode graph replay vs eager"),
+                "mla": ("engines' kernels (gpu_peers mla)",)}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a device is present: run the session itself")
@@ -52,4 +53,4 @@ def test_session_script_on_cpu_runs_cpu_parts_and_skips_device_parts(tmp_path: P
 def test_an_unknown_plan_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), str(tmp_path / "out"), "all"],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "PLAN=all (supported: core, rest)" in proc.stderr
+    assert proc.returncode == 2 and "PLAN=all (supported: core, rest, mla)" in proc.stderr
