@@ -228,12 +228,9 @@ def _tier_python(engine: str) -> Path | None:
     return built[-1] if built else None
 
 
-def test_sglang_kernels_from_their_tier_venv_run_every_setting(tmp_path: Path) -> None:
-    """SGLang's own kernels, imported from the SGLang tier venv (its installed 0.5.23), under
-    the interpreter: decode at its default split cap and the 5 other swept ones, and its
-    verify kernel over the 8-token tree, each gated.
-    (vLLM's cannot run from its tier venv: without a GPU driver vLLM swaps ``triton`` for a
-    placeholder; it runs from the peer cache.) A few minutes of CPU."""
+def _run_in_sglang_tier(tmp_path: Path, contenders: str, shapes: str) -> dict:
+    """``gpu_peers.py --tiny`` run by the SGLang tier venv's python (SGLang imported from its
+    install there) over ``shapes``; its JSON report. Skips where no such venv is built."""
     python = _tier_python("sglang")
     if python is None:
         pytest.skip("no SGLang tier venv built (tests/engines/setup.sh sglang)")
@@ -241,12 +238,21 @@ def test_sglang_kernels_from_their_tier_venv_run_every_setting(tmp_path: Path) -
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "backends")])
     out = tmp_path / "peers.json"
     proc = subprocess.run([str(python), str(BENCH / "gpu_peers.py"), "--tiny", "--json", str(out), "--contenders",
-                           "attnhal,sglang", "--shapes", "decode:2x32,tree8:2x32"], check=False, env=env,
-                          capture_output=True,
-                          text=True, timeout=1800, cwd=ROOT)
+                           contenders, "--shapes", shapes], check=False, env=env, capture_output=True, text=True,
+                          timeout=1800, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["peers"]["sglang"].startswith("loaded from installed engine sglang 0.5.23"), report["peers"]
+    return report
+
+
+def test_sglang_kernels_from_their_tier_venv_run_every_setting(tmp_path: Path) -> None:
+    """SGLang's own kernels, imported from the SGLang tier venv (its installed 0.5.23), under
+    the interpreter: decode at its default split cap and the 5 other swept ones, and its
+    verify kernel over the 8-token tree, each gated.
+    (vLLM's cannot run from its tier venv: without a GPU driver vLLM swaps ``triton`` for a
+    placeholder; it runs from the peer cache.) A few minutes of CPU."""
+    report = _run_in_sglang_tier(tmp_path, "attnhal,sglang", "decode:2x32,tree8:2x32")
     decode, tree = (row["results"]["sglang"] for row in report["rows"])
     assert decode["status"] == "ok" and decode["settings"] == 6, decode
     # Its verify kernel (extend + custom mask) over the same tree attnhal runs, gated alike.
@@ -258,18 +264,7 @@ def test_sglang_mla_kernels_from_their_tier_venv_run_every_setting(tmp_path: Pat
     with ``has_mla`` over the latent cache (k_buffer 576, v_buffer its first 512) at 16 and 128
     heads, its default split cap and the swept ones, and its verify kernel (extend + custom
     mask) over the 1+7 chain, each gated against fp32. About a minute of CPU."""
-    python = _tier_python("sglang")
-    if python is None:
-        pytest.skip("no SGLang tier venv built (tests/engines/setup.sh sglang)")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ATTNHAL_PLATFORM")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "backends")])
-    out = tmp_path / "peers.json"
-    proc = subprocess.run([str(python), str(BENCH / "gpu_peers.py"), "--tiny", "--json", str(out), "--contenders",
-                           "sglang", "--shapes", "mla:2x64,mla:2x64/h128,mla8:2x64"], check=False, env=env,
-                          capture_output=True, text=True, timeout=1800, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert report["peers"]["sglang"].startswith("loaded from installed engine sglang 0.5.23"), report["peers"]
+    report = _run_in_sglang_tier(tmp_path, "sglang", "mla:2x64,mla:2x64/h128,mla8:2x64")
     decode16, decode128, chain = (row["results"]["sglang"] for row in report["rows"])
     for decode in (decode16, decode128):  # its flag's 8 (no device: no core count), then 1 and 2
         assert decode["status"] == "ok" and decode["settings"] == 3 and decode["err"] < 1e-5, decode
