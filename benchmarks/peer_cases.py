@@ -29,9 +29,7 @@ from attnhal.platform import Fp8Flavor, detect
 from attnhal.testing.cases import tree_mask
 
 __all__ = ["CALLS", "DEFAULT_SHAPES", "KINDS", "MLA_KINDS", "REPLAYS", "SHAPE_SETS", "TINY_MLA_SHAPES", "TINY_SHAPES",
-           "Case", "Shape", "allowed",
-           "build_case",
-           "fp8_storage", "gather", "parse_shapes", "reference", "time_graph"]
+           "Case", "Shape", "allowed", "build_case", "fp8_storage", "gather", "parse_shapes", "reference", "time_graph"]
 
 #: The defaults of a shape: 8 KV heads, group 4 (32 query heads), head size 128.
 HEADS, KV_HEADS, HEAD, GROUP = 32, 8, 128, 4
