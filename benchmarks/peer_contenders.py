@@ -95,7 +95,8 @@ def launch_row(base: Any, encoded: str) -> Any:
     constexprs, options = decode_launch(encoded)
     precision = constexprs.pop("DOT_PRECISION", base.dot_precision)
     split = {k: int(options.pop(k)) for k in _SPLIT_FIELDS if k in options}
-    return dataclasses.replace(base, blocks=constexprs, dot_precision=precision,
+    # merged: constexprs the encoding leaves out keep the base row's (MLA's L2_DOMAINS)
+    return dataclasses.replace(base, blocks={**base.blocks, **constexprs}, dot_precision=precision,
                                num_warps=options.pop("num_warps", base.num_warps),
                                num_stages=options.pop("num_stages", base.num_stages), extra=options,
                                **split)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-__all__ = ["GPU_SPLITS", "PROGRAMS_PER_UNIT", "UNITS", "fill_programs"]
+__all__ = ["GPU_SPLITS", "L2_DOMAINS", "PROGRAMS_PER_UNIT", "UNITS", "fill_programs"]
 
 #: SMs (NVIDIA) or CUs (AMD) of each family's reference part: A100, H100/H200, RTX 5090,
 #: MI250X (one GCD), MI300X, MI355X. The split rows fill :data:`PROGRAMS_PER_UNIT` programs
@@ -21,6 +21,13 @@ __all__ = ["GPU_SPLITS", "PROGRAMS_PER_UNIT", "UNITS", "fill_programs"]
 UNITS: Mapping[str, int] = MappingProxyType({
     "sm80": 108, "sm90": 132, "sm120": 170, "gfx90": 110, "gfx94": 304, "gfx95": 256,
 })
+#: L2 caches of each family's reference part across which the hardware deals consecutive
+#: programs round-robin (program ``w`` of a launch runs behind L2 ``w % n``): the 8 XCDs of an
+#: MI300X/MI325X (gfx942) and an MI355X (gfx950), each with its own 4 MB L2, joined by the
+#: Infinity Cache. Families not listed count as one L2 (NVIDIA documents no such dealing).
+#: A part with fewer XCDs (MI300A: 6, or a partitioned
+#: MI300X) still gets a correct launch, with less sharing (:mod:`attnhal_triton.kv_reuse`).
+L2_DOMAINS: Mapping[str, int] = MappingProxyType({"gfx94": 8, "gfx95": 8})
 #: Programs per SM/CU that each split kernel is split up to. Measured on an H200
 #: (benchmarks/triton_sweep.py, docs/triton.md): decode's small programs want 4 per SM, causal
 #: verify's 2, the tree's (more work per position) 1. Draft extend takes verify's count, and

@@ -14,14 +14,20 @@ a launch loaded (:func:`attnhal_triton.kv_traffic.kv_loads` with ``per_program``
 * ``windowed``: the sum over windows — the programs sharing ``(y, z)`` of the grid, i.e. the
   head blocks of one (row, KV head, split) — of each window's union (what memory serves when
   only a window's programs share the cache);
-* ``distance``: the largest gap, in dispatch order, between two programs that load the same
-  address (0: no address is read by two programs).
+* ``distance``: the largest gap, in dispatch order, between two programs behind one L2 that
+  load the same address (0: no address is read by two of them);
+* ``per_domain``: the sum over L2 domains of the union of the addresses their programs load
+  (what the L2s fetch from beyond when each keeps what its programs read; ``unique`` with one
+  L2).
 
 Dispatch order is the linear block id, x fastest (``x + X * (y + Y * z)``): CUDA's and HIP's
 block/workgroup numbering, which the hardware dispatchers hand out in order in practice (not
-a guarantee of either programming guide). On CDNA3/4 consecutive workgroups go to different
-XCDs, each with its own L2; there a repeat within the distance meets in the shared Infinity
-Cache, not L2.
+a guarantee of either programming guide). On CDNA3/4 (MI300X, MI355X) consecutive workgroups
+go round-robin to the 8 XCDs, each with its own L2 (AMD's MI300 tuning guides): with
+``domains`` > 1 program ``w`` is the ``w // domains``-th behind L2 ``w % domains``, and the
+kernel renumbers programs so that each L2 runs whole windows (:func:`logical_rank`, the MLA
+kernel's ``_program``); windows are then the logical ones. Where
+two L2s read one address, the repeat meets in the shared Infinity Cache, not L2.
 
 This module imports neither torch nor triton (numpy only).
 """
@@ -30,10 +36,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Reuse", "dispatch_rank", "reuse"]
+__all__ = ["Reuse", "dispatch_rank", "domain_spread", "logical_rank", "reuse"]
 
 
 def dispatch_rank(grid: Sequence[int], program: Sequence[int]) -> int:
@@ -42,40 +49,74 @@ def dispatch_rank(grid: Sequence[int], program: Sequence[int]) -> int:
     return x + grid[0] * (y + grid[1] * z)
 
 
+def logical_rank(rank: Any, grid: Sequence[int], domains: int) -> Any:
+    """The logical id (``x + X * window``) of the program dispatched ``rank``-th (an int or an
+    int array) in ``grid`` ``(X, Y, Z)`` when the hardware deals programs round-robin over
+    ``domains`` L2s: the windows (``X`` programs sharing ``(y, z)``) are dealt whole, L2 ``d``
+    running windows ``d, d + domains, ...`` in consecutive turns; the last ``Y * Z % domains``
+    windows keep the grid's order (the MLA kernel's ``_program``)."""
+    blocks, windows = grid[0], grid[1] * grid[2]
+    turn = rank // domains
+    dealt = rank < windows // domains * domains * blocks
+    return np.where(dealt, (rank % domains + domains * (turn // blocks)) * blocks + turn % blocks, rank)
+
+
+def domain_spread(grid: Sequence[int], domains: int) -> float:
+    """L2 domains per window (the ``grid[0]`` programs sharing a logical ``(y, z)``), on
+    average, when the launch's programs are renumbered by :func:`logical_rank`: 1.0 when every
+    window is dealt whole, up to ``min(grid[0], domains)`` for the few left in the grid's order."""
+    programs = int(np.prod(grid))
+    ranks = np.arange(programs)
+    window = logical_rank(ranks, grid, domains) // grid[0]
+    return np.unique(window * domains + ranks % domains).size / (programs // grid[0])
+
+
 @dataclass(frozen=True)
 class Reuse:
-    """One launch's K/V bytes: every load, the union, and the largest dispatch distance of a
-    repeat (programs)."""
+    """One launch's K/V bytes: every load, the union, the largest dispatch distance of a repeat
+    behind one L2 (programs), the sum of the logical windows' unions and of the L2s' unions."""
 
     logical: int
     unique: int
     distance: int
     windowed: int = 0
+    per_domain: int = 0
+
+
+def _union(parts: Iterable[np.ndarray]) -> int:
+    return int(np.unique(np.concatenate(list(parts))).size)
 
 
 def reuse(grid: Sequence[int], reads: Mapping[tuple[int, int, int], Iterable[np.ndarray]],
-          element_sizes: Iterable[int]) -> Reuse:
+          element_sizes: Iterable[int], domains: int = 1) -> Reuse:
     """:class:`Reuse` of a launch over ``grid`` from ``reads``: per program ``(x, y, z)`` the
-    byte addresses of the elements each of its loads read (``element_sizes``: one size)."""
+    byte addresses of the elements each of its loads read (``element_sizes``: one size),
+    dispatched round-robin over ``domains`` L2s and renumbered as :func:`logical_rank` says."""
     sizes = set(element_sizes)
     if len(sizes) > 1:
         raise ValueError(f"element_sizes={sorted(sizes)} (supported: one size per launch)")
     size = sizes.pop() if sizes else 0
     logical, addresses, ranks = 0, [], []
-    windows: dict[tuple[int, int], list[np.ndarray]] = {}
+    windows: dict[int, list[np.ndarray]] = {}
+    behind: dict[int, list[np.ndarray]] = {}
     for program, loads in reads.items():
         mine = np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in loads] or [np.zeros(0, np.int64)])
         logical += mine.size
         mine = np.unique(mine)
+        rank = dispatch_rank(grid, program)
         addresses.append(mine)
-        ranks.append(np.full(mine.size, dispatch_rank(grid, program), dtype=np.int64))
-        windows.setdefault((program[1], program[2]), []).append(mine)
-    windowed = sum(np.unique(np.concatenate(w)).size for w in windows.values()) * size
+        ranks.append(np.full(mine.size, rank, dtype=np.int64))
+        windows.setdefault(int(logical_rank(rank, grid, domains)) // grid[0], []).append(mine)
+        behind.setdefault(rank % domains, []).append(mine)
     if not addresses or not sum(a.size for a in addresses):
-        return Reuse(logical * size, 0, 0, 0)
-    address, rank = np.concatenate(addresses), np.concatenate(ranks)
-    order = np.lexsort((rank, address))
-    address, rank = address[order], rank[order]
-    starts = np.flatnonzero(np.r_[True, address[1:] != address[:-1]])
-    spread = np.maximum.reduceat(rank, starts) - np.minimum.reduceat(rank, starts)
-    return Reuse(logical * size, starts.size * size, int(spread.max()), windowed)
+        return Reuse(logical * size, 0, 0, 0, 0)
+    windowed = sum(_union(w) for w in windows.values()) * size
+    per_domain = sum(_union(b) for b in behind.values()) * size
+    # repeats behind one L2, in its own dispatch order: sort by (L2, address, order)
+    address, at = np.concatenate(addresses), np.concatenate(ranks)
+    order = np.lexsort((at // domains, address, at % domains))
+    key = (address * domains + at % domains)[order]
+    turn = (at // domains)[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    spread = np.maximum.reduceat(turn, starts) - np.minimum.reduceat(turn, starts)
+    return Reuse(logical * size, np.unique(address).size * size, int(spread.max()), windowed, per_domain)

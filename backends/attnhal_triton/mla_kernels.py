@@ -148,6 +148,34 @@ def _store(Out, MidO, MidLse, Sinks, acc, acc_tail, m_i, l_i, token, heads, m_ok
 MLA_RUNTIME_INTS = ("window", "q_per_row", "max_splits", "num_extra", "stride_req", "stride_extra")
 
 
+@triton.jit
+def _program(DOMAINS: tl.constexpr):
+    """This program's ``(x, y, z)`` in the launch's logical order: the grid's own unless the
+    hardware deals consecutive programs round-robin over ``DOMAINS`` L2 caches (CDNA3/4's
+    XCDs), where program ``w`` runs behind L2 ``w % DOMAINS`` as its ``w // DOMAINS``-th.
+    There the windows (the ``x`` head blocks of one ``(y, z)``: a row's split) are dealt
+    whole, round-robin: L2 ``d`` runs windows ``d, d + DOMAINS, ...``, each window's blocks in
+    consecutive turns, so they read their row behind one L2 (not one L2 each) and the L2s
+    still share the windows as evenly as the grid's order does. The last ``windows %
+    DOMAINS`` windows keep the grid's order. ``attnhal_triton.kv_reuse.logical_rank`` is the
+    same map; a bijection for any grid: a wrong count costs sharing, never results."""
+    x = tl.program_id(0)
+    y = tl.program_id(1)
+    z = tl.program_id(2)
+    if DOMAINS > 1:
+        nx = tl.num_programs(0)
+        ny = tl.num_programs(1)
+        window = y + ny * z
+        w = x + nx * window
+        turn = w // DOMAINS
+        dealt = w < (ny * tl.num_programs(2)) // DOMAINS * DOMAINS * nx
+        x = tl.where(dealt, turn % nx, x)
+        window = tl.where(dealt, w % DOMAINS + DOMAINS * (turn // nx), window)
+        y = window % ny
+        z = window // ny
+    return x, y, z
+
+
 @triton.jit(do_not_specialize=MLA_RUNTIME_INTS)
 def mla_kernel(
     Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
@@ -156,6 +184,7 @@ def mla_kernel(
     stride_qt, stride_qh, stride_req, stride_extra,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
     V_IN_K: tl.constexpr, V_TAIL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    L2_DOMAINS: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PACKED: tl.constexpr, HAS_EXT_LENS: tl.constexpr, HAS_EXTRA: tl.constexpr,
     USE_MASK: tl.constexpr, MASK_WORDS: tl.constexpr, SPLIT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALED: tl.constexpr,
@@ -167,7 +196,8 @@ def mla_kernel(
     ``[slots, Hkv, D_V]`` contiguous with ``D_V = D_MAIN (+ D_TAIL with V_TAIL)`` (ignored with
     ``V_IN_K``); ``Hkv = NUM_Q_HEADS // GROUP``; Out
     ``[tokens, Hq, D_V]``, MidO ``[tokens, Hq, max_splits, D_V]``, MidLse ``[tokens, Hq,
-    max_splits]`` contiguous. Row ``r``'s queries, prefix, tree and splits as in
+    max_splits]`` contiguous. ``L2_DOMAINS``: the L2s the hardware deals programs to
+    (:func:`_program`). Row ``r``'s queries, prefix, tree and splits as in
     ``kernels.extend_kernel``; with ``HAS_EXTRA`` the row's keys are its ``SeqLens[r]``
     table positions then ``num_extra`` slots ``Extra[r, :num_extra]`` (draft decode's path),
     and its KV length is their sum.
@@ -178,10 +208,10 @@ def mla_kernel(
     D_K: tl.constexpr = D_MAIN + D_TAIL
     K_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * D_K
     V_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * D_V
-    m_block = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    kv_head = tl.program_id(2) // max_splits
-    split = tl.program_id(2) % max_splits
+    m_block, row, z = _program(L2_DOMAINS)
+    row = row.to(tl.int64)
+    kv_head = z // max_splits
+    split = z % max_splits
 
     req_row = ReqToPage + tl.load(ReqIdx + row).to(tl.int64) * stride_req
     page_len = tl.load(SeqLens + row)

@@ -13,14 +13,19 @@ one 576-wide row per position). Models and figures of one forward:
   row has more (token, head) pairs than one block holds (128 heads: ``ceil(128 / m)`` blocks);
 * ``unique`` and ``distance`` (:mod:`attnhal_triton.kv_reuse`): the union of the addresses of
   each launch, and the largest gap in dispatch order between two programs reading one
-  address. The head blocks of one (row, KV head, split) are grid axis 0, dispatched side by
-  side, so ``distance`` must stay below the launch's blocks per row (``grid[0]``) and
-  ``unique`` must equal ``covered``: every repeat is a neighbour's read of the same tile.
+  address behind one L2. The head blocks of one (row, KV head, split) are grid axis 0,
+  dispatched side by side, so ``distance`` must stay below the launch's blocks per row
+  (``grid[0]``) and ``unique`` must equal ``covered``: every repeat is a neighbour's read of
+  the same tile;
+* ``per L2``: the L2s' unions where the launch row deals programs over ``L2_DOMAINS`` L2s
+  (gfx942/gfx950's XCDs; :mod:`attnhal_triton.kv_reuse`), against ``covered`` times the
+  L2s a window spans under the kernel's renumbering (``spread``: 1.0 once every window is
+  dealt whole; in the grid's order each head block of a window is behind another L2).
 Each kernel run is its own launch: a second run over the same rows is a second pass.
 
-A shape passes when ``loaded <= SLACK x tiled``, ``unique <= SLACK x covered`` and the
-distance holds. ``TRITON_INTERPRET=1 python -m attnhal_triton.mla_traffic [PLATFORM ...]``
-prints them.
+A shape passes when ``loaded <= SLACK x tiled``, ``unique <= SLACK x covered``,
+``per L2 <= SLACK x spread x covered`` and the distance holds.
+``TRITON_INTERPRET=1 python -m attnhal_triton.mla_traffic [PLATFORM ...]`` prints them.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from attnhal.spec import SpecConfig
 from attnhal.testing.cases import Case, CaseRecipe, build_case, make_pool, pool_size
 from attnhal_triton import mla_ops
 from attnhal_triton.backend import TritonBackend
-from attnhal_triton.kv_reuse import reuse
+from attnhal_triton.kv_reuse import domain_spread, reuse
 from attnhal_triton.kv_traffic import Launch, Traffic, kv_loads
 from attnhal_triton.kv_traffic_model import SLACK, TrafficCheck, covered_bytes, tiled_bytes
 from attnhal_triton.launch_table import decode_launch
@@ -57,6 +62,8 @@ class MlaTrafficCheck(TrafficCheck):
     distance: int = 0
     window: int = 1
     windowed: int = 0  # the sum of each (row, KV head, split) window's union
+    per_domain: int = 0  # the sum of each L2's union
+    spread: float = 1.0  # L2s per window the launch's renumbering allows (kv_reuse.domain_spread)
 
     @property
     def unique_ratio(self) -> float:
@@ -66,11 +73,12 @@ class MlaTrafficCheck(TrafficCheck):
     @property
     def ok(self) -> bool:
         return (super().ok and max(self.unique, self.windowed) <= SLACK * self.covered
-                and self.distance < self.window)
+                and self.per_domain <= SLACK * self.spread * self.covered and self.distance < self.window)
 
     def line(self) -> str:
         return (f"{super().line()}\n      logical/covered {self.loaded / self.covered:.3f}  unique/covered "
                 f"{self.unique_ratio:.3f}  per (row, split) window {self.windowed / self.covered:.3f}  "
+                f"per L2 {self.per_domain / self.covered:.3f} (spread {self.spread:.3f})  "
                 f"repeat distance {self.distance} < {self.window} programs")
 
 
@@ -144,7 +152,8 @@ def check_mla(name: str, case: Case, backend: TritonBackend) -> MlaTrafficCheck:
     to the covered bytes once per launch (:class:`MlaTrafficCheck`)."""
     traffic = count_mla_loads(case, backend)
     launches = [launch for launch in traffic.launches if launch.op == "mla_attend"]
-    runs = [(grid, reads, launch.element_sizes) for launch in launches for grid, reads in launch.runs]
+    runs = [(grid, reads, launch.element_sizes, launch.constexprs.get("L2_DOMAINS", 1))
+            for launch in launches for grid, reads in launch.runs]
     reuses = [reuse(*run) for run in runs]
     blocks = {launch.constexprs["BLOCK_M"] for launch in launches}
     if len(blocks) != 1:
@@ -159,7 +168,9 @@ def check_mla(name: str, case: Case, backend: TritonBackend) -> MlaTrafficCheck:
     return MlaTrafficCheck(name, case.batch.phase, traffic.kv_bytes, covered, tiled, model,
                            unique=sum(r.unique for r in reuses), distance=max(r.distance for r in reuses),
                            windowed=sum(r.windowed for r in reuses),
-                           window=min(grid[0] for grid, _, _ in runs))
+                           per_domain=sum(r.per_domain for r in reuses),
+                           spread=max(domain_spread(grid, domains) for grid, _, _, domains in runs),
+                           window=min(grid[0] for grid, *_ in runs))
 
 
 def mla_report(platform: str = "cpu", names: Sequence[str] | None = None, latent: bool = True,

@@ -4,7 +4,8 @@ backend, run by the Triton interpreter on CPU.
 Every phase over MLA's latent pool (``KVPool(v_in_k=True)``: the kernel reads V from the
 K tiles) in fp32 and bf16 over an fp8 cache, against the kit's fp64 oracle and against the
 torch backend on the same pool (within the looser of the two backends' tolerances); the
-kit's layout (V its own tensor) in fp16 at page size 1; 128 heads (several head blocks);
+kit's layout (V its own tensor) in fp16 at page size 1; 128 heads (several head blocks, and
+renumbered for gfx942's 8 L2s);
 a 576 head that is not MLA (V 576: the tail accumulator) with window, soft-cap and sinks;
 graphs and the multi-step draft under the CPU graph emulator. The kit itself checks the
 ``mla`` claim (``test_conformance.py::test_feature[mla]``, ``ATTNHAL_SLOW=1``).
@@ -73,6 +74,22 @@ def test_128_heads_take_several_blocks_and_splits() -> None:
     meta = backend._meta
     assert meta is not None and meta.num_splits is not None and meta.num_splits.tolist() == [3, 1]
     assert_close(backend, run(case, backend, write=False), expected(case, backend, write=False))
+
+
+def test_gfx942_rows_renumber_programs_for_its_l2s_exactly() -> None:
+    """gfx942's rows deal 8 XCDs: the kernel renumbers its programs so each XCD's L2 runs whole
+    (row, split) windows (``mla_kernels._program``, checked program by program in
+    test_mla_traffic.py); results are exact on a grid whose windows (3 rows x splits, 4 head
+    blocks each) do not divide evenly over the 8 L2s."""
+    recipe = _mla(Phase.DECODE, heads=64, lens=(150, 3, 40))
+    case = build_case(recipe, pool=latent_pool(recipe))
+    backend = TritonBackend(case.config, case.pool, platform=parse("hip:gfx942"))
+    assert backend.rows["mla_decode"].blocks["L2_DOMAINS"] == 8
+    got = run(case, backend, write=False)
+    meta = backend._meta
+    windows = 3 * meta.mid_o.shape[2] if meta is not None and meta.mid_o is not None else 0
+    assert windows > 8 and windows % 8  # windows dealt whole and a tail in the grid's order
+    assert_close(backend, got, expected(case, backend, write=False))
 
 
 @pytest.mark.parametrize("phase", [Phase.DECODE, Phase.TARGET_VERIFY], ids=lambda p: p.value)

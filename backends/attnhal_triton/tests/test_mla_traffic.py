@@ -4,21 +4,28 @@ Over MLA's latent pool a decode or verify block holding every (token, head) of a
 each latent row once (576 values: V comes from the same tile), ratio 1.000 to the bytes the
 batch covers; with more heads than a block holds (128) each block reads the row, as its
 tiled model says, and the blocks that repeat a read are neighbours in dispatch order (unique
-bytes still 1.000 of the covered ones); a planted second launch (every row read twice) and a
-planted split of the heads into two launches fail.
+bytes still 1.000 of the covered ones); on gfx942's rows the kernel renumbers its programs so
+that a row's blocks share one of the 8 XCDs' L2s (per L2 1.000 at a full launch; the grid's
+own order, planted, 8.000); a planted second launch (every row read twice) and a planted
+split of the heads into two launches fail.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import triton
+import triton.language as tl
 from planted_kernels import load_every_draft_key
 
+from attnhal.platform import parse
 from attnhal.testing.cases import build_case
-from attnhal_triton import TritonBackend, mla_ops
-from attnhal_triton.kv_reuse import Reuse, reuse
+from attnhal_triton import TritonBackend, mla_kernels, mla_ops
+from attnhal_triton.kv_reuse import Reuse, domain_spread, logical_rank, reuse
 from attnhal_triton.mla_traffic import check_mla, latent_pool, mla_recipes, mla_report
 
 RECIPES = mla_recipes()
@@ -99,6 +106,80 @@ def test_heads_in_separate_launches_fail(monkeypatch: pytest.MonkeyPatch) -> Non
     assert check.loaded == 2 * check.covered and check.unique == 2 * check.covered and not check.ok
 
 
+@triton.jit
+def _grid_order(DOMAINS: tl.constexpr):
+    """The MLA kernel's program ids before the L2 renumbering: the grid's own."""
+    return tl.program_id(0), tl.program_id(1), tl.program_id(2)
+
+
+def test_gfx942_head_blocks_share_an_l2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """128 heads over 64 rows on gfx942's rows (8 head blocks of 16, 8 XCDs dealt round-robin):
+    the kernel's renumbering puts each row's 8 blocks behind one L2, so the L2s together fetch
+    each latent row once (per L2 = covered, spread 1.0); in the grid's own order every block of
+    a row is behind another L2 (8x) and the check fails."""
+    recipe = replace(RECIPES["mla decode 128 heads page16"], prefix_lens=(17,) * 64)
+    case = build_case(recipe, pool=latent_pool(recipe))
+    check = check_mla("128 heads x 64 rows", case, TritonBackend(case.config, case.pool, platform=parse("hip:gfx942")))
+    print(check.line())
+    assert check.ok and check.spread == 1.0 and check.window == 8 and check.distance == 7
+    assert check.loaded == 8 * check.covered and check.per_domain == check.unique == check.covered
+    monkeypatch.setattr(mla_kernels, "_program", _grid_order)
+    planted = check_mla("grid order", case, TritonBackend(case.config, case.pool, platform=parse("hip:gfx942")))
+    print(planted.line())
+    assert planted.per_domain == 8 * check.covered and not planted.ok
+
+
+@triton.jit
+def _logical_ids(Out, DOMAINS: tl.constexpr):
+    x, y, z = mla_kernels._program(DOMAINS)
+    w = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+    tl.store(Out + w, x + tl.num_programs(0) * (y + tl.num_programs(1) * z))
+
+
+@pytest.mark.parametrize("grid", [(8, 3, 5), (4, 3, 1), (3, 5, 7), (1, 1, 1)], ids=str)
+@pytest.mark.parametrize("domains", [1, 8, 6])
+def test_the_kernels_renumbering_is_kv_reuses_map(grid: tuple[int, int, int], domains: int) -> None:
+    """The MLA kernel's own ``_program``, program by program (interpreter): the logical id it
+    runs is ``kv_reuse.logical_rank`` of its dispatch rank, every one once, on grids whose
+    windows do not divide evenly over the L2s too."""
+    programs = int(np.prod(grid))
+    out = torch.full((programs,), -1, dtype=torch.int64)
+    _logical_ids[grid](out, DOMAINS=domains)
+    assert out.tolist() == logical_rank(np.arange(programs), grid, domains).tolist()
+    assert sorted(out.tolist()) == list(range(programs))
+
+
+@pytest.mark.parametrize("grid", [(8, 64, 1), (8, 3, 5), (4, 3, 1), (3, 5, 7), (16, 9, 2), (1, 12, 1)], ids=str)
+def test_l2_renumbering_deals_whole_windows_evenly(grid: tuple[int, int, int]) -> None:
+    """kv_reuse.logical_rank (the kernel's map) over 8 L2s: every program once; each L2 runs the
+    windows it is dealt whole, one after another, and every L2 is dealt as many windows; only
+    the last ``windows % 8`` keep the grid's order (spread over several L2s)."""
+    domains, blocks, windows = 8, grid[0], grid[1] * grid[2]
+    ranks = np.arange(blocks * windows)
+    logical = logical_rank(ranks, grid, domains)
+    assert sorted(logical) == list(ranks)
+    dealt = windows // domains * domains
+    for d in range(domains):
+        mine = logical[d::domains]
+        runs = mine[mine < dealt * blocks] // blocks
+        assert (runs.reshape(-1, blocks) == runs[::blocks, None]).all()  # whole windows in turn
+        assert sorted(set(runs)) == list(range(d, dealt, domains))
+    tail = windows - dealt
+    assert domain_spread(grid, domains) == (dealt + tail * min(blocks, domains)) / windows
+    assert domain_spread(grid, 1) == 1.0
+
+
+def test_reuse_counts_l2_unions() -> None:
+    """kv_reuse with 8 L2s on planted traces: 8 rows x 8 head blocks reading their row, as the
+    kernel renumbers them (each row behind one L2) and in the grid's order (behind 8)."""
+    row = [np.arange(4) + 100 * r for r in range(8)]
+    renumbered = {(w % 8, w // 8, 0): [row[int(logical_rank(w, (8, 8, 1), 8)) // 8]] for w in range(64)}
+    grid_order = {(x, r, 0): [row[r]] for x in range(8) for r in range(8)}
+    assert reuse((8, 8, 1), renumbered, [2], domains=8) == Reuse(512, 64, 7, 64, 64)
+    assert reuse((8, 8, 1), grid_order, [2], domains=8).per_domain == 512
+    assert reuse((8, 8, 1), grid_order, [2]) == Reuse(512, 64, 7, 64, 64)  # one L2: the grid's order is right
+
+
 def test_reuse_counts_union_and_dispatch_distance() -> None:
     """kv_reuse on planted traces: 4 head blocks of one row on grid axis 0 are neighbours in
     dispatch order (distance 3 < 4); the same blocks on axis 2 (the row's splits axis) repeat
@@ -107,10 +188,10 @@ def test_reuse_counts_union_and_dispatch_distance() -> None:
     rows = [np.arange(0, 1152, 2) + 2 * 576 * r for r in range(2)]  # 2 rows x 576 bf16
     near = {(x, r, 0): [rows[r]] for x in range(4) for r in range(2)}
     got = reuse((4, 2, 1), near, [2])
-    assert got == Reuse(logical=8 * 1152, unique=2 * 1152, distance=3, windowed=2 * 1152)
+    assert got == Reuse(logical=8 * 1152, unique=2 * 1152, distance=3, windowed=2 * 1152, per_domain=2 * 1152)
     far = {(0, r, x): [rows[r]] for x in range(4) for r in range(2)}
     assert reuse((1, 2, 4), far, [2]).distance == 6 and reuse((1, 2, 4), far, [2]).windowed == 8 * 1152
     again = reuse((1, 1, 1), {(0, 0, 0): [rows[0], rows[0]]}, [2])
-    assert again == Reuse(logical=2 * 1152, unique=1152, distance=0, windowed=1152)
+    assert again == Reuse(logical=2 * 1152, unique=1152, distance=0, windowed=1152, per_domain=1152)
     with pytest.raises(ValueError, match="element_sizes"):
         reuse((1, 1, 1), near, [2, 4])
