@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-__all__ = ["GPU_SPLITS", "L2_DOMAINS", "PROGRAMS_PER_UNIT", "UNITS", "fill_programs"]
+__all__ = ["GPU_SPLITS", "L2_DEAL", "L2_DOMAINS", "PROGRAMS_PER_UNIT", "UNITS", "fill_programs"]
 
 #: SMs (NVIDIA) or CUs (AMD) of each family's reference part: A100, H100/H200, RTX 5090,
 #: MI250X (one GCD), MI300X, MI355X. The split rows fill :data:`PROGRAMS_PER_UNIT` programs
@@ -28,6 +28,11 @@ UNITS: Mapping[str, int] = MappingProxyType({
 #: A part with fewer XCDs (MI300A: 6, or a partitioned
 #: MI300X) still gets a correct launch, with less sharing (:mod:`attnhal_triton.kv_reuse`).
 L2_DOMAINS: Mapping[str, int] = MappingProxyType({"gfx94": 8, "gfx95": 8})
+#: Most consecutive programs dealt to one of those L2s at a time (a kernel dealing a row's head
+#: blocks together, :mod:`attnhal_triton.kv_reuse`): enough for MLA decode's 8 head blocks
+#: (128 heads / 16) with room, few enough that a long prefill row (thousands of blocks) is
+#: still spread over every L2 instead of keeping one XCD busy while seven idle.
+L2_DEAL = 16
 #: Programs per SM/CU that each split kernel is split up to. Measured on an H200
 #: (benchmarks/triton_sweep.py, docs/triton.md): decode's small programs want 4 per SM, causal
 #: verify's 2, the tree's (more work per position) 1. Draft extend takes verify's count, and

@@ -25,8 +25,9 @@ block/workgroup numbering, which the hardware dispatchers hand out in order in p
 a guarantee of either programming guide). On CDNA3/4 (MI300X, MI355X) consecutive workgroups
 go round-robin to the 8 XCDs, each with its own L2 (AMD's MI300 tuning guides): with
 ``domains`` > 1 program ``w`` is the ``w // domains``-th behind L2 ``w % domains``, and the
-kernel renumbers programs so that each L2 runs whole windows (:func:`logical_rank`, the MLA
-kernel's ``_program``); windows are then the logical ones. Where
+kernel renumbers programs so that each L2 runs whole windows, or hands of up to
+:data:`~attnhal_triton.device_fill.L2_DEAL` programs of a wide one (:func:`logical_rank`, the
+MLA kernel's ``_program``); windows are then the logical ones. Where
 two L2s read one address, the repeat meets in the shared Infinity Cache, not L2.
 
 This module imports neither torch nor triton (numpy only).
@@ -40,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from attnhal_triton.device_fill import L2_DEAL
+
 __all__ = ["Reuse", "dispatch_rank", "domain_spread", "logical_rank", "reuse"]
 
 
@@ -49,22 +52,23 @@ def dispatch_rank(grid: Sequence[int], program: Sequence[int]) -> int:
     return x + grid[0] * (y + grid[1] * z)
 
 
-def logical_rank(rank: Any, grid: Sequence[int], domains: int) -> Any:
-    """The logical id (``x + X * window``) of the program dispatched ``rank``-th (an int or an
-    int array) in ``grid`` ``(X, Y, Z)`` when the hardware deals programs round-robin over
-    ``domains`` L2s: the windows (``X`` programs sharing ``(y, z)``) are dealt whole, L2 ``d``
-    running windows ``d, d + domains, ...`` in consecutive turns; the last ``Y * Z % domains``
-    windows keep the grid's order (the MLA kernel's ``_program``)."""
-    blocks, windows = grid[0], grid[1] * grid[2]
+def logical_rank(rank: Any, grid: Sequence[int], domains: int, deal: int = L2_DEAL) -> Any:
+    """The logical id (``x + X * (y + Y * z)``) of the program dispatched ``rank``-th (an int or
+    an int array) in ``grid`` ``(X, Y, Z)`` when the hardware deals programs round-robin over
+    ``domains`` L2s: the logical order is cut in hands of ``min(X, deal)`` programs, dealt
+    round-robin (L2 ``d`` runs hands ``d, d + domains, ...``, each in consecutive turns); the
+    last ``hands % domains`` hands keep the grid's order (the MLA kernel's ``_program``)."""
+    hand = min(grid[0], deal)
     turn = rank // domains
-    dealt = rank < windows // domains * domains * blocks
-    return np.where(dealt, (rank % domains + domains * (turn // blocks)) * blocks + turn % blocks, rank)
+    dealt = rank < int(np.prod(grid)) // hand // domains * domains * hand
+    return np.where(dealt, (rank % domains + domains * (turn // hand)) * hand + turn % hand, rank)
 
 
 def domain_spread(grid: Sequence[int], domains: int) -> float:
     """L2 domains per window (the ``grid[0]`` programs sharing a logical ``(y, z)``), on
     average, when the launch's programs are renumbered by :func:`logical_rank`: 1.0 when every
-    window is dealt whole, up to ``min(grid[0], domains)`` for the few left in the grid's order."""
+    window is dealt whole, more for windows wider than a hand and for the few hands left in the
+    grid's order."""
     programs = int(np.prod(grid))
     ranks = np.arange(programs)
     window = logical_rank(ranks, grid, domains) // grid[0]

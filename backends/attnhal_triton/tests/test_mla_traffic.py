@@ -25,6 +25,7 @@ from planted_kernels import load_every_draft_key
 from attnhal.platform import parse
 from attnhal.testing.cases import build_case
 from attnhal_triton import TritonBackend, mla_kernels, mla_ops
+from attnhal_triton.device_fill import L2_DEAL
 from attnhal_triton.kv_reuse import Reuse, domain_spread, logical_rank, reuse
 from attnhal_triton.mla_traffic import check_mla, latent_pool, mla_recipes, mla_report
 
@@ -107,7 +108,7 @@ def test_heads_in_separate_launches_fail(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @triton.jit
-def _grid_order(DOMAINS: tl.constexpr):
+def _grid_order(DOMAINS: tl.constexpr, DEAL: tl.constexpr):
     """The MLA kernel's program ids before the L2 renumbering: the grid's own."""
     return tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
@@ -130,42 +131,49 @@ def test_gfx942_head_blocks_share_an_l2(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 @triton.jit
-def _logical_ids(Out, DOMAINS: tl.constexpr):
-    x, y, z = mla_kernels._program(DOMAINS)
+def _logical_ids(Out, DOMAINS: tl.constexpr, DEAL: tl.constexpr):
+    x, y, z = mla_kernels._program(DOMAINS, DEAL)
     w = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
     tl.store(Out + w, x + tl.num_programs(0) * (y + tl.num_programs(1) * z))
 
 
-@pytest.mark.parametrize("grid", [(8, 3, 5), (4, 3, 1), (3, 5, 7), (1, 1, 1)], ids=str)
-@pytest.mark.parametrize("domains", [1, 8, 6])
-def test_the_kernels_renumbering_is_kv_reuses_map(grid: tuple[int, int, int], domains: int) -> None:
+@pytest.mark.parametrize("grid", [(8, 3, 5), (4, 3, 1), (3, 5, 7), (1, 1, 1), (40, 3, 1)], ids=str)
+@pytest.mark.parametrize("domains,deal", [(1, L2_DEAL), (8, L2_DEAL), (6, L2_DEAL), (8, 3)])
+def test_the_kernels_renumbering_is_kv_reuses_map(grid: tuple[int, int, int], domains: int, deal: int) -> None:
     """The MLA kernel's own ``_program``, program by program (interpreter): the logical id it
     runs is ``kv_reuse.logical_rank`` of its dispatch rank, every one once, on grids whose
-    windows do not divide evenly over the L2s too."""
+    hands do not divide evenly over the L2s, and windows wider than a hand, too."""
     programs = int(np.prod(grid))
     out = torch.full((programs,), -1, dtype=torch.int64)
-    _logical_ids[grid](out, DOMAINS=domains)
-    assert out.tolist() == logical_rank(np.arange(programs), grid, domains).tolist()
+    _logical_ids[grid](out, DOMAINS=domains, DEAL=deal)
+    assert out.tolist() == logical_rank(np.arange(programs), grid, domains, deal).tolist()
     assert sorted(out.tolist()) == list(range(programs))
 
 
-@pytest.mark.parametrize("grid", [(8, 64, 1), (8, 3, 5), (4, 3, 1), (3, 5, 7), (16, 9, 2), (1, 12, 1)], ids=str)
-def test_l2_renumbering_deals_whole_windows_evenly(grid: tuple[int, int, int]) -> None:
-    """kv_reuse.logical_rank (the kernel's map) over 8 L2s: every program once; each L2 runs the
-    windows it is dealt whole, one after another, and every L2 is dealt as many windows; only
-    the last ``windows % 8`` keep the grid's order (spread over several L2s)."""
-    domains, blocks, windows = 8, grid[0], grid[1] * grid[2]
-    ranks = np.arange(blocks * windows)
+@pytest.mark.parametrize("grid", [(8, 64, 1), (8, 3, 5), (4, 3, 1), (3, 5, 7), (16, 9, 2), (1, 12, 1), (40, 3, 2),
+                                  (1024, 9, 1)], ids=str)
+def test_l2_renumbering_deals_hands_evenly(grid: tuple[int, int, int]) -> None:
+    """kv_reuse.logical_rank (the kernel's map) over 8 L2s: every program once; the logical
+    order is cut in hands of min(X, L2_DEAL) programs (a window of up to 16 head blocks is one
+    hand), each L2 runs its hands whole and is dealt as many as every other; only the last
+    ``hands % 8`` keep the grid's order. A long prefill row (1024 blocks) is spread over all 8."""
+    domains, programs = 8, int(np.prod(grid))
+    hand = min(grid[0], L2_DEAL)
+    ranks = np.arange(programs)
     logical = logical_rank(ranks, grid, domains)
     assert sorted(logical) == list(ranks)
-    dealt = windows // domains * domains
+    dealt = programs // hand // domains * domains
     for d in range(domains):
         mine = logical[d::domains]
-        runs = mine[mine < dealt * blocks] // blocks
-        assert (runs.reshape(-1, blocks) == runs[::blocks, None]).all()  # whole windows in turn
-        assert sorted(set(runs)) == list(range(d, dealt, domains))
-    tail = windows - dealt
-    assert domain_spread(grid, domains) == (dealt + tail * min(blocks, domains)) / windows
+        hands = mine[mine < dealt * hand] // hand
+        assert (hands.reshape(-1, hand) == hands[::hand, None]).all()  # whole hands in turn
+        assert sorted(set(hands)) == list(range(d, dealt, domains))
+    if grid[0] <= L2_DEAL:  # windows are hands
+        tail = programs // grid[0] - dealt
+        assert domain_spread(grid, domains) == (dealt + tail * min(grid[0], domains)) / (programs // grid[0])
+    else:  # a wide window's hands go to as many L2s
+        spans = len(set(ranks[logical < grid[0]] % domains))
+        assert domain_spread(grid, domains) > 1 and spans == min(domains, -(-grid[0] // hand))
     assert domain_spread(grid, 1) == 1.0
 
 
