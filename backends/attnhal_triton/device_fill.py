@@ -25,8 +25,8 @@ UNITS: Mapping[str, int] = MappingProxyType({
 #: programs round-robin (program ``w`` of a launch runs behind L2 ``w % n``): the 8 XCDs of an
 #: MI300X/MI325X (gfx942) and an MI355X (gfx950), each with its own 4 MB L2, joined by the
 #: Infinity Cache. Families not listed count as one L2 (NVIDIA documents no such dealing).
-#: A part with fewer XCDs (MI300A: 6, or a partitioned
-#: MI300X) still gets a correct launch, with less sharing (:mod:`attnhal_triton.kv_reuse`).
+#: A part with fewer XCDs (MI300A: 6, or a partitioned MI300X) still gets a correct launch,
+#: with less sharing (:mod:`attnhal_triton.kv_reuse`).
 L2_DOMAINS: Mapping[str, int] = MappingProxyType({"gfx94": 8, "gfx95": 8})
 #: Most consecutive programs dealt to one of those L2s at a time (a kernel dealing a row's head
 #: blocks together, :mod:`attnhal_triton.kv_reuse`): enough for MLA decode's 8 head blocks

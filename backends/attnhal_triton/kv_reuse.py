@@ -11,7 +11,7 @@ a launch loaded (:func:`attnhal_triton.kv_traffic.kv_loads` with ``per_program``
 * ``logical``: every live lane of every load (what the caches serve);
 * ``unique``: the union of all programs' addresses (what memory serves when every repeat of
   the launch hits the cache);
-* ``windowed``: the sum over windows — the programs sharing ``(y, z)`` of the grid, i.e. the
+* ``windowed``: the sum over windows — the programs sharing a logical ``(y, z)``, i.e. the
   head blocks of one (row, KV head, split) — of each window's union (what memory serves when
   only a window's programs share the cache);
 * ``distance``: the largest gap, in dispatch order, between two programs behind one L2 that
@@ -27,8 +27,8 @@ go round-robin to the 8 XCDs, each with its own L2 (AMD's MI300 tuning guides): 
 ``domains`` > 1 program ``w`` is the ``w // domains``-th behind L2 ``w % domains``, and the
 kernel renumbers programs so that each L2 runs whole windows, or hands of up to
 :data:`~attnhal_triton.device_fill.L2_DEAL` programs of a wide one (:func:`logical_rank`, the
-MLA kernel's ``_program``); windows are then the logical ones. Where
-two L2s read one address, the repeat meets in the shared Infinity Cache, not L2.
+MLA kernel's ``_program``). Where two L2s read one address, the repeat meets in the shared
+Infinity Cache, not L2.
 
 This module imports neither torch nor triton (numpy only).
 """

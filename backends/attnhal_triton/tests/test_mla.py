@@ -4,8 +4,8 @@ backend, run by the Triton interpreter on CPU.
 Every phase over MLA's latent pool (``KVPool(v_in_k=True)``: the kernel reads V from the
 K tiles) in fp32 and bf16 over an fp8 cache, against the kit's fp64 oracle and against the
 torch backend on the same pool (within the looser of the two backends' tolerances); the
-kit's layout (V its own tensor) in fp16 at page size 1; 128 heads (several head blocks, and
-renumbered for gfx942's 8 L2s);
+kit's layout (V its own tensor) in fp16 at page size 1; 128 heads (several head blocks);
+gfx942's programs renumbered for its 8 L2s;
 a 576 head that is not MLA (V 576: the tail accumulator) with window, soft-cap and sinks;
 graphs and the multi-step draft under the CPU graph emulator. The kit itself checks the
 ``mla`` claim (``test_conformance.py::test_feature[mla]``, ``ATTNHAL_SLOW=1``).
