@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-__all__ = ["GPU_SPLITS", "L2_DEAL", "L2_DOMAINS", "PROGRAMS_PER_UNIT", "UNITS", "fill_programs"]
+__all__ = ["GPU_SPLITS", "L2_DEAL", "L2_DOMAINS", "PROGRAMS_PER_UNIT", "UNITS", "fill_programs",
+           "with_l2_domains"]
 
 #: SMs (NVIDIA) or CUs (AMD) of each family's reference part: A100, H100/H200, RTX 5090,
 #: MI250X (one GCD), MI300X, MI355X. The split rows fill :data:`PROGRAMS_PER_UNIT` programs
@@ -48,3 +49,11 @@ GPU_SPLITS = 64
 def fill_programs(family: str) -> dict[str, int]:
     """Programs that fill ``family``'s reference part, per split kernel."""
     return {kernel: UNITS[family] * n for kernel, n in PROGRAMS_PER_UNIT.items()}
+
+
+def with_l2_domains(blocks: Mapping[str, int], family: str | None) -> dict[str, int]:
+    """``blocks`` plus ``L2_DOMAINS`` where ``family`` deals programs over several L2s (the
+    kernels whose grid keeps a row's query blocks on axis 0 take it; 1, the default, is left
+    out)."""
+    domains = L2_DOMAINS.get(family or "", 1)
+    return {**blocks, "L2_DOMAINS": domains} if domains > 1 else dict(blocks)

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from attnhal_triton.l2_order import HAND, l2_program
 from attnhal_triton.tree_kernels import _draft_allowed, _seen_keys, _seen_words, _tree_depth
 
 __all__ = ["INTERPRETED", "decode_partial_kernel", "extend_kernel", "decode_reduce_kernel"]
@@ -257,7 +258,7 @@ def extend_kernel(
     Tree, KScale, VScale, Sinks, qk_scale, softcap, window, q_per_row, max_splits,
     stride_qt, stride_qh, stride_req,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, L2_DOMAINS: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PACKED: tl.constexpr, HAS_EXT_LENS: tl.constexpr,
     USE_MASK: tl.constexpr, MASK_WORDS: tl.constexpr, SPLIT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, KV_SCALED: tl.constexpr,
@@ -279,13 +280,14 @@ def extend_kernel(
     ``decode_reduce_kernel`` (which adds the sinks); otherwise Out is written. The cap is a
     run-time argument (a constexpr would compile one kernel per batch size). Out and the
     partials are contiguous: strides from the constexpr shapes keep scalar registers free
-    (the tree form ran out of SGPRs on CDNA)."""
+    (the tree form ran out of SGPRs on CDNA). ``L2_DOMAINS``: the L2s the hardware deals
+    programs to (:func:`~attnhal_triton.l2_order.l2_program`)."""
     # Contiguous cache [slots, Hkv, D]: a slot's row is Hkv * D elements.
     KV_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * HEAD_DIM
-    m_block = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    kv_head = tl.program_id(2) // max_splits
-    split = tl.program_id(2) % max_splits
+    m_block, row, z = l2_program(L2_DOMAINS, HAND)  # a row's query blocks behind one L2
+    row = row.to(tl.int64)
+    kv_head = z // max_splits
+    split = z % max_splits
 
     req_row = ReqToPage + tl.load(ReqIdx + row).to(tl.int64) * stride_req
     kv_len = tl.load(SeqLens + row)

@@ -27,7 +27,7 @@ go round-robin to the 8 XCDs, each with its own L2 (AMD's MI300 tuning guides): 
 ``domains`` > 1 program ``w`` is the ``w // domains``-th behind L2 ``w % domains``, and the
 kernel renumbers programs so that each L2 runs whole windows, or hands of up to
 :data:`~attnhal_triton.device_fill.L2_DEAL` programs of a wide one (:func:`logical_rank`, the
-MLA kernel's ``_program``). Where two L2s read one address, the repeat meets in the shared
+kernels' ``l2_order.l2_program``). Where two L2s read one address, the repeat meets in the shared
 Infinity Cache, not L2.
 
 This module imports neither torch nor triton (numpy only).
@@ -57,7 +57,7 @@ def logical_rank(rank: Any, grid: Sequence[int], domains: int, deal: int = L2_DE
     an int array) in ``grid`` ``(X, Y, Z)`` when the hardware deals programs round-robin over
     ``domains`` L2s: the logical order is cut in hands of ``min(X, deal)`` programs, dealt
     round-robin (L2 ``d`` runs hands ``d, d + domains, ...``, each in consecutive turns); the
-    last ``hands % domains`` hands keep the grid's order (the MLA kernel's ``_program``)."""
+    last ``hands % domains`` hands keep the grid's order (the kernels' ``l2_order.l2_program``)."""
     hand = min(grid[0], deal)
     turn = rank // domains
     dealt = rank < int(np.prod(grid)) // hand // domains * domains * hand

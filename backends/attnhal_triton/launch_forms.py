@@ -70,7 +70,8 @@ def extend_constexprs(row: Mapping[str, Any], num_q_heads: int, group: int, head
                       softcap: bool, sinks: bool, kv: Mapping[str, bool], dot_f32: bool) -> dict[str, Any]:
     """Constexprs of ``extend_kernel``; ``inputs``: ``PACKED``, ``HAS_EXT_LENS``, ``USE_MASK``."""
     return dict(NUM_Q_HEADS=num_q_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=row["BLOCK_M"],
-                BLOCK_N=row["BLOCK_N"], PAGE_SIZE=page_size, **inputs, MASK_WORDS=mask_words,
+                BLOCK_N=row["BLOCK_N"], L2_DOMAINS=row.get("L2_DOMAINS", 1), PAGE_SIZE=page_size, **inputs,
+                MASK_WORDS=mask_words,
                 SPLIT=split, HAS_SOFTCAP=softcap, HAS_SINKS=sinks, **kv, DOT_F32=dot_f32,
                 DOT_PRECISION=row["DOT_PRECISION"])
 

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from attnhal.platform import Platform
-from attnhal_triton.device_fill import GPU_SPLITS, PROGRAMS_PER_UNIT, fill_programs
+from attnhal_triton.device_fill import GPU_SPLITS, PROGRAMS_PER_UNIT, fill_programs, with_l2_domains
 
 __all__ = [
     "ALIASES",
@@ -255,8 +255,10 @@ def _uncapped_small_heads(rows: list[LaunchRow]) -> list[LaunchRow]:
 
 def _amd(family: str) -> list[LaunchRow]:
     # One stage: the AMD stream pipeliner gains little here and costs LDS; 16x16
-    # MFMA with kpack=2 suits these fp16/bf16 tiles; fp32 runs on fp32 MFMA.
-    return [
+    # MFMA with kpack=2 suits these fp16/bf16 tiles; fp32 runs on fp32 MFMA. The extend forms
+    # take the family's L2_DOMAINS (device_fill.with_l2_domains: a row's query blocks are dealt
+    # to one XCD's L2).
+    rows = [
         *_rows("hip", family, [
             # fp32 K/V blocks of 64 hit 256 VGPRs and spill with page reads and the soft-cap.
             ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 1),
@@ -277,6 +279,7 @@ def _amd(family: str) -> list[LaunchRow]:
         ], splits=GPU_SPLITS, fill=fill_programs(family), extra=_HIP),
         *_rows("hip", family, [("decode_reduce", None, None, {}, 4, 1)]),
     ]
+    return [replace(r, blocks=with_l2_domains(r.blocks, family)) if r.kernel in EXTEND_VARIANTS else r for r in rows]
 
 
 # Ampere's shapes: head size 128 and 256 need narrower tiles; the tree form at 256

@@ -103,7 +103,7 @@ def _source(job: Job, row: LaunchRow) -> Any:
     fn, fp8 = mla_kernels.mla_kernel, job.dtype == "fp8"
     # The row's BLOCK_M, the largest a launch takes (work.query_block only shrinks it).
     constexprs: dict[str, Any] = {
-        **FORMS[job.form].flags, **row.constexprs, "NUM_Q_HEADS": NUM_Q_HEADS, "GROUP": NUM_Q_HEADS,
+        **FORMS[job.form].flags, "L2_DOMAINS": 1, **row.constexprs, "NUM_Q_HEADS": NUM_Q_HEADS, "GROUP": NUM_Q_HEADS,
         "D_MAIN": 512, "D_TAIL": 64, "PAGE_SIZE": 16, "MASK_WORDS": 1, "HAS_SOFTCAP": True,
         "KV_SCALED": fp8, "KV_F16": fp8, "DOT_F32": False}
     return kernel_source(fn, constexprs, job.compute_dtype, job.fp8_flavor if fp8 else None, _ALIGNED)

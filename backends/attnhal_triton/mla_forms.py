@@ -90,8 +90,8 @@ def mla_constexprs(row: Mapping[str, Any], num_q_heads: int, group: int, head_di
                          "power of two >= 16, e.g. 576 = 512 + 64, with out the first or all of it)")
     main, tail, v_tail = dims
     return dict(NUM_Q_HEADS=num_q_heads, GROUP=group, D_MAIN=main, D_TAIL=tail, V_IN_K=v_in_k, V_TAIL=v_tail,
-                BLOCK_M=row["BLOCK_M"], BLOCK_N=row["BLOCK_N"], L2_DOMAINS=row["L2_DOMAINS"], PAGE_SIZE=page_size,
-                **{**_NO_INPUTS, **inputs},
+                BLOCK_M=row["BLOCK_M"], BLOCK_N=row["BLOCK_N"], L2_DOMAINS=row.get("L2_DOMAINS", 1),
+                PAGE_SIZE=page_size, **{**_NO_INPUTS, **inputs},
                 MASK_WORDS=mask_words, SPLIT=split, HAS_SOFTCAP=softcap, HAS_SINKS=sinks, **kv, DOT_F32=dot_f32,
                 DOT_PRECISION=row["DOT_PRECISION"])
 

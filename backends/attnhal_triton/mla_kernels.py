@@ -32,8 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnhal_triton.device_fill import L2_DEAL
 from attnhal_triton.kernels import _LOG2E, _fp16_pow2, _paged_slots, _row_queries, _tanh
+from attnhal_triton.l2_order import HAND, l2_program
 from attnhal_triton.tree_kernels import _draft_keys, _seen_words, _tree_depth
 
 __all__ = ["mla_kernel"]
@@ -149,39 +149,6 @@ def _store(Out, MidO, MidLse, Sinks, acc, acc_tail, m_i, l_i, token, heads, m_ok
 MLA_RUNTIME_INTS = ("window", "q_per_row", "max_splits", "num_extra", "stride_req", "stride_extra")
 
 
-#: Most consecutive programs one L2 is dealt at a time (``device_fill.L2_DEAL``).
-_DEAL = tl.constexpr(L2_DEAL)
-
-
-@triton.jit
-def _program(DOMAINS: tl.constexpr, DEAL: tl.constexpr):
-    """This program's ``(x, y, z)`` in the launch's logical order: the grid's own unless the
-    hardware deals consecutive programs round-robin over ``DOMAINS`` L2 caches (CDNA3/4's
-    XCDs), where program ``w`` runs behind L2 ``w % DOMAINS`` as its ``w // DOMAINS``-th.
-    There the logical order is cut in hands of ``min(X, DEAL)`` programs (a window: the ``X``
-    head blocks of one ``(y, z)``, a row's split, or a part of a long one) dealt round-robin:
-    L2 ``d`` runs hands ``d, d + DOMAINS, ...``, each in consecutive turns, so a window's
-    blocks read their row behind one L2 (not one L2 each) and the L2s share the hands as
-    evenly as the grid's order shares its programs. The last ``hands % DOMAINS`` hands keep
-    the grid's order. ``attnhal_triton.kv_reuse.logical_rank`` is the same map; a bijection
-    for any grid: a wrong count costs sharing, never results."""
-    x = tl.program_id(0)
-    y = tl.program_id(1)
-    z = tl.program_id(2)
-    if DOMAINS > 1:
-        nx = tl.num_programs(0)
-        ny = tl.num_programs(1)
-        hand = tl.minimum(nx, DEAL)
-        w = x + nx * (y + ny * z)
-        turn = w // DOMAINS
-        dealt = w < nx * ny * tl.num_programs(2) // hand // DOMAINS * DOMAINS * hand
-        b = tl.where(dealt, (w % DOMAINS + DOMAINS * (turn // hand)) * hand + turn % hand, w)
-        x = b % nx
-        y = (b // nx) % ny
-        z = b // nx // ny
-    return x, y, z
-
-
 @triton.jit(do_not_specialize=MLA_RUNTIME_INTS)
 def mla_kernel(
     Q, K, V, Out, MidO, MidLse, ReqToPage, ReqIdx, SeqLens, NumSplits, QoIndptr, ExtLens,
@@ -203,7 +170,7 @@ def mla_kernel(
     ``V_IN_K``); ``Hkv = NUM_Q_HEADS // GROUP``; Out
     ``[tokens, Hq, D_V]``, MidO ``[tokens, Hq, max_splits, D_V]``, MidLse ``[tokens, Hq,
     max_splits]`` contiguous. ``L2_DOMAINS``: the L2s the hardware deals programs to
-    (:func:`_program`). Row ``r``'s queries, prefix, tree and splits as in
+    (:func:`~attnhal_triton.l2_order.l2_program`). Row ``r``'s queries, prefix, tree and splits as in
     ``kernels.extend_kernel``; with ``HAS_EXTRA`` the row's keys are its ``SeqLens[r]``
     table positions then ``num_extra`` slots ``Extra[r, :num_extra]`` (draft decode's path),
     and its KV length is their sum.
@@ -214,7 +181,7 @@ def mla_kernel(
     D_K: tl.constexpr = D_MAIN + D_TAIL
     K_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * D_K
     V_ROW: tl.constexpr = NUM_Q_HEADS // GROUP * D_V
-    m_block, row, z = _program(L2_DOMAINS, _DEAL)
+    m_block, row, z = l2_program(L2_DOMAINS, HAND)
     row = row.to(tl.int64)
     kv_head = z // max_splits
     split = z % max_splits

@@ -25,7 +25,7 @@ from types import MappingProxyType
 
 from attnhal.phases import Phase
 from attnhal.platform import Platform
-from attnhal_triton.device_fill import L2_DOMAINS, UNITS
+from attnhal_triton.device_fill import UNITS, with_l2_domains
 from attnhal_triton.launch_table import (
     _HIP,
     MLA_KERNELS,
@@ -50,12 +50,12 @@ _SPLITS = 64
 def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[str, str | None, dict[str, int], int, int]],
           units: int, splits: int = _SPLITS, split_len: int = 256, **common: object) -> list[LaunchRow]:
     """Rows from ``(kernel, dtype, blocks, num_warps, num_stages)``; ``"mla"`` stands for every
-    MLA form (prefill takes no splits). Every row's blocks carry the family's ``L2_DOMAINS``
-    (:data:`~attnhal_triton.device_fill.L2_DOMAINS`, 1 where not listed): the kernel numbers
+    MLA form (prefill takes no splits). A family dealing programs over several L2s adds
+    ``L2_DOMAINS`` (:func:`~attnhal_triton.device_fill.with_l2_domains`): the kernel numbers
     its programs so that the head blocks of a (row, split) share an L2."""
     out = []
     for kernel, dtype, blocks, warps, stages in specs:
-        blocks = {**blocks, "L2_DOMAINS": L2_DOMAINS.get(family or "", 1)}
+        blocks = with_l2_domains(blocks, family)
         for name in MLA_KERNELS if kernel == "mla" else (kernel,):
             split = name != "mla_prefill"
             out.append(LaunchRow(name, vendor, family, blocks, num_warps=warps, num_stages=stages,

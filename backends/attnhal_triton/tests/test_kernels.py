@@ -115,7 +115,20 @@ def test_rows_narrowed_so_as_not_to_spill(platform: str, phase: Phase, head_size
     split counts (the interpreter ignores warps, stages and ``maxnreg``)."""
     case = shape(phase, head_size=head_size, dtype=dtype, platform=platform, lens=(40,), news=(3,), kv_heads=1)
     built, backend = build(case)
-    assert tuple(backend.rows[kernel].blocks.values()) == blocks
+    assert tuple(v for k, v in backend.rows[kernel].blocks.items() if k != "L2_DOMAINS") == blocks
+    assert_close(backend, run(built, backend), expected(built, backend))
+
+
+@pytest.mark.parametrize("phase", [Phase.PREFILL, Phase.TARGET_VERIFY], ids=lambda p: p.value)
+def test_gfx942_rows_deal_a_rows_query_blocks_to_one_l2(phase: Phase) -> None:
+    """gfx942's extend rows carry L2_DOMAINS 8: the kernel renumbers its programs
+    (``l2_order.l2_program``) so that the query blocks of a (row, KV head, split) run behind
+    one XCD's L2. 12 windows (3 rows x 4 KV heads: 8 dealt, 4 in the grid's order) of up to
+    5 query blocks (prefill, BLOCK_M 64) or of one (tree verify) are exact."""
+    case = shape(phase, platform="hip:gfx942", kv_heads=4, group=2, lens=(40, 3, 20), news=(150, 40, 90), tokens=8)
+    built, backend = build(case)
+    kernel = "extend_prefill" if phase is Phase.PREFILL else "extend_verify_tree"
+    assert backend.rows[kernel].blocks["L2_DOMAINS"] == 8
     assert_close(backend, run(built, backend), expected(built, backend))
 
 

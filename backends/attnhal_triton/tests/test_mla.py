@@ -78,7 +78,7 @@ def test_128_heads_take_several_blocks_and_splits() -> None:
 
 def test_gfx942_rows_renumber_programs_for_its_l2s_exactly() -> None:
     """gfx942's rows deal 8 XCDs: the kernel renumbers its programs so each XCD's L2 runs whole
-    (row, split) windows (``mla_kernels._program``, checked program by program in
+    (row, split) windows (``l2_order.l2_program``, checked program by program in
     test_mla_traffic.py); results are exact on a grid whose windows (3 rows x splits, 4 head
     blocks each) do not divide evenly over the 8 L2s."""
     recipe = _mla(Phase.DECODE, heads=64, lens=(150, 3, 40))

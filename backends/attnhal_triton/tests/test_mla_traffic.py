@@ -24,7 +24,7 @@ from planted_kernels import load_every_draft_key
 
 from attnhal.platform import parse
 from attnhal.testing.cases import build_case
-from attnhal_triton import TritonBackend, mla_kernels, mla_ops
+from attnhal_triton import TritonBackend, l2_order, mla_kernels, mla_ops
 from attnhal_triton.device_fill import L2_DEAL
 from attnhal_triton.kv_reuse import Reuse, domain_spread, logical_rank, reuse
 from attnhal_triton.mla_traffic import check_mla, latent_pool, mla_recipes, mla_report
@@ -124,7 +124,7 @@ def test_gfx942_head_blocks_share_an_l2(monkeypatch: pytest.MonkeyPatch) -> None
     print(check.line())
     assert check.ok and check.spread == 1.0 and check.window == 8 and check.distance == 7
     assert check.loaded == 8 * check.covered and check.per_domain == check.unique == check.covered
-    monkeypatch.setattr(mla_kernels, "_program", _grid_order)
+    monkeypatch.setattr(mla_kernels, "l2_program", _grid_order)
     planted = check_mla("grid order", case, TritonBackend(case.config, case.pool, platform=parse("hip:gfx942")))
     print(planted.line())
     assert planted.per_domain == 8 * check.covered and not planted.ok
@@ -132,7 +132,7 @@ def test_gfx942_head_blocks_share_an_l2(monkeypatch: pytest.MonkeyPatch) -> None
 
 @triton.jit
 def _logical_ids(Out, DOMAINS: tl.constexpr, DEAL: tl.constexpr):
-    x, y, z = mla_kernels._program(DOMAINS, DEAL)
+    x, y, z = l2_order.l2_program(DOMAINS, DEAL)
     w = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
     tl.store(Out + w, x + tl.num_programs(0) * (y + tl.num_programs(1) * z))
 
@@ -140,7 +140,7 @@ def _logical_ids(Out, DOMAINS: tl.constexpr, DEAL: tl.constexpr):
 @pytest.mark.parametrize("grid", [(8, 3, 5), (4, 3, 1), (3, 5, 7), (1, 1, 1), (40, 3, 1)], ids=str)
 @pytest.mark.parametrize("domains,deal", [(1, L2_DEAL), (8, L2_DEAL), (6, L2_DEAL), (8, 3)])
 def test_the_kernels_renumbering_is_kv_reuses_map(grid: tuple[int, int, int], domains: int, deal: int) -> None:
-    """The MLA kernel's own ``_program``, program by program (interpreter): the logical id it
+    """The kernels' own ``l2_program``, program by program (interpreter): the logical id it
     runs is ``kv_reuse.logical_rank`` of its dispatch rank, every one once, on grids whose
     hands do not divide evenly over the L2s, and windows wider than a hand, too."""
     programs = int(np.prod(grid))
