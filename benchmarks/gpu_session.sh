@@ -3,7 +3,8 @@
 #
 # Writes everything under OUT (at most 8 files): summary.txt (one line per part: ok, FAIL,
 # timeout or SKIP, seconds) and one log per part. Uses $PYTHON, else .venv/bin/python when
-# the README's venv exists, else python3; installs nothing.
+# the README's venv exists, else python3; where that python lacks attnhal, installs the wheel
+# benchmarks/device_prep.sh left in .device (offline, into .device/site), else nothing.
 # A device loan is 15 minutes of device time, the machine's start (minutes) and the transfers
 # included, and one command may run 10 minutes: a run is capped at 6 minutes (BUDGET_S), a part
 # that would start past the cap is skipped with a line saying so, and the peers' table stops
@@ -25,9 +26,19 @@ cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
 elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3; fi
-# The engines' kernel files for gpu_peers.py (benchmarks/fetch_peer_kernels.py --dir .peer-kernels
-# fills it where there is a network; without them the peers are reported "not available").
-PEERS_DIR=${ATTNHAL_PEER_KERNELS:-.peer-kernels}
+# A bare lent machine has no attnhal and no network: benchmarks/device_prep.sh wrote this
+# checkout's wheel and the engines' kernel files into .device here, and the run carried it.
+DEVICE_DIR=${ATTNHAL_DEVICE_DIR:-.device}
+FROM="$PY's own"
+if ! "$PY" -c "import attnhal_triton" 2>/dev/null && ls "$DEVICE_DIR"/attnhal-*.whl >/dev/null 2>&1; then
+    PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install --quiet --no-deps --no-index --target "$DEVICE_DIR/site" \
+        "$DEVICE_DIR"/attnhal-*.whl
+    export PYTHONPATH="$(cd "$DEVICE_DIR/site" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+    FROM="the wheel in $DEVICE_DIR"
+fi
+# The engines' kernel files for gpu_peers.py (without them the peers are "not available").
+if [ -d "$DEVICE_DIR/peer-kernels" ]; then DEFAULT_PEERS=$DEVICE_DIR/peer-kernels; else DEFAULT_PEERS=.peer-kernels; fi
+PEERS_DIR=${ATTNHAL_PEER_KERNELS:-$DEFAULT_PEERS}
 # The test suite's interpreter switch and platform simulation must not leak into device runs.
 unset TRITON_INTERPRET ATTNHAL_PLATFORM
 BUDGET_S=360
@@ -56,7 +67,8 @@ part() {
 
 skip() { note "SKIP $1: no CUDA/HIP device"; }
 
-note "attnhal GPU session $(date -u +%FT%TZ), plan $PLAN, python $PY, git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+note "attnhal GPU session $(date -u +%FT%TZ), plan $PLAN, python $PY, git $(git rev-parse --short HEAD 2>/dev/null || cat "$DEVICE_DIR/commit.txt" 2>/dev/null || echo '?')"
+note "attnhal from $FROM; peer kernels from $PEERS_DIR"
 part "attnhal info" info.txt 30 "$PY" -m attnhal info
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     DEVICE=1

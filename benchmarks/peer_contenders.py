@@ -11,7 +11,7 @@ whose ``run()`` is the one call an engine makes per layer:
   ``kv_indptr``/``kv_indices``, at its default ``max_kv_splits`` (the
   ``--triton-attention-num-kv-splits`` its users turn) and swept over :data:`SGLANG_SPLITS`;
   for target_verify its ``extend_attention_fwd`` with the custom mask its backend builds (the
-  same tree as attnhal's; from the installed engine: the peer cache holds its decode files only).
+  same tree as attnhal's; from the installed engine or the peer cache, like its decode).
 * ``vllm``: vLLM's ``unified_attention`` as its TRITON_ATTN backend calls it (block 16,
   K and V interleaved per block) at its defaults (16 softmax segments, its 2D/3D
   threshold) and swept over :data:`VLLM_SEGMENTS_SWEEP` x :data:`VLLM_THRESHOLDS`; causal
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -130,7 +129,7 @@ def prepare_sglang(case: Case, peer: LoadedPeer) -> list[Prepared]:
     """SGLang's decode kernel at its default split cap, then at each of :data:`SGLANG_SPLITS`;
     its verify kernel (extend + custom mask) for target_verify."""
     if case.shape.phase is Phase.TARGET_VERIFY:
-        return [_sglang_verify(case)]
+        return [_sglang_verify(case, peer)]
     if case.shape.phase is not Phase.DECODE:
         raise NotApplicable("SGLang's Triton backend is benchmarked here for decode and target_verify")
     default = sglang_max_kv_splits()
@@ -178,15 +177,11 @@ def _sglang(case: Case, peer: LoadedPeer, splits: int, setting: str, scratch: to
                     setting=setting, keep=[kv_indptr, kv_indices, logits, lse, num_splits, uneven])
 
 
-def _sglang_verify(case: Case) -> Prepared:
+def _sglang_verify(case: Case, peer: LoadedPeer) -> Prepared:
     """SGLang's ``extend_attention_fwd`` as its Triton backend runs target_verify: the prefix
     through ``kv_indptr``/``kv_indices`` (every prefix key visible), the draft tokens' K/V
     given, and a per-request ``[T, prefix + T]`` custom mask (the tree, or causal for a chain)."""
-    try:
-        extend = importlib.import_module("sglang.kernels.ops.attention.extend_attention")
-    except Exception as exc:  # noqa: BLE001 - its file and imports come with the installed engine only
-        raise NotApplicable(f"SGLang's verify kernel is not importable here ({type(exc).__name__}: "
-                            f"{str(exc)[:80]}); it runs from the installed engine") from exc
+    extend = peer.module("sglang.kernels.ops.attention.extend_attention")
     s, dev, pool = case.shape, case.device, case.pool
     bs, t = s.bs, s.tokens
     prefix = [n - t for n in s.lens]

@@ -41,9 +41,11 @@ class PeerSpec:
 PEERS: dict[str, PeerSpec] = {
     "sglang": PeerSpec(
         "sglang", "0.5.23",
-        modules=("sglang.kernels.ops.attention.decode_attention", "sglang.kernels.ops.attention.metadata"),
+        # extend_attention: its Triton backend's target_verify (and MLA verify) kernel.
+        modules=("sglang.kernels.ops.attention.decode_attention", "sglang.kernels.ops.attention.metadata",
+                 "sglang.kernels.ops.attention.extend_attention"),
         files=("sglang/kernels/ops/attention/decode_attention.py", "sglang/kernels/ops/attention/metadata.py",
-               "sglang/kernels/ops/attention/score_mod.py")),
+               "sglang/kernels/ops/attention/score_mod.py", "sglang/kernels/ops/attention/extend_attention.py")),
     "vllm": PeerSpec(
         "vllm", "0.33.0",
         modules=("vllm.v1.attention.ops.triton_unified_attention", "vllm.v1.kv_cache_interface",

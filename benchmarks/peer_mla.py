@@ -72,7 +72,7 @@ def _scratch(case: Case, elements: int) -> torch.Tensor:
 def prepare_sglang_mla(case: Case, peer: LoadedPeer) -> list[Prepared]:
     """SGLang's MLA decode at its default split cap, then the sweep; its verify kernel for the chains."""
     if case.shape.phase is Phase.TARGET_VERIFY:
-        return [contenders._sglang_verify(case)]
+        return [contenders._sglang_verify(case, peer)]
     s = case.shape
     per_split = s.bs * s.heads * s.v_head * 4
     counts, note = split_sweep(case, sglang_mla_max_kv_splits(), per_split)

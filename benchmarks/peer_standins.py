@@ -158,10 +158,13 @@ def _packages(root: Path, names: tuple[str, ...]) -> None:
 def _sglang(root: Path) -> None:
     _packages(root, ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention"))
     _module("sglang.srt", root / "sglang" / "srt")
+    # SGLang 0.5.23's defaults of the flags its decode and extend kernels read.
     flags = {"SGLANG_TRITON_DECODE_ATTN_STATIC_KV_SPLITS": False, "SGLANG_MLA_DECODE_TUNE": False,
-             "SGLANG_FORCE_LEAN_GRID_CU_MULT": 1.0, "SGLANG_DISABLE_LEAN_ATTENTION": False}
+             "SGLANG_FORCE_LEAN_GRID_CU_MULT": 1.0, "SGLANG_DISABLE_LEAN_ATTENTION": False,
+             "SGLANG_TRITON_FP8_PREFILL_ATTN": True, "SGLANG_TRITON_COMPACT_EXTEND_ATTENTION": True}
     _module("sglang.srt.environ", envs=types.SimpleNamespace(**{k: _Flag(k, v) for k, v in flags.items()}))
     _module("sglang.srt.utils", get_device_core_count=_core_count, is_hip=lambda: _vendor() == "hip",
+            is_cuda=lambda: _vendor() == "cuda",
             is_gfx95_supported=lambda: _arch().startswith("gfx95"),
             is_gfx1250_supported=lambda: _arch() == "gfx1250")
     _module("sglang.srt.runtime_context", get_exec=_runtime_context_unpublished)

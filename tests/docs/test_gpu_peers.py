@@ -272,17 +272,35 @@ def test_sglang_mla_kernels_from_their_tier_venv_run_every_setting(tmp_path: Pat
     assert chain["status"] == "ok" and "custom mask" in chain["note"] and chain["err"] < 1e-5, chain
 
 
-def _vllm_copy(peers: Path) -> Path | None:
-    """vLLM's kernel files copied from the first tier venv holding the pinned version (the
-    python copied from), or None where none is built."""
-    for python in _tier_pythons("vllm"):  # the 0.33 and 0.34 tiers: the copy refuses another version
+def _peer_copy(engine: str, peers: Path) -> Path | None:
+    """``engine``'s kernel files copied into the cache ``peers`` from the first tier venv holding
+    the pinned version (the python copied from), or None where none is built."""
+    for python in _tier_pythons(engine):  # vLLM's 0.33 and 0.34 tiers: the copy refuses another version
         proc = subprocess.run([sys.executable, str(BENCH / "fetch_peer_kernels.py"), "--dir", str(peers),
-                               "--peers", "vllm", "--from-python", str(python)],
+                               "--peers", engine, "--from-python", str(python)],
                               check=False, capture_output=True, text=True, timeout=120)
         if proc.returncode == 0:
             return python
-        assert "is installed there (supported: vllm " + PEERS["vllm"].version in proc.stderr, proc.stderr
+        assert f"is installed there (supported: {engine} " + PEERS[engine].version in proc.stderr, proc.stderr
     return None
+
+
+def test_sglang_verify_kernels_copied_from_its_tier_venv_run_from_the_cache(tmp_path: Path) -> None:
+    """What a lent GPU machine runs (no SGLang installed there, benchmarks/device_prep.sh): SGLang's
+    kernel files copied offline from its tier venv, loaded from that copy with the stand-ins, and
+    its verify kernel (extend + custom mask) over the GQA 8-token tree and the MLA 1+3 chain, gated
+    against fp32 under the interpreter."""
+    peers = tmp_path / "peers"
+    if _peer_copy("sglang", peers) is None:
+        pytest.skip(f"no SGLang {PEERS['sglang'].version} tier venv built (tests/engines/setup.sh sglang)")
+    manifest = (peers / PEERS["sglang"].cache_name / "WHEEL.txt").read_text()
+    assert manifest.count("  sglang/") == len(PEERS["sglang"].files) == 4  # decode, extend and their two helpers
+    proc, report = _run(tmp_path, "--peers-dir", str(peers), "--contenders", "sglang",
+                        "--shapes", "tree8:2x32,mla4:2x64")
+    assert report["peers"]["sglang"].startswith("loaded from cache "), report["peers"]
+    for row in report["rows"]:
+        sglang = row["results"]["sglang"]
+        assert sglang["status"] == "ok" and "custom mask" in sglang["note"] and sglang["err"] < 1e-5, (row["key"], sglang)
 
 
 def test_vllm_mla_kernel_copied_from_its_tier_venv_runs_every_setting(tmp_path: Path) -> None:
@@ -291,7 +309,7 @@ def test_vllm_mla_kernel_copied_from_its_tier_venv_runs_every_setting(tmp_path: 
     to one decode row per query token with causal per-row lengths (``forward_mqa``), its own
     split count and the swept one, each gated. About 20 s of CPU."""
     peers = tmp_path / "peers"
-    if _vllm_copy(peers) is None:
+    if _peer_copy("vllm", peers) is None:
         pytest.skip(f"no vLLM {PEERS['vllm'].version} tier venv built (tests/engines/setup.sh vllm)")
     proc, report = _run(tmp_path, "--peers-dir", str(peers), "--contenders", "vllm",
                         "--shapes", "mla:2x64,mla:2x64/h128,mla4:2x64")
@@ -309,7 +327,7 @@ def test_vllm_kernels_copied_from_their_tier_venv_run_every_setting(tmp_path: Pa
     from that copy: decode and the 8-token tree (which vLLM runs as a causal chain: its Triton
     backend has no tree mask), every swept setting, each gated. Two or three minutes of CPU."""
     peers = tmp_path / "peers"
-    copied = _vllm_copy(peers)
+    copied = _peer_copy("vllm", peers)
     if copied is None:
         pytest.skip(f"no vLLM {PEERS['vllm'].version} tier venv built (tests/engines/setup.sh vllm)")
     manifest = (peers / PEERS["vllm"].cache_name / "WHEEL.txt").read_text()
