@@ -18,16 +18,27 @@ _PTXAS = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
+def _ptxas(capability: int) -> str:
+    """The ptxas Triton compiles ``capability`` with: recent releases pick one per architecture
+    (3.6, 3.9), older ones have one (3.4)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    try:
+        return str(get_ptxas(capability).path)
+    except TypeError:  # Triton 3.4's get_ptxas() takes no architecture
+        return str(get_ptxas().path)
+
+
 def _cuda_usage(compiled: Any, capability: int) -> dict[str, int]:
     """Registers and spills from ``ptxas -v`` on the PTX (the cache may skip triton's own run)."""
-    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+    from triton.backends.nvidia.compiler import sm_arch_from_capability
 
     with tempfile.TemporaryDirectory() as tmp:
         ptx = os.path.join(tmp, "k.ptx")
         with open(ptx, "w") as f:
             f.write(compiled.asm["ptx"])
         log = subprocess.run(
-            [get_ptxas(capability).path, "-v", "--regAllocOptLevel=2",
+            [_ptxas(capability), "-v", "--regAllocOptLevel=2",
              f"--gpu-name={sm_arch_from_capability(capability)}", ptx, "-o", os.path.join(tmp, "k.o")],
             check=True, capture_output=True, text=True).stderr
     regs, spill = _PTXAS.search(log), _SPILL.search(log)

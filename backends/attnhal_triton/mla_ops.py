@@ -6,7 +6,7 @@ This module imports torch but not triton; the kernel is imported at the first la
 
 # No ``from __future__ import annotations``: custom_op infers its schema from the annotations.
 import types
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -114,7 +114,7 @@ def _(out, mid_o, mid_lse, q, k_cache, v_cache, req_to_page, req_pool_indices,  
     return None
 
 
-def mla_forward(q: torch.Tensor, meta: Meta, layer_args: dict, sinks: Optional[torch.Tensor],  # type: ignore[type-arg]
+def mla_forward(q: torch.Tensor, meta: Meta, layer_args: dict[str, Any], sinks: Optional[torch.Tensor],
                 reduce_launch: str, out_head_size: int, extra: Optional[torch.Tensor] = None,
                 num_extra: int = 0) -> torch.Tensor:
     """``q`` ``[tokens, Hq, D]`` -> ``[tokens, Hq, Dv]`` for any phase: one MLA launch, then for

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 from attnhal_triton.compile_coverage import MLA_TIGHTEST, gqa_share, mla_share, register_demand
 from attnhal_triton.compile_forms import FORM_TARGETS
-from attnhal_triton.compile_usage import _hip_usage
+from attnhal_triton.compile_usage import _hip_usage, _ptxas
 from attnhal_triton.mla_compile_check import FORMS
 from attnhal_triton.work import row_dtype
 
@@ -26,6 +26,17 @@ def test_hip_registers_count_the_agprs_once() -> None:
     assert _hip_usage(SimpleNamespace(asm={"amdgcn": asm}))["registers"] == 456
     no_comment = asm.replace("; TotalNumVgprs: 456\n", "")
     assert _hip_usage(SimpleNamespace(asm={"amdgcn": no_comment}))["registers"] == 456
+
+
+def test_ptxas_is_found_on_old_and_new_triton_releases(monkeypatch) -> None:
+    """Triton 3.6 and 3.9 pick ptxas per architecture (``get_ptxas(arch)``); 3.4 has one
+    (``get_ptxas()``): the compile check reads registers on both (docs/triton.md, Triton releases)."""
+    import triton.backends.nvidia.compiler as nvidia
+
+    monkeypatch.setattr(nvidia, "get_ptxas", lambda arch: SimpleNamespace(path=f"/ptxas-for-{arch}"))
+    assert _ptxas(100) == "/ptxas-for-100"
+    monkeypatch.setattr(nvidia, "get_ptxas", lambda: SimpleNamespace(path="/the-one-ptxas"))
+    assert _ptxas(90) == "/the-one-ptxas"
 
 
 def test_an_fp32_cache_takes_the_fp32_rows() -> None:
