@@ -11,7 +11,8 @@
 # starting shapes at its own budget (the rows left are listed NOT RUN). PLAN core (default):
 # the referee's first 15 shapes, the bandwidth/prefill check, the graph tests; PLAN rest (a
 # second loan): the other 14 GQA shapes, the worker end to end, capture aftermath, graph
-# replay; PLAN mla (a third loan): the referee's 24 MLA shapes and nothing else.
+# replay; PLAN mla (a third loan): the referee's 24 MLA shapes. Each ends, in what budget is
+# left, with the compile check's phase tier for the device's target under its own Triton.
 # docs/triton.md (Device session plan) says why and what is left out.
 # Without a CUDA/HIP device it runs the parts a CPU can (platform info, the graph tests,
 # which skip there, the device seam's unit tests, the benchmarks' call sites against SDPA
@@ -76,6 +77,17 @@ else
     DEVICE=0
 fi
 
+# Last in every device plan, in what budget is left: the phase tier of the compile check on this
+# device's own target with this machine's Triton (which may not be the release CI checks, and
+# which may spill where that one does not: docs/triton.md, Triton releases).
+compile_share() {
+    local target
+    target=$("$PY" -c "from attnhal.platform import detect; from attnhal_triton.compile_check import compile_target
+print(compile_target(detect()))")
+    part "compile share on this Triton ($target)" compile.txt 60 "$PY" -m attnhal_triton.compile_coverage \
+        --by kernel --targets "$target" --jobs 8
+}
+
 graph_tests() {
     part "graph tests (device + seam)" pytest.txt "$1" "$PY" -m pytest -q -rs -p no:cacheprovider \
         tests/graphs/test_device_gpu.py tests/graphs/test_device_unit.py
@@ -86,9 +98,11 @@ if [ $DEVICE = 1 ] && [ "$PLAN" = core ]; then
         --budget-s 220 --peers-dir "$PEERS_DIR"
     part "triton bandwidth + prefill" bandwidth.txt 60 "$PY" benchmarks/gpu_bandwidth.py --check
     graph_tests 60
+    compile_share
 elif [ $DEVICE = 1 ] && [ "$PLAN" = mla ]; then
     part "engines' kernels (gpu_peers mla)" bandwidth.txt 330 "$PY" benchmarks/gpu_peers.py --shapes mla \
         --budget-s 310 --peers-dir "$PEERS_DIR"
+    compile_share
 elif [ $DEVICE = 1 ]; then
     part "engines' kernels (gpu_peers rest)" bandwidth.txt 180 "$PY" benchmarks/gpu_peers.py --shapes rest \
         --budget-s 160 --peers-dir "$PEERS_DIR"
@@ -98,6 +112,7 @@ elif [ $DEVICE = 1 ]; then
         part "capture aftermath ($mode)" aftermath.txt 20 "$PY" benchmarks/capture_aftermath.py --mode "$mode"
     done
     part "decode graph replay vs eager" replay.txt 60 "$PY" benchmarks/graph_replay.py
+    compile_share
 else
     graph_tests 150
     if [ "$PLAN" = core ]; then
@@ -111,6 +126,7 @@ else
         skip "capture aftermath (guarded, driver, unguarded)"
         skip "decode graph replay vs eager"
     fi
+    skip "compile share on this Triton"
     TRITON_INTERPRET=1 part "benchmark call sites vs sdpa (cpu)" bandwidth.txt 60 \
         "$PY" benchmarks/gpu_bandwidth.py --check
     TINY=decode:2x32,tree8:2x32

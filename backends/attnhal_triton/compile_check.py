@@ -38,8 +38,8 @@ from attnhal_triton.compile_usage import dot_operand_types, resource_usage
 from attnhal_triton.launch_table import LaunchRow, NoLaunchRowWarning, fallback_row, lookup
 from attnhal_triton.work import head_block
 
-__all__ = ["DEFAULT_TARGETS", "VARIANTS", "format_table", "main", "run_compile_check", "served_by",
-           "serving_lines", "target_platform"]
+__all__ = ["DEFAULT_TARGETS", "VARIANTS", "compile_target", "format_table", "main", "run_compile_check",
+           "served_by", "serving_lines", "target_platform"]
 
 #: ``"cuda:<capability>"`` or ``"hip:<gfx arch>"``; the warp size follows the platform.
 #: cuda:86/89/100 take aliased sm80/sm90 rows (``launch_table.ALIASES``).
@@ -110,6 +110,11 @@ def target_platform(target: str) -> Platform:
     """The platform of a target spec: ``"cuda:86"`` -> ``cuda:sm86``, ``"hip:gfx942"`` as is."""
     vendor, _, arch = target.partition(":")
     return parse(f"{vendor}:{'sm' + arch if arch.isdigit() else arch}")
+
+
+def compile_target(platform: Platform) -> str:
+    """The target spec of a platform, :func:`target_platform`'s inverse: ``cuda:sm90`` -> ``"cuda:90"``."""
+    return f"{platform.vendor.value}:{platform.arch.removeprefix('sm')}"
 
 
 @dataclass(frozen=True)

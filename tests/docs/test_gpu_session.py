@@ -22,10 +22,11 @@ import torch
 from repo import ROOT
 
 #: The device parts of each plan (benchmarks/gpu_session.sh OUT [core|rest]).
-DEVICE_PARTS = {"core": ("engines' kernels (gpu_peers core)", "triton bandwidth + prefill"),
+DEVICE_PARTS = {"core": ("engines' kernels (gpu_peers core)", "triton bandwidth + prefill",
+                         "compile share on this Triton"),
                 "rest": ("engines' kernels (gpu_peers rest)", "worker end to end (triton)", "capture aftermath",
-                         "decode graph replay vs eager"),
-                "mla": ("engines' kernels (gpu_peers mla)",)}
+                         "decode graph replay vs eager", "compile share on this Triton"),
+                "mla": ("engines' kernels (gpu_peers mla)", "compile share on this Triton")}
 
 
 def bare_python(tmp_path: Path) -> Path:
