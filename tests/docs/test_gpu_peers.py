@@ -247,16 +247,14 @@ def _run_in_sglang_tier(tmp_path: Path, contenders: str, shapes: str) -> dict:
 
 
 def test_sglang_kernels_from_their_tier_venv_run_every_setting(tmp_path: Path) -> None:
-    """SGLang's own kernels, imported from the SGLang tier venv (its installed 0.5.23), under
-    the interpreter: decode at its default split cap and the 5 other swept ones, and its
-    verify kernel over the 8-token tree, each gated.
-    (vLLM's cannot run from its tier venv: without a GPU driver vLLM swaps ``triton`` for a
-    placeholder; it runs from the peer cache.) A few minutes of CPU."""
-    report = _run_in_sglang_tier(tmp_path, "attnhal,sglang", "decode:2x32,tree8:2x32")
-    decode, tree = (row["results"]["sglang"] for row in report["rows"])
+    """SGLang's own decode kernel, imported from the SGLang tier venv (its installed 0.5.23),
+    under the interpreter: at its default split cap and the 5 other swept ones, each gated (its
+    verify kernel: from the cache below, as a lent machine runs it). (vLLM's cannot run from its
+    tier venv: without a GPU driver vLLM swaps ``triton`` for a placeholder; it runs from the
+    peer cache.) About 20 s of CPU."""
+    report = _run_in_sglang_tier(tmp_path, "attnhal,sglang", "decode:2x32")
+    decode = report["rows"][0]["results"]["sglang"]
     assert decode["status"] == "ok" and decode["settings"] == 6, decode
-    # Its verify kernel (extend + custom mask) over the same tree attnhal runs, gated alike.
-    assert tree["status"] == "ok" and "custom mask" in tree["note"], tree
 
 
 def test_sglang_mla_kernels_from_their_tier_venv_run_every_setting(tmp_path: Path) -> None:
