@@ -162,7 +162,8 @@ def _constexprs(job: Job, variant: Variant, row: LaunchRow) -> dict[str, Any]:
     fp8 = job.dtype == "fp8"  # a bf16 query over the cache, as the ops launch it
     values.update(GROUP=GROUP, DOT_F32=False, KV_SCALED=fp8, KV_F16=fp8, **row.constexprs)
     if variant.function == "extend_kernel":
-        values.update(NUM_Q_HEADS=GROUP * 8, L2_DOMAINS=row.constexprs.get("L2_DOMAINS", 1))  # 8 KV heads
+        values.update(NUM_Q_HEADS=GROUP * 8)  # 8 KV heads
+        values.setdefault("L2_DOMAINS", 1)  # the row's where it deals programs to several L2s
     if variant.table_kernel == "decode":
         values["BLOCK_H"] = head_block(row, GROUP)  # as the backend launches it
     return values

@@ -12,7 +12,9 @@ import sys
 import time
 from types import SimpleNamespace
 
+from attnhal.platform import parse
 from attnhal_triton.compile_coverage import MLA_TIGHTEST, gqa_share, mla_share, register_demand
+from attnhal_triton.compile_check import DEFAULT_TARGETS, compile_target, target_platform
 from attnhal_triton.compile_forms import FORM_TARGETS
 from attnhal_triton.compile_usage import _hip_usage, _ptxas
 from attnhal_triton.mla_compile_check import FORMS
@@ -37,6 +39,13 @@ def test_ptxas_is_found_on_old_and_new_triton_releases(monkeypatch) -> None:
     assert _ptxas(100) == "/ptxas-for-100"
     monkeypatch.setattr(nvidia, "get_ptxas", lambda: SimpleNamespace(path="/the-one-ptxas"))
     assert _ptxas(90) == "/the-one-ptxas"
+
+
+def test_a_platform_names_its_compile_target() -> None:
+    """What benchmarks/gpu_session.sh compiles the share for on a lent machine: the device's own target."""
+    for target in (*DEFAULT_TARGETS, "cuda:100", "hip:gfx950"):
+        assert compile_target(target_platform(target)) == target
+    assert compile_target(parse("cuda:sm90")) == "cuda:90"
 
 
 def test_an_fp32_cache_takes_the_fp32_rows() -> None:
