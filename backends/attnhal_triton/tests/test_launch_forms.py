@@ -43,8 +43,8 @@ def _recorded(monkeypatch: pytest.MonkeyPatch, case_shapes: list[Any]) -> list[t
     specialised: list[str] = []
 
     class Spy:
-        def __init__(self, name: str, fn: Any) -> None:
-            self.name, self.fn = name, fn
+        def __init__(self, name: str) -> None:
+            self.name = name
 
         def __getitem__(self, grid: Any) -> Any:
             def launch(*args: Any, **kwargs: Any) -> None:
@@ -53,10 +53,10 @@ def _recorded(monkeypatch: pytest.MonkeyPatch, case_shapes: list[Any]) -> list[t
                 seen.append((self.name, dtype, _varying(constexprs)))
                 specialised.extend(cc.specialisation_mismatches(getattr(kernels, self.name), _RUNTIME[self.name],
                                                                 args, constexprs))
-                self.fn[grid](*args, **kwargs)
+                # Not launched: this test reads the launches' arguments only (outputs are others' tests).
             return launch
 
-    spies = {n: Spy(n, getattr(kernels, n)) for n in ("decode_partial_kernel", "decode_reduce_kernel", "extend_kernel")}
+    spies = {n: Spy(n) for n in ("decode_partial_kernel", "decode_reduce_kernel", "extend_kernel")}
     monkeypatch.setattr(ops, "_kernels", lambda: type("K", (), {**spies, "INTERPRETED": True}))
     for case_shape in case_shapes:
         case, backend = build(case_shape)

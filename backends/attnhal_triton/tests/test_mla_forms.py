@@ -46,7 +46,8 @@ def _launches(monkeypatch: pytest.MonkeyPatch, cases: list[tuple[Any, bool, str]
                 seen.append((str(args[0].dtype).removeprefix("torch."), _varying(constexprs)))
                 specialised.extend(cc.specialisation_mismatches(
                     mla_kernels.mla_kernel, mla_kernels.MLA_RUNTIME_INTS, args, constexprs))
-                mla_kernels.mla_kernel[grid](*args, **kwargs)
+                # Not launched: this test reads the launch's arguments only (outputs are others' tests),
+                # and the interpreter's run of gfx942's blocks was most of its minute.
             return launch
 
     monkeypatch.setattr(mla_ops, "_kernels", lambda: type("K", (), {"mla_kernel": Spy()}))
@@ -63,6 +64,7 @@ def _mla(phase: Phase, dtype: str, heads: int = 16, kv_dtype: str | None = None,
     return replace(recipe, v_head_size=512)
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # the reduce reads the unlaunched kernel's scratch
 @pytest.mark.parametrize("rows", ["cpu", "hip:gfx942"])
 def test_every_mla_launch_is_an_enumerated_form(rows: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cases = [(_mla(p, "float32"), True, rows) for p in Phase]
