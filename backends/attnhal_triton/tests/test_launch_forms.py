@@ -3,7 +3,7 @@ compile check builds (``python -m attnhal_triton.compile_forms``).
 
 The whole enumeration (every form on cuda:80/90/100 and gfx942/950) is a command, not a
 test: ~90,000 compiles (see docs/triton.md). Here: the enumeration against the launches of
-every phase under the interpreter, the counts, and a few compiles in a child process.
+every phase (recorded, not run), the counts, and a few compiles in a child process.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def _recorded(monkeypatch: pytest.MonkeyPatch, case_shapes: list[Any]) -> list[t
 
 
 def test_every_launch_of_every_phase_is_an_enumerated_form(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each phase (trees and chains, groups 1/4/7, an fp8 cache) launched under the
-    interpreter's rows: its kernels' constexprs are among :func:`forms` of the same platform."""
+    """Each phase (trees and chains, groups 1/4/7, an fp8 cache) on the interpreter's rows:
+    the constexprs its op launches with are among :func:`forms` of the same platform."""
     cases = [shape(p, group=g, kv_heads=1, dtype="float16", kv_dtype=kv, tree=tree)
              for p in Phase for g in (1, 4, 7) for kv, tree in ((None, True), ("fp8_e5m2", False))]
     # An fp32 cache under a 16-bit query takes the fp32 rows (work.row_dtype), in both.

@@ -2,7 +2,7 @@
 ``python -m attnhal_triton.mla_compile_check --enumerated`` compiles.
 
 The whole enumeration's compile is a command (docs/triton_mla.md), not a test. Here: the
-constexprs of real MLA launches of every phase under the interpreter (latent pool, separate
+constexprs of the MLA op's launches of every phase, recorded, not run (latent pool, separate
 V, a 576-wide V, 16 and 128 heads, an fp8 cache; the interpreter's and gfx942's rows) are
 among the enumerated forms; the counts per target; every head count, group and mask-word
 count is a form of its own (constexprs).
