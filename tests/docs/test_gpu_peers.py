@@ -323,7 +323,7 @@ def test_vllm_kernels_copied_from_their_tier_venv_run_every_setting(tmp_path: Pa
     """vLLM 0.33's own kernel files, copied offline from a vLLM tier venv
     (``fetch_peer_kernels.py --from-python``: located, not imported), run under the interpreter
     from that copy: decode and the 8-token tree (which vLLM runs as a causal chain: its Triton
-    backend has no tree mask), every swept setting, each gated. Two or three minutes of CPU."""
+    backend has no tree mask), every swept setting, each gated. About a minute of CPU."""
     peers = tmp_path / "peers"
     copied = _peer_copy("vllm", peers)
     if copied is None:
@@ -331,8 +331,9 @@ def test_vllm_kernels_copied_from_their_tier_venv_run_every_setting(tmp_path: Pa
     manifest = (peers / PEERS["vllm"].cache_name / "WHEEL.txt").read_text()
     assert manifest.startswith(f"installed vllm {PEERS['vllm'].version} at ")
     assert manifest.count("  vllm/") == len(PEERS["vllm"].files) == 3  # TRITON_ATTN's two, TRITON_MLA's one
+    # The tree at one row: 35 s of interpreter time against 61 s at two (decode keeps two rows).
     proc, report = _run(tmp_path, "--peers-dir", str(peers), "--contenders", "attnhal,vllm",
-                        "--shapes", "decode:2x32,tree8:2x32")
+                        "--shapes", "decode:2x32,tree8:1x32")
     assert report["peers"]["vllm"].startswith("loaded from cache "), report["peers"]
     decode, tree = (row["results"]["vllm"] for row in report["rows"])
     assert decode["status"] == "ok" and decode["settings"] > 1 and decode["err"] < 1e-4, decode
