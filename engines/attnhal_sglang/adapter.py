@@ -80,8 +80,9 @@ class SglangAdapter:
         if choice.used == "engine":
             config = executed.from_engine(values, env, own.get("model"), platform)
         else:
+            model_config = own.get("model-config")
             config = from_server_args(values, env=env, model=own.get("model"), platform=platform,
-                                      model_config=read(own["model-config"]) if own.get("model-config") else None)
+                                      model_config=read(model_config) if model_config else None)
         return replace(config, choice=choice)
 
 

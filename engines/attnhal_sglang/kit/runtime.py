@@ -182,14 +182,24 @@ def new_runner(fields: ServerFields, config: AttentionConfig, pool: KVPool, cont
 
 
 def _shared_kv_pool(cls: type, pool: KVPool, device: str) -> Any:
-    """SGLang's ``MHATokenToKVPool`` over ``pool``'s own K/V tensors: what one writes, the other reads."""
-    kv = cls(size=pool.num_slots, page_size=pool.page_size, dtype=pool.dtype, head_num=pool.num_kv_heads,
-             head_dim=pool.head_dim, v_head_dim=pool.v_head_dim, layer_num=pool.num_layers, device=device,
-             enable_memory_saver=False, enable_alt_stream=False)
-    kv.k_buffer, kv.v_buffer = list(pool.k), list(pool.v)
-    # The pointer tables SGLang's copy kernels read must name the shared tensors.
-    kv._kv_buffer_descs = kv._build_kv_buffer_descs()
-    kv._init_data_ptrs_and_strides()
+    """SGLang's ``MHATokenToKVPool`` over ``pool``'s own K/V tensors: what one writes, the other reads.
+
+    The pool takes them where it would allocate its zeroed buffers (``_create_buffers_normal``),
+    so that it builds the pointer tables its copy kernels read from the shared tensors, and
+    never zeroes a buffer of its own first (the kit's far pool, past 2^31 elements, is 8 GiB:
+    zeroing SGLang's copy of it took 10-17 s of each run).
+    """
+
+    class SharedKVPool(cls):
+        def _create_buffers_normal(self) -> None:
+            self.k_buffer, self.v_buffer = list(pool.k), list(pool.v)
+
+    kv = SharedKVPool(size=pool.num_slots, page_size=pool.page_size, dtype=pool.dtype, head_num=pool.num_kv_heads,
+                      head_dim=pool.head_dim, v_head_dim=pool.v_head_dim, layer_num=pool.num_layers, device=device,
+                      enable_memory_saver=False, enable_alt_stream=False)
+    if kv.k_buffer[0] is not pool.k[0]:  # an SGLang that allocates elsewhere would leave the kit's pool unread
+        raise RuntimeError(f"{cls.__name__} did not take the kit's K/V tensors through _create_buffers_normal "
+                           "(attnhal_sglang.kit.runtime supports the SGLang release of its tier)")
     return kv
 
 
