@@ -12,6 +12,8 @@
 //   head-major   for each head, its row of each of the 8 slots (the kernel's order: a head's
 //                q vectors against the tile's rows), optionally with the slots DIST positions
 //                ahead prefetched (the kernel's prefetch distance);
+//   2 / 4 heads  the same with 2 or 4 adjacent heads a pass: each slot's rows of those heads
+//                (one contiguous block of 2 or 4 rows), slot after slot, then the next heads;
 //   slot-major   for each slot, every head's row (one contiguous block per slot).
 // Each line: the best of 9 passes, GB/s of K and V, and the ratio to sequential.
 #include <immintrin.h>
@@ -39,28 +41,30 @@ static __m256 read_row(const char *p, __m256 acc) {
     acc = _mm256_add_ps(acc, _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(p + b))));
   return acc;
 }
-static float request(const char *k, const char *v, long r, int slot_major, long dist) {
+// One request's K and V, tile by tile, `per_pass` adjacent heads a pass (1: head-major, HEADS:
+// slot-major).
+static float request(const char *k, const char *v, long r, long per_pass, long dist) {
   __m256 acc = _mm256_setzero_ps();
   for (long p0 = 0; p0 < ctx; p0 += TILE)
     for (const char *pool = k; pool; pool = pool == k ? v : NULL) {
       for (long n = 0; n < TILE && dist; ++n)
         if (p0 + n + dist < ctx)
           for (long b = 0; b < slot_bytes; b += 64) _mm_prefetch(pool + slot_of(r, p0 + n + dist) * slot_bytes + b, _MM_HINT_T1);
-      for (long a = 0; a < TILE * HEADS; ++a) {
-        const long n = slot_major ? a / HEADS : a % TILE, h = slot_major ? a % HEADS : a / TILE;
-        acc = read_row(pool + slot_of(r, p0 + n) * slot_bytes + h * row_bytes, acc);
-      }
+      for (long h0 = 0; h0 < HEADS; h0 += per_pass)
+        for (long n = 0; n < TILE; ++n)
+          for (long h = h0; h < h0 + per_pass; ++h)
+            acc = read_row(pool + slot_of(r, p0 + n) * slot_bytes + h * row_bytes, acc);
     }
   return acc[0];
 }
-// Best seconds of PASSES passes; order: 0 sequential, 1 head-major, 2 slot-major.
-static double timed(const char *k, const char *v, size_t bytes, int order, long dist) {
+// Best seconds of PASSES passes; per_pass 0: sequential, else request()'s heads a pass.
+static double timed(const char *k, const char *v, size_t bytes, long per_pass, long dist) {
   double best = 1e30;
   volatile float sink = 0;
   for (int pass = 0; pass < PASSES; ++pass) {
     const double t0 = now();
     float s = 0;
-    if (order == 0) {
+    if (per_pass == 0) {
 #pragma omp parallel for reduction(+ : s)
       for (long c = 0; c < 64; ++c) {
         __m256 acc = _mm256_setzero_ps();
@@ -70,7 +74,7 @@ static double timed(const char *k, const char *v, size_t bytes, int order, long 
       }
     } else {
 #pragma omp parallel for reduction(+ : s)
-      for (long r = 0; r < bs; ++r) s += request(k, v, r, order == 2, dist);
+      for (long r = 0; r < bs; ++r) s += request(k, v, r, per_pass, dist);
     }
     const double t = now() - t0;
     sink += s;
@@ -102,16 +106,21 @@ int main(int argc, char **argv) {
   printf("%d threads, itemsize %ld, page %ld, %ld x %ld, 8 KV heads of %d: %.0f MB of K and V\n",
          omp_get_max_threads(), itemsize, page, bs, ctx, DIM, 2 * bytes / 1e6);
   const double seq = timed(k, v, bytes, 0, 0);
-  printf("  %-24s %8.2f ms %6.1f GB/s  1.00\n", "sequential", seq * 1e3, 2 * bytes / seq / 1e9);
+  printf("  %-28s %8.2f ms %6.1f GB/s  1.00\n", "sequential", seq * 1e3, 2 * bytes / seq / 1e9);
   long dists[8] = {0}, nd = 1;
   for (int i = 5; i < argc && nd < 8; ++i) dists[nd++] = atol(argv[i]);
-  for (int order = 1; order <= 2; ++order)
+  const long passes[] = {1, 2, 4, HEADS};  // heads a pass: head-major ... slot-major
+  for (int o = 0; o < 4; ++o)
     for (long i = 0; i < nd; ++i) {
       char name[48];
-      snprintf(name, sizeof name, "%s%s", order == 1 ? "head-major" : "slot-major", dists[i] ? ", prefetch " : "");
-      if (dists[i]) snprintf(name + strlen(name), sizeof name - strlen(name), "%ld", dists[i]);
-      const double t = timed(k, v, bytes, order, dists[i]);
-      printf("  %-24s %8.2f ms %6.1f GB/s  %.2f\n", name, t * 1e3, 2 * bytes / t / 1e9, seq / t);
+      const long per = passes[o];
+      if (per == 1 || per == HEADS)
+        snprintf(name, sizeof name, "%s", per == 1 ? "head-major" : "slot-major");
+      else
+        snprintf(name, sizeof name, "%ld heads a pass", per);
+      if (dists[i]) snprintf(name + strlen(name), sizeof name - strlen(name), ", prefetch %ld", dists[i]);
+      const double t = timed(k, v, bytes, per, dists[i]);
+      printf("  %-28s %8.2f ms %6.1f GB/s  %.2f\n", name, t * 1e3, 2 * bytes / t / 1e9, seq / t);
     }
   return 0;
 }
