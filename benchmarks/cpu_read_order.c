@@ -110,14 +110,13 @@ int main(int argc, char **argv) {
   long dists[8] = {0}, nd = 1;
   for (int i = 5; i < argc && nd < 8; ++i) dists[nd++] = atol(argv[i]);
   const long passes[] = {1, 2, 4, HEADS};  // heads a pass: head-major ... slot-major
-  for (int o = 0; o < 4; ++o)
+  for (size_t o = 0; o < sizeof passes / sizeof *passes; ++o)
     for (long i = 0; i < nd; ++i) {
       char name[48];
       const long per = passes[o];
-      if (per == 1 || per == HEADS)
-        snprintf(name, sizeof name, "%s", per == 1 ? "head-major" : "slot-major");
-      else
-        snprintf(name, sizeof name, "%ld heads a pass", per);
+      if (per == 1) snprintf(name, sizeof name, "head-major");
+      else if (per == HEADS) snprintf(name, sizeof name, "slot-major");
+      else snprintf(name, sizeof name, "%ld heads a pass", per);
       if (dists[i]) snprintf(name + strlen(name), sizeof name - strlen(name), ", prefetch %ld", dists[i]);
       const double t = timed(k, v, bytes, per, dists[i]);
       printf("  %-28s %8.2f ms %6.1f GB/s  %.2f\n", name, t * 1e3, 2 * bytes / t / 1e9, seq / t);
