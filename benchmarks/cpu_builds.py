@@ -6,7 +6,8 @@ Each contender is ``REV@ISA``: the ``csrc/`` of git revision ``REV`` (``.`` for 
 tree) compiled for ``ISA`` (a key of ``attnhal_cpu.build.ISA_FLAGS``: ``AVX512_BF16``,
 ``AVX512``, ``AVX2``, ``DEFAULT``) — e.g. this tree's AVX2 build on an AVX-512 host, or
 today's kernel against the main branch's. Each copy registers its op under a namespace of its
-own (``attnhal_cpu_b0``, ...) so that all load into one process; builds are cached in
+own (``attnhal_cpu_b0``, ...: ``-DATTNHAL_CPU_NS``, or the literal namespace renamed in the sources
+of revisions before it) so that all load into one process; builds are cached in
 ``$ATTNHAL_CPU_BUILD_DIR/compare``. The op is called directly on one decode shape (KV pages in
 random order, as in ``decode_cpu.py``), contenders interleaved, the read bandwidth (``sum``
 over 512 MB) sampled once per repeat; every contender's output is first checked against
@@ -54,7 +55,7 @@ def sources(rev: str, into: Path, namespace: str) -> Path:
 def build_copy(rev: str, isa: str, namespace: str, workdir: Path) -> tuple[object, Entry]:
     """Build (or find in ``$ATTNHAL_CPU_BUILD_DIR/compare``) and load ``rev``'s kernel for ``isa``
     under op namespace ``namespace``; returns its ops (``torch.ops.<namespace>``) and cache entry."""
-    spec = kernel_spec(isa, sources(rev, workdir / namespace, namespace))
+    spec = kernel_spec(isa, sources(rev, workdir / namespace, namespace), namespace)
     entry = locate(dataclasses.replace(spec, name=namespace), cache_root() / "compare")
     ensure_built(entry)
     torch.ops.load_library(str(entry.library))

@@ -9,11 +9,12 @@ and the same K/V contiguous ``[bs, kv_heads, ctx, D]`` for SDPA.
 
 Contenders
     ``cpu ISA pP`` ``CpuBackend.forward`` (decode) on a pool of page size ``P``, once per build of the
-                  kernel this host can run: its own (``native_build``) and the lower instruction sets
-                  forced (an ``AVX512_BF16`` host also runs ``AVX512`` and ``AVX2``; ``--isa`` picks),
-                  each with the parameters measured for it on this host (``attnhal_cpu.tuning``; the
-                  header prints them, measured or defaulted). The forced builds are copies under op
-                  namespaces of their own (``benchmarks/cpu_builds.py``), so all run in this process;
+                  kernel this host can run, each forced for every cache width: its own (``native_build``)
+                  and the narrower builds the backend races it with (an ``AVX512_BF16`` host also runs
+                  ``AVX512`` and ``AVX2``; ``--isa`` picks), each with the parameters measured for it on
+                  this host (``attnhal_cpu.tuning``; the header prints them, measured or defaulted, and
+                  which build the backend runs per cache width). Each build's op has a namespace of its
+                  own (``attnhal_cpu_avx2``), so all run in this process;
     ``torch pP``  ``TorchBackend.forward``; a page size a backend does not claim prints ``n/a`` with the reason;
     ``sdpa gqa``  ``scaled_dot_product_attention(q [bs, H, 1, D], K, V, enable_gqa=True)``;
     ``sdpa folded`` the query heads of each KV head folded into the query length:
@@ -38,11 +39,9 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -52,13 +51,12 @@ from attnhal.capabilities import AttentionRequest, not_supported_reasons
 from attnhal.phases import Phase
 from attnhal.platform import parse
 from attnhal_cpu import CpuBackend
-from attnhal_cpu.build import native_build, tune_entry
-from attnhal_cpu.ops import Kernel, host_kernel
+from attnhal_cpu.build import ISA_FLAGS, NARROWER, load_build, native_build, op_namespace, tune_entry
+from attnhal_cpu.buildcache import find_compiler
+from attnhal_cpu.ops import Kernel, attend_op
+from attnhal_cpu.params import WIDTHS
 from attnhal_torch import TorchBackend
 
-#: The lower instruction sets each build can also run (a build's own first).
-LOWER = {"AVX512_BF16": ("AVX512_BF16", "AVX512", "AVX2"), "AVX512": ("AVX512", "AVX2"), "AVX2": ("AVX2",),
-         "DEFAULT": ("DEFAULT",)}
 SHAPES = ((1, 8192), (16, 2048), (64, 512))
 SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 QUICK_SHAPES = ((2, 512),)
@@ -157,30 +155,22 @@ def _paged_contender(who: Contender, page: int, data: _Data, heads: Heads, dtype
 
 
 def kernels(isas: list[str] | None) -> list[Kernel]:
-    """This host's build, then each lower instruction set's (or those of ``isas``), with their parameters.
-
-    Forced builds are working-tree copies under namespaces ``attnhal_cpu_isa_<isa>``; each is
-    tuned for this host like the host's own (its record lives in its cache entry).
-    """
-    build = native_build()
-    if not build.ok:
+    """Each build this host runs — its own, then every narrower one (those the backend races per
+    cache width) — or those of ``isas``, each forced for both widths with its own parameters,
+    tuned for this host (each build's record lives in its cache entry)."""
+    native = native_build()
+    if not native.ok or native.tuning is None:
         return []
-    own = build.isa.split(":")[0]
-    wanted = isas or list(LOWER.get(own, (own,)))
-    out = [host_kernel()] if own in wanted else []
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from cpu_builds import build_copy
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for isa in wanted:
-            if isa == own:
-                continue
-            if isa not in (*LOWER.get(own, ()), "DEFAULT"):
-                raise SystemExit(f"--isa={isa} (supported on this host: {' '.join(LOWER.get(own, (own,)))} DEFAULT)")
-            ops, entry = build_copy(".", isa, f"attnhal_cpu_isa_{isa.lower()}", Path(tmp))
-            tuning = tune_entry(entry, isa, ops)
-            out.append(Kernel(ops.attend, tuning.params, f"attnhal_cpu_{isa.lower()} (forced)",
-                              f"{tuning.source}: {tuning.detail}"))
+    own = native.isa.split(":")[0]
+    allowed = (own, *NARROWER[own], "DEFAULT")
+    out = []
+    for isa in isas or allowed[:-1]:
+        if isa not in allowed:
+            raise SystemExit(f"--isa={isa} (supported on this host: {' '.join(allowed)})")
+        entry, _, ops = load_build(isa, find_compiler())
+        tuning = native.tuning if isa == own else tune_entry(entry, isa, ops)
+        out.append(Kernel(attend_op(op_namespace(isa)), tuning.params, op_namespace(isa),
+                          f"{tuning.source}: {tuning.detail}"))
     return out
 
 
@@ -347,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run in seconds (tiny shapes, 2 repeats, "
                     "the host's own build only unless --isa)")
     ap.add_argument("--shapes", nargs="+", metavar="BSxCTX", help="the fixed shapes (default: 1x8192 16x2048 64x512)")
-    ap.add_argument("--isa", nargs="+", choices=sorted(LOWER), help="the kernel builds to run (default: this "
+    ap.add_argument("--isa", nargs="+", choices=sorted(ISA_FLAGS), help="the kernel builds to run (default: this "
                     "host's and every lower instruction set it can run; DEFAULT: the generic build, vectors of 4 floats)")
     a = ap.parse_args(argv)
     bad = [p for p in a.page_sizes if p < 1]
@@ -372,6 +362,8 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(who.kwargs.get("kernel"), Kernel):
             kernel = who.kwargs["kernel"]
             print(f"{who.label}: {kernel.name}, parameters {kernel.params} ({kernel.origin})")
+    if native_build().ok:
+        print("the backend runs: " + "; ".join(f"{w} caches on {native_build().runs(w)[0]}" for w in WIDTHS))
     print(host_line())
     print(f"load average before: {load_average()} on {os.cpu_count()} cpus; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")

@@ -113,7 +113,7 @@ class CpuBackend(AttentionBackend):
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits={num_splits} (supported: an int >= 1, or None)")
         self.num_splits = num_splits
-        self.kernel = kernel if kernel is not None else host_kernel()
+        self.kernel = kernel if kernel is not None else host_kernel(pool.dtype.itemsize)
         self.kernel_params = self.kernel.params.for_itemsize(pool.dtype.itemsize)  # this pool's cache width
         self._meta: _Meta | None = None
         self._graph: _GraphState | None = None
@@ -139,7 +139,7 @@ class CpuBackend(AttentionBackend):
     def parameters_info(cls) -> str | None:
         """The build's instruction set and its parameters here, measured or defaulted (tuning.py)."""
         build = native_build()
-        return f"{build.name}: {build.tuning}" if build.ok else None
+        return f"{build.name}: {build.parameters()}" if build.ok else None
 
     # --- metadata ----------------------------------------------------------------------
     def init_forward_metadata(self, batch: ForwardBatch) -> None:

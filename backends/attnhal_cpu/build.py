@@ -8,9 +8,13 @@ content (headers included) and compiler; later processes load the installed libr
 about 0.1 s. The instruction set is chosen from what torch reports for the CPU the process
 runs on (``torch.backends.cpu.get_cpu_capability()``) and the kernel's tile width follows
 it; an AVX-512 CPU with the bf16 dot product (``avx512_bf16``) whose compiler accepts
-``-mavx512bf16`` gets the ``AVX512_BF16`` build, whose bf16 scores use ``vdpbf16ps``. The
-compiler is invoked directly (``$CXX``, default ``c++``) with torch's include paths; the
-flags are those ``torch.utils.cpp_extension`` would use.
+``-mavx512bf16`` gets the ``AVX512_BF16`` build, whose bf16 scores use ``vdpbf16ps``. Each
+build registers its op under a namespace of its own (``torch.ops.attnhal_cpu_avx2.attend``),
+so that several load into one process: the first process on a CPU model also builds the
+narrower builds the CPU runs (:data:`NARROWER`), tunes each and races them with the host's
+(:mod:`attnhal_cpu.tuning`); the record names the build that runs each cache width, and later
+processes load just those. The compiler is invoked directly (``$CXX``, default ``c++``) with
+torch's include paths; the flags are those ``torch.utils.cpp_extension`` would use.
 
 A build that fails (no compiler, a compiler error, a wait for another build's lock past
 its bound) is remembered with its error for this process: the backend is then unavailable
@@ -26,17 +30,20 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from attnhal_cpu.buildcache import BuildError, Compiler, Entry, LibrarySpec, cache_root, cache_state, discard
 from attnhal_cpu.buildcache import ensure_built, find_compiler, locate
-from attnhal_cpu.params import HOST_DEFAULTS, HostParams
-from attnhal_cpu.sweep import kernel_timer
-from attnhal_cpu.tuning import Tuning, tune
+from attnhal_cpu.params import HOST_DEFAULTS, WIDTH_NAMES, WIDTHS, HostParams
+from attnhal_cpu.sweep import RACE_SHAPES, SHAPES, Timer, kernel_timer
+from attnhal_cpu.tuning import Contender, MakeTimer, Tuning, tune
 
-__all__ = ["NativeBuild", "choose_isa", "kernel_spec", "native_build", "tune_entry"]
+__all__ = ["NARROWER", "NativeBuild", "choose_isa", "kernel_spec", "load_build", "native_build", "op_namespace",
+           "tune_entry"]
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
 LIBRARY = "attnhal_cpu"
@@ -50,6 +57,10 @@ ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "AVX2": ("-mavx2", "-mfma", "-mf16c"),
     "DEFAULT": (),
 }
+#: The narrower builds a CPU of each instruction set also runs, raced against its own once per CPU
+#: model (a Zen 4 executes 512-bit operations as two 256-bit halves; docs/cpu.md).
+NARROWER: dict[str, tuple[str, ...]] = {"AVX512_BF16": ("AVX512", "AVX2"), "AVX512": ("AVX2",), "AVX2": (),
+                                        "DEFAULT": ()}
 #: OpenMP: the kernel parallelises with ``at::parallel_for``, which is OpenMP in torch's CPU builds.
 BASE_FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", "-ffp-contract=fast")
 
@@ -60,7 +71,9 @@ class NativeBuild:
 
     ``error`` is None on success; ``seconds`` covers compile (or cache load) and load;
     ``entry`` is the cache entry (None when no compiler was found to key it by); ``tuning``:
-    the parameters the kernel runs with here and where they came from (:mod:`attnhal_cpu.tuning`).
+    the parameters the kernel runs with here and where they came from (:mod:`attnhal_cpu.tuning`);
+    ``narrower``: the tunings of the narrower builds that run a cache width here (``tuning.builds``),
+    by instruction set; their ops are loaded.
     """
 
     name: str
@@ -71,6 +84,14 @@ class NativeBuild:
     compiled: bool = False
     entry: Entry | None = None
     tuning: Tuning | None = None
+    narrower: Mapping[str, Tuning] = field(default_factory=dict)
+
+    def runs(self, width: str) -> tuple[str, Tuning | None]:
+        """The op namespace of the build that runs cache ``width`` here, and that build's tuning."""
+        if self.tuning is None:
+            return self.name, None
+        isa = dict(self.tuning.builds).get(width)  # None: the host's own build
+        return (op_namespace(isa), self.narrower[isa]) if isa else (self.name, self.tuning)
 
     @property
     def ok(self) -> bool:
@@ -94,7 +115,17 @@ class NativeBuild:
             return f"{self.name}: build failed after {self.seconds:.1f} s: {self.error}; cache {self.cache()}"
         how = "compiled and loaded" if self.compiled else "loaded from the build cache"
         return (f"{self.name}: {how} in {self.seconds:.2f} s ({self.isa}; {self.path}); cache {self.cache()}; "
-                f"parameters: {self.tuning}")
+                f"parameters: {self.parameters()}")
+
+    def parameters(self) -> str:
+        """The parameters and where they came from; where a narrower build runs a cache width here,
+        per width the build that runs it and its parameters."""
+        if self.tuning is None or not self.narrower:
+            return str(self.tuning)
+        runs = {w: self.runs(w) for w in WIDTHS}
+        return "; ".join(f"{WIDTH_NAMES[w]} on {ns}: {getattr(t.params if t else HOST_DEFAULTS, w)}"
+                         for w, (ns, t) in runs.items()) + \
+            f" (raced with the host's build, {self.tuning.source}: {self.tuning.detail})"
 
 
 _LOCK = threading.Lock()
@@ -136,9 +167,15 @@ def choose_isa(capability: str, compiler: Compiler) -> str:
     return capability
 
 
-def kernel_spec(isa: str, source_dir: Path = SOURCE_DIR) -> LibrarySpec:
+def op_namespace(isa: str) -> str:
+    """The op namespace of instruction set ``isa``'s build (``attnhal_cpu_avx512_bf16``)."""
+    return f"{LIBRARY}_{isa.lower()}"
+
+
+def kernel_spec(isa: str, source_dir: Path = SOURCE_DIR, namespace: str | None = None) -> LibrarySpec:
     """The kernel's build for instruction set ``isa`` (a key of :data:`ISA_FLAGS`): every
-    ``.cpp`` of ``source_dir`` compiled, every ``.h`` hashed into the cache key."""
+    ``.cpp`` of ``source_dir`` compiled, every ``.h`` hashed into the cache key; its op registered
+    under ``namespace`` (default :func:`op_namespace`)."""
     import torch
     from torch.utils import cpp_extension
 
@@ -147,7 +184,7 @@ def kernel_spec(isa: str, source_dir: Path = SOURCE_DIR) -> LibrarySpec:
     return LibrarySpec(
         name=LIBRARY, tag=f"{isa.lower()}-torch{torch.__version__}",
         sources=tuple(sorted(source_dir.glob("*.cpp"))), headers=tuple(sorted(source_dir.glob("*.h"))),
-        cflags=(*includes, abi, *BASE_FLAGS, *ISA_FLAGS[isa]),
+        cflags=(*includes, abi, *BASE_FLAGS, *ISA_FLAGS[isa], f"-DATTNHAL_CPU_NS={namespace or op_namespace(isa)}"),
         ldflags=("-fopenmp", *(f"-L{p}" for p in cpp_extension.library_paths()), "-lc10", "-ltorch_cpu", "-ltorch"),
         identity=(torch.__version__, sys.platform, platform.machine()))
 
@@ -181,33 +218,88 @@ def _load(entry: Entry) -> None:
         raise BuildError(reason) from exc
 
 
-def _build() -> NativeBuild:
+#: Builds loaded in this process, by instruction set: their cache entry and compiled flag.
+_LOADED: dict[str, tuple[Entry, bool]] = {}
+
+
+def load_build(isa: str, compiler: Compiler) -> tuple[Entry, bool, Any]:
+    """Build (or find in the cache) and load ``isa``'s build, once per process: its entry, whether
+    it was compiled now, and its ops (``torch.ops.<namespace>``)."""
     import torch
 
+    if isa not in _LOADED:
+        entry = locate(kernel_spec(isa), compiler=compiler)
+        compiled = ensure_built(entry)
+        _load(entry)
+        _LOADED[isa] = entry, compiled
+    entry, compiled = _LOADED[isa]
+    return entry, compiled, getattr(torch.ops, op_namespace(isa))
+
+
+def _build() -> NativeBuild:
     isa = _capability()
-    name = f"attnhal_cpu_{isa.lower()}"
+    name = op_namespace(isa)
     start = time.perf_counter()
     entry: Entry | None = None
     try:
         compiler = find_compiler()
         isa = choose_isa(isa, compiler)
-        name = f"attnhal_cpu_{isa.lower()}"
-        entry = locate(kernel_spec(isa), compiler=compiler)
-        compiled = ensure_built(entry)
-        _load(entry)
-        described = str(torch.ops.attnhal_cpu.isa())
+        name = op_namespace(isa)
+        entry, compiled, ops = load_build(isa, compiler)
+        described = str(ops.isa())
     except Exception as exc:  # noqa: BLE001 - any build or load failure is the backend's reason
         return NativeBuild(name, isa, time.perf_counter() - start, error=_short(exc), entry=entry)
     seconds = time.perf_counter() - start
-    tuning = tune_entry(entry, isa, torch.ops.attnhal_cpu)
+
+    jobs: dict[Any, list[Any]] = {}  # per cache width, the K/V every build's timer reads; freed after tuning
+    tuned: dict[str, Tuning] = {}  # the narrower builds' own tunings, as the race measured or read them
+
+    def contender(other: str) -> Callable[[], Contender]:
+        def load() -> Contender:
+            entry, _, ops = load_build(other, compiler)
+            own = tuned[other] = tune_entry(entry, other, ops, jobs=jobs)
+            return Contender(other, own.params, own.source, _timers(ops, jobs))
+        return load
+
+    tuning = tune_entry(entry, isa, ops, {other: contender(other) for other in NARROWER[isa]}, jobs)
+    tuning, narrower = _narrower(tuning, compiler, tuned)
     return NativeBuild(name, f"{isa}: {described}", seconds, path=str(entry.library), compiled=compiled,
-                       entry=entry, tuning=tuning)
+                       entry=entry, tuning=tuning, narrower=narrower)
 
 
-def tune_entry(entry: Entry, isa: str, ops: Any) -> Tuning:
-    """The parameters of the build in ``entry`` whose ops (``torch.ops.<namespace>``) are loaded:
-    its record for this CPU, or a sweep (:func:`attnhal_cpu.tuning.tune`)."""
+def _narrower(tuning: Tuning, compiler: Compiler, tuned: Mapping[str, Tuning]) -> tuple[Tuning, dict[str, Tuning]]:
+    """Load the narrower builds ``tuning`` runs widths on, with their own tunings (``tuned``: those
+    this process has already); a width whose build will not load stays on the host's build
+    (``tuning.detail`` says why)."""
+    narrower: dict[str, Tuning] = {}
+    for width, isa in tuning.builds:
+        try:
+            entry, _, ops = load_build(isa, compiler)
+            narrower[isa] = narrower.get(isa) or tuned.get(isa) or tune_entry(entry, isa, ops)
+        except Exception as exc:  # noqa: BLE001 - the host's own build serves that width
+            kept = tuple(b for b in tuning.builds if b[0] != width)
+            tuning = replace(tuning, builds=kept, detail=f"{tuning.detail}; {width}: the {isa} build did not "
+                                                         f"load ({_short(exc)}), the host's build runs it")
+    return tuning, narrower
+
+
+def _timers(ops: Any, jobs: dict[Any, list[Any]]) -> MakeTimer:
+    """``make_timer(width, race=False)`` of the build whose ops are ``ops`` (the sweep's shapes, or
+    the race's); ``jobs``: the timing jobs several builds' timers share (the same K/V, allocated by
+    the first)."""
     import torch
 
-    return tune(entry.directory, isa, lambda width: kernel_timer(ops, torch.get_num_threads(), width),
-                int(ops.tile_width()))
+    def make_timer(width: str, race: bool = False) -> Timer:
+        shapes = RACE_SHAPES if race else SHAPES
+        return kernel_timer(ops, torch.get_num_threads(), width, jobs=jobs.setdefault((width, race), []),
+                            shapes=shapes)
+    return make_timer
+
+
+def tune_entry(entry: Entry, isa: str, ops: Any, others: Mapping[str, Callable[[], Contender]] = MappingProxyType({}),
+               jobs: dict[Any, list[Any]] | None = None) -> Tuning:
+    """The parameters of the build in ``entry`` whose ops (``torch.ops.<namespace>``) are loaded:
+    its record for this CPU, or a sweep (:func:`attnhal_cpu.tuning.tune`); ``others``: narrower
+    builds to race it with when measuring; ``jobs``: timing jobs shared with their timers."""
+    return tune(entry.directory, isa, _timers(ops, {} if jobs is None else jobs), int(ops.tile_width()),
+                others=others)

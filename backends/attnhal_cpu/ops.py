@@ -1,4 +1,4 @@
-"""The native op ``torch.ops.attnhal_cpu.attend`` and its fake (meta) implementation.
+"""The native op ``torch.ops.attnhal_cpu_<isa>.attend`` and its fake (meta) implementation.
 
 One op per launch, declared with ``Tensor(a!)`` outputs: graph capture (real or the
 CPU emulator), ``torch.compile`` and the dispatcher see one op that writes into the
@@ -16,7 +16,7 @@ import torch
 
 from attnhal.errors import AttnhalError
 from attnhal_cpu.build import native_build
-from attnhal_cpu.params import HostParams
+from attnhal_cpu.params import HostParams, width_of
 
 __all__ = ["Kernel", "NativeUnavailable", "attend_op", "host_kernel"]
 
@@ -26,11 +26,11 @@ class NativeUnavailable(AttnhalError, RuntimeError):
 
 
 _LOCK = threading.Lock()
-_FAKE_REGISTERED = False
+_FAKES: set[str] = set()
 
 
-def attend_op() -> Any:
-    """``torch.ops.attnhal_cpu.attend`` (building the extension on first use).
+def attend_op(namespace: str | None = None) -> Any:
+    """``torch.ops.<namespace>.attend`` of a loaded build (default: this host's, built on first use).
 
     Schema: ``attend(out!, mid_o!, mid_lse!, q, k_cache, v_cache, req_to_page,
     req_pool_indices, seq_lens, ext_lens?, mask?, extra_slots?, num_extra,
@@ -38,15 +38,15 @@ def attend_op() -> Any:
     prefetch_burst=False, tile_vectors=1)``; see ``csrc/attention.cpp`` and
     :class:`~attnhal_cpu.params.KernelParams` (``op_args``) for the last four.
     """
-    global _FAKE_REGISTERED
     build = native_build()
     if not build.ok:
         raise NativeUnavailable(f"attnhal_cpu kernel unavailable: {build.error}")
+    namespace = namespace or build.name
     with _LOCK:
-        if not _FAKE_REGISTERED:
-            torch.library.register_fake("attnhal_cpu::attend")(_attend_fake)
-            _FAKE_REGISTERED = True
-    return torch.ops.attnhal_cpu.attend
+        if namespace not in _FAKES:
+            torch.library.register_fake(f"{namespace}::attend")(_attend_fake)
+            _FAKES.add(namespace)
+    return getattr(torch.ops, namespace).attend
 
 
 @dataclass(frozen=True)
@@ -60,12 +60,14 @@ class Kernel:
     origin: str = ""
 
 
-def host_kernel() -> Kernel:
-    """This host's build (:func:`~attnhal_cpu.build.native_build`) with its parameters."""
-    op = attend_op()
+def host_kernel(itemsize: int = 4) -> Kernel:
+    """The build that runs caches of ``itemsize``-byte elements on this host (the host's own, or a
+    narrower one that raced faster here: :func:`~attnhal_cpu.build.native_build`), with its parameters."""
     build = native_build()
-    tuning = build.tuning
-    return Kernel(op, build.params, build.name, f"{tuning.source}: {tuning.detail}" if tuning else "")
+    attend_op()  # raises when the host's build is unavailable
+    namespace, tuning = build.runs(width_of(itemsize))
+    origin = f"{tuning.source}: {tuning.detail}" if tuning else ""
+    return Kernel(attend_op(namespace), tuning.params if tuning else build.params, namespace, origin)
 
 
 def _attend_fake(out: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor, *args: Any) -> None:

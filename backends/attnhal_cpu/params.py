@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["DEFAULTS", "HOST_DEFAULTS", "HostParams", "KernelParams", "MIN_SPLIT_LEN", "TILE_VECTORS", "WIDTHS",
-           "parse_host_params", "parse_params", "split_count"]
+__all__ = ["DEFAULTS", "HOST_DEFAULTS", "HostParams", "KernelParams", "MIN_SPLIT_LEN", "TILE_VECTORS", "WIDTH_NAMES",
+           "WIDTHS", "parse_host_params", "parse_params", "split_count", "width_of"]
 
 #: Tile widths the kernel is compiled for, in vectors (``tile_vectors``).
 TILE_VECTORS = (1, 2, 4)
@@ -82,6 +82,8 @@ DEFAULTS = KernelParams()
 #: They differ: on the Zen 3 host the burst prefetch was faster for fp32 and slower for bf16
 #: (docs/cpu.md), since a 2-byte row is half the cache lines per slot.
 WIDTHS = ("fp32", "half")
+#: How each width is named in what is printed.
+WIDTH_NAMES = {"fp32": "fp32", "half": "bf16/fp16"}
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class HostParams:
 
     def for_itemsize(self, itemsize: int) -> KernelParams:
         """The parameters for a KV cache of ``itemsize``-byte elements."""
-        return self.half if itemsize == 2 else self.fp32
+        return self.half if width_of(itemsize) == "half" else self.fp32
 
     def to_dict(self) -> dict[str, dict[str, int]]:
         return {"fp32": self.fp32.to_dict(), "half": self.half.to_dict()}
@@ -101,10 +103,15 @@ class HostParams:
     def __str__(self) -> str:
         if self.fp32 == self.half:
             return f"fp32 and bf16/fp16: {self.fp32}"
-        return f"fp32: {self.fp32}; bf16/fp16: {self.half}"
+        return f"{WIDTH_NAMES['fp32']}: {self.fp32}; {WIDTH_NAMES['half']}: {self.half}"
 
 
 HOST_DEFAULTS = HostParams()
+
+
+def width_of(itemsize: int) -> str:
+    """The cache width (:data:`WIDTHS`) of ``itemsize``-byte KV elements."""
+    return "half" if itemsize == 2 else "fp32"
 
 
 def parse_params(text: str) -> KernelParams:

@@ -19,21 +19,28 @@ once instead of caching noise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from attnhal.errors import AttnhalError
 from attnhal_cpu.params import DEFAULTS, MIN_SPLIT_LEN, TILE_VECTORS, KernelParams, split_count
 
-__all__ = ["CANDIDATES", "GAIN", "SHAPES", "HostBusy", "SweepResult", "SweepTimeout", "Timer", "kernel_timer",
-           "sweep"]
+__all__ = ["CANDIDATES", "GAIN", "RACE_SHAPES", "SHAPES", "HostBusy", "SweepResult", "SweepTimeout", "Timer",
+           "kernel_timer", "race", "sweep"]
 
 #: The sweep's page size and shapes (rows, positions per row) per cache width; both read the same 64 MB.
 PAGE = 16
 SHAPES: dict[str, tuple[tuple[int, int], ...]] = {"fp32": ((8, 1024), (1, 8192)), "half": ((8, 2048), (1, 16384))}
+#: The race between builds reads 128 MB, four times the L3 of the hosts measured: over the sweep's
+#: 64 MB a Zen 4 (32 MB L3) kept part of the K/V in L3 and its AVX2 build led by 3-5 %, where real
+#: decodes far past the L3 showed it 10-20 % faster (docs/cpu.md). It launches each build a few
+#: times only, so the larger shapes cost little.
+RACE_SHAPES: dict[str, tuple[tuple[int, int], ...]] = {"fp32": ((8, 2048), (1, 16384)),
+                                                       "half": ((16, 2048), (1, 32768))}
 HEADS = (32, 8, 128)  # query heads, KV heads, head size
 #: Values tried per parameter, in search order (prefetch distances are rounded up to whole tiles).
 CANDIDATES: dict[str, tuple[int, ...]] = {
@@ -109,38 +116,69 @@ def sweep(timer: Timer, tile: int, budget_s: float = BUDGET_S, shapes: int = 2,
         timer(best, shape)
     for name in CANDIDATES:
         cands = _candidates(best, name, tile)
-        fastest = {c: [float("inf")] * shapes for c in cands}
-        for _ in range(ROUNDS):
-            for cand in cands:
-                for shape in range(shapes):
-                    if clock() - start > budget_s:
-                        raise SweepTimeout(f"the sweep ran past {budget_s:g} s (load average "
-                                           f"{os.getloadavg()[0]:.2f}); kept the defaults")
-                    fastest[cand][shape] = min(fastest[cand][shape], timer(cand, shape))
-        trials.extend((c, tuple(fastest[c])) for c in cands)
-
-        def score(cand: KernelParams) -> float:
-            return sum(t / b for t, b in zip(fastest[cand], fastest[best]))
-
-        winner = min(cands, key=score)
-        if score(winner) <= shapes * (1 - GAIN):
-            best = winner
+        fastest = _fastest({c: functools.partial(timer, c) for c in cands}, shapes, start, budget_s, clock)
+        trials.extend((c, fastest[c]) for c in cands)
+        best = _winner(fastest, best, shapes)
     return SweepResult(best, tuple(trials), clock() - start)
 
 
-def kernel_timer(op: Any, threads: int, width: str = "fp32", seed: int = 0) -> Timer:
-    """A :data:`Timer` of ``op`` (``torch.ops.<namespace>``, with ``attend``) on the :data:`SHAPES`
-    of ``width`` (``fp32``, or ``half``: a bf16 cache).
+def race(timers: Mapping[str, Callable[[int], float]], current: str, budget_s: float = BUDGET_S, shapes: int = 2,
+         clock: Callable[[], float] = time.monotonic,
+         load: Callable[[], float] = _load_per_cpu) -> tuple[str, dict[str, tuple[float, ...]]]:
+    """The fastest of several builds, each launched with its own parameters (``timers[name](shape)``:
+    seconds of one launch), and every build's fastest time per shape. Timed as one parameter of
+    :func:`sweep` is (interleaved rounds, the fastest round); ``current`` (the host's own build) stays
+    unless another is :data:`GAIN` faster. Raises :class:`HostBusy` and :class:`SweepTimeout` as it does."""
+    if load() > BUSY_LOAD_PER_CPU:
+        raise HostBusy(f"load average {load():.2f} per cpu (measured only at <= {BUSY_LOAD_PER_CPU:g}); "
+                       "kept the host's build, a later run measures")
+    start = clock()
+    for run in timers.values():  # first launches size each thread's buffers: not timed
+        for shape in range(shapes):
+            run(shape)
+    fastest = _fastest(timers, shapes, start, budget_s, clock)
+    return _winner(fastest, current, shapes), fastest
+
+
+def _fastest(runs: Mapping[Any, Callable[[int], float]], shapes: int, start: float, budget_s: float,
+             clock: Callable[[], float]) -> dict[Any, tuple[float, ...]]:
+    """Each run's fastest of :data:`ROUNDS` interleaved rounds, per shape."""
+    fastest = {key: [float("inf")] * shapes for key in runs}
+    for _ in range(ROUNDS):
+        for key, run in runs.items():
+            for shape in range(shapes):
+                if clock() - start > budget_s:
+                    raise SweepTimeout(f"the sweep ran past {budget_s:g} s (load average "
+                                       f"{os.getloadavg()[0]:.2f}); kept the defaults")
+                fastest[key][shape] = min(fastest[key][shape], run(shape))
+    return {key: tuple(times) for key, times in fastest.items()}
+
+
+def _winner(fastest: Mapping[Any, Sequence[float]], current: Any, shapes: int) -> Any:
+    """The run whose times, each relative to ``current``'s, sum to the least, if :data:`GAIN` less."""
+    def score(key: Any) -> float:
+        return sum(t / b for t, b in zip(fastest[key], fastest[current]))
+
+    winner = min(fastest, key=score)
+    return winner if score(winner) <= shapes * (1 - GAIN) else current
+
+
+def kernel_timer(op: Any, threads: int, width: str = "fp32", seed: int = 0,
+                 jobs: list[tuple[Sequence[Any], int, int]] | None = None,
+                 shapes: Mapping[str, Sequence[tuple[int, int]]] = SHAPES) -> Timer:
+    """A :data:`Timer` of ``op`` (``torch.ops.<namespace>``, with ``attend``) on the ``shapes``
+    (:data:`SHAPES`, or :data:`RACE_SHAPES`) of ``width`` (``fp32``, or ``half``: a bf16 cache).
 
     Allocates the shared KV (64 MB) and each shape's page table at its first call (a sweep that
-    gives up at once, on a busy host, allocates nothing); the returned timer launches the op with
-    the given parameters and split count and returns its wall time.
+    gives up at once, on a busy host, allocates nothing) into ``jobs`` (pass one list to the
+    timers of several builds of the same width: they then read the same K/V); the returned
+    timer launches the op with the given parameters and split count and returns its wall time.
     """
-    jobs: list[tuple[Sequence[Any], int, int]] = []
+    jobs = [] if jobs is None else jobs
 
     def timer(params: KernelParams, shape: int) -> float:
         if not jobs:
-            jobs.extend(_jobs(width, seed))
+            jobs.extend(_jobs(shapes[width], width, seed))
         args, rows, ctx = jobs[shape]
         splits = split_count(rows, ctx, threads, params.tasks_per_thread)
         begin = time.perf_counter()
@@ -150,19 +188,19 @@ def kernel_timer(op: Any, threads: int, width: str = "fp32", seed: int = 0) -> T
     return timer
 
 
-def _jobs(width: str, seed: int) -> list[tuple[Sequence[Any], int, int]]:
-    """The op's arguments (but the split count and the parameters) per shape of ``width``."""
+def _jobs(shapes: Sequence[tuple[int, int]], width: str, seed: int) -> list[tuple[Sequence[Any], int, int]]:
+    """The op's arguments (but the split count and the parameters) per shape of a ``width`` cache."""
     import torch
 
     hq, hkv, d = HEADS
     dtype = torch.float32 if width == "fp32" else torch.bfloat16
-    slots = max(rows * ctx for rows, ctx in SHAPES[width])
+    slots = max(rows * ctx for rows, ctx in shapes)
     gen = torch.Generator().manual_seed(seed)
     k = torch.empty(slots + PAGE, hkv, d, dtype=dtype).uniform_(-1, 1, generator=gen)
     v = torch.empty(slots + PAGE, hkv, d, dtype=dtype).uniform_(-1, 1, generator=gen)
     pages = torch.randperm(slots // PAGE, generator=gen).to(torch.int32) + 1  # page 0 unused
     jobs: list[tuple[Sequence[Any], int, int]] = []
-    for rows, ctx in SHAPES[width]:
+    for rows, ctx in shapes:
         table = pages[: rows * ctx // PAGE].view(rows, ctx // PAGE).contiguous()
         q = torch.empty(rows, hq, d, dtype=dtype).uniform_(-1, 1, generator=gen)
         most = -(-ctx // MIN_SPLIT_LEN)  # split_count never exceeds this

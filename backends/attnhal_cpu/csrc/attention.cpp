@@ -180,7 +180,13 @@ std::string isa() { return std::string(kIsa) + ", vectors of " + std::to_string(
 // whole tiles, see the sweep's candidates).
 int64_t tile_width() { return W; }
 
-TORCH_LIBRARY(attnhal_cpu, m) {
+// Each instruction set's build registers under a namespace of its own (build.py passes
+// -DATTNHAL_CPU_NS=attnhal_cpu_avx2, ...), so that several builds load into one process and race.
+#ifndef ATTNHAL_CPU_NS
+#define ATTNHAL_CPU_NS attnhal_cpu
+#endif
+
+TORCH_LIBRARY(ATTNHAL_CPU_NS, m) {
   m.def("attend(Tensor(a!) out, Tensor(b!) mid_o, Tensor(c!) mid_lse, Tensor q, Tensor k_cache, "
         "Tensor v_cache, Tensor req_to_page, Tensor req_pool_indices, Tensor seq_lens, Tensor? ext_lens, "
         "Tensor? mask, Tensor? extra_slots, int num_extra, int tokens_per_row, int page_size, "
@@ -189,4 +195,4 @@ TORCH_LIBRARY(attnhal_cpu, m) {
   m.def("tile_width() -> int", &tile_width);
 }
 
-TORCH_LIBRARY_IMPL(attnhal_cpu, CPU, m) { m.impl("attend", &attend); }
+TORCH_LIBRARY_IMPL(ATTNHAL_CPU_NS, CPU, m) { m.impl("attend", &attend); }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 
 import pytest
@@ -36,8 +37,14 @@ def test_build_comparison_renames_each_copy_and_refuses_an_unknown_isa(tmp_path)
     compare = _module("cpu_builds")
     copy = compare.sources(".", tmp_path / "b7", "attnhal_cpu_b7")
     text = (copy / "attention.cpp").read_text()
-    assert "TORCH_LIBRARY(attnhal_cpu_b7," in text and "TORCH_LIBRARY_IMPL(attnhal_cpu_b7," in text
-    assert "TORCH_LIBRARY(attnhal_cpu," not in text
+    assert "TORCH_LIBRARY(ATTNHAL_CPU_NS," in text and "TORCH_LIBRARY(attnhal_cpu," not in text
+    from attnhal_cpu.build import kernel_spec
+
+    assert "-DATTNHAL_CPU_NS=attnhal_cpu_b7" in kernel_spec("AVX2", copy, "attnhal_cpu_b7").cflags
+    before = "d7014b3"  # a revision whose sources name the namespace literally
+    if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", before], capture_output=True).returncode == 0:
+        old = compare.sources(before, tmp_path / "old", "attnhal_cpu_b8")
+        assert "TORCH_LIBRARY_IMPL(attnhal_cpu_b8," in (old / "attention.cpp").read_text()
     assert {p.name for p in copy.iterdir()} == {p.name for p in (ROOT / "backends/attnhal_cpu/csrc").iterdir()}
     with pytest.raises(SystemExit, match=r"ISA='AVX9' \(supported: REV@ISA with ISA in \["):
         compare.load(".@AVX9", 0, tmp_path)

@@ -339,15 +339,15 @@ def test_info_build_shows_the_cache_entry_and_its_state_in_text_and_json(capsys)
     main(["info", "--json", "--build"])
     data = json.loads(capsys.readouterr().out)
     assert f"cache {build.entry.directory}: built" in data["builds"]["cpu"], data["builds"]
-    assert f"parameters: {build.tuning}" in data["builds"]["cpu"]
+    assert f"parameters: {build.parameters()}" in data["builds"]["cpu"]
     main(["info", "--json"])
     data = json.loads(capsys.readouterr().out)
-    assert "builds" not in data and data["parameters"]["cpu"] == f"{build.name}: {build.tuning}", data["parameters"]
+    assert "builds" not in data and data["parameters"]["cpu"] == f"{build.name}: {build.parameters()}", data["parameters"]
     main(["info", "--build"])
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("cpu ") and "attnhal_cpu_" in ln]
     line = next(ln for ln in lines if " cache " in ln)
     assert f"cache {build.entry.directory}: built" in line, line
-    assert any(ln.split(None, 1)[1] == f"{build.name}: {build.tuning}" for ln in lines), lines  # measured or not
+    assert any(ln.split(None, 1)[1] == f"{build.name}: {build.parameters()}" for ln in lines), lines  # measured or not
 
 
 def test_a_first_build_shows_its_progress_on_stderr(setup, monkeypatch, capsys) -> None:
