@@ -41,7 +41,7 @@ from attnhal_cpu.params import HOST_DEFAULTS, WIDTH_NAMES, WIDTHS, HostParams, K
 from attnhal_cpu.sweep import BUDGET_S, SweepResult, Timer, race, sweep
 
 __all__ = ["FORMAT", "MODES", "PARAMS_ENV", "TUNE_ENV", "Contender", "MakeTimer", "Tuning", "cpu_model",
-           "record_path", "tune"]
+           "record_path", "tune", "will_measure"]
 
 TUNE_ENV = "ATTNHAL_CPU_TUNE"
 PARAMS_ENV = "ATTNHAL_CPU_PARAMS"
@@ -212,6 +212,17 @@ def tune(directory: Path, isa: str, make_timer: MakeTimer, tile: int, *,
         return _tune(path, isa, tuple(others), measure, progress, cpu, again=mode == "again")
     except Exception as exc:  # noqa: BLE001 - tuning is an optimisation: it never stops a run
         return Tuning(HOST_DEFAULTS, "defaulted", f"{type(exc).__name__}: {exc}")
+
+
+def will_measure(directory: Path, cpu: str | None = None) -> bool:
+    """Whether :func:`tune` for the build in cache entry ``directory`` would measure now (no record
+    for this CPU yet, or ``ATTNHAL_CPU_TUNE=again``; neither switch turning it off): the caller may
+    then start building the narrower builds early, in parallel. A record that turns out unusable
+    is measured all the same, only without that head start."""
+    mode = os.environ.get(TUNE_ENV) or "auto"
+    if os.environ.get(PARAMS_ENV) or mode not in MODES or mode in ("0", "off"):
+        return False
+    return mode == "again" or not record_path(directory, cpu or cpu_model()).exists()
 
 
 def _sweep_widths(make_timer: MakeTimer, tile: int,

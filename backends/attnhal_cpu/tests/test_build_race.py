@@ -12,7 +12,7 @@ import pytest
 from attnhal_cpu import build, buildlock, sweep
 from attnhal_cpu.params import DEFAULTS, HOST_DEFAULTS, HostParams, KernelParams
 from attnhal_cpu.sweep import HostBusy, SweepResult, SweepTimeout
-from attnhal_cpu.tuning import PARAMS_ENV, TUNE_ENV, Contender, Tuning, record_path, tune
+from attnhal_cpu.tuning import PARAMS_ENV, TUNE_ENV, Contender, Tuning, record_path, tune, will_measure
 
 pytestmark = pytest.mark.skipif(not buildlock.supported(), reason="needs fcntl")
 CPU = "TestVendor Test CPU family 1 model 2 stepping 3"
@@ -111,6 +111,19 @@ def test_a_race_that_cannot_measure_caches_nothing(tmp_path: Path, clean_env, ho
     assert got.params == HOST_DEFAULTS and got.source == "defaulted" and got.builds == ()
     assert ("not measured" if how == "defaulted contender" else "load average") in got.detail
     assert not record_path(tmp_path, CPU).exists()
+
+
+def test_the_narrower_builds_start_early_only_when_a_race_will_run(tmp_path: Path, clean_env, monkeypatch) -> None:
+    assert will_measure(tmp_path, CPU)  # no record yet
+    run_tune(tmp_path, {"AVX2": narrow()}, Race("AVX2", "AVX2"))
+    assert not will_measure(tmp_path, CPU) and will_measure(tmp_path, "Another CPU")
+    monkeypatch.setenv(TUNE_ENV, "again")
+    assert will_measure(tmp_path, CPU)
+    monkeypatch.setenv(TUNE_ENV, "0")
+    assert not will_measure(tmp_path / "fresh", CPU)
+    monkeypatch.delenv(TUNE_ENV)
+    monkeypatch.setenv(PARAMS_ENV, "prefetch=8")
+    assert not will_measure(tmp_path / "fresh", CPU)
 
 
 def test_a_chosen_build_that_will_not_load_leaves_its_width_to_the_host_build(monkeypatch) -> None:
