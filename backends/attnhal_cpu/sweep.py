@@ -36,9 +36,9 @@ __all__ = ["CANDIDATES", "GAIN", "RACE_SHAPES", "SHAPES", "HostBusy", "SweepResu
 PAGE = 16
 SHAPES: dict[str, tuple[tuple[int, int], ...]] = {"fp32": ((8, 1024), (1, 8192)), "half": ((8, 2048), (1, 16384))}
 #: The race between builds reads 128 MB, four times the L3 of the hosts measured: over the sweep's
-#: 64 MB a Zen 4 (32 MB L3) kept part of the K/V in L3 and its AVX2 build led by 3-5 %, where real
-#: decodes far past the L3 showed it 10-20 % faster (docs/cpu.md). It launches each build a few
-#: times only, so the larger shapes cost little.
+#: 64 MB a Zen 4 (32 MB L3) kept part of the K/V in L3 and its AVX2 build led the AVX512 build by
+#: 2-6 %, where over 128 MB it led by 10-14 % and real decodes past the L3 took 4-20 % less time
+#: (docs/cpu.md). It launches each build a few times only, so the larger shapes cost little.
 RACE_SHAPES: dict[str, tuple[tuple[int, int], ...]] = {"fp32": ((8, 2048), (1, 16384)),
                                                        "half": ((16, 2048), (1, 32768))}
 HEADS = (32, 8, 128)  # query heads, KV heads, head size
