@@ -54,7 +54,7 @@ from attnhal_cpu import CpuBackend
 from attnhal_cpu.build import ISA_FLAGS, NARROWER, load_build, native_build, op_namespace, tune_entry
 from attnhal_cpu.buildcache import find_compiler
 from attnhal_cpu.ops import Kernel, attend_op
-from attnhal_cpu.params import WIDTHS
+from attnhal_cpu.params import WIDTH_NAMES, WIDTHS
 from attnhal_torch import TorchBackend
 
 SHAPES = ((1, 8192), (16, 2048), (64, 512))
@@ -363,7 +363,8 @@ def main(argv: list[str] | None = None) -> None:
             kernel = who.kwargs["kernel"]
             print(f"{who.label}: {kernel.name}, parameters {kernel.params} ({kernel.origin})")
     if native_build().ok:
-        print("the backend runs: " + "; ".join(f"{w} caches on {native_build().runs(w)[0]}" for w in WIDTHS))
+        runs = (f"{WIDTH_NAMES[w]} caches on {native_build().runs(w)[0]}" for w in WIDTHS)
+        print("the backend runs: " + "; ".join(runs))
     print(host_line())
     print(f"load average before: {load_average()} on {os.cpu_count()} cpus; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")

@@ -253,6 +253,7 @@ def test_decode_benchmark_quick_mode(tmp_path: Path, capsys: pytest.CaptureFixtu
 
     cpu = "cpu " + native_build().name.removeprefix("attnhal_cpu_")  # quick: the host's build only
     assert f"\n{cpu}: {native_build().name}, parameters {native_build().params} (" in out, out
+    assert f"the backend runs: fp32 caches on {native_build().runs('fp32')[0]}; bf16/fp16 caches on " in out, out
     for name in ("sdpa gqa", "sdpa folded", f"{cpu} p1", f"{cpu} p16", "torch p1", "torch p16", "read bw",
                  "load average after"):
         assert name in out
