@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from triton_cases import SLOW, assert_close, build, check, expected, record_launches, run, shape
 
 from attnhal.backend import AttentionConfig, KVPool, UnsupportedFeature, kv_storage_dtype
@@ -21,6 +23,7 @@ from attnhal.phases import Phase
 from attnhal.platform import parse
 from attnhal.testing.cases import tree_mask
 from attnhal_triton import TritonBackend
+from attnhal_triton.tree_kernels import _seen_keys
 
 #: Each feature alone on every phase (interpreter row), then all of them at once with an
 #: fp8 cache on simulated targets (their real rows: block sizes, split counts).
@@ -132,3 +135,25 @@ def test_rows_with_nothing_to_attend_give_zero_not_nan() -> None:
             op(*args, **kwargs)
         out = launches[-1][1][0]
         assert torch.equal(out, torch.zeros_like(out))
+
+
+
+@triton.jit
+def _seen_probe(Seen, Out, N: tl.constexpr, W: tl.constexpr):
+    seen = tl.load(Seen + tl.arange(0, W))
+    j = tl.arange(0, N)
+    tl.store(Out + j, _seen_keys(seen, j, W).to(tl.int32))
+
+
+@pytest.mark.parametrize("words", [1, 2, 4])
+def test_seen_keys_reads_bit_j_of_word_j_over_32(words: int) -> None:
+    """``tree_kernels._seen_keys``, one word at a time (the [N, words] select it replaced spilled
+    3.5 KB a thread in fp32 tree verify on NVIDIA): key ``j`` is seen iff bit ``j % 32`` of
+    word ``j // 32`` is set, bit 31 included, for every key of 1, 2 and 4 words."""
+    gen = torch.Generator().manual_seed(words)
+    seen = torch.randint(-(2 ** 31), 2 ** 31 - 1, (words,), generator=gen, dtype=torch.int64).to(torch.int32)
+    seen[0] |= torch.tensor(-(2 ** 31), dtype=torch.int32)  # bit 31
+    out = torch.zeros(32 * words, dtype=torch.int32)
+    _seen_probe[(1,)](seen, out, 32 * words, words)
+    want = [(int(seen[j // 32]) >> (j % 32)) & 1 for j in range(32 * words)]
+    assert out.tolist() == want
