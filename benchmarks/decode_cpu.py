@@ -161,7 +161,7 @@ def kernels(isas: list[str] | None) -> list[Kernel]:
     native = native_build()
     if not native.ok or native.tuning is None:
         return []
-    own = native.isa.split(":")[0]
+    own = native.own_isa
     allowed = (own, *NARROWER[own], "DEFAULT")
     out = []
     for isa in isas or allowed[:-1]:
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError:
             ap.error(f"--shapes={a.shapes} (supported: BSxCTX, e.g. 16x2048)")
     pages = tuple(a.page_sizes)
-    own = native_build().isa.split(":")[0]
+    own = native_build().own_isa
     paged = contenders(kernels(a.isa or ([own] if a.quick else None)))  # quick: no forced builds to compile
     print(f"paged decode: q_heads={heads.q} kv_heads={heads.kv} head_dim={heads.dim}, page sizes {list(pages)}, "
           f"random page order; threads={torch.get_num_threads()}, torch {torch.__version__}, "

@@ -86,12 +86,17 @@ class NativeBuild:
     tuning: Tuning | None = None
     narrower: Mapping[str, Tuning] = field(default_factory=dict)
 
+    @property
+    def own_isa(self) -> str:
+        """This build's instruction set (a key of :data:`ISA_FLAGS`)."""
+        return self.isa.split(":")[0]
+
     def runs(self, width: str) -> tuple[str, Tuning | None]:
         """The op namespace of the build that runs cache ``width`` here, and that build's tuning."""
         if self.tuning is None:
             return self.name, None
-        isa = dict(self.tuning.builds).get(width)  # None: the host's own build
-        return (op_namespace(isa), self.narrower[isa]) if isa else (self.name, self.tuning)
+        isa = self.tuning.build_for(width, self.own_isa)
+        return op_namespace(isa), self.narrower.get(isa, self.tuning)
 
     @property
     def ok(self) -> bool:

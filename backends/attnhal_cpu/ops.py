@@ -64,8 +64,7 @@ def host_kernel(itemsize: int = 4) -> Kernel:
     """The build that runs caches of ``itemsize``-byte elements on this host (the host's own, or a
     narrower one that raced faster here: :func:`~attnhal_cpu.build.native_build`), with its parameters."""
     build = native_build()
-    attend_op()  # raises when the host's build is unavailable
-    namespace, tuning = build.runs(width_of(itemsize))
+    namespace, tuning = build.runs(width_of(itemsize))  # attend_op raises when the build failed
     origin = f"{tuning.source}: {tuning.detail}" if tuning else ""
     return Kernel(attend_op(namespace), tuning.params if tuning else build.params, namespace, origin)
 

@@ -145,7 +145,7 @@ def _host_isa() -> str:
     why = "; ".join(r.message for r in CpuBackend.runtime_reasons(parse("cpu")))
     if why:
         pytest.skip(f"cpu kernel unavailable: {why}")
-    return build.native_build().isa.split(":")[0]
+    return build.native_build().own_isa
 
 
 def test_the_host_build_runs_where_its_record_says() -> None:

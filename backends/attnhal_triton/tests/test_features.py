@@ -137,7 +137,6 @@ def test_rows_with_nothing_to_attend_give_zero_not_nan() -> None:
         assert torch.equal(out, torch.zeros_like(out))
 
 
-
 @triton.jit
 def _seen_probe(Seen, Out, N: tl.constexpr, W: tl.constexpr):
     seen = tl.load(Seen + tl.arange(0, W))
