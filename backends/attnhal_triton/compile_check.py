@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attnhal.platform import Platform, parse
-from attnhal_triton.compile_usage import dot_operand_types, resource_usage
+from attnhal_triton.compile_usage import audit
 from attnhal_triton.launch_table import LaunchRow, NoLaunchRowWarning, fallback_row, lookup
 from attnhal_triton.work import head_block
 
@@ -55,11 +55,6 @@ GROUP = 4
 _TRITON_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 #: Triton's pointer type of each e4m3 flavour (OCP e4m3fn = "fp8e4nv", MI300's fnuz = "fp8e4b8").
 _FP8 = {"e4m3fn": "fp8e4nv", "e4m3fnuz": "fp8e4b8"}
-#: Shared memory (LDS) a block may use, by target arch: a kernel over it compiles
-#: but cannot launch, so the check reports it as an error. Archs not listed are
-#: not checked.
-SHARED_LIMIT = {"80": 166912, "86": 101376, "89": 101376, "90": 232448, "100": 232448, "120": 101376,
-                "gfx90a": 65536, "gfx942": 65536, "gfx950": 163840}
 
 
 @dataclass(frozen=True)
@@ -248,15 +243,7 @@ def _compile_one(job: Job) -> dict[str, Any]:
             warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
             compiled = triton.compile(_source(job, variant, row), target=target,
                                       options=row.launch_options)
-        usage = resource_usage(compiled, target)
-        dots = dot_operand_types(compiled)
-        result.update(usage, shared=int(compiled.metadata.shared), dot_types=sorted(dots), ok=True)
-        if job.compute_dtype != "float32" and "f32" in dots:
-            result.update(ok=False, error=f"fp32 tl.dot in a {job.dtype} kernel (operands {sorted(dots)}): "
-                                          "16-bit inputs belong on the tensor cores")
-        limit = SHARED_LIMIT.get(job.target.partition(":")[2])
-        if limit is not None and result["shared"] > limit:
-            result.update(ok=False, error=f"shared memory {result['shared']} B > {limit} B of the target")
+        result.update(audit(compiled, target, job.compute_dtype == "float32"))
     except Exception as exc:  # report every failure, keep compiling the rest
         result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
     result["seconds"] = round(time.perf_counter() - start, 2)

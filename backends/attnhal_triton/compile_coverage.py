@@ -5,26 +5,33 @@
 
 Every launchable form compiled for cuda:80/90/100 and gfx942/950 is about 87,000 GQA forms
 (:func:`attnhal_triton.launch_forms.forms`) plus 18,978 MLA forms
-(:func:`attnhal_triton.mla_forms.mla_forms`): days of CPU at 5-10 s a compile. CI compiles one
-form per class instead, the one a register estimate says is heaviest:
+(:func:`attnhal_triton.mla_forms.mla_forms`): days of CPU at 1-3 s a compile. CI compiles a
+share of those same enumerated forms instead, per class:
 
 * a class is (target, kernel, precision): ``--by function`` (the suite's) takes the kernel
   function (``decode_partial_kernel``, ``decode_reduce_kernel``, ``extend_kernel``,
-  ``mla_kernel``), ``--by kernel`` the launch-table kernel, i.e. the phase's form
-  (``extend_verify_tree``, ``mla_decode``, ...); precision is ``fp32`` or ``16-bit`` (a
-  16-bit query over any cache: fp8 is widened to fp16 in registers);
-* the heaviest form of a class has the most 32-bit words of live tiles per thread (CUDA)
-  or lane (HIP) over its register budget (:func:`register_demand`: the fp32 accumulator,
-  the query block, the K and V tiles, fp8's widened copies, the scores), ties broken
-  towards an fp8 cache, a tree mask, the one-pass form (sinks), a separate V tensor, a
-  group that is not a power of two, more mask words; for MLA also the form measured
-  tightest (:data:`MLA_TIGHTEST`) beside the estimate's pick.
+  ``mla_kernel``), ``--by kernel`` the phase's form (``extend_verify_tree``,
+  ``verify_tree_latent``, ...); precision is ``fp32`` or ``16-bit`` (a 16-bit query over any
+  cache: fp8 is widened to fp16 in registers);
+* first the class's heaviest form: the most 32-bit words of live tiles per thread (CUDA) or
+  lane (HIP) over its register budget (:func:`register_demand`: the fp32 accumulator, the
+  query block, the K and V tiles, fp8's widened copies, the scores), ties broken towards an
+  fp8 cache, a tree mask, the one-pass form (sinks), a separate V tensor, a group that is not
+  a power of two, more mask words;
+* then every branch: each value of each constexpr that chooses code rather than a size (the
+  flags, the dot precision, the tree's mask words: :func:`branches`) that occurs in the class
+  is compiled in at least one form of the share (greedy: the form with most values not yet
+  compiled, ties to the heavier). A path only one value reaches (two mask words: 3.5 KB of
+  spill in fp32 MLA tree verify, found by the whole enumeration, docs/triton_mla.md) is no
+  longer left to the run of every form;
+* for MLA also the form measured tightest (:data:`MLA_TIGHTEST`) by the run of every MLA
+  form, beside the estimate's pick.
 
 The estimate is not ptxas: a class's heaviest form by it is not proven its tightest
-(docs/triton.md says what was compared). Each form is compiled by the compile checks' own
-code (:func:`attnhal_triton.compile_forms.compile_form`,
-:func:`attnhal_triton.mla_compile_check.compile_job`) and must have 0 spills and headroom
->= 0. Exit 1 otherwise. Runs itself without ``TRITON_INTERPRET`` when it is set.
+(docs/triton.md says what was compared). Each form is compiled by
+:func:`attnhal_triton.compile_forms.compile_form` (as the whole enumeration is) and must have
+0 spills, headroom >= 0, no fp32 dot in a 16-bit form and fit the target's shared memory.
+Exit 1 otherwise. Runs itself without ``TRITON_INTERPRET`` when it is set.
 """
 
 from __future__ import annotations
@@ -33,17 +40,18 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from attnhal.kv_format import kv_format
 from attnhal_triton import compile_check as cc
-from attnhal_triton import mla_compile_check as mcc
 from attnhal_triton.compile_forms import FORM_TARGETS, _payload, budget, compile_form
 from attnhal_triton.launch_forms import Form, forms
+from attnhal_triton.mla_forms import mla_forms
 
-__all__ = ["BY", "MLA_TIGHTEST", "full_counts", "gqa_share", "main", "mla_share", "register_demand", "run_share"]
+__all__ = ["BY", "MLA_TIGHTEST", "branches", "full_counts", "main", "register_demand", "run_share", "share"]
 
 #: What a class is keyed by, besides (target, precision).
 BY = ("function", "kernel")
@@ -76,107 +84,80 @@ def register_demand(target: str, options: dict[str, int], rows: int, n: int, d_q
     return words / threads / budget(target, options)
 
 
-def _gqa_demand(target: str, form: Form) -> tuple[Any, ...]:
-    c, d = form.constexprs, form.head_size
-    q_bytes = 4 if form.dtype == "float32" else 2
+def _demand(target: str, form: Form) -> tuple[Any, ...]:
+    """A form's rank in its class: :func:`register_demand`, then the tie-breaks."""
+    c, d, options = form.constexprs, form.head_size, dict(form.row.launch_options)
     fmt = kv_format(form.kv_dtype)
     if form.function == "decode_reduce_kernel":  # partials [BLOCK_S, D] fp32, no K/V tiles
-        demand = register_demand(target, dict(form.row.launch_options), c["BLOCK_S"], 0, d, d, 4, 4)
+        demand = register_demand(target, options, c["BLOCK_S"], 0, d, d, 4, 4)
     else:
         kv_bytes = 1 if fmt.fp8 is not None else _BYTES[fmt.storage_name()]
         rows = c.get("BLOCK_M", c.get("BLOCK_H", 1))
-        demand = register_demand(target, dict(form.row.launch_options), rows, c["BLOCK_N"], d, d, q_bytes, kv_bytes)
+        d_v = c["D_MAIN"] if "D_MAIN" in c and not c["V_TAIL"] else d  # MLA's V: the latent, or all 576
+        demand = register_demand(target, options, rows, c["BLOCK_N"], d, d_v, 4 if form.dtype == "float32" else 2,
+                                 kv_bytes, separate_v=not c.get("V_IN_K", False))
     group = c.get("GROUP", 1)
     return (round(demand, 6), fmt.fp8 is not None, bool(c.get("USE_MASK")), not c.get("SPLIT", True),
-            bool(group & (group - 1)), c.get("MASK_WORDS", 1), group, d)
+            not c.get("V_IN_K", False), bool(group & (group - 1)), c.get("MASK_WORDS", 1), group, d)
 
 
-def gqa_share(target: str, by: str = "function") -> list[Form]:
-    """The heaviest GQA form of each class on ``target`` (see the module docstring)."""
+def branches(form: Form) -> frozenset[tuple[str, Any]]:
+    """The (constexpr, value) pairs of ``form`` that choose code rather than a size: the flags
+    (an fp8 cache's scaling and widening among them), the dot precision, the tree's mask words."""
+    return frozenset((k, v) for k, v in form.constexprs.items() if isinstance(v, (bool, str)) or k == "MASK_WORDS")
+
+
+def _cover(ranked: list[tuple[tuple[Any, ...], Form]]) -> list[Form]:
+    """The heaviest form of a class, then forms until every branch of the class is compiled."""
+    picks = [max(ranked, key=lambda item: item[0])[1]]
+    missing = frozenset().union(*(branches(form) for _, form in ranked)) - branches(picks[0])
+    while missing:
+        best = max(ranked, key=lambda item: (len(branches(item[1]) & missing), item[0]))[1]
+        picks.append(best)
+        missing -= branches(best)
+    return picks
+
+
+#: Per (target, precision), the MLA form that measured the most registers in the run of every
+#: MLA form of the current kernel (docs/triton_mla.md), where the rule above picks others:
+#: (phase form, dtype, KV format, (q heads, query tokens, batch)). Compiled beside the share.
+MLA_TIGHTEST: dict[tuple[str, str], tuple[str, str, str, tuple[int, int, int]]] = {}
+
+
+def _tightest(target: str) -> list[Form]:
+    wanted = {spec for (t, _), spec in MLA_TIGHTEST.items() if t == target}
+    return [form for form in mla_forms(cc.target_platform(target))
+            if (form.kernel, form.dtype, form.kv_dtype, form.example) in wanted]
+
+
+def share(target: str, by: str = "function") -> list[Form]:
+    """The forms CI compiles on ``target`` (see the module docstring), GQA and MLA."""
     _check_by(by)
-    best: dict[tuple[str, str], tuple[tuple[Any, ...], Form]] = {}
-    for form in forms(cc.target_platform(target)):
+    platform = cc.target_platform(target)
+    classes: dict[tuple[str, str], list[tuple[tuple[Any, ...], Form]]] = defaultdict(list)
+    for form in (*forms(platform), *mla_forms(platform)):
         key = (form.function if by == "function" else form.kernel, _precision(form.dtype))
-        rank = _gqa_demand(target, form)
-        if key not in best or rank > best[key][0]:
-            best[key] = (rank, form)
-    return [form for _, form in best.values()]
-
-
-def _mla_demand(job: mcc.Job) -> tuple[Any, ...]:
-    row, flags = job.row(), mcc.FORMS[job.form].flags
-    fp8, q_bytes = job.dtype == "fp8", 4 if job.dtype == "float32" else 2
-    d_v = 576 if flags["V_TAIL"] else 512
-    demand = register_demand(job.target, dict(row.launch_options), row.blocks["BLOCK_M"], row.blocks["BLOCK_N"],
-                             576, d_v, q_bytes, 1 if fp8 else q_bytes, separate_v=not flags["V_IN_K"])
-    return (round(demand, 6), fp8, flags["USE_MASK"], not flags["SPLIT"], not flags["V_IN_K"], flags["HAS_EXTRA"])
-
-
-#: The MLA compile that measured the most registers of its (target, precision) in the run of
-#: every MLA form (2026-12-06, Triton 3.9; NVIDIA only: that run's HIP figures counted the
-#: AGPRs twice), where the estimate picks another: compiled beside the estimate's pick.
-MLA_TIGHTEST: dict[tuple[str, str], tuple[str, str]] = {
-    ("cuda:80", "16-bit"): ("verify_tree_sepv", "bfloat16"),  # 255 registers
-    ("cuda:90", "16-bit"): ("verify_tree_latent", "fp8"),  # 254
-    ("cuda:100", "16-bit"): ("verify_tree_onepass_latent", "fp8"),  # 248
-}
-
-
-def mla_share(target: str, by: str = "function") -> list[mcc.Job]:
-    """The heaviest MLA compile of each class on ``target`` (by ``kernel``: per MLA form of
-    the launch table, i.e. per phase), and with ``function`` the measured tightest of
-    :data:`MLA_TIGHTEST` beside it."""
-    _check_by(by)
-    best: dict[tuple[str, str], tuple[tuple[Any, ...], mcc.Job]] = {}
-    for name, form in mcc.FORMS.items():
-        for dtype in mcc.DTYPES:
-            job = mcc.Job(name, target, dtype)
-            if dtype == "fp8" and job.fp8_flavor not in cc._FP8:
-                continue
-            key = ("mla_kernel" if by == "function" else form.table_kernel, _precision(job.compute_dtype))
-            rank = _mla_demand(job)
-            if key not in best or rank > best[key][0]:
-                best[key] = (rank, job)
-    picks = [job for _, job in best.values()]
-    measured = [mcc.Job(form, target, dtype) for (t, _), (form, dtype) in MLA_TIGHTEST.items() if t == target]
-    return picks + [job for job in measured if by == "function" and job not in picks]
-
-
-def _compile_mla(job: mcc.Job) -> dict[str, Any]:
-    result = mcc.compile_job(job)
-    options = dict(job.row().launch_options)
-    headroom = budget(job.target, options) - result["registers"] if result["registers"] is not None else None
-    ok = result["ok"] and result["spills"] == 0 and headroom is not None and headroom >= 0
-    return {**result, "function": "mla_kernel", "headroom": headroom, "ok": ok}
-
-
-def _compile_gqa(item: tuple[str, Form]) -> dict[str, Any]:
-    return {**compile_form(item), "function": item[1].function}
-
-
-def _run(item: tuple[Callable[[Any], dict[str, Any]], Any]) -> dict[str, Any]:
-    fn, arg = item
-    return fn(arg)
+        classes[key].append((_demand(target, form), form))
+    picks = [form for ranked in classes.values() for form in _cover(ranked)]
+    return picks + [form for form in _tightest(target) if form not in picks]
 
 
 def run_share(targets: Iterable[str] = FORM_TARGETS, by: str = "function", jobs: int = 1) -> list[dict[str, Any]]:
-    """Compile the share of every target; one row per compile (``compile_form``'s keys)."""
+    """Compile the share of every target; one row per compile (``compile_form``'s keys plus
+    ``function``)."""
     if cc._interpreting():
         raise RuntimeError("compiling needs a process without TRITON_INTERPRET (use main())")
-    work: list[tuple[Callable[[Any], dict[str, Any]], Any]] = []
-    for target in targets:
-        work += [(_compile_gqa, _payload(target, form)) for form in gqa_share(target, by)]
-        work += [(_compile_mla, job) for job in mla_share(target, by)]
+    work = [_payload(target, form) for target in targets for form in share(target, by)]
     if jobs <= 1:
-        return [_run(w) for w in work]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(_run, work))
+        rows = [compile_form(w) for w in work]
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            rows = list(pool.map(compile_form, work))
+    return [{**row, "function": form.function} for row, (_, form) in zip(rows, work)]
 
 
 def full_counts(targets: Sequence[str] = FORM_TARGETS) -> dict[str, dict[str, int]]:
     """Per target, the whole enumeration: GQA forms and MLA forms."""
-    from attnhal_triton.mla_forms import mla_forms
-
     return {t: {"gqa": len(forms(cc.target_platform(t))), "mla": len(mla_forms(cc.target_platform(t)))}
             for t in targets}
 

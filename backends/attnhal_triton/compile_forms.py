@@ -31,7 +31,7 @@ from typing import Any
 
 from attnhal.kv_format import kv_format
 from attnhal_triton import compile_check as cc
-from attnhal_triton.compile_usage import resource_usage
+from attnhal_triton.compile_usage import audit
 from attnhal_triton.launch_forms import MAX_GROUP, Form, forms
 from attnhal_triton.launch_table import KERNELS
 
@@ -94,7 +94,7 @@ def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
         "head_size": form.head_size, "group": group, "query_tokens": tokens, "batch": batch,
         "split": bool(form.constexprs.get("SPLIT", form.kernel == "decode")),
         "blocks": {k: v for k, v in form.constexprs.items() if k.startswith("BLOCK_")},
-        "row": form.row.key(), "ok": False, "registers": None, "spills": None, "headroom": None,
+        "row": form.row.key(), "ok": False, "registers": None, "spills": None, "headroom": None, "shared": None,
         "error": "", "seconds": 0.0}
     start = time.perf_counter()
     try:
@@ -102,12 +102,12 @@ def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
             compiled = triton.compile(_source(form, target), target=gpu, options=options)
-        usage = resource_usage(compiled, gpu)
-        headroom = budget(target, options) - usage["registers"]
-        result.update(registers=usage["registers"], spills=usage["spills"], headroom=headroom,
-                      ok=usage["spills"] == 0 and headroom >= 0)
-        if not result["ok"]:
-            result["error"] = f"{usage['spills']} spilled, headroom {headroom}"
+        checks = audit(compiled, gpu, form.dtype == "float32" or bool(form.constexprs.get("DOT_F32")))
+        headroom = budget(target, options) - checks["registers"]
+        problem = checks["error"] or (f"{checks['spills']} spilled, headroom {headroom}"
+                                      if checks["spills"] != 0 or headroom < 0 else "")
+        result.update(registers=checks["registers"], spills=checks["spills"], headroom=headroom,
+                      shared=checks["shared"], ok=not problem, error=problem)
     except Exception as exc:  # report every failure, keep compiling the rest
         text = str(exc).strip()
         result["error"] = f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"

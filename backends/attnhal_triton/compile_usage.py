@@ -2,6 +2,8 @@
 
 CUDA: ``ptxas -v`` run again on the PTX (Triton's cache may skip its own run), registers per
 thread and spill bytes; HIP: the code object's metadata, VGPRs + AGPRs per lane and spill counts.
+:func:`audit` adds what makes a compile wrong even without a spill: an fp32 ``tl.dot`` in a
+16-bit kernel, or more shared memory than the target's block may use.
 """
 
 from __future__ import annotations
@@ -12,7 +14,12 @@ import subprocess
 import tempfile
 from typing import Any
 
-__all__ = ["dot_operand_types", "resource_usage"]
+__all__ = ["SHARED_LIMIT", "audit", "dot_operand_types", "resource_usage"]
+
+#: Shared memory (LDS) a block may use, by target arch: a kernel over it compiles but cannot
+#: launch, so the checks report it as an error. Archs not listed are not checked.
+SHARED_LIMIT = {"80": 166912, "86": 101376, "89": 101376, "90": 232448, "100": 232448, "120": 101376,
+                "gfx90a": 65536, "gfx942": 65536, "gfx950": 163840}
 
 _PTXAS = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -86,3 +93,19 @@ def dot_operand_types(compiled: Any) -> set[str]:
     for operands in _DOT.findall(compiled.asm.get("ttgir", "")):
         types.update(_ELEMENT.findall(operands))
     return types
+
+
+def audit(compiled: Any, target: Any, f32_dots: bool) -> dict[str, Any]:
+    """:func:`resource_usage` plus ``shared`` bytes and ``dot_types``, with ``ok`` and ``error``:
+    an fp32 dot where the form's dots are not fp32 (``f32_dots``: an fp32 query, or a 16-bit
+    one over fp32 tiles), or more shared memory than ``target``'s block may use. Spills are
+    the caller's to judge (its register budget)."""
+    dots = sorted(dot_operand_types(compiled))
+    shared = int(compiled.metadata.shared)
+    limit = SHARED_LIMIT.get(str(target.arch))
+    error = ""
+    if not f32_dots and "f32" in dots:
+        error = f"fp32 tl.dot in a 16-bit kernel (operands {dots}): 16-bit inputs belong on the tensor cores"
+    elif limit is not None and shared > limit:
+        error = f"shared memory {shared} B > {limit} B of the target"
+    return {**resource_usage(compiled, target), "shared": shared, "dot_types": dots, "ok": not error, "error": error}

@@ -173,10 +173,18 @@ _FP32_EXTEND = (
     ("extend", 128, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 4, 1),
     ("extend", 256, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 4, 1),
 )
-# NVIDIA fp32 extend at head size 256: left to itself ptxas caps these programs' registers
-# (128 at 4 warps, 64-80 at 8) and spills 8-48 bytes; 8 warps under an explicit
-# ``maxnreg`` of 128 take 80-108 registers and spill nothing on sm80..sm120.
+# NVIDIA fp32 extend at head size 256: 8 warps. On NVIDIA every fp32 extend row carries
+# ``maxnreg`` 255: left to itself ptxas caps these programs' registers (72-80 at 2 warps for
+# heads 16-128, 128 at 4 warps and 64-80 at 8 for 256) and spills 8-48 bytes; a cap of 128
+# still spilled tree verify (920-1064 bytes at head 64; 8-16 over an fp8 cache at 256), and 168
+# 8-16 bytes over a bf16 cache at 256. Under 255: 29-232 registers, no spill (the fp32
+# matrix, heads 16-256 on cuda:80/86/89/90/100/120, 2026-12-07).
 _FP32_EXTEND_256 = ("extend", 256, "float32", {"BLOCK_M": 16, "BLOCK_N": 16}, 8, 1)
+# NVIDIA fp32 decode: 8 warps, 1 stage, ``maxnreg`` 128. Two stages pipelined an fp8 cache's
+# loads into 860 bytes of spill at head 128 and 15 KB at 256 (ptxas then held 32 registers);
+# one stage alone left ptxas capping head 64 at 64 registers (24 bytes of spill); with the
+# cap lifted to 128, 68-112 registers and no spill for every cache format (2026-12-07).
+_FP32_DECODE = ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 1, {"maxnreg": 128})
 
 
 def _rows(vendor: str | None, family: str | None, specs: Iterable[tuple[Any, ...]],
@@ -212,14 +220,12 @@ def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256:
     big = {"BLOCK_M": 64, "BLOCK_N": 64}
     wide = [(kernel, head, None, prefill_verify, 8, 2) for kernel in ("extend_prefill", "extend_verify")
             for head in (None, 128)] if prefill_verify else []
-    fp32_256 = _rows("cuda", family, [_FP32_EXTEND_256], splits=splits, fill=fill,
-                     extra={"maxnreg": 128})
-    return _uncapped_small_heads(fp32_256 + _rows("cuda", family, [
-        ("decode", None, "float32", {"BLOCK_N": 32, "BLOCK_H": 16}, 8, 2),
+    fp32 = _rows("cuda", family, [_FP32_EXTEND_256, *_FP32_EXTEND], splits=splits, fill=fill, extra={"maxnreg": 255})
+    return _uncapped_small_heads(fp32 + _rows("cuda", family, [
+        _FP32_DECODE,
         ("decode", None, None, {"BLOCK_N": 64, "BLOCK_H": 16}, 4, 2),
         ("decode", 256, None, {"BLOCK_N": 32, "BLOCK_H": 16}, 4, 2),
         ("decode_reduce", None, None, {}, 4, 1),
-        *_FP32_EXTEND,
         *overrides,
         *wide,
         ("extend", None, None, big, 8, 2),

@@ -34,8 +34,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from attnhal_triton.compile_check import _FP8, SHARED_LIMIT, _gpu_target, format_table, kernel_source, target_platform
-from attnhal_triton.compile_usage import dot_operand_types, resource_usage
+from attnhal_triton.compile_check import _FP8, _gpu_target, format_table, kernel_source, target_platform
+from attnhal_triton.compile_usage import audit
 from attnhal_triton.launch_table import LaunchRow, NoLaunchRowWarning
 from attnhal_triton.mla_forms import MLA_INPUTS
 from attnhal_triton.mla_table import mla_lookup
@@ -117,20 +117,15 @@ def compile_job(job: Job) -> dict[str, Any]:
     result: dict[str, Any] = {"kernel": job.form, "target": job.target, "dtype": job.dtype, "head_size": 576,
                               "row": row.key(), "served_by": f"{row.vendor}:{row.arch_family}" if row.vendor
                               else "fallback", "fp8_flavor": job.fp8_flavor, "ok": False, "registers": None,
-                              "spills": None, "scratch": None, "shared": None, "error": "", "seconds": 0.0}
+                              "spills": None, "scratch": None, "shared": None, "dot_types": None, "error": "",
+                              "seconds": 0.0}
     start = time.perf_counter()
     try:
         target = _gpu_target(job.target)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
             compiled = triton.compile(_source(job, row), target=target, options=row.launch_options)
-        dots = dot_operand_types(compiled)
-        result.update(resource_usage(compiled, target), shared=int(compiled.metadata.shared), ok=True)
-        if job.compute_dtype != "float32" and "f32" in dots:
-            result.update(ok=False, error=f"fp32 tl.dot in a {job.dtype} kernel (operands {sorted(dots)})")
-        limit = SHARED_LIMIT.get(job.target.partition(":")[2])
-        if limit is not None and result["shared"] > limit:
-            result.update(ok=False, error=f"shared memory {result['shared']} B > {limit} B of the target")
+        result.update(audit(compiled, target, job.compute_dtype == "float32"))
     except Exception as exc:  # report every failure, keep compiling the rest
         text = str(exc).strip()
         result["error"] = f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"

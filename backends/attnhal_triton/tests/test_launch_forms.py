@@ -130,6 +130,22 @@ def test_tree_verify_with_fp8_at_head_128_on_sm90_is_spill_free() -> None:
         [(r["group"], r["query_tokens"], r["split"], r["error"]) for r in rows if not r["ok"]]
 
 
+def test_an_fp32_query_over_an_fp8_cache_is_spill_free_on_sm90() -> None:
+    """Found by the compile share's branch cover (2026-12-07): the fp32 decode row (2 stages)
+    pipelined an fp8 cache's loads into 860 bytes of spill at head 128 and 15 KB at 256, and
+    the fp32 tree verify row at head 256 (``maxnreg`` 128) spilled 8-16 bytes; the matrix
+    compiles fp8 only under a bf16 query. Now one stage and ``maxnreg`` 128 / 255."""
+    done = _compile_forms("--targets", "cuda:90", "--kernels", "decode", "--dtypes", "float32",
+                          "--kv-dtypes", "fp8_e4m3", "fp8_e5m2", "--head-sizes", "64", "128", "256", "--groups", "16",
+                          "--jobs", "2")
+    tree = _compile_forms("--targets", "cuda:90", "--kernels", "extend_verify_tree", "--dtypes", "float32",
+                          "--kv-dtypes", "fp8_e4m3", "--head-sizes", "256", "--groups", "7", "--jobs", "2")
+    rows = json.loads(done.stdout) + json.loads(tree.stdout)
+    assert len(rows) > 6 and {r["head_size"] for r in rows} == {64, 128, 256}
+    assert done.returncode == tree.returncode == 0 and all(r["ok"] for r in rows), \
+        [(r["kernel"], r["head_size"], r["query_tokens"], r["error"]) for r in rows if not r["ok"]]
+
+
 def test_a_results_file_resumes_and_forgets_other_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """compile_all appends each row as it finishes and, run again on the same file, compiles
     only what is missing; a row keyed by another kernel source does not count."""
