@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import hashlib
 import json
+import re
 import sys
 import time
 import warnings
@@ -81,23 +83,30 @@ def _payload(target: str, form: Form) -> tuple[str, Form]:
     return target, replace(form, row=row, constexprs=dict(form.constexprs))
 
 
+def _describe(target: str, form: Form) -> dict[str, Any]:
+    """A results row's description of ``form`` on ``target``, before its compile's figures."""
+    group, tokens, batch = form.example
+    return {"form_id": form_id(target, form), "kernel": form.kernel, "target": target, "dtype": form.dtype,
+            "kv_dtype": form.kv_dtype, "head_size": form.head_size, "group": group, "query_tokens": tokens,
+            "batch": batch, "split": bool(form.constexprs.get("SPLIT", form.kernel == "decode")),
+            "blocks": {k: v for k, v in form.constexprs.items() if k.startswith("BLOCK_")}, "row": form.row.key()}
+
+
+#: What a compile measured, as opposed to which form it was (:func:`_describe`).
+_FIGURES = ("code_key", "ok", "registers", "spills", "headroom", "shared", "error")
+
+
 def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
     """Compile one (target, form); never raises (an error is reported in the row)."""
     import triton
 
     target, form = item
-    group, tokens, batch = form.example
     options = form.row.launch_options
-    result: dict[str, Any] = {
-        "form_id": form_id(target, form), "kernel": form.kernel, "target": target, "dtype": form.dtype,
-        "kv_dtype": form.kv_dtype,
-        "head_size": form.head_size, "group": group, "query_tokens": tokens, "batch": batch,
-        "split": bool(form.constexprs.get("SPLIT", form.kernel == "decode")),
-        "blocks": {k: v for k, v in form.constexprs.items() if k.startswith("BLOCK_")},
-        "row": form.row.key(), "ok": False, "registers": None, "spills": None, "headroom": None, "shared": None,
-        "error": "", "seconds": 0.0}
+    result: dict[str, Any] = {**_describe(target, form), "code_key": None, "ok": False, "registers": None,
+                              "spills": None, "headroom": None, "shared": None, "error": "", "seconds": 0.0}
     start = time.perf_counter()
     try:
+        result["code_key"] = code_key(target, form)
         gpu = cc._gpu_target(target)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
@@ -118,13 +127,61 @@ def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
 @functools.lru_cache(maxsize=None)
 def _source_key(function: str) -> str:
     """Triton's key of a kernel's source and the jit functions it calls: a results file's
-    rows of an older kernel do not count."""
+    rows of an older kernel do not count by :func:`form_id` (they may by :func:`code_key`)."""
     return str(_kernel(function).cache_key)[:16]
 
 
 def form_id(target: str, form: Form) -> str:
     """A form's identity on a target and its kernel's source (what a results file is keyed by)."""
     return json.dumps([_source_key(form.function), target, *form.key()], default=str)
+
+
+_LOCATION = re.compile(r"\s+loc\(")
+
+
+def _without_locations(ir_text: str) -> str:
+    """MLIR text without its source locations: ``#loc`` lines and every ``loc(...)`` suffix."""
+    lines = []
+    for line in ir_text.splitlines():
+        if line.startswith("#loc"):
+            continue
+        while (found := _LOCATION.search(line)) is not None:
+            depth, end = 0, found.end() - 1
+            while end < len(line):
+                depth += {"(": 1, ")": -1}.get(line[end], 0)
+                if depth == 0:
+                    break
+                end += 1
+            line = line[:found.start()] + line[end + 1:]
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def code_key(target: str, form: Form) -> str | None:
+    """A form's identity by the code it compiles to: Triton's version, the target, the launch
+    options and Triton's front-end IR of the form without source locations (0.04 s, where a
+    compile takes 1-3 s). An edit that leaves a form's IR alone (a branch its constexprs do not
+    take, a comment, a moved line) leaves its key, so a results row of it still counts.
+    ``None`` where this Triton's front end is not reachable so (the row then counts by
+    :func:`form_id` only)."""
+    import triton
+
+    try:
+        from triton._C.libtriton import ir
+        from triton.compiler.compiler import make_backend
+
+        gpu = cc._gpu_target(target)
+        backend = make_backend(gpu)
+        options = backend.parse_options(dict(form.row.launch_options))
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        module = _source(form, target).make_ir(gpu, options, backend.get_codegen_implementation(options),
+                                               backend.get_module_map(), context)
+    except (ImportError, AttributeError, TypeError):  # another Triton's internals: no key, not an error
+        return None
+    ident = json.dumps([triton.__version__, target, sorted(form.row.launch_options.items())], default=str)
+    return hashlib.sha1((ident + _without_locations(str(module))).encode()).hexdigest()[:20]
 
 
 def _serving_first(item: tuple[str, Form]) -> tuple[Any, ...]:
@@ -157,17 +214,37 @@ def run_forms(targets: Sequence[str] = FORM_TARGETS, sample: int = 1, jobs: int 
 def compile_all(work: Sequence[tuple[str, Form]], jobs: int = 1, results: Path | None = None) -> list[dict[str, Any]]:
     """:func:`compile_form` of each (target, form) of ``work`` in its order, ``jobs`` at a time;
     with ``results``, each row is appended to that JSON-lines file as it finishes, and forms
-    already in it are taken from it, not compiled again."""
+    already in it are taken from it, not compiled again: by :func:`form_id` (this source), or
+    by :func:`code_key` (another source, the same code: the row names it under ``reused``)."""
     done = _done(results)
     rows = [done[i] for i in (form_id(*w) for w in work) if i in done]
     todo = [w for w in work if form_id(*w) not in done]
+    by_code = {r["code_key"]: r for r in done.values() if r.get("code_key")}
+    if by_code and todo:  # rows of another source whose form compiles to the same code
+        reused = [(w, _same_code(w, by_code)) for w in todo]
+        new = [{**_describe(*w), **{k: row[k] for k in _FIGURES}, "seconds": 0.0, "reused": row["form_id"]}
+               for w, row in reused if row is not None]
+        todo = [w for w, row in reused if row is None]
+        _append(results, new)
+        rows += new
     with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else contextlib.nullcontext() as pool:
         for row in pool.map(compile_form, todo, chunksize=1) if pool else map(compile_form, todo):
             rows.append(row)
-            if results is not None:
-                with results.open("a") as out:
-                    out.write(json.dumps(row) + "\n")
+            _append(results, [row])
     return rows
+
+
+def _same_code(item: tuple[str, Form], by_code: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    try:
+        return by_code.get(code_key(*item) or "")
+    except Exception:  # its front end fails: compile_form compiles it and reports why
+        return None
+
+
+def _append(results: Path | None, rows: Sequence[dict[str, Any]]) -> None:
+    if results is not None and rows:
+        with results.open("a") as out:
+            out.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def summary(rows: Sequence[dict[str, Any]], seconds: float) -> list[str]:

@@ -166,3 +166,44 @@ def test_a_results_file_resumes_and_forgets_other_kernels(monkeypatch: pytest.Mo
     rows = compile_forms.compile_all(work, 1, results)
     assert len(compiled) == 3 and compiled[-1] == compile_forms.form_id(*work[2])
     assert sorted(r["form_id"] for r in rows) == sorted(compiled) and len(results.read_text().splitlines()) == 4
+
+
+def test_a_row_of_another_source_counts_when_its_form_compiles_to_the_same_code(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """compile_all takes a row of another kernel source whose ``code_key`` is the form's own
+    (the edit did not touch the form's code): described as this form, the figures of that row,
+    appended to the file, not compiled; the other forms compile."""
+    from attnhal_triton import compile_forms
+
+    compiled: list[str] = []
+    work = [("cuda:90", f) for f in forms(parse("cuda:sm90"), kernels=("decode",), head_sizes=(128,))[:3]]
+    monkeypatch.setattr(compile_forms, "compile_form", lambda item: compiled.append(item[1].key()) or
+                        {"form_id": compile_forms.form_id(*item), "ok": True})
+    monkeypatch.setattr(compile_forms, "_source_key", lambda function: "this kernel")
+    monkeypatch.setattr(compile_forms, "code_key", lambda target, form: "same" if form is work[2][1] else None)
+    results = tmp_path / "forms.jsonl"
+    older = {"form_id": "an older kernel's form", "code_key": "same", "ok": True, "registers": 77, "spills": 0,
+             "headroom": 178, "shared": 1024, "error": ""}
+    results.write_text(json.dumps(older) + "\n")
+    rows = compile_forms.compile_all(work, 1, results)
+    assert compiled == [work[0][1].key(), work[1][1].key()]
+    (reused,) = [r for r in rows if r.get("reused")]
+    assert reused["reused"] == older["form_id"] and reused["registers"] == 77
+    assert reused["form_id"] == compile_forms.form_id(*work[2]) and reused["group"] == work[2][1].example[0]
+    assert len(results.read_text().splitlines()) == 4
+
+
+def test_a_code_key_ignores_source_locations_and_names_the_constexprs() -> None:
+    from attnhal_triton.compile_forms import _without_locations
+
+    ir = ('#loc = loc("/a/kernels.py":12:1)\n  %0 = tt.load %p loc(#loc3)\n'
+          '  tt.func @k(%arg0: !tt.ptr<bf16> loc("Q"(#loc))) {\n#loc3 = loc("/a/kernels.py":40:7)\n')
+    assert _without_locations(ir) == "  %0 = tt.load %p\n  tt.func @k(%arg0: !tt.ptr<bf16>) {"
+    script = ("from attnhal.platform import parse\nfrom attnhal_triton.launch_forms import forms\n"
+              "from attnhal_triton.compile_forms import code_key\n"
+              "a, b = forms(parse('cuda:sm90'), kernels=('decode',), head_sizes=(128,), groups=(4, 8))[:2]\n"
+              "print(code_key('cuda:90', a) == code_key('cuda:90', a), code_key('cuda:90', a) != code_key('cuda:90', b),"
+              " code_key('cuda:90', a) != code_key('cuda:80', a))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.stdout.split() == ["True", "True", "True"], done.stderr[-2000:]
