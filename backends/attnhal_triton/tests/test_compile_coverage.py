@@ -96,11 +96,13 @@ def test_the_share_has_each_class_heaviest_and_every_branch() -> None:
 
 
 def test_the_measured_tightest_mla_forms_are_enumerated_forms() -> None:
-    for (target, precision), (kernel, dtype, kv_dtype, example) in MLA_TIGHTEST.items():
-        found = [f for f in mla_forms(target_platform(target)) if (f.kernel, f.dtype, f.kv_dtype, f.example) ==
-                 (kernel, dtype, kv_dtype, example)]
-        assert len(found) == 1 and (dtype == "float32") == (precision == "fp32"), (target, precision)
-        assert found[0] in share(target)
+    assert {target for target, _ in MLA_TIGHTEST} == set(FORM_TARGETS)
+    for target in FORM_TARGETS:
+        enumerated = {(f.kernel, f.dtype, f.kv_dtype, f.example): f for f in mla_forms(target_platform(target))}
+        picks = share(target)
+        for precision in ("16-bit", "fp32"):
+            spec = MLA_TIGHTEST[(target, precision)]
+            assert (spec[1] == "float32") == (precision == "fp32") and enumerated[spec] in picks, (target, spec)
 
 
 def test_the_share_compiles_spill_free_on_every_target() -> None:
