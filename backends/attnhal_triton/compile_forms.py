@@ -92,7 +92,8 @@ def _describe(target: str, form: Form) -> dict[str, Any]:
             "blocks": {k: v for k, v in form.constexprs.items() if k.startswith("BLOCK_")}, "row": form.row.key()}
 
 
-#: What a compile measured, as opposed to which form it was (:func:`_describe`).
+#: What a compile measured, as opposed to which form it was (:func:`_describe`); a row written
+#: before a field existed lacks it (None).
 _FIGURES = ("code_key", "ok", "registers", "spills", "headroom", "shared", "error")
 
 
@@ -222,7 +223,7 @@ def compile_all(work: Sequence[tuple[str, Form]], jobs: int = 1, results: Path |
     by_code = {r["code_key"]: r for r in done.values() if r.get("code_key")}
     if by_code and todo:  # rows of another source whose form compiles to the same code
         reused = [(w, _same_code(w, by_code)) for w in todo]
-        new = [{**_describe(*w), **{k: row[k] for k in _FIGURES}, "seconds": 0.0, "reused": row["form_id"]}
+        new = [{**_describe(*w), **{k: row.get(k) for k in _FIGURES}, "seconds": 0.0, "reused": row["form_id"]}
                for w, row in reused if row is not None]
         todo = [w for w, row in reused if row is None]
         _append(results, new)

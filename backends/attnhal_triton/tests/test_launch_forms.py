@@ -171,8 +171,9 @@ def test_a_results_file_resumes_and_forgets_other_kernels(monkeypatch: pytest.Mo
 def test_a_row_of_another_source_counts_when_its_form_compiles_to_the_same_code(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """compile_all takes a row of another kernel source whose ``code_key`` is the form's own
-    (the edit did not touch the form's code): described as this form, the figures of that row,
-    appended to the file, not compiled; the other forms compile."""
+    (the edit did not touch the form's code): described as this form, the figures of that row
+    (None where that row predates a field), appended to the file, not compiled; the other forms
+    compile."""
     from attnhal_triton import compile_forms
 
     compiled: list[str] = []
@@ -183,12 +184,12 @@ def test_a_row_of_another_source_counts_when_its_form_compiles_to_the_same_code(
     monkeypatch.setattr(compile_forms, "code_key", lambda target, form: "same" if form is work[2][1] else None)
     results = tmp_path / "forms.jsonl"
     older = {"form_id": "an older kernel's form", "code_key": "same", "ok": True, "registers": 77, "spills": 0,
-             "headroom": 178, "shared": 1024, "error": ""}
+             "headroom": 178, "error": ""}  # written before rows had "shared"
     results.write_text(json.dumps(older) + "\n")
     rows = compile_forms.compile_all(work, 1, results)
     assert compiled == [work[0][1].key(), work[1][1].key()]
     (reused,) = [r for r in rows if r.get("reused")]
-    assert reused["reused"] == older["form_id"] and reused["registers"] == 77
+    assert reused["reused"] == older["form_id"] and reused["registers"] == 77 and reused["shared"] is None
     assert reused["form_id"] == compile_forms.form_id(*work[2]) and reused["group"] == work[2][1].example[0]
     assert len(results.read_text().splitlines()) == 4
 
