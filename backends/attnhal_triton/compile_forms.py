@@ -103,8 +103,8 @@ def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
 
     target, form = item
     options = form.row.launch_options
-    result: dict[str, Any] = {**_describe(target, form), "code_key": None, "ok": False, "registers": None,
-                              "spills": None, "headroom": None, "shared": None, "error": "", "seconds": 0.0}
+    result: dict[str, Any] = {**_describe(target, form), **dict.fromkeys(_FIGURES), "ok": False, "error": "",
+                              "seconds": 0.0}
     start = time.perf_counter()
     try:
         result["code_key"] = code_key(target, form)
