@@ -212,8 +212,8 @@ def _nvidia(family: str, d128: Mapping[str, int], d256: Mapping[str, int], w256:
             overrides: Iterable[tuple[Any, ...]] = ()) -> list[LaunchRow]:
     # fp32 operands take the FMA path (tf32 would break the fp32 tolerance, and
     # 3xTF32 needs more registers still): small tiles keep it spill-free.
-    # Order matters where rows are equally specific (the first wins): the maxnreg fp32
-    # row before the shared fp32 rows, ``overrides`` after the decode and fp32 rows
+    # Order matters where rows are equally specific (the first wins): the 8-warp fp32 row
+    # at 256 before the shared fp32 rows' 4-warp one, ``overrides`` after the decode and fp32 rows
     # (so a head-size decode override leaves fp32 to its row) and before the general
     # extend rows.
     splits, fill = GPU_SPLITS, fill_programs(family)

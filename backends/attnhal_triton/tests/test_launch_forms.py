@@ -203,8 +203,8 @@ def test_a_code_key_ignores_source_locations_and_names_the_constexprs() -> None:
     script = ("from attnhal.platform import parse\nfrom attnhal_triton.launch_forms import forms\n"
               "from attnhal_triton.compile_forms import code_key\n"
               "a, b = forms(parse('cuda:sm90'), kernels=('decode',), head_sizes=(128,), groups=(4, 8))[:2]\n"
-              "print(code_key('cuda:90', a) == code_key('cuda:90', a), code_key('cuda:90', a) != code_key('cuda:90', b),"
-              " code_key('cuda:90', a) != code_key('cuda:80', a))")
+              "key = code_key('cuda:90', a)\n"
+              "print(key == code_key('cuda:90', a), key != code_key('cuda:90', b), key != code_key('cuda:80', a))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.stdout.split() == ["True", "True", "True"], done.stderr[-2000:]
