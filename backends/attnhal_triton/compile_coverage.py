@@ -109,12 +109,13 @@ def branches(form: Form) -> frozenset[tuple[str, Any]]:
 
 def _cover(ranked: list[tuple[tuple[Any, ...], Form]]) -> list[Form]:
     """The heaviest form of a class, then forms until every branch of the class is compiled."""
-    picks = [max(ranked, key=lambda item: item[0])[1]]
-    missing = frozenset().union(*(branches(form) for _, form in ranked)) - branches(picks[0])
+    members = [(rank, branches(form), form) for rank, form in ranked]
+    _, first, heaviest = max(members, key=lambda m: m[0])
+    picks, missing = [heaviest], frozenset().union(*(b for _, b, _ in members)) - first
     while missing:
-        best = max(ranked, key=lambda item: (len(branches(item[1]) & missing), item[0]))[1]
+        _, chosen, best = max(members, key=lambda m: (len(m[1] & missing), m[0]))
         picks.append(best)
-        missing -= branches(best)
+        missing -= chosen
     return picks
 
 
@@ -136,22 +137,19 @@ MLA_TIGHTEST: dict[tuple[str, str], tuple[str, str, str, tuple[int, int, int]]] 
 }
 
 
-def _tightest(target: str) -> list[Form]:
-    wanted = {spec for (t, _), spec in MLA_TIGHTEST.items() if t == target}
-    return [form for form in mla_forms(cc.target_platform(target))
-            if (form.kernel, form.dtype, form.kv_dtype, form.example) in wanted]
-
-
 def share(target: str, by: str = "function") -> list[Form]:
     """The forms CI compiles on ``target`` (see the module docstring), GQA and MLA."""
     _check_by(by)
     platform = cc.target_platform(target)
+    mla = mla_forms(platform)
     classes: dict[tuple[str, str], list[tuple[tuple[Any, ...], Form]]] = defaultdict(list)
-    for form in (*forms(platform), *mla_forms(platform)):
+    for form in (*forms(platform), *mla):
         key = (form.function if by == "function" else form.kernel, _precision(form.dtype))
         classes[key].append((_demand(target, form), form))
     picks = [form for ranked in classes.values() for form in _cover(ranked)]
-    return picks + [form for form in _tightest(target) if form not in picks]
+    tightest = {spec for (t, _), spec in MLA_TIGHTEST.items() if t == target}
+    return picks + [form for form in mla if (form.kernel, form.dtype, form.kv_dtype, form.example) in tightest
+                    and form not in picks]
 
 
 def run_share(targets: Iterable[str] = FORM_TARGETS, by: str = "function", jobs: int = 1) -> list[dict[str, Any]]:
