@@ -10,7 +10,9 @@ format, tree and chain, split and unsplit); each is compiled down to cubin / hsa
 :mod:`attnhal_triton.compile_check`'s compiler path and reported with its registers, spills
 and **register headroom**: the registers a program may hold (CUDA: 255, or the row's
 ``maxnreg``; HIP: 512 VGPRs + AGPRs per lane over the row's ``waves_per_eu``) minus those it
-uses. Exit 1 on an error, a spill or a negative headroom. ``--sample N`` compiles every
+uses. A form whose row spills is compiled again as :mod:`attnhal_triton.spill_relief` relieves
+it on a device (the report names the relief and the row's own spill); exit 1 on an error, a
+spill as launched or a negative headroom. ``--sample N`` compiles every
 N-th form (the suite's share); the whole enumeration is the default.
 """
 
@@ -25,7 +27,7 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +38,7 @@ from attnhal_triton import compile_check as cc
 from attnhal_triton.compile_usage import audit
 from attnhal_triton.launch_forms import MAX_GROUP, Form, forms
 from attnhal_triton.launch_table import KERNELS
+from attnhal_triton.spill_relief import choose
 
 __all__ = ["FORM_TARGETS", "REGISTERS", "budget", "compile_all", "compile_form", "main", "run_forms"]
 
@@ -93,31 +96,48 @@ def _describe(target: str, form: Form) -> dict[str, Any]:
 
 
 #: What a compile measured, as opposed to which form it was (:func:`_describe`); a row written
-#: before a field existed lacks it (None).
-_FIGURES = ("code_key", "ok", "registers", "spills", "headroom", "shared", "error")
+#: before a field existed lacks it (None). ``relief``: what :mod:`attnhal_triton.spill_relief` changed
+#: from the row's form to launch it ("" nothing); ``row_spills``: the row's own form's bytes.
+_FIGURES = ("code_key", "ok", "registers", "spills", "headroom", "shared", "error", "relief", "row_spills")
+
+
+def _figures(target: str, form: Form, options: dict[str, Any]) -> dict[str, Any]:
+    """Compile ``form`` with launch ``options``: its registers, spills, headroom, shared memory and
+    problem ("" none)."""
+    import triton
+
+    gpu = cc._gpu_target(target)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
+        compiled = triton.compile(_source(form, target), target=gpu, options=options)
+    checks = audit(compiled, gpu, form.dtype == "float32" or bool(form.constexprs.get("DOT_F32")))
+    headroom = budget(target, options) - checks["registers"]
+    problem = checks["error"] or (f"{checks['spills']} spilled, headroom {headroom}"
+                                  if checks["spills"] != 0 or headroom < 0 else "")
+    return {"registers": checks["registers"], "spills": checks["spills"], "headroom": headroom,
+            "shared": checks["shared"], "ok": not problem, "error": problem}
 
 
 def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
-    """Compile one (target, form); never raises (an error is reported in the row)."""
-    import triton
-
+    """Compile one (target, form) as it launches: the row's form, or where that spills the form
+    :func:`attnhal_triton.spill_relief.choose` relieves it to (as the backend does on a device).
+    Never raises (an error is reported in the row)."""
     target, form = item
-    options = form.row.launch_options
     result: dict[str, Any] = {**_describe(target, form), **dict.fromkeys(_FIGURES), "ok": False, "error": "",
                               "seconds": 0.0}
     start = time.perf_counter()
     try:
         result["code_key"] = code_key(target, form)
-        gpu = cc._gpu_target(target)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
-            compiled = triton.compile(_source(form, target), target=gpu, options=options)
-        checks = audit(compiled, gpu, form.dtype == "float32" or bool(form.constexprs.get("DOT_F32")))
-        headroom = budget(target, options) - checks["registers"]
-        problem = checks["error"] or (f"{checks['spills']} spilled, headroom {headroom}"
-                                      if checks["spills"] != 0 or headroom < 0 else "")
-        result.update(registers=checks["registers"], spills=checks["spills"], headroom=headroom,
-                      shared=checks["shared"], ok=not problem, error=problem)
+        tried: dict[str, dict[str, Any]] = {}
+
+        def probe(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> int:
+            figures = _figures(target, replace(form, constexprs=dict(constexprs)), dict(options))
+            tried[json.dumps([constexprs, options], sort_keys=True)] = figures
+            return int(figures["spills"])
+
+        relief = choose(probe, form.constexprs, form.row.launch_options, form.row.uncapped)
+        result.update(tried[json.dumps([relief.constexprs, relief.options], sort_keys=True)],
+                      relief=relief.label, row_spills=relief.row_spills)
     except Exception as exc:  # report every failure, keep compiling the rest
         text = str(exc).strip()
         result["error"] = f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
@@ -249,16 +269,19 @@ def _append(results: Path | None, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def summary(rows: Sequence[dict[str, Any]], seconds: float) -> list[str]:
-    """Per target: forms, failures, spills, the least headroom and the form that has it."""
+    """Per target: forms, those spill relief changed, failures and spills as launched, the least
+    headroom and the form that has it."""
     lines = []
     for target in dict.fromkeys(r["target"] for r in rows):
         mine = [r for r in rows if r["target"] == target]
         bad = [r for r in mine if not r["ok"]]
+        relieved = [r for r in mine if r.get("relief")]
         tight = min((r for r in mine if r["headroom"] is not None), key=lambda r: r["headroom"], default=None)
         where = (f"{tight['headroom']} ({tight['kernel']} {tight['dtype']}/{tight['kv_dtype']} d{tight['head_size']} "
                  f"g{tight['group']} T{tight['query_tokens']} {'split' if tight['split'] else 'unsplit'} "
                  f"{tight['blocks']})") if tight else "-"
-        lines.append(f"{target}: {len(mine)} forms, {len(bad)} failed or spilled, least headroom {where}")
+        lines.append(f"{target}: {len(mine)} forms, {len(relieved)} relieved (the row's form spilled), "
+                     f"{len(bad)} failed or spilled as launched, least headroom {where}")
     lines.append(f"{len(rows)} forms compiled in {seconds:.0f} s "
                  f"({sum(r['seconds'] for r in rows):.0f} compile-seconds)")
     return lines

@@ -1,6 +1,6 @@
 """Launch settings of every Triton kernel, as data.
 
-One :class:`LaunchRow` per (kernel, vendor, arch family, head size, dtype); ``None``
+One :class:`~attnhal_triton.launch_row.LaunchRow` per (kernel, vendor, arch family, head size, dtype); ``None``
 in ``head_size`` or ``dtype`` matches any value, and :func:`lookup` picks the most
 specific matching row. Settings that exist on one vendor only (AMD's
 ``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``; NVIDIA's ``maxnreg``) live in
@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 from attnhal.platform import Platform
 from attnhal_triton.device_fill import GPU_SPLITS, PROGRAMS_PER_UNIT, fill_programs, with_l2_domains
+from attnhal_triton.launch_row import (EXTEND_VARIANTS, KERNELS, MLA_KERNELS, UNCAPPED, LaunchRow, decode_launch,
+                                       decode_uncapped)
 
 __all__ = [
     "ALIASES",
@@ -33,25 +35,17 @@ __all__ = [
     "KERNELS",
     "MLA_KERNELS",
     "TABLE",
+    "UNCAPPED",
     "LaunchRow",
     "NoLaunchRowWarning",
     "best_row",
     "decode_launch",
+    "decode_uncapped",
     "fallback_row",
     "lookup",
     "rows_for",
 ]
 
-#: Kernel variants the table keys on: one row set per compiled form (see ``kernels.py``).
-#: ``decode`` serves decode and draft_decode; ``decode_reduce`` merges the splits of
-#: decode and of the split extend; the ``extend_*`` forms are prefill (packed, one
-#: pass), target_verify causal / tree-masked and draft_extend (uniform, split KV).
-KERNELS = ("decode", "decode_reduce", "extend_prefill", "extend_verify", "extend_verify_tree",
-           "extend_draft")
-#: MLA's forms (:mod:`attnhal_triton.mla_table` holds their rows), by phase.
-MLA_KERNELS = ("mla_decode", "mla_prefill", "mla_verify", "mla_verify_tree", "mla_draft")
-#: The extend variants, which share their rows' shapes unless a family overrides one.
-EXTEND_VARIANTS = KERNELS[2:]
 #: Arch families served by another family's rows (the rows compile spill-free for
 #: them, checked by the compile check): sm86/sm89 (consumer Ampere/Ada, less shared
 #: memory than sm80 but the sm80 rows fit), sm100 (datacenter Blackwell) takes the sm90
@@ -64,96 +58,6 @@ ALIASES: Mapping[tuple[str, str], str] = MappingProxyType({
 
 class NoLaunchRowWarning(UserWarning):
     """No launch row for this arch family: the fallback row is used."""
-
-
-@dataclass(frozen=True)
-class LaunchRow:
-    """Launch settings of one kernel for one (vendor, arch family[, head size][, dtype]).
-
-    Attributes
-    ----------
-    kernel: one of :data:`KERNELS`.
-    vendor, arch_family: ``Platform.vendor.value`` and ``Platform.arch_family``
-        (``"cuda"``/``"sm90"``, ``"hip"``/``"gfx94"``); both ``None`` in a fallback row.
-    head_size, dtype: ``None`` matches any.
-    blocks: the kernel's block-size constexprs (upper-case names, e.g. ``BLOCK_N``).
-    num_warps, num_stages: passed to every launch.
-    kv_splits: most KV splits of a row (decode and split extend).
-    split_len: positions per split at least: row ``r`` takes
-        ``clamp(ceil(seq_len[r] / split_len), 1, S)`` splits, computed on the device, where
-        ``S`` is the batch's split cap (:func:`attnhal_triton.work.batch_splits`).
-    fill_programs: programs that keep every SM/CU of the family busy: a batch whose
-        launch has fewer programs per split is split until it reaches this (at most
-        ``kv_splits``); a batch that already fills the device is not split at all.
-    dot_precision: ``tl.dot`` input precision for fp32 operands (``"ieee"`` everywhere;
-        ``"tf32x3"`` where the vendor offers it: fp32-accurate on tensor cores).
-    extra: vendor-only launch options (HIP: ``waves_per_eu``, ``matrix_instr_nonkdim``,
-        ``kpack``; CUDA: ``maxnreg``); absent where they do not apply.
-    """
-
-    kernel: str
-    vendor: str | None
-    arch_family: str | None
-    blocks: Mapping[str, int]
-    num_warps: int = 4
-    num_stages: int = 1
-    kv_splits: int = 1
-    split_len: int = 256
-    fill_programs: int = 0
-    head_size: int | None = None
-    dtype: str | None = None
-    dot_precision: str = "ieee"
-    extra: Mapping[str, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "blocks", MappingProxyType(dict(self.blocks)))
-        object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
-        bad = [k for k in self.blocks if not k.isupper()]
-        if bad or self.kernel not in KERNELS + MLA_KERNELS:
-            raise ValueError(f"LaunchRow kernel={self.kernel!r} blocks={sorted(self.blocks)} "
-                             f"(supported: kernel in {KERNELS}, upper-case block names)")
-
-    @property
-    def launch_options(self) -> dict[str, int]:
-        """Keyword options of ``kernel[grid](..., **launch_options)``."""
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages, **self.extra}
-
-    @property
-    def specificity(self) -> int:
-        return (self.head_size is not None) + (self.dtype is not None)
-
-    def matches(self, head_size: int, dtype: str) -> bool:
-        return self.head_size in (None, head_size) and self.dtype in (None, dtype)
-
-    @property
-    def constexprs(self) -> dict[str, int | str]:
-        """Kernel constexprs the row sets (blocks plus ``DOT_PRECISION``)."""
-        return {**self.blocks, "DOT_PRECISION": self.dot_precision}
-
-    def encode(self) -> str:
-        """A string form for custom-op arguments: ``"BLOCK_N=64,num_warps=4,..."``.
-
-        Upper-case keys are kernel constexprs, lower-case keys launch options
-        (:func:`decode_launch` splits them back).
-        """
-        items = {**self.constexprs, **self.launch_options}
-        return ",".join(f"{k}={v}" for k, v in items.items())
-
-    def key(self) -> str:
-        where = f"{self.vendor}:{self.arch_family}" if self.vendor else "fallback"
-        return (f"{self.kernel}@{where}"
-                f"[d={self.head_size or '*'},{self.dtype or '*'}]")
-
-
-def decode_launch(encoded: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``LaunchRow.encode()`` back to (constexprs, launch options)."""
-    constexprs: dict[str, Any] = {}
-    options: dict[str, Any] = {}
-    for item in filter(None, encoded.split(",")):
-        name, _, text = item.partition("=")
-        value: int | str = int(text) if text.lstrip("-").isdigit() else text
-        (constexprs if name.isupper() else options)[name] = value
-    return constexprs, options
 
 
 # --- the table -----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from attnhal_triton.arg_devices import on_one_device
 from attnhal_triton.launch_forms import kv_flags
 from attnhal_triton.mla_forms import fp32_dots, head_split, mla_constexprs
 from attnhal_triton.metadata import Meta
-from attnhal_triton.ops import _check_contiguous, _check_last_dim, _dot_f32, _launch, _scores
+from attnhal_triton.ops import _check_contiguous, _check_last_dim, _dot_f32, _launch, _run, _scores
 
 __all__ = ["head_split", "mla_attend", "mla_forward", "v_in_k"]
 
@@ -97,13 +97,12 @@ def mla_attend(
                                 _dot_f32(q.dtype) or fp32_dots(str(q.dtype).removeprefix("torch."), kv_dtype),
                                 tree.shape[-1] - 1 if tree is not None else 1)
     grid = (-(-max_q * group // constexprs["BLOCK_M"]), rows, k_cache.shape[1] * max_splits)
-    _kernels().mla_kernel[grid](
+    _run(_kernels().mla_kernel, grid, (
         q, k_cache, v_cache, out, part_o, part_lse, req_to_page, req_pool_indices, seq_lens,
         *(t if t is not None else dummy for t in (num_splits, qo_indptr, ext_lens, tree)),
         extra, k_scale, v_scale, sinks if sinks is not None else dummy,
         qk_scale, cap, window, q_per_row, max_splits, num_extra, q.stride(0), q.stride(1),
-        req_to_page.stride(0), extra.stride(0), **constexprs, **options,
-    )
+        req_to_page.stride(0), extra.stride(0)), constexprs, options, launch)
 
 
 @mla_attend.register_fake

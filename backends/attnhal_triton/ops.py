@@ -23,7 +23,8 @@ import torch
 
 from attnhal_triton.arg_devices import on_one_device
 from attnhal_triton.launch_forms import decode_constexprs, extend_constexprs, kv_flags, reduce_constexprs
-from attnhal_triton.launch_table import decode_launch
+from attnhal_triton import spill_relief
+from attnhal_triton.launch_table import decode_launch, decode_uncapped
 
 __all__ = ["decode_partial", "decode_reduce", "extend"]
 
@@ -46,6 +47,18 @@ def _kernels() -> types.ModuleType:
 @functools.lru_cache(maxsize=256)
 def _launch(encoded: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return decode_launch(encoded)
+
+
+@functools.lru_cache(maxsize=256)
+def _uncapped(encoded: str) -> dict[str, Any]:
+    return decode_uncapped(encoded)
+
+
+def _run(kernel: Any, grid: tuple[int, int, int], args: tuple[Any, ...], constexprs: dict[str, Any],
+         options: dict[str, Any], launch: str) -> None:
+    """``kernel[grid](*args, **constexprs, **options)`` in the form :mod:`attnhal_triton.spill_relief`
+    chooses for it on this device (the row's own unless its compile spills)."""
+    spill_relief.launch(kernel, grid, args, constexprs, options, _uncapped(launch), not _kernels().INTERPRETED)
 
 
 def _check_last_dim(**tensors: torch.Tensor) -> None:
@@ -117,16 +130,15 @@ def decode_partial(
     extra = extra_slots if extra_slots is not None else seq_lens.view(-1, 1)
     qk_scale, cap = _scores(sm_scale, softcap)
     grid = (rows, k_cache.shape[1] * head_blocks, mid_o.shape[2])
-    _kernels().decode_partial_kernel[grid](
+    _run(_kernels().decode_partial_kernel, grid, (
         q, k_cache, v_cache, mid_o, mid_lse, req_to_page, req_pool_indices, seq_lens, num_splits,
         extra, k_scale, v_scale, qk_scale, cap, window, num_extra,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        req_to_page.stride(0), extra.stride(0),
-        **decode_constexprs(constexprs, group, head_dim, page_size, cap > 0,
-                            kv_flags(kv_dtype, q.element_size()), _dot_f32(q.dtype)), **options,
-    )
+        req_to_page.stride(0), extra.stride(0)),
+        decode_constexprs(constexprs, group, head_dim, page_size, cap > 0,
+                          kv_flags(kv_dtype, q.element_size()), _dot_f32(q.dtype)), options, launch)
 
 
 @decode_partial.register_fake
@@ -154,12 +166,11 @@ def decode_reduce(out: torch.Tensor, mid_o: torch.Tensor, mid_lse: torch.Tensor,
         return
     _check_last_dim(out=out, mid_o=mid_o)
     _, options = _launch(launch)
-    _kernels().decode_reduce_kernel[(rows, num_q_heads)](
+    _run(_kernels().decode_reduce_kernel, (rows, num_q_heads, 1), (
         mid_o, mid_lse, out, num_splits, sinks if sinks is not None else mid_lse, rows_per_entry,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
-        **reduce_constexprs(head_dim, mid_o.shape[2], sinks is not None), **options,
-    )
+        out.stride(0), out.stride(1)),
+        reduce_constexprs(head_dim, mid_o.shape[2], sinks is not None), options, launch)
 
 
 @decode_reduce.register_fake
@@ -178,8 +189,8 @@ def extend(
     req_to_page: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     num_splits: Optional[torch.Tensor], qo_indptr: Optional[torch.Tensor],
     ext_lens: Optional[torch.Tensor], tree: Optional[torch.Tensor], k_scale: torch.Tensor,
-    v_scale: torch.Tensor, kv_dtype: str, sinks: Optional[torch.Tensor], q_per_row: int, max_q: int, page_size: int, sm_scale: float, softcap: float, window: int,
-    launch: str,
+    v_scale: torch.Tensor, kv_dtype: str, sinks: Optional[torch.Tensor], q_per_row: int, max_q: int,
+    page_size: int, sm_scale: float, softcap: float, window: int, launch: str,
 ) -> None:
     """Extend attention over the paged cache (prefill, target_verify, draft_extend).
 
@@ -225,16 +236,15 @@ def extend(
     inputs = {"PACKED": qo_indptr is not None, "HAS_EXT_LENS": ext_lens is not None,
               "USE_MASK": tree is not None}
     grid = (-(-max_q * group // block_m), rows, k_cache.shape[1] * max_splits)
-    _kernels().extend_kernel[grid](
+    _run(_kernels().extend_kernel, grid, (
         q, k_cache, v_cache, out, part_o, part_lse, req_to_page, req_pool_indices, seq_lens,
         *(t if t is not None else dummy for t in (num_splits, qo_indptr, ext_lens, tree)),
         k_scale, v_scale, sinks if sinks is not None else dummy,
         qk_scale, cap, window, q_per_row, max_splits, q.stride(0), q.stride(1),
-        req_to_page.stride(0),
-        **extend_constexprs(constexprs, num_q_heads, group, head_dim, page_size, inputs, words, split,
-                            cap > 0, sinks is not None, kv_flags(kv_dtype, q.element_size()),
-                            _dot_f32(q.dtype)), **options,
-    )
+        req_to_page.stride(0)),
+        extend_constexprs(constexprs, num_q_heads, group, head_dim, page_size, inputs, words, split,
+                          cap > 0, sinks is not None, kv_flags(kv_dtype, q.element_size()),
+                          _dot_f32(q.dtype)), options, launch)
 
 
 @extend.register_fake

@@ -1,0 +1,129 @@
+"""Spill relief: the compiler referees the launch table, one kernel form at a time.
+
+The launch table (:mod:`attnhal_triton.launch_table`) keys its rows by kernel, arch family,
+head size and dtype; a row's form still varies with what the table cannot see (the group,
+the query tokens per row, the KV format, the input flags), and in about 0.7 % of the GQA
+forms enumerated (docs/triton.md) the row's tiles spill a few bytes of registers: a
+bf16 query over an fp16 cache converts each K/V tile and holds both copies, and ptxas caps
+8-warp programs at 128 registers by itself.
+
+Before a form launches for the first time the backend compiles it (the compile the launch
+would do anyway), reads the compiler's own spill count, and if it spilled, tries the
+:func:`reliefs` in order until one does not: the row's options with the register cap
+lifted (the vendor's options from ``LaunchRow.uncapped``: CUDA ``maxnreg`` 255, HIP
+``waves_per_eu`` 1), then ``BLOCK_N`` halved (with and without the cap), down to 16 positions.
+Only ``BLOCK_N`` shrinks: it is the K/V loop's step, so the grid, the splits and every
+buffer sized from the blocks stay as the metadata planned them. The choice is made once per
+form and process, before the first launch (a form's launches never mix tilings), and
+the offline enumeration (``python -m attnhal_triton.compile_forms``) makes the same choice with
+the cross-compiler, so its report names the form that launches.
+
+Under Triton's interpreter there is no compiler to ask: the row's form runs as it is.
+
+This module imports neither torch nor triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MIN_BLOCK_N", "RELIEVED", "Relief", "choose", "compiler_spills", "launch", "reliefs"]
+
+#: The narrowest K/V step a relief goes to (``tl.dot``'s minimum operand extent).
+MIN_BLOCK_N = 16
+
+#: ``probe(constexprs, options)``: bytes of register spill of that form, or None where no
+#: compiler reports it (the interpreter).
+Probe = Callable[[Mapping[str, Any], Mapping[str, Any]], "int | None"]
+
+
+@dataclass(frozen=True)
+class Relief:
+    """The form a launch takes: its ``constexprs`` and ``options``; ``label`` says what was
+    changed from the row's (``""``: nothing); ``spills``: bytes the compiler reported for it
+    (None: not compiled); ``row_spills``: the row's own form's bytes (None: not compiled)."""
+
+    constexprs: Mapping[str, Any]
+    options: Mapping[str, Any]
+    label: str = ""
+    spills: int | None = None
+    row_spills: int | None = field(default=None)
+
+
+def reliefs(constexprs: Mapping[str, Any], options: Mapping[str, Any], uncapped: Mapping[str, Any]
+            ) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """``(label, constexprs, options)`` to try after the row's own form, least change first:
+    at each ``BLOCK_N`` (the row's, then halved down to :data:`MIN_BLOCK_N`) the row's options,
+    then the options with the register cap lifted (skipped where lifting changes nothing)."""
+    lifted = {**options, **uncapped}
+    block_n = constexprs.get("BLOCK_N")
+    steps = [block_n]
+    while isinstance(block_n, int) and block_n // 2 >= MIN_BLOCK_N:
+        block_n //= 2
+        steps.append(block_n)
+    for step in steps:
+        shrunk = dict(constexprs) if step is None else {**constexprs, "BLOCK_N": step}
+        narrow = "" if step == constexprs.get("BLOCK_N") else f"BLOCK_N={step}"
+        if narrow:
+            yield narrow, shrunk, dict(options)
+        if lifted != dict(options):
+            cap = ",".join(f"{k}={v}" for k, v in uncapped.items())
+            yield ",".join(filter(None, (narrow, cap))), shrunk, lifted
+
+
+def choose(probe: Probe, constexprs: Mapping[str, Any], options: Mapping[str, Any],
+           uncapped: Mapping[str, Any]) -> Relief:
+    """The form to launch: the row's own if the compiler reports no spill (or cannot report),
+    else the first of :func:`reliefs` that does not spill; where every one spills, the one
+    that spills least (the compiler's figures say so in the returned :class:`Relief`)."""
+    first = probe(constexprs, options)
+    if not first:  # 0 bytes, or no compiler to ask
+        return Relief(dict(constexprs), dict(options), "", first, first)
+    best = Relief(dict(constexprs), dict(options), "", first, first)
+    for label, cx, opts in reliefs(constexprs, options, uncapped):
+        spills = probe(cx, opts)
+        if spills is None:
+            continue
+        if spills < (best.spills or 0):
+            best = Relief(cx, opts, label, spills, first)
+        if spills == 0:
+            break
+    return best
+
+
+def compiler_spills(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...]) -> Probe:
+    """The probe of a real device: compile ``kernel`` for these ``args`` without launching it
+    (the compile its launch would do) and read the spill the driver reports when it loads
+    the binary (4-byte words of local memory, CUDA and HIP alike)."""
+    def probe(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> int:
+        compiled = kernel.warmup(*args, grid=grid, **constexprs, **options)
+        compiled._init_handles()  # loads the binary: where Triton reads n_regs / n_spills
+        return int(compiled.n_spills) * 4
+    return probe
+
+
+#: The form each (kernel, argument dtypes and devices, row form) launched with in this process.
+RELIEVED: dict[tuple[Any, ...], Relief] = {}
+
+
+def launch(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], constexprs: Mapping[str, Any],
+           options: Mapping[str, Any], uncapped: Mapping[str, Any], compiled: bool) -> Relief:
+    """Launch ``kernel[grid](*args, **constexprs, **options)`` as :func:`choose` relieves it,
+    deciding once per form (``compiled``: a compiler reports spills; False under the interpreter).
+    Returns the form launched."""
+    # The ops build constexprs and options in a fixed order, and every tensor of a launch is on
+    # its first argument's device (arg_devices.on_one_device): a cheap key (4.5 µs a launch on the Zen 4 host).
+    key = (kernel, getattr(args[0], "device", None), tuple(getattr(a, "dtype", None) for a in args),
+           tuple(constexprs.items()), tuple(options.items()))
+    relief = RELIEVED.get(key)
+    if relief is None:
+        probe = compiler_spills(kernel, grid, args) if compiled else _no_compiler
+        relief = RELIEVED[key] = choose(probe, constexprs, options, uncapped)
+    kernel[grid](*args, **relief.constexprs, **relief.options)
+    return relief
+
+
+def _no_compiler(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+    return None

@@ -1,0 +1,135 @@
+"""Spill relief: a form whose compile spills launches in the first relieved form that does not.
+
+The ladder's order and the choice on planted compilers; the launch path deciding once per form
+(a fake JIT function that reports spills as Triton's loaded binary does); the backend under the
+interpreter with a planted compiler that spills at ``BLOCK_N`` 64 (the relieved launch is exact);
+and with the real cross-compiler, a form the sampled enumeration found spilling on sm90
+(docs/triton.md) launches relieved and spill-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from triton_cases import assert_close, build, expected, run, shape
+
+from attnhal.phases import Phase
+from attnhal.platform import parse
+from attnhal_triton import kernels, ops, spill_relief
+from attnhal_triton.launch_table import UNCAPPED, lookup
+from attnhal_triton.spill_relief import choose, reliefs
+
+_CAP = dict(UNCAPPED["cuda"])
+
+
+def test_the_ladder_lifts_the_cap_then_halves_the_kv_step() -> None:
+    steps = [(label, c["BLOCK_N"], o) for label, c, o in reliefs({"BLOCK_N": 64, "BLOCK_M": 32}, {"num_warps": 8},
+                                                                 _CAP)]
+    assert steps == [("maxnreg=255", 64, {"num_warps": 8, **_CAP}),
+                     ("BLOCK_N=32", 32, {"num_warps": 8}), ("BLOCK_N=32,maxnreg=255", 32, {"num_warps": 8, **_CAP}),
+                     ("BLOCK_N=16", 16, {"num_warps": 8}), ("BLOCK_N=16,maxnreg=255", 16, {"num_warps": 8, **_CAP})]
+    # A row already uncapped, or a fallback row (no vendor options): only the step halves.
+    assert [s[0] for s in reliefs({"BLOCK_N": 32}, {"maxnreg": 255}, _CAP)] == ["BLOCK_N=16"]
+    assert [s[0] for s in reliefs({"BLOCK_N": 16}, {}, {})] == []
+    assert [s[0] for s in reliefs({"BLOCK_M": 16}, {}, _CAP)] == ["maxnreg=255"]  # no BLOCK_N: the cap only
+
+
+def test_the_first_spill_free_form_is_chosen() -> None:
+    seen: list[tuple[int, bool]] = []
+
+    def probe(constexprs: Any, options: Any) -> int:
+        seen.append((constexprs["BLOCK_N"], "maxnreg" in options))
+        return 0 if constexprs["BLOCK_N"] <= 32 and "maxnreg" in options else 24
+
+    relief = choose(probe, {"BLOCK_N": 64}, {"num_warps": 4}, _CAP)
+    assert (relief.label, relief.spills, relief.row_spills) == ("BLOCK_N=32,maxnreg=255", 0, 24)
+    assert relief.constexprs == {"BLOCK_N": 32} and relief.options == {"num_warps": 4, **_CAP}
+    assert seen == [(64, False), (64, True), (32, False), (32, True)]  # stops at the first clean one
+    # The row's own form when it is clean, or when no compiler can tell (the interpreter).
+    assert choose(lambda c, o: 0, {"BLOCK_N": 64}, {}, _CAP).label == ""
+    assert choose(lambda c, o: None, {"BLOCK_N": 64}, {}, _CAP) == spill_relief.Relief({"BLOCK_N": 64}, {})
+    # Every form spills: the least, and the figures say so.
+    least = choose(lambda c, o: c["BLOCK_N"] // 4 + 8 * ("maxnreg" not in o), {"BLOCK_N": 64}, {}, _CAP)
+    assert (least.label, least.spills, least.row_spills) == ("BLOCK_N=16,maxnreg=255", 4, 24)
+
+
+class _FakeJit:
+    """A JIT function as Triton's: ``warmup`` compiles (here: reports ``BLOCK_N`` 64 spilling 2 words
+    once loaded), ``[grid](...)`` launches."""
+
+    def __init__(self) -> None:
+        self.compiled: list[int] = []
+        self.launched: list[int] = []
+
+    def warmup(self, *args: Any, grid: Any, BLOCK_N: int, **options: Any) -> Any:
+        self.compiled.append(BLOCK_N)
+        binary = SimpleNamespace(n_spills=None)
+        binary._init_handles = lambda: setattr(binary, "n_spills", 2 if BLOCK_N > 32 else 0)
+        return binary
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, BLOCK_N, **options: self.launched.append(BLOCK_N)
+
+
+def test_a_form_is_decided_once_then_launched_relieved(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spill_relief, "RELIEVED", {})
+    jit = _FakeJit()
+    for _ in range(3):
+        relief = spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {}, {}, compiled=True)
+    assert (relief.label, relief.row_spills, relief.spills) == ("BLOCK_N=32", 8, 0)  # 2 words = 8 bytes
+    assert jit.compiled == [64, 32] and jit.launched == [32, 32, 32]
+    # Under the interpreter nothing is compiled ahead: the row's form launches.
+    monkeypatch.setattr(spill_relief, "RELIEVED", {})
+    assert spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {}, {}, compiled=False).label == ""
+    assert jit.compiled == [64, 32] and jit.launched[-1] == 64
+
+
+@pytest.mark.parametrize("phase", [Phase.TARGET_VERIFY, Phase.DECODE], ids=lambda p: p.value)
+def test_the_backend_launches_relieved_forms_exactly(phase: Phase, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sm90's rows under the interpreter, with a planted compiler whose forms spill at a K/V step
+    above 32: every extend and decode launch takes ``BLOCK_N`` 32 or less, and the output is exact."""
+    spilling = lambda kernel, grid, args: lambda c, o: 8 if c.get("BLOCK_N", 0) > 32 else 0  # noqa: E731
+    monkeypatch.setattr(spill_relief, "compiler_spills", spilling)
+    monkeypatch.setattr(spill_relief, "RELIEVED", {})
+    names = ("decode_partial_kernel", "extend_kernel", "decode_reduce_kernel")
+    compiled = SimpleNamespace(INTERPRETED=False, **{k: getattr(kernels, k) for k in names})
+    monkeypatch.setattr(ops, "_kernels", lambda: compiled)
+    case = shape(phase, head_size=64, dtype="float16", platform="cuda:sm90", lens=(40, 9), kv_heads=1)
+    built, backend = build(case)
+    got = run(built, backend)
+    launched = {key[0]: r for key, r in spill_relief.RELIEVED.items() if "BLOCK_N" in r.constexprs}
+    assert launched and all(r.constexprs["BLOCK_N"] <= 32 and r.row_spills == 8 for r in launched.values())
+    assert max(row.blocks.get("BLOCK_N", 0) for row in backend.rows.values()) == 64  # the rows said 64
+    assert_close(backend, got, expected(built, backend))
+
+
+_ONE_FORM = textwrap.dedent("""
+    import json
+    from attnhal_triton import compile_check as cc
+    from attnhal_triton.compile_forms import _payload, compile_form
+    from attnhal_triton.launch_forms import forms
+    [form] = [f for f in forms(cc.target_platform("cuda:90"), kernels=("extend_verify",), dtypes=("bfloat16",),
+                               kv_dtypes=("float16",), head_sizes=(128,), groups=(7,)) if f.example[1:] == (5, 65536)]
+    print(json.dumps(compile_form(_payload("cuda:90", form))))
+""")
+
+
+def test_a_form_that_spilled_on_sm90_launches_relieved() -> None:
+    """Found by the sampled enumeration (2026-12-07): sm90's causal verify row at head 128 (64x64,
+    4 warps) spilled 24 bytes at 255 registers for a bf16 query over an fp16 cache, group 7, 5
+    tokens, unsplit. Compiled by Triton's ptxas: relieved to a 32-position K/V step, 0 spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _ONE_FORM], capture_output=True, text=True, env=env, check=False,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads(done.stdout)
+    assert row["row_spills"] > 0 and row["relief"] == "BLOCK_N=32", row
+    assert row["ok"] and row["spills"] == 0 and row["headroom"] >= 0, row
+    assert lookup("extend_verify", parse("cuda:sm90"), 128, "bfloat16").blocks["BLOCK_N"] == 64  # the row as it was
