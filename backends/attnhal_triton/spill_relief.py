@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MIN_BLOCK_N", "RELIEVED", "Relief", "choose", "compiler_spills", "launch", "reliefs"]
+__all__ = ["MIN_BLOCK_N", "RELIEVED", "Relief", "choose", "compiler_spills", "launch", "relieved", "reliefs"]
 
 #: The narrowest K/V step a relief goes to (``tl.dot``'s minimum operand extent).
 MIN_BLOCK_N = 16
@@ -127,3 +127,11 @@ def launch(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], constexprs
 
 def _no_compiler(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> None:
     return None
+
+
+def relieved() -> list[str]:
+    """One line per form this process launched relieved: the kernel, what changed, the bytes the
+    row's form spilled and the relieved one's (for logs and benchmark reports)."""
+    return [f"{getattr(key[0], '__name__', key[0])} {dict(key[3])}: {r.label} "
+            f"(row {r.row_spills} B spilled, launched {r.spills} B)"
+            for key, r in RELIEVED.items() if r.label]

@@ -64,6 +64,8 @@ class _FakeJit:
     """A JIT function as Triton's: ``warmup`` compiles (here: reports ``BLOCK_N`` 64 spilling 2 words
     once loaded), ``[grid](...)`` launches."""
 
+    __name__ = "fake_kernel"
+
     def __init__(self) -> None:
         self.compiled: list[int] = []
         self.launched: list[int] = []
@@ -85,6 +87,7 @@ def test_a_form_is_decided_once_then_launched_relieved(monkeypatch: pytest.Monke
         relief = spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {}, {}, compiled=True)
     assert (relief.label, relief.row_spills, relief.spills) == ("BLOCK_N=32", 8, 0)  # 2 words = 8 bytes
     assert jit.compiled == [64, 32] and jit.launched == [32, 32, 32]
+    assert spill_relief.relieved() == ["fake_kernel {'BLOCK_N': 64}: BLOCK_N=32 (row 8 B spilled, launched 0 B)"]
     # Under the interpreter nothing is compiled ahead: the row's form launches.
     monkeypatch.setattr(spill_relief, "RELIEVED", {})
     assert spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {}, {}, compiled=False).label == ""
