@@ -25,6 +25,7 @@ This module imports neither torch nor triton.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,6 +105,8 @@ def compiler_spills(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...]) -
     return probe
 
 
+_LOG = logging.getLogger("attnhal_triton")
+
 #: The form each (kernel, argument dtypes and devices, row form) launched with in this process.
 RELIEVED: dict[tuple[Any, ...], Relief] = {}
 
@@ -121,6 +124,8 @@ def launch(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], constexprs
     if relief is None:
         probe = compiler_spills(kernel, grid, args) if compiled else _no_compiler
         relief = RELIEVED[key] = choose(probe, constexprs, options, uncapped)
+        if relief.label:  # a server's log says which launch row missed, and what runs instead
+            _LOG.info("spill relief: %s", _line(key, relief))
     kernel[grid](*args, **relief.constexprs, **relief.options)
     return relief
 
@@ -132,6 +137,9 @@ def _no_compiler(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> N
 def relieved() -> list[str]:
     """One line per form this process launched relieved: the kernel, what changed, the bytes the
     row's form spilled and the relieved one's (for logs and benchmark reports)."""
-    return [f"{getattr(key[0], '__name__', key[0])} {dict(key[3])}: {r.label} "
-            f"(row {r.row_spills} B spilled, launched {r.spills} B)"
-            for key, r in RELIEVED.items() if r.label]
+    return [_line(key, r) for key, r in RELIEVED.items() if r.label]
+
+
+def _line(key: tuple[Any, ...], relief: Relief) -> str:
+    return (f"{getattr(key[0], '__name__', key[0])} {dict(key[3])}: {relief.label} "
+            f"(row {relief.row_spills} B spilled, launched {relief.spills} B)")

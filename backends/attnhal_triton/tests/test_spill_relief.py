@@ -80,14 +80,17 @@ class _FakeJit:
         return lambda *args, BLOCK_N, **options: self.launched.append(BLOCK_N)
 
 
-def test_a_form_is_decided_once_then_launched_relieved(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_form_is_decided_once_then_launched_relieved(monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(spill_relief, "RELIEVED", {})
     jit = _FakeJit()
-    for _ in range(3):
-        relief = spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {}, {}, compiled=True)
+    with caplog.at_level("INFO", logger="attnhal_triton"):
+        for _ in range(3):
+            relief = spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {}, {}, compiled=True)
     assert (relief.label, relief.row_spills, relief.spills) == ("BLOCK_N=32", 8, 0)  # 2 words = 8 bytes
     assert jit.compiled == [64, 32] and jit.launched == [32, 32, 32]
-    assert spill_relief.relieved() == ["fake_kernel {'BLOCK_N': 64}: BLOCK_N=32 (row 8 B spilled, launched 0 B)"]
+    line = "fake_kernel {'BLOCK_N': 64}: BLOCK_N=32 (row 8 B spilled, launched 0 B)"
+    assert spill_relief.relieved() == [line] and caplog.messages == ["spill relief: " + line]  # logged once
     # Under the interpreter nothing is compiled ahead: the row's form launches.
     monkeypatch.setattr(spill_relief, "RELIEVED", {})
     assert spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {}, {}, compiled=False).label == ""
