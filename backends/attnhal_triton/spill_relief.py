@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["MIN_BLOCK_N", "RELIEVED", "Relief", "choose", "compiler_spills", "launch", "relieved", "reliefs"]
@@ -50,7 +50,7 @@ class Relief:
     options: Mapping[str, Any]
     label: str = ""
     spills: int | None = None
-    row_spills: int | None = field(default=None)
+    row_spills: int | None = None
 
 
 def reliefs(constexprs: Mapping[str, Any], options: Mapping[str, Any], uncapped: Mapping[str, Any]
@@ -80,9 +80,9 @@ def choose(probe: Probe, constexprs: Mapping[str, Any], options: Mapping[str, An
     else the first of :func:`reliefs` that does not spill; where every one spills, the one
     that spills least (the compiler's figures say so in the returned :class:`Relief`)."""
     first = probe(constexprs, options)
-    if not first:  # 0 bytes, or no compiler to ask
-        return Relief(dict(constexprs), dict(options), "", first, first)
     best = Relief(dict(constexprs), dict(options), "", first, first)
+    if not first:  # 0 bytes, or no compiler to ask
+        return best
     for label, cx, opts in reliefs(constexprs, options, uncapped):
         spills = probe(cx, opts)
         if spills is None:
@@ -98,8 +98,10 @@ def compiler_spills(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...]) -
     """The probe of a real device: compile ``kernel`` for these ``args`` without launching it
     (the compile its launch would do) and read the spill the driver reports when it loads
     the binary (4-byte words of local memory, CUDA and HIP alike)."""
-    def probe(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> int:
+    def probe(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> int | None:
         compiled = kernel.warmup(*args, grid=grid, **constexprs, **options)
+        if compiled is None or not hasattr(compiled, "_init_handles"):  # a cache hook or async compile took it
+            return None
         compiled._init_handles()  # loads the binary: where Triton reads n_regs / n_spills
         return int(compiled.n_spills) * 4
     return probe
