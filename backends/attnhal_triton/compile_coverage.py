@@ -176,7 +176,8 @@ def _line(r: dict[str, Any]) -> str:
     kv = r.get("kv_dtype", r["dtype"])
     return (f"{'ok  ' if r['ok'] else 'FAIL'} {r['target']:<11} {r['function']:<21} {r['kernel']:<22} "
             f"{r['dtype']}/{kv} d{r['head_size']} regs {r['registers']} spills {r['spills']} "
-            f"headroom {r['headroom']} {r['seconds']:.1f} s {r['error']}")
+            f"headroom {r['headroom']} {r['seconds']:.1f} s {r['error']}"
+            + (f" (relieved: {r['relief']}; the row's form spilled {r['row_spills']} B)" if r.get("relief") else ""))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
