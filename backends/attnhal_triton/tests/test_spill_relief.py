@@ -97,10 +97,11 @@ def test_a_form_is_decided_once_then_launched_relieved(monkeypatch: pytest.Monke
     assert jit.compiled == [64, 32] and jit.launched[-1] == 64
 
 
-@pytest.mark.parametrize("phase", [Phase.TARGET_VERIFY, Phase.DECODE], ids=lambda p: p.value)
+@pytest.mark.parametrize("phase", [Phase.TARGET_VERIFY, Phase.DRAFT_EXTEND, Phase.DECODE], ids=lambda p: p.value)
 def test_the_backend_launches_relieved_forms_exactly(phase: Phase, monkeypatch: pytest.MonkeyPatch) -> None:
     """sm90's rows under the interpreter, with a planted compiler whose forms spill at a K/V step
-    above 32: every extend and decode launch takes ``BLOCK_N`` 32 or less, and the output is exact."""
+    above 32: every tree verify, draft extend and decode launch takes ``BLOCK_N`` 32 or less, and the
+    output is exact."""
     spilling = lambda kernel, grid, args: lambda c, o: 8 if c.get("BLOCK_N", 0) > 32 else 0  # noqa: E731
     monkeypatch.setattr(spill_relief, "compiler_spills", spilling)
     monkeypatch.setattr(spill_relief, "RELIEVED", {})
