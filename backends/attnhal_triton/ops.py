@@ -21,9 +21,9 @@ from typing import Any, Optional
 
 import torch
 
+from attnhal_triton import spill_relief
 from attnhal_triton.arg_devices import on_one_device
 from attnhal_triton.launch_forms import decode_constexprs, extend_constexprs, kv_flags, reduce_constexprs
-from attnhal_triton import spill_relief
 from attnhal_triton.launch_table import decode_launch, decode_uncapped
 
 __all__ = ["decode_partial", "decode_reduce", "extend"]
