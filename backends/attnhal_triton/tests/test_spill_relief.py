@@ -3,8 +3,9 @@
 The ladder's order and the choice on planted compilers; the launch path deciding once per form
 (a fake JIT function that reports spills as Triton's loaded binary does); the backend under the
 interpreter with a planted compiler that spills at ``BLOCK_N`` 64 (the relieved launch is exact);
-and with the real cross-compiler, a form the sampled enumeration found spilling on sm90
-(docs/triton.md) launches relieved and spill-free.
+with the real cross-compiler, a form the sampled enumeration found spilling on sm90
+(docs/triton.md) launches relieved and spill-free; and on a GPU, a planted spilling row relieved
+by the device's own compiler (skipped without one; the device session runs it).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 from triton_cases import assert_close, build, expected, run, shape
 
 from attnhal.phases import Phase
@@ -140,3 +143,53 @@ def test_a_form_that_spilled_on_sm90_launches_relieved() -> None:
     assert row["row_spills"] > 0 and row["relief"] == "BLOCK_N=32", row
     assert row["ok"] and row["spills"] == 0 and row["headroom"] >= 0, row
     assert lookup("extend_verify", parse("cuda:sm90"), 128, "bfloat16").blocks["BLOCK_N"] == 64  # the row as it was
+
+
+_ON_DEVICE = textwrap.dedent("""
+    import json, sys
+    from dataclasses import replace
+    from triton.runtime.errors import OutOfResources
+    from triton_cases import assert_close, expected, run, shape
+    from attnhal.phases import Phase
+    from attnhal.platform import detect
+    from attnhal.testing.cases import build_case
+    from attnhal_triton import TritonBackend, spill_relief
+    platform = detect()
+    case = shape(Phase.TARGET_VERIFY, head_size=128, dtype="bfloat16", kv_heads=2, group=4, lens=(300, 77),
+                 tokens=8, tree=False)
+    built = build_case(case.recipe, device=platform.torch_device)
+    backend = TritonBackend(built.config, built.pool, platform=platform)
+    row = backend.rows["extend_verify"]  # planted: 64 x 128 tiles of a 128 head in 4 warps, 1 stage (80 KB)
+    backend.use_launch_rows({"extend_verify": replace(row, blocks={**row.blocks, "BLOCK_M": 64, "BLOCK_N": 128},
+                                                      num_warps=4, num_stages=1)})
+    try:
+        got = run(built, backend)
+    except OutOfResources as exc:
+        print(json.dumps({"shared": str(exc)}))
+        sys.exit(0)
+    assert_close(backend, got, expected(built, backend))
+    print(json.dumps({"forms": [[r.label, r.row_spills, r.spills] for r in spill_relief.RELIEVED.values()]}))
+""")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm device")
+def test_a_spilling_row_is_relieved_by_the_devices_own_compiler() -> None:
+    """On a GPU (the device session runs it): every launch's form is compiled by Triton's ``warmup``
+    and its spill read from the driver before it runs (no form left unprobed), and a planted verify
+    row too wide for the registers (64 x 128 tiles at head 128 in 4 warps) is relieved to a form that
+    spills less (0 where a relief fits); the output is exact."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ATTNHAL_PLATFORM")}
+    helpers = str(Path(__file__).resolve().parents[3] / "tests" / "helpers")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (helpers, env.get("PYTHONPATH"))))
+    done = subprocess.run([sys.executable, "-c", _ON_DEVICE], capture_output=True, text=True, env=env, check=False,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    if "shared" in report:
+        pytest.skip(f"the planted tiles exceed this device's shared memory: {report['shared']}")
+    forms = report["forms"]
+    assert forms and all(row is not None for _, row, _ in forms), forms  # every form was probed
+    planted = [f for f in forms if f[1]]  # the forms whose row spilled
+    if not planted:
+        pytest.skip(f"the planted row fits this device's registers: {forms}")
+    assert all(label and spills < row for label, row, spills in planted), planted
