@@ -2,21 +2,22 @@
 
 The launch table (:mod:`attnhal_triton.launch_table`) keys its rows by kernel, arch family,
 head size and dtype; a row's form still varies with what the table cannot see (the group,
-the query tokens per row, the KV format, the input flags), and in about 0.7 % of the GQA
-forms enumerated (docs/triton.md) the row's tiles spill a few bytes of registers: a
-bf16 query over an fp16 cache converts each K/V tile and holds both copies, and ptxas caps
-8-warp programs at 128 registers by itself.
+the query tokens per row, the KV format, the input flags), and in 1-5 % of the NVIDIA forms
+sampled (docs/triton.md) the row's tiles spill a few bytes of registers: a bf16 query over an
+fp16 cache converts each K/V tile and holds both copies, and ptxas caps some programs at 128 or
+168 registers by itself.
 
 Before a form launches for the first time the backend compiles it (the compile the launch
 would do anyway), reads the compiler's own spill count, and if it spilled, tries the
 :func:`reliefs` in order until one does not: the row's options with the register cap
 lifted (the vendor's options from ``LaunchRow.uncapped``: CUDA ``maxnreg`` 255, HIP
-``waves_per_eu`` 1), then ``BLOCK_N`` halved (with and without the cap), down to 16 positions.
-Only ``BLOCK_N`` shrinks: it is the K/V loop's step, so the grid, the splits and every
-buffer sized from the blocks stay as the metadata planned them. The choice is made once per
-form and process, before the first launch (a form's launches never mix tilings), and
-the offline enumeration (``python -m attnhal_triton.compile_forms``) makes the same choice with
-the cross-compiler, so its report names the form that launches.
+``waves_per_eu`` 1), then both at ``BLOCK_N`` halved, down to 16 positions; only then the same
+with one pipeline stage. Only ``BLOCK_N`` and launch options change: ``BLOCK_N`` is the K/V loop's step,
+so the grid, the splits and every buffer sized from the blocks stay as the metadata planned
+them. The choice is made once per form and process, before the first launch (a form's
+launches never mix tilings), and the offline enumeration (``python -m
+attnhal_triton.compile_forms``) makes the same choice with the cross-compiler, so its report
+names the form that launches.
 
 Under Triton's interpreter there is no compiler to ask: the row's form runs as it is.
 
@@ -55,23 +56,29 @@ class Relief:
 
 def reliefs(constexprs: Mapping[str, Any], options: Mapping[str, Any], uncapped: Mapping[str, Any]
             ) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """``(label, constexprs, options)`` to try after the row's own form, least change first:
-    at each ``BLOCK_N`` (the row's, then halved down to :data:`MIN_BLOCK_N`) the row's options,
-    then the options with the register cap lifted (skipped where lifting changes nothing)."""
-    lifted = {**options, **uncapped}
+    """``(label, constexprs, options)`` to try after the row's own form, least change first: at
+    each ``BLOCK_N`` (the row's, then halved down to :data:`MIN_BLOCK_N`) the row's options, then
+    the register cap lifted; only then the same with one pipeline stage (a stage's prefetched tiles
+    hold registers too, but a memory-bound loop loses its overlap). A form equal to one already
+    listed is skipped; ``label`` names what changed."""
     block_n = constexprs.get("BLOCK_N")
     steps = [block_n]
     while isinstance(block_n, int) and block_n // 2 >= MIN_BLOCK_N:
         block_n //= 2
         steps.append(block_n)
-    for step in steps:
-        shrunk = dict(constexprs) if step is None else {**constexprs, "BLOCK_N": step}
-        narrow = "" if step == constexprs.get("BLOCK_N") else f"BLOCK_N={step}"
-        if narrow:
-            yield narrow, shrunk, dict(options)
-        if lifted != dict(options):
-            cap = ",".join(f"{k}={v}" for k, v in uncapped.items())
-            yield ",".join(filter(None, (narrow, cap))), shrunk, lifted
+    seen = {(steps[0], tuple(sorted(options.items())))}  # the row's own form
+    for stages in ({}, {"num_stages": 1}):
+        for step in steps:
+            shrunk = dict(constexprs) if step is None else {**constexprs, "BLOCK_N": step}
+            for variant in ({**stages}, {**stages, **uncapped}):
+                opts = {**options, **variant}
+                key = (step, tuple(sorted(opts.items())))
+                if key in seen:
+                    continue
+                seen.add(key)
+                changed = [f"BLOCK_N={step}"] if step != steps[0] else []
+                changed += [f"{k}={v}" for k, v in variant.items() if options.get(k) != v]
+                yield ",".join(changed), shrunk, opts
 
 
 def choose(probe: Probe, constexprs: Mapping[str, Any], options: Mapping[str, Any],

@@ -32,16 +32,23 @@ from attnhal_triton.spill_relief import choose, reliefs
 _CAP = dict(UNCAPPED["cuda"])
 
 
-def test_the_ladder_lifts_the_cap_then_halves_the_kv_step() -> None:
-    steps = [(label, c["BLOCK_N"], o) for label, c, o in reliefs({"BLOCK_N": 64, "BLOCK_M": 32}, {"num_warps": 8},
-                                                                 _CAP)]
-    assert steps == [("maxnreg=255", 64, {"num_warps": 8, **_CAP}),
-                     ("BLOCK_N=32", 32, {"num_warps": 8}), ("BLOCK_N=32,maxnreg=255", 32, {"num_warps": 8, **_CAP}),
-                     ("BLOCK_N=16", 16, {"num_warps": 8}), ("BLOCK_N=16,maxnreg=255", 16, {"num_warps": 8, **_CAP})]
-    # A row already uncapped, or a fallback row (no vendor options): only the step halves.
-    assert [s[0] for s in reliefs({"BLOCK_N": 32}, {"maxnreg": 255}, _CAP)] == ["BLOCK_N=16"]
-    assert [s[0] for s in reliefs({"BLOCK_N": 16}, {}, {})] == []
-    assert [s[0] for s in reliefs({"BLOCK_M": 16}, {}, _CAP)] == ["maxnreg=255"]  # no BLOCK_N: the cap only
+def test_the_ladder_lifts_the_cap_halves_the_kv_step_then_drops_a_stage() -> None:
+    row = {"num_warps": 8, "num_stages": 2}
+    steps = [(label, c["BLOCK_N"], o) for label, c, o in reliefs({"BLOCK_N": 64, "BLOCK_M": 32}, row, _CAP)]
+    one = {"num_stages": 1}
+    assert steps == [
+        ("maxnreg=255", 64, {**row, **_CAP}),
+        ("BLOCK_N=32", 32, row), ("BLOCK_N=32,maxnreg=255", 32, {**row, **_CAP}),
+        ("BLOCK_N=16", 16, row), ("BLOCK_N=16,maxnreg=255", 16, {**row, **_CAP}),
+        ("num_stages=1", 64, {**row, **one}), ("num_stages=1,maxnreg=255", 64, {**row, **one, **_CAP}),
+        ("BLOCK_N=32,num_stages=1", 32, {**row, **one}),
+        ("BLOCK_N=32,num_stages=1,maxnreg=255", 32, {**row, **one, **_CAP}),
+        ("BLOCK_N=16,num_stages=1", 16, {**row, **one}),
+        ("BLOCK_N=16,num_stages=1,maxnreg=255", 16, {**row, **one, **_CAP})]
+    # A row already uncapped at one stage, or a fallback row (no vendor options): what is left to change.
+    assert [s[0] for s in reliefs({"BLOCK_N": 32}, {"maxnreg": 255, "num_stages": 1}, _CAP)] == ["BLOCK_N=16"]
+    assert [s[0] for s in reliefs({"BLOCK_N": 16}, {"num_stages": 2}, {})] == ["num_stages=1"]
+    assert [s[0] for s in reliefs({"BLOCK_M": 16}, {"num_stages": 1}, _CAP)] == ["maxnreg=255"]  # no BLOCK_N
 
 
 def test_the_first_spill_free_form_is_chosen() -> None:
@@ -51,15 +58,16 @@ def test_the_first_spill_free_form_is_chosen() -> None:
         seen.append((constexprs["BLOCK_N"], "maxnreg" in options))
         return 0 if constexprs["BLOCK_N"] <= 32 and "maxnreg" in options else 24
 
-    relief = choose(probe, {"BLOCK_N": 64}, {"num_warps": 4}, _CAP)
+    relief = choose(probe, {"BLOCK_N": 64}, {"num_warps": 4, "num_stages": 1}, _CAP)
     assert (relief.label, relief.spills, relief.row_spills) == ("BLOCK_N=32,maxnreg=255", 0, 24)
-    assert relief.constexprs == {"BLOCK_N": 32} and relief.options == {"num_warps": 4, **_CAP}
+    assert relief.constexprs == {"BLOCK_N": 32} and relief.options == {"num_warps": 4, "num_stages": 1, **_CAP}
     assert seen == [(64, False), (64, True), (32, False), (32, True)]  # stops at the first clean one
     # The row's own form when it is clean, or when no compiler can tell (the interpreter).
     assert choose(lambda c, o: 0, {"BLOCK_N": 64}, {}, _CAP).label == ""
     assert choose(lambda c, o: None, {"BLOCK_N": 64}, {}, _CAP) == spill_relief.Relief({"BLOCK_N": 64}, {})
     # Every form spills: the least, and the figures say so.
-    least = choose(lambda c, o: c["BLOCK_N"] // 4 + 8 * ("maxnreg" not in o), {"BLOCK_N": 64}, {}, _CAP)
+    least = choose(lambda c, o: c["BLOCK_N"] // 4 + 8 * ("maxnreg" not in o), {"BLOCK_N": 64}, {"num_stages": 1},
+                   _CAP)
     assert (least.label, least.spills, least.row_spills) == ("BLOCK_N=16,maxnreg=255", 4, 24)
 
 
@@ -89,7 +97,8 @@ def test_a_form_is_decided_once_then_launched_relieved(monkeypatch: pytest.Monke
     jit = _FakeJit()
     with caplog.at_level("INFO", logger="attnhal_triton"):
         for _ in range(3):
-            relief = spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {}, {}, compiled=True)
+            relief = spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {"num_stages": 1}, {},
+                                         compiled=True)
     assert (relief.label, relief.row_spills, relief.spills) == ("BLOCK_N=32", 8, 0)  # 2 words = 8 bytes
     assert jit.compiled == [64, 32] and jit.launched == [32, 32, 32]
     line = "fake_kernel {'BLOCK_N': 64}: BLOCK_N=32 (row 8 B spilled, launched 0 B)"
