@@ -2,7 +2,7 @@
 
 The launch table (:mod:`attnhal_triton.launch_table`) keys its rows by kernel, arch family,
 head size and dtype; a row's form still varies with what the table cannot see (the group,
-the query tokens per row, the KV format, the input flags), and in 1-5 % of the NVIDIA forms
+the query tokens per row, the KV format, the input flags), and in 1.4-2.5 % of the NVIDIA forms
 sampled (docs/triton.md) the row's tiles spill a few bytes of registers: a bf16 query over an
 fp16 cache converts each K/V tile and holds both copies, and ptxas caps some programs at 128 or
 168 registers by itself.
