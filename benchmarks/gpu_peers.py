@@ -51,7 +51,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attnhal_triton import spill_relief
-from attnhal_triton.spill_relief import relieved
 from peer_cases import (
     DEFAULT_SHAPES,
     TINY_SHAPES,
@@ -258,9 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     not_run = [shape.key for shape in shapes[len(rows):]]
     if not_run:
         print(f"\nNOT RUN (the --budget-s {args.budget_s:.0f} s was spent): {', '.join(not_run)}")
-    launched = spill_relief.RELIEVED
-    print(f"\nspill relief: {len(launched)} attnhal forms launched, {len(relieved())} relieved"
-          + "".join(f"\n  {line}" for line in relieved()))
+    relieved = spill_relief.relieved()
+    print(f"\nspill relief: {len(spill_relief.RELIEVED)} attnhal forms launched, {len(relieved)} relieved"
+          + "".join(f"\n  {line}" for line in relieved))
     speedup = fp8_speedup(rows)
     if speedup is not None:
         print(f"\nattnhal fp8 / bf16 decode tokens/s at {speedup[0]}: {speedup[1]:.2f}x")
@@ -269,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": where, "dtype": args.dtype, "timed": settings.timed,
             "peers": {n: p.source for n, p in peers.items()},
             "fp8_vs_bf16_tokens_per_s": speedup[1] if speedup else None, "not_run": not_run,
-            "spill_relieved": relieved(),
+            "spill_relieved": relieved,
             "rows": [{**asdict(r), "speeds": {n: r.speed(n) for n in r.results}} for r in rows]}, indent=1))
     bad = [f"{r.key} {n}" for r in rows for n, res in r.results.items() if res.status in ("WRONG", "FAILED")]
     if bad:

@@ -118,6 +118,10 @@ def _figures(target: str, form: Form, options: dict[str, Any]) -> dict[str, Any]
             "shared": checks["shared"], "ok": not problem, "error": problem}
 
 
+def _tried_key(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted(constexprs.items())), tuple(sorted(options.items()))
+
+
 def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
     """Compile one (target, form) as it launches: the row's form, or where that spills the form
     :func:`attnhal_triton.spill_relief.choose` relieves it to (as the backend does on a device).
@@ -128,16 +132,16 @@ def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         result["code_key"] = code_key(target, form)
-        tried: dict[str, dict[str, Any]] = {}
+        tried: dict[tuple[Any, ...], dict[str, Any]] = {}  # each compile's figures, by its form
 
         def probe(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> int:
             figures = _figures(target, replace(form, constexprs=dict(constexprs)), dict(options))
-            tried[json.dumps([constexprs, options], sort_keys=True)] = figures
+            tried[_tried_key(constexprs, options)] = figures
             return int(figures["spills"])
 
         relief = choose(probe, form.constexprs, form.row.launch_options, form.row.uncapped)
-        result.update(tried[json.dumps([relief.constexprs, relief.options], sort_keys=True)],
-                      relief=relief.label, row_spills=relief.row_spills)
+        result.update(tried[_tried_key(relief.constexprs, relief.options)], relief=relief.label,
+                      row_spills=relief.row_spills)
     except Exception as exc:  # report every failure, keep compiling the rest
         text = str(exc).strip()
         result["error"] = f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
