@@ -240,28 +240,41 @@ def compile_all(work: Sequence[tuple[str, Form]], jobs: int = 1, results: Path |
     """:func:`compile_form` of each (target, form) of ``work`` in its order, ``jobs`` at a time;
     with ``results``, each row is appended to that JSON-lines file as it finishes, and forms
     already in it are taken from it, not compiled again: by :func:`form_id` (this source), or
-    by :func:`code_key` (another source, the same code: the row names it under ``reused``)."""
+    by :func:`code_key` (another source, the same code: the row names it under ``reused``; the
+    workers take the key as they go, so a large file does not hold the compiles back)."""
     done = _done(results)
     rows = [done[i] for i in (form_id(*w) for w in work) if i in done]
     todo = [w for w in work if form_id(*w) not in done]
-    by_code = {r["code_key"]: r for r in done.values() if r.get("code_key")}
-    if by_code and todo:  # rows of another source whose form compiles to the same code
-        reused = [(w, _same_code(w, by_code)) for w in todo]
-        new = [{**_describe(*w), **{k: row.get(k) for k in _FIGURES}, "seconds": 0.0, "reused": row["form_id"]}
-               for w, row in reused if row is not None]
-        todo = [w for w, row in reused if row is None]
-        _append(results, new)
-        rows += new
-    with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else contextlib.nullcontext() as pool:
-        for row in pool.map(compile_form, todo, chunksize=1) if pool else map(compile_form, todo):
+    known = {r["code_key"]: r for r in done.values() if r.get("code_key")}
+    _know(known)
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_know, initargs=(known,)) if jobs > 1 \
+            else contextlib.nullcontext() as pool:
+        for row in pool.map(_compile_or_reuse, todo, chunksize=1) if pool else map(_compile_or_reuse, todo):
             rows.append(row)
             _append(results, [row])
     return rows
 
 
-def _same_code(item: tuple[str, Form], by_code: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+#: The rows of a results file by code key, in each process that compiles (:func:`_know`).
+_KNOWN: dict[str, dict[str, Any]] = {}
+
+
+def _know(rows: Mapping[str, dict[str, Any]]) -> None:
+    _KNOWN.clear()
+    _KNOWN.update(rows)
+
+
+def _compile_or_reuse(item: tuple[str, Form]) -> dict[str, Any]:
+    """A known row of ``item``'s code, described as ``item``; else :func:`compile_form`."""
+    row = _KNOWN.get(_code_key_or_none(item) or "") if _KNOWN else None
+    if row is None:
+        return compile_form(item)
+    return {**_describe(*item), **{k: row.get(k) for k in _FIGURES}, "seconds": 0.0, "reused": row["form_id"]}
+
+
+def _code_key_or_none(item: tuple[str, Form]) -> str | None:
     try:
-        return by_code.get(code_key(*item) or "")
+        return code_key(*item)
     except Exception:  # its front end fails: compile_form compiles it and reports why
         return None
 

@@ -168,26 +168,30 @@ def test_a_results_file_resumes_and_forgets_other_kernels(monkeypatch: pytest.Mo
     assert sorted(r["form_id"] for r in rows) == sorted(compiled) and len(results.read_text().splitlines()) == 4
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
 def test_a_row_of_another_source_counts_when_its_form_compiles_to_the_same_code(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any, jobs: int) -> None:
     """compile_all takes a row of another kernel source whose ``code_key`` is the form's own
     (the edit did not touch the form's code): described as this form, the figures of that row
     (None where that row predates a field), appended to the file, not compiled; the other forms
-    compile."""
+    compile — in this process or in worker processes alike."""
     from attnhal_triton import compile_forms
 
     compiled: list[str] = []
-    work = [("cuda:90", f) for f in forms(parse("cuda:sm90"), kernels=("decode",), head_sizes=(128,))[:3]]
+    work = [compile_forms._payload("cuda:90", f)  # picklable, for the workers
+            for f in forms(parse("cuda:sm90"), kernels=("decode",), head_sizes=(128,))[:3]]
     monkeypatch.setattr(compile_forms, "compile_form", lambda item: compiled.append(item[1].key()) or
                         {"form_id": compile_forms.form_id(*item), "ok": True})
     monkeypatch.setattr(compile_forms, "_source_key", lambda function: "this kernel")
-    monkeypatch.setattr(compile_forms, "code_key", lambda target, form: "same" if form is work[2][1] else None)
+    monkeypatch.setattr(compile_forms, "code_key",  # the workers are forked: they see these patches
+                        lambda target, form: "same" if form.key() == work[2][1].key() else None)
     results = tmp_path / "forms.jsonl"
     older = {"form_id": "an older kernel's form", "code_key": "same", "ok": True, "registers": 77, "spills": 0,
              "headroom": 178, "error": ""}  # written before rows had "shared"
     results.write_text(json.dumps(older) + "\n")
-    rows = compile_forms.compile_all(work, 1, results)
-    assert compiled == [work[0][1].key(), work[1][1].key()]
+    rows = compile_forms.compile_all(work, jobs, results)
+    assert compiled == ([work[0][1].key(), work[1][1].key()] if jobs == 1 else [])  # workers compile their own
+    assert sorted(r["form_id"] for r in rows) == sorted(compile_forms.form_id(*w) for w in work)
     (reused,) = [r for r in rows if r.get("reused")]
     assert reused["reused"] == older["form_id"] and reused["registers"] == 77 and reused["shared"] is None
     assert reused["form_id"] == compile_forms.form_id(*work[2]) and reused["group"] == work[2][1].example[0]
