@@ -2,7 +2,7 @@
 
     python -m attnhal_triton.compile_forms [--json] [--targets cuda:90 hip:gfx942 ...]
         [--kernels ...] [--dtypes ...] [--kv-dtypes ...] [--head-sizes ...] [--groups ...]
-        [--sample N] [--jobs N] [--results FILE]
+        [--sample N] [--jobs N] [--results FILE [--report]]
 
 The forms are :func:`attnhal_triton.launch_forms.forms` of each target's platform (the
 launch rows and sizing the backend uses, every group 1..16, head size, compute dtype, KV
@@ -13,7 +13,9 @@ and **register headroom**: the registers a program may hold (CUDA: 255, or the r
 uses. A form whose row spills is compiled again as :mod:`attnhal_triton.spill_relief` relieves
 it on a device (the report names the relief and the row's own spill); exit 1 on an error, a
 spill as launched or a negative headroom. ``--sample N`` compiles every
-N-th form (the suite's share); the whole enumeration is the default.
+N-th form (the suite's share); the whole enumeration is the default. ``--report`` compiles
+nothing and says how much of the selection a results file holds (the whole enumeration takes
+many runs here: each goes on where the file stops).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import re
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -40,7 +43,7 @@ from attnhal_triton.launch_forms import MAX_GROUP, Form, forms
 from attnhal_triton.launch_table import KERNELS
 from attnhal_triton.spill_relief import choose
 
-__all__ = ["FORM_TARGETS", "REGISTERS", "budget", "compile_all", "compile_form", "main", "run_forms"]
+__all__ = ["FORM_TARGETS", "REGISTERS", "budget", "compile_all", "compile_form", "main", "report", "run_forms"]
 
 #: The targets every form is compiled for: Ampere, Hopper, Blackwell; MI300, MI350.
 FORM_TARGETS = ("cuda:80", "cuda:90", "cuda:100", "hip:gfx942", "hip:gfx950")
@@ -232,8 +235,25 @@ def run_forms(targets: Sequence[str] = FORM_TARGETS, sample: int = 1, jobs: int 
     if cc._interpreting():
         raise RuntimeError("compiling needs a process without TRITON_INTERPRET (use main(), "
                            "which re-runs itself without it)")
+    return compile_all(_work(targets, sample, select), jobs, results)
+
+
+def _work(targets: Sequence[str], sample: int, select: Mapping[str, Any]) -> list[tuple[str, Form]]:
     work = [_payload(t, f) for t in targets for f in forms(cc.target_platform(t), **select)][::max(1, sample)]
-    return compile_all(sorted(work, key=_serving_first), jobs, results)
+    return sorted(work, key=_serving_first)
+
+
+def report(targets: Sequence[str], sample: int, results: Path, **select: Any) -> tuple[list[str], bool]:
+    """What ``results`` holds of the selected enumeration under this kernel source, compiling
+    nothing: :func:`summary` of its rows against every selected form. ``True`` when every form
+    is there and each launches clean."""
+    work = _work(targets, sample, select)
+    done = _done(results)
+    rows = [done[i] for i in (form_id(*w) for w in work) if i in done]
+    lines = summary(rows, 0.0, totals=Counter(t for t, _ in work))
+    lines[-1] = (f"{len(rows):,} of {len(work):,} forms in {results} ({sum(r['seconds'] for r in rows):.0f} "
+                 f"compile-seconds); {len(work) - len(rows):,} not compiled yet")
+    return lines, len(rows) == len(work) and all(r["ok"] for r in rows)
 
 
 def compile_all(work: Sequence[tuple[str, Form]], jobs: int = 1, results: Path | None = None) -> list[dict[str, Any]]:
@@ -285,11 +305,11 @@ def _append(results: Path | None, rows: Sequence[dict[str, Any]]) -> None:
             out.writelines(json.dumps(row) + "\n" for row in rows)
 
 
-def summary(rows: Sequence[dict[str, Any]], seconds: float) -> list[str]:
-    """Per target: forms, those spill relief changed, failures and spills as launched, the least
-    headroom and the form that has it."""
+def summary(rows: Sequence[dict[str, Any]], seconds: float, totals: Mapping[str, int] | None = None) -> list[str]:
+    """Per target: forms (of ``totals[target]`` where given), those spill relief changed, failures
+    and spills as launched, the least headroom and the form that has it."""
     lines = []
-    for target in dict.fromkeys(r["target"] for r in rows):
+    for target in totals or dict.fromkeys(r["target"] for r in rows):
         mine = [r for r in rows if r["target"] == target]
         bad = [r for r in mine if not r["ok"]]
         relieved = [r for r in mine if r.get("relief")]
@@ -297,7 +317,8 @@ def summary(rows: Sequence[dict[str, Any]], seconds: float) -> list[str]:
         where = (f"{tight['headroom']} ({tight['kernel']} {tight['dtype']}/{tight['kv_dtype']} d{tight['head_size']} "
                  f"g{tight['group']} T{tight['query_tokens']} {'split' if tight['split'] else 'unsplit'} "
                  f"{tight['blocks']})") if tight else "-"
-        lines.append(f"{target}: {len(mine)} forms, {len(relieved)} relieved (the row's form spilled), "
+        count = f"{len(mine):,} of {totals[target]:,}" if totals else f"{len(mine)}"
+        lines.append(f"{target}: {count} forms, {len(relieved)} relieved (the row's form spilled), "
                      f"{len(bad)} failed or spilled as launched, least headroom {where}")
     lines.append(f"{len(rows)} forms compiled in {seconds:.0f} s "
                  f"({sum(r['seconds'] for r in rows):.0f} compile-seconds)")
@@ -318,6 +339,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="parallel compiles")
     p.add_argument("--results", type=Path, metavar="FILE",
                    help="append each compile to this JSON-lines file; forms already in it are not compiled again")
+    p.add_argument("--report", action="store_true",
+                   help="compile nothing: say what --results FILE holds of the selected forms (exit 1 unless all, clean)")
     return p
 
 
@@ -328,9 +351,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         command = [sys.executable, "-m", "attnhal_triton.compile_forms", *(sys.argv[1:] if argv is None else argv)]
         return subprocess.run(command, env=cc._clean_env(), check=False).returncode
+    select = dict(kernels=args.kernels, dtypes=args.dtypes, kv_dtypes=args.kv_dtypes, head_sizes=args.head_sizes,
+                  groups=args.groups)
+    if args.report:
+        if args.results is None:
+            print("compile_forms: --report needs --results FILE (the file to report on)", file=sys.stderr)
+            return 2
+        lines, whole = report(args.targets, args.sample, args.results, **select)
+        print("\n".join(lines))
+        return 0 if whole else 1
     start = time.perf_counter()
-    rows = run_forms(args.targets, args.sample, args.jobs, args.results, kernels=args.kernels, dtypes=args.dtypes,
-                     kv_dtypes=args.kv_dtypes, head_sizes=args.head_sizes, groups=args.groups)
+    rows = run_forms(args.targets, args.sample, args.jobs, args.results, **select)
     if args.json:
         print(json.dumps(rows))
     else:

@@ -198,6 +198,32 @@ def test_a_row_of_another_source_counts_when_its_form_compiles_to_the_same_code(
     assert len(results.read_text().splitlines()) == 4
 
 
+def test_a_report_says_how_much_of_the_enumeration_a_results_file_holds(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """``--report`` compiles nothing: it counts the file's rows of this source against the
+    selected forms, and is whole only with every form there and clean."""
+    from attnhal_triton import compile_forms
+
+    monkeypatch.setattr(compile_forms, "_source_key", lambda function: "this kernel")
+    monkeypatch.setattr(compile_forms, "compile_form", lambda item: pytest.fail("a report compiled"))
+    select = dict(kernels=("decode",), dtypes=("bfloat16",), kv_dtypes=("bfloat16",), head_sizes=(128,),
+                  groups=(1, 2))
+    work = compile_forms._work(("cuda:90",), 1, select)
+    results = tmp_path / "forms.jsonl"
+
+    def write(*oks: bool) -> tuple[list[str], bool]:
+        rows = [{**compile_forms._describe(*w), "ok": ok, "headroom": 9, "relief": "", "seconds": 1.0}
+                for w, ok in zip(work, oks)]
+        results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return compile_forms.report(("cuda:90",), 1, results, **select)
+
+    lines, whole = write(True)
+    assert not whole and lines[0].startswith("cuda:90: 1 of 2 forms, 0 relieved") and "1 not compiled yet" in lines[-1]
+    assert write(True, True)[1] and not write(True, False)[1]
+    assert compile_forms.main(["--report", "--targets", "cuda:90", "--kernels", "decode", "--dtypes", "bfloat16",
+                               "--kv-dtypes", "bfloat16", "--head-sizes", "128", "--groups", "1", "2"]) == 2
+
+
 def test_a_code_key_ignores_source_locations_and_names_the_constexprs() -> None:
     from attnhal_triton.compile_forms import _without_locations
 
