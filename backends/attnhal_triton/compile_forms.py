@@ -27,10 +27,11 @@ import hashlib
 import json
 import re
 import sys
+import tempfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -261,15 +262,17 @@ def compile_all(work: Sequence[tuple[str, Form]], jobs: int = 1, results: Path |
     with ``results``, each row is appended to that JSON-lines file as it finishes, and forms
     already in it are taken from it, not compiled again: by :func:`form_id` (this source), or
     by :func:`code_key` (another source, the same code: the row names it under ``reused``; the
-    workers take the key as they go, so a large file does not hold the compiles back)."""
+    workers take the key as they go, so a large file does not hold the compiles back). With
+    ``results`` the file is the cache: Triton's own is left as it was."""
     done = _done(results)
     rows = [done[i] for i in (form_id(*w) for w in work) if i in done]
     todo = [w for w in work if form_id(*w) not in done]
     known = {r["code_key"]: r for r in done.values() if r.get("code_key")}
     _know(known)
+    each = _compile_or_reuse if results is None else _compile_into_results
     with ProcessPoolExecutor(max_workers=jobs, initializer=_know, initargs=(known,)) if jobs > 1 \
             else contextlib.nullcontext() as pool:
-        for row in pool.map(_compile_or_reuse, todo, chunksize=1) if pool else map(_compile_or_reuse, todo):
+        for row in pool.map(each, todo, chunksize=1) if pool else map(each, todo):
             rows.append(row)
             _append(results, [row])
     return rows
@@ -290,6 +293,23 @@ def _compile_or_reuse(item: tuple[str, Form]) -> dict[str, Any]:
     if row is None:
         return compile_form(item)
     return {**_describe(*item), **{k: row.get(k) for k in _FIGURES}, "seconds": 0.0, "reused": row["form_id"]}
+
+
+@contextlib.contextmanager
+def _scratch_cache() -> Iterator[None]:
+    """Triton's cache in a folder removed after the compile."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory(prefix="attnhal-form-") as folder, knobs.cache.scope():
+        knobs.cache.dir = folder
+        yield
+
+
+def _compile_into_results(item: tuple[str, Form]) -> dict[str, Any]:
+    """:func:`_compile_or_reuse` for a results file, which is then the enumeration's cache:
+    Triton's keeps ~1 MB a compiled form (the whole GQA enumeration: ~80 GB of disk)."""
+    with _scratch_cache():
+        return _compile_or_reuse(item)
 
 
 def _code_key_or_none(item: tuple[str, Form]) -> str | None:

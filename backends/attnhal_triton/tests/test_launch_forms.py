@@ -100,8 +100,8 @@ def test_register_budget_per_vendor_row() -> None:
     assert FORM_TARGETS == ("cuda:80", "cuda:90", "cuda:100", "hip:gfx942", "hip:gfx950")
 
 
-def _compile_forms(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+def _compile_forms(*args: str, **env_vars: str) -> subprocess.CompletedProcess[str]:
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, **env_vars}
     return subprocess.run([sys.executable, "-m", "attnhal_triton.compile_forms", "--json", *args],
                           capture_output=True, text=True, env=env, check=False, timeout=1800)
 
@@ -115,6 +115,19 @@ def test_a_share_of_the_forms_compiles_with_headroom() -> None:
     assert done.returncode == 0, [r for r in rows if not r["ok"]]
     assert {(r["target"], r["group"]) for r in rows} == {(t, g) for t in ("cuda:90", "hip:gfx942") for g in (4, 16)}
     assert all(r["spills"] == 0 and r["headroom"] >= 0 and r["registers"] > 0 for r in rows), rows
+
+
+def test_a_run_into_a_results_file_leaves_tritons_cache_as_it_was(tmp_path: Any) -> None:
+    """An enumeration keeps its compiles in its results file; Triton's cache (~1 MB a form,
+    ~80 GB for every GQA form) gets none of them."""
+    cache, results = tmp_path / "triton-cache", tmp_path / "forms.jsonl"
+    cache.mkdir()
+    done = _compile_forms("--targets", "cuda:90", "--kernels", "decode", "--dtypes", "bfloat16", "--kv-dtypes",
+                          "bfloat16", "--head-sizes", "64", "--groups", "3", "--results", str(results),
+                          TRITON_CACHE_DIR=str(cache))
+    (row,) = json.loads(done.stdout)
+    assert done.returncode == 0 and row["ok"] and row["registers"] > 0, row
+    assert len(results.read_text().splitlines()) == 1 and not any(cache.iterdir())
 
 
 def test_tree_verify_with_fp8_at_head_128_on_sm90_is_spill_free() -> None:
