@@ -374,8 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     select = dict(kernels=args.kernels, dtypes=args.dtypes, kv_dtypes=args.kv_dtypes, head_sizes=args.head_sizes,
                   groups=args.groups)
     if args.report:
-        if args.results is None:
-            print("compile_forms: --report needs --results FILE (the file to report on)", file=sys.stderr)
+        if args.results is None or not args.results.is_file():
+            print(f"compile_forms: --report needs --results FILE, an existing results file (got {args.results})",
+                  file=sys.stderr)
             return 2
         lines, whole = report(args.targets, args.sample, args.results, **select)
         print("\n".join(lines))

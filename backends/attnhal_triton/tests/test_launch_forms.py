@@ -233,8 +233,8 @@ def test_a_report_says_how_much_of_the_enumeration_a_results_file_holds(
     lines, whole = write(True)
     assert not whole and lines[0].startswith("cuda:90: 1 of 2 forms, 0 relieved") and "1 not compiled yet" in lines[-1]
     assert write(True, True)[1] and not write(True, False)[1]
-    assert compile_forms.main(["--report", "--targets", "cuda:90", "--kernels", "decode", "--dtypes", "bfloat16",
-                               "--kv-dtypes", "bfloat16", "--head-sizes", "128", "--groups", "1", "2"]) == 2
+    for missing in ([], ["--results", str(tmp_path / "no such file")]):  # bad input, not "0 of 2"
+        assert compile_forms.main(["--report", "--targets", "cuda:90", "--kernels", "decode", *missing]) == 2
 
 
 def test_a_code_key_ignores_source_locations_and_names_the_constexprs() -> None:
