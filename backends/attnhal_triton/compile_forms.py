@@ -126,16 +126,17 @@ def _tried_key(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> tup
     return tuple(sorted(constexprs.items())), tuple(sorted(options.items()))
 
 
-def compile_form(item: tuple[str, Form]) -> dict[str, Any]:
+def compile_form(item: tuple[str, Form], known_key: str | None = None) -> dict[str, Any]:
     """Compile one (target, form) as it launches: the row's form, or where that spills the form
     :func:`attnhal_triton.spill_relief.choose` relieves it to (as the backend does on a device).
-    Never raises (an error is reported in the row)."""
+    ``known_key``: its :func:`code_key`, where the caller has it. Never raises (an error is
+    reported in the row)."""
     target, form = item
     result: dict[str, Any] = {**_describe(target, form), **dict.fromkeys(_FIGURES), "ok": False, "error": "",
                               "seconds": 0.0}
     start = time.perf_counter()
     try:
-        result["code_key"] = code_key(target, form)
+        result["code_key"] = known_key or code_key(target, form)
         tried: dict[tuple[Any, ...], dict[str, Any]] = {}  # each compile's figures, by its form
 
         def probe(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> int:
@@ -289,9 +290,10 @@ def _know(rows: Mapping[str, dict[str, Any]]) -> None:
 
 def _compile_or_reuse(item: tuple[str, Form]) -> dict[str, Any]:
     """A known row of ``item``'s code, described as ``item``; else :func:`compile_form`."""
-    row = _KNOWN.get(_code_key_or_none(item) or "") if _KNOWN else None
+    key = _code_key_or_none(item) if _KNOWN else None
+    row = _KNOWN.get(key or "")
     if row is None:
-        return compile_form(item)
+        return compile_form(item, key)
     return {**_describe(*item), **{k: row.get(k) for k in _FIGURES}, "seconds": 0.0, "reused": row["form_id"]}
 
 

@@ -166,7 +166,7 @@ def test_a_results_file_resumes_and_forgets_other_kernels(monkeypatch: pytest.Mo
 
     compiled: list[str] = []
 
-    def fake_compile(item: tuple[str, Any]) -> dict[str, Any]:
+    def fake_compile(item: tuple[str, Any], known_key: str | None = None) -> dict[str, Any]:
         compiled.append(compile_forms.form_id(*item))
         return {"form_id": compiled[-1], "ok": True}
 
@@ -193,7 +193,7 @@ def test_a_row_of_another_source_counts_when_its_form_compiles_to_the_same_code(
     compiled: list[str] = []
     work = [compile_forms._payload("cuda:90", f)  # picklable, for the workers
             for f in forms(parse("cuda:sm90"), kernels=("decode",), head_sizes=(128,))[:3]]
-    monkeypatch.setattr(compile_forms, "compile_form", lambda item: compiled.append(item[1].key()) or
+    monkeypatch.setattr(compile_forms, "compile_form", lambda item, key: compiled.append(item[1].key()) or
                         {"form_id": compile_forms.form_id(*item), "ok": True})
     monkeypatch.setattr(compile_forms, "_source_key", lambda function: "this kernel")
     monkeypatch.setattr(compile_forms, "code_key",  # the workers are forked: they see these patches
@@ -218,7 +218,7 @@ def test_a_report_says_how_much_of_the_enumeration_a_results_file_holds(
     from attnhal_triton import compile_forms
 
     monkeypatch.setattr(compile_forms, "_source_key", lambda function: "this kernel")
-    monkeypatch.setattr(compile_forms, "compile_form", lambda item: pytest.fail("a report compiled"))
+    monkeypatch.setattr(compile_forms, "compile_form", lambda *item: pytest.fail("a report compiled"))
     select = dict(kernels=("decode",), dtypes=("bfloat16",), kv_dtypes=("bfloat16",), head_sizes=(128,),
                   groups=(1, 2))
     work = compile_forms._work(("cuda:90",), 1, select)
