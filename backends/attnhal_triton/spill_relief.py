@@ -33,6 +33,8 @@ from typing import Any
 
 __all__ = ["MIN_BLOCK_N", "RELIEVED", "Relief", "choose", "compiler_spills", "launch", "relieved", "reliefs"]
 
+_LOG = logging.getLogger("attnhal_triton")
+
 #: The narrowest K/V step a relief goes to (``tl.dot``'s minimum operand extent).
 MIN_BLOCK_N = 16
 
@@ -85,13 +87,19 @@ def choose(probe: Probe, constexprs: Mapping[str, Any], options: Mapping[str, An
            uncapped: Mapping[str, Any]) -> Relief:
     """The form to launch: the row's own if the compiler reports no spill (or cannot report),
     else the first of :func:`reliefs` that does not spill; where every one spills, the one
-    that spills least (the compiler's figures say so in the returned :class:`Relief`)."""
+    that spills least (the compiler's figures say so in the returned :class:`Relief`). A relief
+    the compiler or the driver refuses (a resource it exceeds) is passed over: relief never
+    turns a launch the row could make into an error."""
     first = probe(constexprs, options)
     best = Relief(dict(constexprs), dict(options), "", first, first)
     if not first:  # 0 bytes, or no compiler to ask
         return best
     for label, cx, opts in reliefs(constexprs, options, uncapped):
-        spills = probe(cx, opts)
+        try:
+            spills = probe(cx, opts)
+        except Exception as exc:  # the row's own form compiled; this variant is simply not a relief
+            _LOG.debug("spill relief: %s not taken: %s: %s", label, type(exc).__name__, exc)
+            continue
         if spills is None:
             continue
         if spills < (best.spills or 0):
@@ -113,8 +121,6 @@ def compiler_spills(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...]) -
         return int(compiled.n_spills) * 4
     return probe
 
-
-_LOG = logging.getLogger("attnhal_triton")
 
 #: The form each (kernel, argument dtypes and devices, row form) launched with in this process.
 RELIEVED: dict[tuple[Any, ...], Relief] = {}

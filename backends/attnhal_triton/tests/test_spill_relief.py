@@ -71,6 +71,23 @@ def test_the_first_spill_free_form_is_chosen() -> None:
     assert (least.label, least.spills, least.row_spills) == ("BLOCK_N=16,maxnreg=255", 4, 24)
 
 
+def test_a_relief_the_compiler_refuses_is_passed_over() -> None:
+    """A variant that fails to compile or load (a resource it exceeds) is not a relief: the next
+    is tried, and where none is usable the row's own form launches; the row's own failure is the
+    launch's (raised as it would be without relief)."""
+    def probe(constexprs: Any, options: Any) -> int:
+        if "maxnreg" in options:
+            raise RuntimeError("out of resource: threads")
+        return 0 if constexprs["BLOCK_N"] <= 32 else 16
+
+    assert choose(probe, {"BLOCK_N": 64}, {"num_stages": 2}, _CAP).label == "BLOCK_N=32"
+    refused = choose(lambda c, o: 16 if o == {"num_stages": 2} else probe(c, {"maxnreg": 1}), {"BLOCK_N": 64},
+                     {"num_stages": 2}, _CAP)
+    assert (refused.label, refused.constexprs, refused.spills) == ("", {"BLOCK_N": 64}, 16)
+    with pytest.raises(RuntimeError, match="threads"):
+        choose(lambda c, o: probe(c, {"maxnreg": 1}), {"BLOCK_N": 64}, {}, _CAP)
+
+
 class _FakeJit:
     """A JIT function as Triton's: ``warmup`` compiles (here: reports ``BLOCK_N`` 64 spilling 2 words
     once loaded), ``[grid](...)`` launches."""
