@@ -10,8 +10,8 @@
 # that would start past the cap is skipped with a line saying so, and the peers' table stops
 # starting shapes at its own budget (the rows left are listed NOT RUN). PLAN core (default):
 # the referee's first 15 shapes, the bandwidth/prefill check, the graph tests; PLAN rest (a
-# second loan): the other 14 GQA shapes, the worker end to end, capture aftermath, graph
-# replay; PLAN mla (a third loan): the referee's 24 MLA shapes. Each ends, in what budget is
+# second loan): the other 14 GQA shapes, spill relief's speed against the rows' own forms, the
+# worker end to end, capture aftermath, graph replay; PLAN mla (a third loan): the referee's 24 MLA shapes. Each ends, in what budget is
 # left, with the compile check's phase tier for the device's target under its own Triton.
 # docs/triton.md (Device session plan) says why and what is left out.
 # Without a CUDA/HIP device it runs the parts a CPU can (platform info, the graph tests,
@@ -107,6 +107,7 @@ elif [ $DEVICE = 1 ] && [ "$PLAN" = mla ]; then
 elif [ $DEVICE = 1 ]; then
     part "engines' kernels (gpu_peers rest)" bandwidth.txt 180 "$PY" benchmarks/gpu_peers.py --shapes rest \
         --budget-s 160 --peers-dir "$PEERS_DIR"
+    part "spill relief vs the rows' forms" relief.txt 45 "$PY" benchmarks/relief_speed.py
     part "worker end to end (triton)" worker.txt 60 "$PY" -m attnhal demo --backend triton \
         --spec-steps 3 --topk 2 --draft-tokens 4 --batch-size 8 --max-bs 8 --max-new-tokens 32 --json
     for mode in guarded driver unguarded; do
@@ -123,6 +124,7 @@ else
         skip "engines' kernels (gpu_peers mla)"
     else
         skip "engines' kernels (gpu_peers rest)"
+        skip "spill relief vs the rows' forms"
         skip "worker end to end (triton)"
         skip "capture aftermath (guarded, driver, unguarded)"
         skip "decode graph replay vs eager"

@@ -26,12 +26,15 @@ This module imports neither torch nor triton.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MIN_BLOCK_N", "RELIEVED", "Relief", "choose", "compiler_spills", "launch", "relieved", "reliefs"]
+__all__ = ["MIN_BLOCK_N", "RELIEVED", "Relief", "as_tabled", "choose", "compiler_spills", "launch", "relieved",
+           "reliefs"]
 
 _LOG = logging.getLogger("attnhal_triton")
 
@@ -133,6 +136,9 @@ def launch(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], constexprs
     Returns the form launched."""
     # The ops build constexprs and options in a fixed order, and every tensor of a launch is on
     # its first argument's device (arg_devices.on_one_device): a cheap key (4.5 µs a launch on the Zen 4 host).
+    if _AS_TABLED.get():
+        kernel[grid](*args, **constexprs, **options)
+        return Relief(dict(constexprs), dict(options))
     key = (kernel, getattr(args[0], "device", None), tuple(getattr(a, "dtype", None) for a in args),
            tuple(constexprs.items()), tuple(options.items()))
     relief = RELIEVED.get(key)
@@ -143,6 +149,22 @@ def launch(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], constexprs
             _LOG.info("spill relief: %s", _line(key, relief))
     kernel[grid](*args, **relief.constexprs, **relief.options)
     return relief
+
+
+#: True while :func:`as_tabled` holds (per thread and task).
+_AS_TABLED = contextvars.ContextVar("attnhal_spill_relief_as_tabled", default=False)
+
+
+@contextlib.contextmanager
+def as_tabled() -> Iterator[None]:
+    """Launch every form as its launch row gives it, spilling or not, deciding and recording
+    nothing: what relief changed can then be measured against it (benchmarks/relief_speed.py).
+    A graph captured inside replays the row's forms."""
+    token = _AS_TABLED.set(True)
+    try:
+        yield
+    finally:
+        _AS_TABLED.reset(token)
 
 
 def _no_compiler(constexprs: Mapping[str, Any], options: Mapping[str, Any]) -> None:

@@ -24,7 +24,8 @@ from repo import ROOT
 #: The device parts of each plan (benchmarks/gpu_session.sh OUT [core|rest]).
 DEVICE_PARTS = {"core": ("engines' kernels (gpu_peers core)", "triton bandwidth + prefill",
                          "compile share on this Triton"),
-                "rest": ("engines' kernels (gpu_peers rest)", "worker end to end (triton)", "capture aftermath",
+                "rest": ("engines' kernels (gpu_peers rest)", "spill relief vs the rows' forms",
+                         "worker end to end (triton)", "capture aftermath",
                          "decode graph replay vs eager", "compile share on this Triton"),
                 "mla": ("engines' kernels (gpu_peers mla)", "compile share on this Triton")}
 

@@ -120,6 +120,13 @@ def test_a_form_is_decided_once_then_launched_relieved(monkeypatch: pytest.Monke
     assert jit.compiled == [64, 32] and jit.launched == [32, 32, 32]
     line = "fake_kernel {'BLOCK_N': 64}: BLOCK_N=32 (row 8 B spilled, launched 0 B)"
     assert spill_relief.relieved() == [line] and caplog.messages == ["spill relief: " + line]  # logged once
+    # As tabled: the row's form launches, nothing is compiled ahead or recorded; after it, relief again.
+    with spill_relief.as_tabled():
+        assert spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {"num_stages": 1}, {},
+                                   compiled=True).label == ""
+    assert jit.compiled == [64, 32] and jit.launched == [32, 32, 32, 64] and len(spill_relief.RELIEVED) == 1
+    assert spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {"num_stages": 1}, {},
+                               compiled=True).label == "BLOCK_N=32"
     # Under the interpreter nothing is compiled ahead: the row's form launches.
     monkeypatch.setattr(spill_relief, "RELIEVED", {})
     assert spill_relief.launch(jit, (1, 1, 1), ("q",), {"BLOCK_N": 64}, {}, {}, compiled=False).label == ""
