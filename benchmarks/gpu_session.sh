@@ -11,7 +11,8 @@
 # starting shapes at its own budget (the rows left are listed NOT RUN). PLAN core (default):
 # the referee's first 15 shapes, the bandwidth/prefill check, the graph tests; PLAN rest (a
 # second loan): the other 14 GQA shapes, spill relief's speed against the rows' own forms, the
-# worker end to end, capture aftermath, graph replay; PLAN mla (a third loan): the referee's 24 MLA shapes. Each ends, in what budget is
+# worker end to end (GQA, and MLA at EAGLE 1 and 3), capture aftermath, graph replay; PLAN mla
+# (a third loan): the referee's 24 MLA shapes. Each ends, in what budget is
 # left, with the compile check's phase tier for the device's target under its own Triton.
 # docs/triton.md (Device session plan) says why and what is left out.
 # Without a CUDA/HIP device it runs the parts a CPU can (platform info, the graph tests,
@@ -110,6 +111,10 @@ elif [ $DEVICE = 1 ]; then
     part "spill relief vs the rows' forms" relief.txt 45 "$PY" benchmarks/relief_speed.py
     part "worker end to end (triton)" worker.txt 60 "$PY" -m attnhal demo --backend triton \
         --spec-steps 3 --topk 2 --draft-tokens 4 --batch-size 8 --max-bs 8 --max-new-tokens 32 --json
+    for steps in 1 3; do
+        part "worker on MLA (triton, eagle $steps)" worker.txt 45 "$PY" -m attnhal demo --backend triton \
+            --model mla --spec-steps "$steps" --batch-size 8 --max-bs 8 --max-new-tokens 32 --page-size 16 --json
+    done
     for mode in guarded driver unguarded; do
         part "capture aftermath ($mode)" aftermath.txt 20 "$PY" benchmarks/capture_aftermath.py --mode "$mode"
     done
@@ -126,6 +131,7 @@ else
         skip "engines' kernels (gpu_peers rest)"
         skip "spill relief vs the rows' forms"
         skip "worker end to end (triton)"
+        skip "worker on MLA (triton, eagle 1 and 3)"
         skip "capture aftermath (guarded, driver, unguarded)"
         skip "decode graph replay vs eager"
     fi

@@ -13,7 +13,7 @@ from attnhal.cli.inputs import SPEC_STEPS, add_spec_flags, refuse_unknown_name, 
 from attnhal.cli.output import format_plan, one_line, print_json, table, yes_no
 from attnhal.kv_format import KV_FORMATS, kv_format
 from attnhal.registry import default_registry
-from attnhal.spec import PAGE_SIZE
+from attnhal.spec import PAGE_SIZE, ModelKind
 
 __all__ = ["DRAWN_FLAGS", "demo_cases", "demo_config", "format_demo", "parsed_demo_config", "register", "run"]
 
@@ -50,13 +50,20 @@ def register(sub: Any) -> None:
     p.add_argument("--page-size", type=within(PAGE_SIZE), default=1, help="tokens per KV page, %(type)s")
     p.add_argument("--kv-dtype", type=choice(tuple(KV_FORMATS)), default="float32",
                    help=f"KV-cache dtype: {', '.join(KV_FORMATS)}; fp8_e4m3 is stored in the platform's flavour")
+    p.add_argument("--model", type=choice([m.value for m in ModelKind]), default="gqa",
+                   help="the target's attention: mha, gqa (4 query heads over 2 KV heads of 64) or mla "
+                        "(DeepSeek's absorbed latent: one KV head of 576, V 512, 16 query heads) (default: gqa)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
 
 def format_demo(report: Any) -> str:
     """The text report of a :class:`~attnhal.example_engine.demo.DemoReport`: plan, capture, speed, lossless."""
-    lines = [format_plan(report.plan), "", "backends: " + ", ".join(f"{k}={v}" for k, v in report.backends.items())]
+    m = report.model
+    lines = [format_plan(report.plan), "",
+             f"model: {m['kind']}, {m['q_heads']} query heads over {m['kv_heads']} KV head(s) of {m['head_size']}"
+             + (f", V {m['v_head_size']}" if m["v_head_size"] != m["head_size"] else ""),
+             "backends: " + ", ".join(f"{k}={v}" for k, v in report.backends.items())]
     capture: list[tuple[object, ...]] = [
         (phase, ",".join(map(str, s["captured_sizes"])) or "-", s["replays"], s["eager_runs"],
          s["replay_allocations"], s["failure"] or "-")
@@ -129,7 +136,8 @@ def demo_config(args: argparse.Namespace) -> Any:
     return DemoConfig(spec=spec, platform=platform, backend=args.backend,
                       batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, graphs=not args.no_graphs,
                       seed=args.seed, max_prompt_len=args.prompt_len, max_bs=args.max_bs,
-                      model_seed=args.model_seed, page_size=args.page_size, kv_dtype=args.kv_dtype)
+                      model_seed=args.model_seed, page_size=args.page_size, kv_dtype=args.kv_dtype,
+                      model=ModelKind(args.model))
 
 
 @functools.lru_cache(maxsize=1)
@@ -152,9 +160,10 @@ def parsed_demo_config(argv: list[str]) -> Any:
 def demo_cases(args: argparse.Namespace) -> int:
     """``demo --cases N``: the reliability run (see :mod:`attnhal.example_engine.stress`)."""
     given = [flag for flag in DRAWN_FLAGS if any(a == flag or a.startswith(flag + "=") for a in args.argv)]
+    given += [a.partition("=")[0] for a in args.argv if a.partition("=")[0] == "--model"]
     if given:
-        raise UsageError(f"{given[0]} with --cases (supported: --cases draws {', '.join(DRAWN_FLAGS)}; "
-                         "pin only --platform and --backend)")
+        raise UsageError(f"{given[0]} with --cases (supported: --cases draws {', '.join(DRAWN_FLAGS)} over the "
+                         "default gqa model; pin only --platform and --backend)")
     if args.backend is not None:
         refuse_unknown_name(args.backend, args.registry)
     platform = resolve_platform(args.platform) if args.platform is not None else None

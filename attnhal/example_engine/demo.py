@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -12,9 +14,19 @@ from attnhal.example_engine.model import ModelConfig, TinyLlama, draft_of
 from attnhal.example_engine.worker import Generation, SpecWorker
 from attnhal.planner import GraphPlan, GraphPolicy
 from attnhal.platform import Platform
-from attnhal.spec import SpecConfig
+from attnhal.spec import ModelKind, SpecConfig
 
-__all__ = ["DemoConfig", "DemoReport", "run_demo"]
+__all__ = ["MODEL_LAYOUTS", "DemoConfig", "DemoReport", "run_demo"]
+
+#: The demo target's attention per layout (``ModelConfig`` fields over its defaults: 4 query
+#: heads of 64); the draft is derived from it. MLA is DeepSeek's absorbed form: q/k 576 (latent
+#: 512 + rope 64), V and output the latent 512, one latent KV head; 16 query heads, as a
+#: 128-head model has per rank at TP 8.
+MODEL_LAYOUTS: Mapping[ModelKind, Mapping[str, Any]] = MappingProxyType({
+    ModelKind.MHA: {"num_kv_heads": 4},
+    ModelKind.GQA: {},
+    ModelKind.MLA: {"mla": True, "num_q_heads": 16},
+})
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,7 @@ class DemoConfig:
     model_seed: int | None = None
     page_size: int = 1
     kv_dtype: str = "float32"
+    model: ModelKind = ModelKind.GQA
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
@@ -40,7 +53,8 @@ class DemoConfig:
 
     def models(self) -> tuple[TinyLlama, TinyLlama]:
         """The target and its draft."""
-        target = TinyLlama(ModelConfig(seed=self.seed if self.model_seed is None else self.model_seed))
+        target = TinyLlama(ModelConfig(seed=self.seed if self.model_seed is None else self.model_seed,
+                                       **MODEL_LAYOUTS[self.model]))
         return target, draft_of(target)
 
     def prompts(self, vocab: int) -> list[list[int]]:
@@ -59,6 +73,7 @@ class DemoReport:
     """What ``attnhal demo`` prints; ``runs`` maps "eager" / "graphs" to their numbers."""
 
     plan: GraphPlan
+    model: dict[str, Any]
     backends: dict[str, str]
     kv_cache: dict[str, Any]
     capture: dict[str, dict[str, Any]]
@@ -71,7 +86,8 @@ class DemoReport:
 
     def to_dict(self) -> dict[str, Any]:
         spec = self.plan.spec
-        return {"platform": self.plan.platform, "backends": self.backends, "kv_cache": self.kv_cache,
+        return {"platform": self.plan.platform, "model": self.model, "backends": self.backends,
+                "kv_cache": self.kv_cache,
                 "spec": {"num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens},
                 "plan": self.plan.to_dict(), "capture": self.capture,
                 "greedy_tokens_per_s": self.greedy_tokens_per_s, "runs": self.runs, "lossless": self.lossless}
@@ -116,8 +132,11 @@ def run_demo(cfg: DemoConfig) -> DemoReport:
                       "mean_accept_length": out.mean_accept_length, "verify_steps": out.verify_steps,
                       "lossless": out.tokens == reference.tokens}
     assert worker is not None
+    attention = target.cfg.attention
     return DemoReport(
         plan=worker.plan,
+        model={"kind": cfg.model.value, "q_heads": attention.num_q_heads, "kv_heads": attention.num_kv_heads,
+               "head_size": attention.head_size, "v_head_size": attention.v_head_size or attention.head_size},
         backends={role: cls.capabilities.name for role, cls in worker.classes.items()},
         kv_cache={"page_size": cfg.page_size, "kv_dtype": cfg.kv_dtype, "storage": str(worker.cache_dtype)},
         capture={p.value: st.to_dict() for p, st in worker.runner.summary().items()},

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from attnhal.backend import AttentionBackend, AttentionConfig, ForwardBatch
+from attnhal.spec import ModelKind
 
 __all__ = ["ModelConfig", "TinyLlama", "draft_of"]
 
@@ -42,6 +43,11 @@ class ModelConfig:
     mla: bool = False
     latent_dim: int = 512
     rope_dim: int = 64
+
+    @property
+    def kind(self) -> ModelKind:
+        """The attention layout, as plans and backend requests name it."""
+        return ModelKind.MLA if self.mla else ModelKind.MHA if self.num_kv_heads == self.num_q_heads else ModelKind.GQA
 
     @property
     def attention(self) -> AttentionConfig:

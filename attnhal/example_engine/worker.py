@@ -84,10 +84,15 @@ class Generation:
         return 1.0 + sum(self.accepted) / len(self.accepted) if self.accepted else 0.0
 
 
+def _request(model: TinyLlama, page_size: int, kv_dtype: str) -> AttentionRequest:
+    """What ``model`` asks of its attention backend: its layout, shapes and KV cache."""
+    return AttentionRequest.of(config=model.cfg.attention, dtype="float32", kv_dtype=kv_dtype, page_size=page_size,
+                               model=model.cfg.kind)
+
+
 def _pick(registry: Registry, platform: Platform, model: TinyLlama, name: str | None, page_size: int,
           kv_dtype: str) -> BackendClass:
-    cfg = model.cfg.attention
-    request = AttentionRequest.of(config=cfg, dtype="float32", kv_dtype=kv_dtype, page_size=page_size)
+    request = _request(model, page_size, kv_dtype)
     if name is None:
         entry = registry.select(platform, request)
     else:  # a registered name or module:attr (attnhal.lookup), checked with every reason it does not fit
@@ -147,8 +152,11 @@ class SpecWorker:
             if spec.num_steps > 1:
                 self.classes["draft_decode"] = pick(draft, names.get("draft_decode"))
         caps = {role: cls.capabilities for role, cls in self.classes.items()}
+        # Planned for this model and cache, so claims that hold only for some layouts, page sizes or
+        # KV dtypes (a descriptor's variants) decide as they do for a server's request.
         self.initial_plan = plan(spec, self.platform, PhaseBackends(
-            caps["target"], caps.get("draft_decode"), caps.get("draft_extend")), self.policy)
+            caps["target"], caps.get("draft_decode"), caps.get("draft_extend")), self.policy,
+            context=_request(target, page_size, kv_dtype).context)
         if not self.initial_plan.valid:
             raise PlanInvalid(self.initial_plan)
         self._build(max_context_len)

@@ -181,6 +181,33 @@ def test_demo_with_pages_and_fp8_in_the_platform_flavour(capsys):
     assert data["kv_cache"] == {"page_size": 16, "kv_dtype": "fp8_e4m3", "storage": "torch.float8_e4m3fnuz"}
 
 
+def test_demo_on_an_mla_model(capsys):
+    """``--model mla``: DeepSeek's absorbed layout, planned for that model (its context in the
+    plan), served by a backend that claims MLA (torch on a CPU), lossless; the text names it."""
+    code, out, _ = run(capsys, "demo", "--model", "mla", "--platform", "cpu", "--spec-steps", "3", "--batch-size", "2",
+                       "--max-new-tokens", "6", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["lossless"] and set(data["backends"].values()) == {"torch"}
+    assert data["model"] == {"kind": "mla", "q_heads": 16, "kv_heads": 1, "head_size": 576, "v_head_size": 512}
+    assert data["plan"]["context"]["model"] == "mla" and data["plan"]["context"]["head_size"] == 576
+    code, out, _ = run(capsys, "demo", "--model", "mha", "--platform", "cpu", "--spec-steps", "1", "--batch-size", "2",
+                       "--max-new-tokens", "4")
+    assert code == 0 and "model: mha, 4 query heads over 4 KV head(s) of 64\n" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--model", "mla", "--backend", "cpu"], "backend 'cpu' cannot be used: - [model] model=mla (supported: {gqa, mha})"),
+    (["--cases", "2", "--model=mla"], "--model with --cases (supported: --cases draws"),
+    (["--model", "moe"], "--model='moe' (supported: mha, gqa, mla)"),
+])
+def test_demo_model_errors_exit_2(capsys, argv, needle):
+    try:
+        code, _, err = run(capsys, "demo", "--platform", "cpu", *argv)
+    except SystemExit as exc:
+        code, err = exc.code, capsys.readouterr().err
+    assert code == 2 and needle in err, err
+
+
 def test_demo_fp8_e4m3_without_a_platform_flavour_is_a_usage_error(capsys):
     code, _, err = run(capsys, "demo", "--platform", "cpu", "--kv-dtype", "fp8_e4m3")
     assert code == 2 and "--kv-dtype=fp8_e4m3 on platform cpu, which has no fp8 (supported: " in err

@@ -25,7 +25,7 @@ from repo import ROOT
 DEVICE_PARTS = {"core": ("engines' kernels (gpu_peers core)", "triton bandwidth + prefill",
                          "compile share on this Triton"),
                 "rest": ("engines' kernels (gpu_peers rest)", "spill relief vs the rows' forms",
-                         "worker end to end (triton)", "capture aftermath",
+                         "worker end to end (triton)", "worker on MLA (triton, eagle 1 and 3)", "capture aftermath",
                          "decode graph replay vs eager", "compile share on this Triton"),
                 "mla": ("engines' kernels (gpu_peers mla)", "compile share on this Triton")}
 

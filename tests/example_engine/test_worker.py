@@ -167,6 +167,34 @@ def test_worker_runs_the_plans_per_phase_sizes_and_fills_end_to_end():
     assert stats[Phase.TARGET_VERIFY].eager_runs > 0 and stats[Phase.DRAFT_DECODE].eager_runs == 0
 
 
+class NoMlaExtendGraph(TorchBackend):
+    """The torch backend whose draft-extend graph is claimed for every layout but MLA, and for
+    page size 1 only: claims a plan made without the request's context cannot see."""
+
+    capabilities = replace(TorchBackend.capabilities, name="no-mla-extend-graph", variants=(
+        Variant(When(model={"mla"}), {"graph": {Phase.DRAFT_EXTEND: None}}, note="no MLA draft-extend graph"),
+        Variant(When(page_size=range(2, 4097)), {"graph": {Phase.DRAFT_EXTEND: None}}, note="pages of 1 only")))
+
+
+@pytest.mark.parametrize("mla,page_size,captured", [(False, 1, True), (True, 1, False), (False, 16, False)])
+def test_the_worker_plans_for_its_model_and_cache(mla: bool, page_size: int, captured: bool) -> None:
+    """The worker's plan is made for its model's layout and its cache's page size and dtype, so a
+    descriptor's conditional claims decide as they do for a server's request, and the run stays lossless."""
+    registry = Registry(discover=lambda: [])
+    registry.register(NoMlaExtendGraph)
+    target = TinyLlama(ModelConfig(num_layers=1, hidden_size=64, ffn_size=128, vocab_size=128, num_q_heads=16,
+                                   mla=True)) if mla else TARGET
+    w = SpecWorker(target, draft_of(target) if mla else DRAFT, SpecConfig.eagle(1), platform="cpu",
+                   backend="no-mla-extend-graph", registry=registry, policy=GraphPolicy(batch_sizes=(1,)),
+                   max_context_len=CONTEXT, page_size=page_size)
+    assert w.plan.context is not None and w.plan.context.model.value == ("mla" if mla else "gqa")
+    assert w.plan[Phase.DRAFT_EXTEND].capture is captured and w.plan[Phase.TARGET_VERIFY].capture
+    assert w.runner.captured_sizes(Phase.DRAFT_EXTEND) == ((1,) if captured else ())
+    reference = SpecWorker(target, None, SpecConfig(), platform="cpu", backend="torch", max_context_len=CONTEXT,
+                           page_size=page_size)
+    assert w.generate([[5, 6, 7]], 4).tokens == reference.generate([[5, 6, 7]], 4).tokens
+
+
 def test_no_vendor_checks_and_no_isinstance_on_backends():
     for path in Path("attnhal/example_engine").glob("*.py"):
         tree = ast.parse(path.read_text())
