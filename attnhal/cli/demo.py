@@ -159,8 +159,8 @@ def parsed_demo_config(argv: list[str]) -> Any:
 
 def demo_cases(args: argparse.Namespace) -> int:
     """``demo --cases N``: the reliability run (see :mod:`attnhal.example_engine.stress`)."""
-    given = [flag for flag in DRAWN_FLAGS if any(a == flag or a.startswith(flag + "=") for a in args.argv)]
-    given += [a.partition("=")[0] for a in args.argv if a.partition("=")[0] == "--model"]
+    refused = (*DRAWN_FLAGS, "--model")  # drawn, or fixed by the run (gqa)
+    given = [flag for flag in refused if any(a == flag or a.startswith(flag + "=") for a in args.argv)]
     if given:
         raise UsageError(f"{given[0]} with --cases (supported: --cases draws {', '.join(DRAWN_FLAGS)} over the "
                          "default gqa model; pin only --platform and --backend)")

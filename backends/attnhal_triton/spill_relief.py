@@ -134,11 +134,11 @@ def launch(kernel: Any, grid: tuple[int, ...], args: tuple[Any, ...], constexprs
     """Launch ``kernel[grid](*args, **constexprs, **options)`` as :func:`choose` relieves it,
     deciding once per form (``compiled``: a compiler reports spills; False under the interpreter).
     Returns the form launched."""
-    # The ops build constexprs and options in a fixed order, and every tensor of a launch is on
-    # its first argument's device (arg_devices.on_one_device): a cheap key (4.5 µs a launch on the Zen 4 host).
     if _AS_TABLED.get():
         kernel[grid](*args, **constexprs, **options)
         return Relief(dict(constexprs), dict(options))
+    # The ops build constexprs and options in a fixed order, and every tensor of a launch is on
+    # its first argument's device (arg_devices.on_one_device): a cheap key (4.5 µs a launch on the Zen 4 host).
     key = (kernel, getattr(args[0], "device", None), tuple(getattr(a, "dtype", None) for a in args),
            tuple(constexprs.items()), tuple(options.items()))
     relief = RELIEVED.get(key)

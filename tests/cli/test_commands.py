@@ -196,7 +196,8 @@ def test_demo_on_an_mla_model(capsys):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--model", "mla", "--backend", "cpu"], "backend 'cpu' cannot be used: - [model] model=mla (supported: {gqa, mha})"),
+    (["--model", "mla", "--backend", "cpu"],
+     "backend 'cpu' cannot be used: - [model] model=mla (supported: {gqa, mha})"),
     (["--cases", "2", "--model=mla"], "--model with --cases (supported: --cases draws"),
     (["--model", "moe"], "--model='moe' (supported: mha, gqa, mla)"),
 ])
