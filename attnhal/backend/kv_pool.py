@@ -240,7 +240,9 @@ class KVPool:
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy every layer's K/V from slots ``src`` to ``dst`` (``[n]`` int64), as stored
         (bytes: no requantization). The sources are read before any destination is written."""
-        for cache in (*self.k, *self.v):
+        # A V inside K's rows (MLA) moves with K: a second pass over it would read sources that
+        # the K pass already overwrote wherever a destination is also a source (a tree's path).
+        for cache in (*self.k, *(() if self.v_in_k else self.v)):
             raw = cache.view(torch.uint8) if self.kv_format.scaled else cache
             raw.index_copy_(0, dst, raw.index_select(0, src))
 

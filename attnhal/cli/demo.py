@@ -19,7 +19,7 @@ __all__ = ["DRAWN_FLAGS", "demo_cases", "demo_config", "format_demo", "parsed_de
 
 #: Flags a reliability run (``--cases``) draws itself; giving them too is an error.
 DRAWN_FLAGS = ("--spec-steps", "--topk", "--draft-tokens", "--batch-size", "--max-new-tokens", "--no-graphs",
-               "--prompt-len", "--max-bs", "--model-seed")
+               "--prompt-len", "--max-bs", "--model-seed", "--model")
 
 #: One bound for --batch-size and --max-bs (the largest capture size defaults to the batch size).
 BATCH_SIZE = bounded(1, 32)
@@ -159,11 +159,10 @@ def parsed_demo_config(argv: list[str]) -> Any:
 
 def demo_cases(args: argparse.Namespace) -> int:
     """``demo --cases N``: the reliability run (see :mod:`attnhal.example_engine.stress`)."""
-    refused = (*DRAWN_FLAGS, "--model")  # drawn, or fixed by the run (gqa)
-    given = [flag for flag in refused if any(a == flag or a.startswith(flag + "=") for a in args.argv)]
+    given = [flag for flag in DRAWN_FLAGS if any(a == flag or a.startswith(flag + "=") for a in args.argv)]
     if given:
-        raise UsageError(f"{given[0]} with --cases (supported: --cases draws {', '.join(DRAWN_FLAGS)} over the "
-                         "default gqa model; pin only --platform and --backend)")
+        raise UsageError(f"{given[0]} with --cases (supported: --cases draws {', '.join(DRAWN_FLAGS)}; "
+                         "pin only --platform and --backend)")
     if args.backend is not None:
         refuse_unknown_name(args.backend, args.registry)
     platform = resolve_platform(args.platform) if args.platform is not None else None

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from attnhal.example_engine.limits import worker_tree_tokens
 from attnhal.example_engine.model import ModelConfig, TinyLlama, draft_of
 from attnhal.example_engine.worker import Generation, SpecWorker
 from attnhal.planner import GraphPlan, GraphPolicy
@@ -64,8 +65,10 @@ class DemoConfig:
         return [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
 
     def context_len(self, prompts: list[list[int]]) -> int:
-        """Tokens per request the KV pool must hold: prompt, generation and draft tokens."""
-        return max(map(len, prompts)) + self.max_new_tokens + 2 * self.spec.max_draft_tokens + 8
+        """Tokens per request the KV pool must hold: prompt, generation and draft tokens (the
+        most this worker's tree holds, not the larger trees engines verify)."""
+        tree = worker_tree_tokens(self.spec.num_steps, self.spec.topk)
+        return max(map(len, prompts)) + self.max_new_tokens + 2 * tree + 8
 
 
 @dataclass

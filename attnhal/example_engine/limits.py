@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from attnhal.spec import SpecConfig
 
-__all__ = ["check_tree_size"]
+__all__ = ["check_tree_size", "worker_tree_tokens"]
+
+
+def worker_tree_tokens(num_steps: int, topk: int) -> int:
+    """The most tokens this worker verifies per request: the ``topk`` branches it keeps at each
+    of ``num_steps`` levels (``tree.py``), plus the root."""
+    return topk * num_steps + 1
 
 
 def check_tree_size(spec: SpecConfig) -> None:
@@ -14,7 +20,7 @@ def check_tree_size(spec: SpecConfig) -> None:
     (:attr:`SpecConfig.max_draft_tokens`); this worker keeps only the ``topk`` branches of
     each level (``tree.py``), so it verifies at most ``topk * num_steps + 1`` tokens.
     """
-    limit = spec.topk * spec.num_steps + 1
+    limit = worker_tree_tokens(spec.num_steps, spec.topk)
     if spec.speculative and spec.num_draft_tokens > limit:
         raise ValueError(f"num_draft_tokens={spec.num_draft_tokens} (supported: 2..{limit} in the reference "
                          f"worker for num_steps={spec.num_steps}, topk={spec.topk}: its tree keeps topk nodes "

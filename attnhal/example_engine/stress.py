@@ -29,15 +29,16 @@ from typing import Any, TextIO
 
 import torch
 
-from attnhal.capabilities import AttentionRequest
-from attnhal.example_engine.demo import DemoConfig
+from attnhal.capabilities import AttentionRequest, not_supported_reasons
+from attnhal.example_engine.demo import MODEL_LAYOUTS, DemoConfig
+from attnhal.example_engine.limits import worker_tree_tokens
 from attnhal.example_engine.model import ModelConfig, TinyLlama
 from attnhal.example_engine.worker import SpecWorker
 from attnhal.planner import GraphPolicy
 from attnhal.kv_format import KV_FORMATS
 from attnhal.platform import Fp8Flavor, parse
 from attnhal.registry import default_registry
-from attnhal.spec import SpecConfig
+from attnhal.spec import ModelKind, SpecConfig
 
 __all__ = ["AXES", "Axis", "DrawnCase", "StressConfig", "StressSummary", "cases_per_worker", "run_cases"]
 
@@ -87,6 +88,14 @@ def _page_size(r: random.Random, c: Mapping[str, Any]) -> int | None:
     return r.choice([p for p in (1, 16, 64) if p in _claims(c).page_sizes]) if r.random() < 0.5 else None
 
 
+def _model(r: random.Random, c: Mapping[str, Any]) -> str | None:
+    """MLA where the drawn backend serves the demo's MLA model on the platform (None: gqa)."""
+    mla = ModelConfig(**MODEL_LAYOUTS[ModelKind.MLA])
+    request = AttentionRequest.of(config=mla.attention, dtype="float32", model=mla.kind)
+    serves = not not_supported_reasons(_claims(c), request, parse(c["platform"]))
+    return ModelKind.MLA.value if serves and r.random() < 0.25 else None
+
+
 def _kv_dtype(r: random.Random, c: Mapping[str, Any]) -> str | None:
     """A KV-cache dtype the backend claims and the platform can store (None: float32)."""
     flavor = parse(c["platform"]).fp8_flavor
@@ -100,6 +109,7 @@ def _kv_dtype(r: random.Random, c: Mapping[str, Any]) -> str | None:
 AXES: dict[str, Axis] = {
     "platform": Axis("--platform", lambda r, c: r.choice(c["platforms"]), worker=True),
     "backend": Axis("--backend", lambda r, c: r.choice(c["backends"][c["platform"]]), worker=True),
+    "model": Axis("--model", _model, worker=True),
     "spec_steps": Axis("--spec-steps", lambda r, c: r.randint(1, 4), worker=True),
     "topk": Axis("--topk", lambda r, c: r.choice((1, 1, 2, 3)), worker=True),
     "draft_tokens": Axis("--draft-tokens", _draft_tokens, worker=True),
@@ -244,14 +254,15 @@ class _Workers:
     def __init__(self) -> None:
         self.key: tuple[Any, ...] | None = None
         self.worker: SpecWorker | None = None
-        self.greedy: dict[tuple[str, str | None, int, str], SpecWorker] = {}
-        self._models: dict[int | None, tuple[TinyLlama, TinyLlama]] = {}
+        self.greedy: dict[tuple[str, str | None, ModelKind, int, str], SpecWorker] = {}
+        self._models: dict[tuple[int | None, ModelKind], tuple[TinyLlama, TinyLlama]] = {}
 
     def models(self, cfg: DemoConfig) -> tuple[TinyLlama, TinyLlama]:
-        """The target and draft of ``cfg``'s model seed, built once per run."""
-        if cfg.model_seed not in self._models:
-            self._models[cfg.model_seed] = cfg.models()
-        return self._models[cfg.model_seed]
+        """The target and draft of ``cfg``'s model seed and layout, built once per run."""
+        key = (cfg.model_seed, cfg.model)
+        if key not in self._models:
+            self._models[key] = cfg.models()
+        return self._models[key]
 
     def spec_worker(self, case: DrawnCase, cfg: DemoConfig, context: int) -> SpecWorker:
         if case.worker_key() != self.key:
@@ -266,7 +277,7 @@ class _Workers:
         return self.worker
 
     def greedy_worker(self, cfg: DemoConfig, context: int) -> SpecWorker:
-        key = (cfg.platform.name, cfg.backend, cfg.page_size, cfg.kv_dtype)  # greedy under the same cache
+        key = (cfg.platform.name, cfg.backend, cfg.model, cfg.page_size, cfg.kv_dtype)  # greedy, same model and cache
         if key not in self.greedy:
             target, _ = self.models(cfg)
             self.greedy[key] = SpecWorker(target, None, SpecConfig(), platform=cfg.platform, backend=cfg.backend,
@@ -276,8 +287,9 @@ class _Workers:
         return self.greedy[key]
 
 
-#: KV room per request in every worker: the longest prompt, generation and draft tokens the axes draw.
-CONTEXT = 24 + 10 + 2 * (3 * 4 + 1) + 8
+#: KV room per request in every worker, as ``DemoConfig.context_len`` counts it, for the longest
+#: prompt (24), generation (10) and worker tree (4 steps of topk 3) the axes draw.
+CONTEXT = 24 + 10 + 2 * worker_tree_tokens(4, 3) + 8
 
 
 #: Two greedy candidates whose fp32 logits are this close are a tie: batched and speculative

@@ -109,3 +109,29 @@ def test_mla_pool_has_its_own_v_head_size():
     with pytest.raises(ValueError, match="v_head_dim=0"):
         KVPool(num_layers=1, num_slots=4, num_kv_heads=1, head_dim=8, v_head_dim=0, dtype=torch.float16,
                max_reqs=1, max_context_len=4)
+
+
+@pytest.mark.parametrize("v_in_k", [False, True], ids=["separate-v", "v-in-k"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e5m2])
+def test_copy_slots_moves_chained_slots_from_their_old_values(v_in_k, dtype):
+    """A tree's accepted path moves nodes down, so a destination is often another move's source:
+    every cache must read the old rows. An MLA pool's V is K's first columns (``v_in_k``): moved with
+    K, once — a second pass over V read rows the K pass had already overwritten (found by the
+    reliability run's MLA cases: not lossless)."""
+    kw = dict(v_head_dim=6, v_in_k=True) if v_in_k else {}
+    pool = KVPool(num_layers=2, num_slots=16, num_kv_heads=1, head_dim=8, dtype=dtype, max_reqs=1,
+                  max_context_len=16, **kw)
+    for layer in range(2):
+        slots = pool.k[layer].shape[0]  # the pool's slots and its padding slot
+        rows = torch.arange(slots * 8, dtype=torch.float32).view(slots, 1, 8) / 8 + 100 * layer
+        pool.k[layer].copy_(rows.to(dtype))
+        if not v_in_k:
+            pool.v[layer].copy_((-rows).to(dtype))
+    before = [(k.float().clone(), v.float().clone()) for k, v in zip(pool.k, pool.v)]
+    src, dst = torch.tensor([5, 7, 9]), torch.tensor([3, 5, 7])  # 5 and 7 are read and written
+    pool.copy_slots(src, dst)
+    for (k, v), (k0, v0) in zip(zip(pool.k, pool.v), before):
+        assert torch.equal(k.float()[dst], k0[src]) and torch.equal(v.float()[dst], v0[src])
+        assert torch.equal(k.float()[9], k0[9])  # a source that is not a destination keeps its row
+        if v_in_k:
+            assert torch.equal(v.float(), k.float()[..., :6])

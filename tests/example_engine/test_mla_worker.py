@@ -50,3 +50,15 @@ def test_speculative_mla_is_plain_greedy(spec: SpecConfig, backend: str, platfor
         pytest.skip("Triton interpreter, EAGLE-3 on the MLA model: set ATTNHAL_SLOW=1")
     want = _worker(SpecConfig(), "cpu", "torch", False).generate(PROMPTS, 5).tokens
     assert _worker(spec, platform, backend, True).generate(PROMPTS, 5).tokens == want
+
+
+def test_a_tree_on_an_mla_model_is_plain_greedy() -> None:
+    """A reliability-run case (seed 5) whose accepted tree path chains slot moves (a destination
+    that is also a source): the MLA pool's V, inside K's rows, was moved a second time from rows
+    already overwritten, and request 2 left greedy at its 6th token."""
+    from attnhal.cli import parsed_demo_config
+    from attnhal.example_engine.demo import run_demo
+
+    argv = ("demo --max-bs 4 --model-seed 0 --platform cpu --backend torch --model mla --spec-steps 4 --topk 2 "
+            "--draft-tokens 4 --batch-size 3 --prompt-len 16 --max-new-tokens 7 --seed 629240057 --no-graphs")
+    assert run_demo(parsed_demo_config(argv.split())).lossless

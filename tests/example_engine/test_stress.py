@@ -21,6 +21,21 @@ def test_drawing_is_reproducible_and_every_case_is_a_valid_demo_command():
     drawn = {name: {str(c.values[name]) for c in first} for name in AXES}
     assert drawn["graphs"] == {"True", "False"} and len(drawn["platform"]) == len(stress.PLATFORMS)
     assert drawn["topk"] == {"1", "2", "3"} and drawn["backend"] == {"torch", "triton"}
+    mla = [c for c in first if c.values["model"] == "mla"]  # only where the backend serves MLA there
+    assert drawn["model"] == {"None", "mla"} and 100 <= len(mla) <= 400, len(mla)
+    assert all(parsed_demo_config(c.argv()).model.value == "mla" and "--model mla" in c.command() for c in mla)
+
+
+def test_every_drawn_case_fits_the_shared_workers_context():
+    """The longest prompt and generation and the largest tree the axes draw fit ``CONTEXT``: the
+    worker's tree (``topk * steps + 1``), which the demo's context now counts (it counted an
+    engine's larger tree, 22 nodes at 3 steps of topk 3, so valid cases failed on room)."""
+    argv = ["demo", "--spec-steps", "4", "--topk", "3", "--draft-tokens", "13", "--prompt-len", "24",
+            "--max-new-tokens", "10", "--batch-size", "6"]
+    largest = parsed_demo_config(argv)
+    assert largest.context_len([[0] * 24]) <= stress.CONTEXT
+    cases = list(draw_cases(StressConfig(cases=2000, seed=3), CHOICES))
+    assert max(c.values["spec_steps"] for c in cases) == 4 and max(c.values["topk"] for c in cases) == 3
 
 
 def test_an_axis_is_one_line(monkeypatch):
@@ -45,8 +60,9 @@ def test_failures_are_reported_with_their_reproduction_command(monkeypatch, caps
     assert demo_config  # the CLI builds each case's config through its own parser
 
 
-TIE = {"platform": "hip:gfx942", "backend": "torch", "spec_steps": 1, "topk": 3, "draft_tokens": 3, "graphs": False,
-       "page_size": None, "kv_dtype": None, "batch_size": 3, "prompt_len": 2, "max_new_tokens": 8, "seed": 2128007786}
+TIE = {"platform": "hip:gfx942", "backend": "torch", "model": None, "spec_steps": 1, "topk": 3, "draft_tokens": 3,
+       "graphs": False, "page_size": None, "kv_dtype": None, "batch_size": 3, "prompt_len": 2, "max_new_tokens": 8,
+       "seed": 2128007786}
 
 
 def _set_token(monkeypatch, workers, row, pos, token):
