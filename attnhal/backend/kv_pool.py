@@ -119,7 +119,8 @@ class KVPool:
         given; MLA stores V = the latent part, e.g. 576 and 512).
     v_in_k: MLA's latent cache: one tensor per layer, ``v[layer]`` the view of the first
         ``v_head_dim`` columns of ``k[layer]`` (a V write lands in K's row; MLA writes the
-        latent as both). Kernels may then read each row once for K and V.
+        latent as both). Kernels may then read each row once for K and V. ``v_scale`` is then
+        ``k_scale`` itself: the latent is stored once, with one scale.
     """
 
     def __init__(self, *, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
@@ -154,7 +155,9 @@ class KVPool:
                   for k in self.k]
         self.v_in_k = v_in_k
         self.k_scale = torch.ones(num_layers, dtype=torch.float32, device=device)
-        self.v_scale = torch.ones(num_layers, dtype=torch.float32, device=device)
+        # A V inside K's rows is K's bytes: one latent, one scale (setting either sets both; two
+        # scales would leave the latent quantized by V's and read by K's in the QK dot).
+        self.v_scale = self.k_scale if v_in_k else torch.ones(num_layers, dtype=torch.float32, device=device)
         self.v_head_dim = v_dim
         self._scratch = (torch.empty(0, device=device), torch.empty(0, dtype=dtype, device=device))
         pages_per_req = -(-max_context_len // page_size)
@@ -263,7 +266,7 @@ class KVPool:
         copy.k, copy.v = [k], [k[..., :self.v_head_dim] if self.v_in_k else self.v[layer].clone()]
         copy._scratch = (torch.empty(0, device=self.device), torch.empty(0, dtype=self.dtype, device=self.device))
         copy.k_scale = self.k_scale[layer:layer + 1].clone()
-        copy.v_scale = self.v_scale[layer:layer + 1].clone()
+        copy.v_scale = copy.k_scale if self.v_in_k else self.v_scale[layer:layer + 1].clone()
         copy.num_layers = 1
         return copy
 

@@ -135,3 +135,20 @@ def test_copy_slots_moves_chained_slots_from_their_old_values(v_in_k, dtype):
         assert torch.equal(k.float()[9], k0[9])  # a source that is not a destination keeps its row
         if v_in_k:
             assert torch.equal(v.float(), k.float()[..., :6])
+
+
+def test_an_mla_pool_has_one_latent_scale():
+    """V inside K's rows is K's bytes: setting V's scale sets K's, so the latent written as K and
+    as V is quantized once and read by the QK dot and by P.V with the scale it was stored with."""
+    pool = KVPool(num_layers=2, num_slots=8, num_kv_heads=1, head_dim=8, v_head_dim=6, v_in_k=True,
+                  dtype=torch.float8_e5m2, max_reqs=1, max_context_len=8)
+    pool.v_scale[1] = 4.0
+    copy = pool.layer_copy(1)
+    assert pool.k_scale.tolist() == [1.0, 4.0] and copy.v_scale is copy.k_scale
+    latent, rope = torch.full((2, 1, 6), 8.0), torch.full((2, 1, 2), 2.0)
+    pool.write(1, torch.tensor([3, 4]), torch.cat((latent, rope), dim=-1), latent)
+    k, v = pool.dequantized(1)
+    assert torch.equal(k[3:5], torch.cat((latent, rope), dim=-1)) and torch.equal(v[3:5], latent)
+    separate = _pool(torch.float8_e5m2)
+    separate.v_scale[0] = 4.0
+    assert separate.k_scale.tolist() == [1.0, 1.0]
