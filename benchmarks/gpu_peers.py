@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attnhal_triton import spill_relief
 from peer_cases import (
     DEFAULT_SHAPES,
+    DTYPES,
     TINY_SHAPES,
     Case,
     Shape,
@@ -66,8 +67,6 @@ from peer_gate import gate_limit, row_relative_error
 from peer_kernels import LoadedPeer, default_peers_dir, load_peer
 from peer_mla import prepare
 from peer_table import Result, Row, fp8_speedup, markdown, ratio
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,11 @@ from attnhal.phases import Phase
 from attnhal.platform import Fp8Flavor, detect
 from attnhal.testing.cases import tree_mask
 
-__all__ = ["CALLS", "DEFAULT_SHAPES", "KINDS", "MLA_KINDS", "REPLAYS", "SHAPE_SETS", "TINY_MLA_SHAPES", "TINY_SHAPES",
+__all__ = ["CALLS", "DEFAULT_SHAPES", "DTYPES", "KINDS", "MLA_KINDS", "REPLAYS", "SHAPE_SETS", "TINY_MLA_SHAPES", "TINY_SHAPES",
            "Case", "Shape", "allowed", "build_case", "fp8_storage", "gather", "parse_shapes", "reference", "time_graph"]
 
+#: The compute dtypes a benchmark takes, by their short names (``--dtype``).
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: The defaults of a shape: 8 KV heads, group 4 (32 query heads), head size 128.
 HEADS, KV_HEADS, HEAD, GROUP = 32, 8, 128, 4
 #: MLA (absorbed, DeepSeek V3/R1): one latent KV head of 576 = 512 + rope 64, V and the
