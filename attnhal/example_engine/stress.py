@@ -350,7 +350,8 @@ def _record(summary: StressSummary, case: DrawnCase, outcome: tuple[str, str] | 
             print(f"{kind.upper()} case {case.index}: {case.command()}\n  {reason}", file=progress, flush=True)
     summary.cases += 1
     for name, counter in summary.counts.items():
-        counter[str(case.values[name])] += 1
+        value = case.values[name]
+        counter["default" if value is None else str(value)] += 1  # None: the flag left out
 
 
 def _progress_line(summary: StressSummary, total: int, seconds: float, progress: TextIO) -> None:

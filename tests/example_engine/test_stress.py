@@ -57,6 +57,7 @@ def test_failures_are_reported_with_their_reproduction_command(monkeypatch, caps
     failed = [line for line in out.out.splitlines() if line.startswith("FAILED attnhal demo ")]
     assert len(failed) == 2 and "RuntimeError: injected" in out.out and "not lossless" in out.out
     assert out.err.startswith("reliability run: 4 cases, seed 3") and "FAILED case 1: attnhal demo" in out.err
+    assert "None" not in out.out and "default=" in out.out  # a flag left out is counted as the default
     assert demo_config  # the CLI builds each case's config through its own parser
 
 
