@@ -42,6 +42,7 @@ __all__ = [
     "decode_launch",
     "decode_uncapped",
     "fallback_row",
+    "hip_options",
     "lookup",
     "rows_for",
 ]
@@ -69,6 +70,15 @@ class NoLaunchRowWarning(UserWarning):
 # (verify, tree verify, draft extend) take the family's split settings.
 
 _HIP = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 2}
+#: HIP options an arch family's compiler no longer takes: CDNA4's (gfx950) has dropped ``kpack``
+#: (Triton warns at every such compile and sets 1), so its rows say what runs and warn nobody.
+_HIP_DROPPED: dict[str, tuple[str, ...]] = {"gfx95": ("kpack",)}
+
+
+def hip_options(family: str) -> dict[str, Any]:
+    """The HIP launch options of an arch family's rows."""
+    return {k: v for k, v in _HIP.items() if k not in _HIP_DROPPED.get(family, ())}
+
 _SPLIT_EXTEND = ("extend_verify", "extend_verify_tree", "extend_draft")
 # fp32 extend where fp32 dots run on FMA units (NVIDIA, and the fallback): 16x16 tiles,
 # 2 warps up to head size 64, 4 above (ptxas spills a few bytes otherwise).
@@ -165,7 +175,7 @@ def _uncapped_small_heads(rows: list[LaunchRow]) -> list[LaunchRow]:
 
 def _amd(family: str) -> list[LaunchRow]:
     # One stage: the AMD stream pipeliner gains little here and costs LDS; 16x16
-    # MFMA with kpack=2 suits these fp16/bf16 tiles; fp32 runs on fp32 MFMA. The extend forms
+    # MFMA with kpack=2 (where the compiler takes it) suits these fp16/bf16 tiles; fp32 runs on fp32 MFMA. The extend forms
     # take the family's L2_DOMAINS (device_fill.with_l2_domains: a row's query blocks are dealt
     # to one XCD's L2).
     rows = [
@@ -186,7 +196,7 @@ def _amd(family: str) -> list[LaunchRow]:
             # 64x32 at head size 256 fills all 256 VGPRs with an fp8 cache (split forms
             # spill one); 64x16 needs ~190.
             ("extend", 256, None, {"BLOCK_M": 64, "BLOCK_N": 16}, 8, 1),
-        ], splits=GPU_SPLITS, fill=fill_programs(family), extra=_HIP),
+        ], splits=GPU_SPLITS, fill=fill_programs(family), extra=hip_options(family)),
         *_rows("hip", family, [("decode_reduce", None, None, {}, 4, 1)]),
     ]
     return [replace(r, blocks=with_l2_domains(r.blocks, family)) if r.kernel in EXTEND_VARIANTS else r for r in rows]

@@ -27,11 +27,11 @@ from attnhal.phases import Phase
 from attnhal.platform import Platform
 from attnhal_triton.device_fill import UNITS, with_l2_domains
 from attnhal_triton.launch_table import (
-    _HIP,
     MLA_KERNELS,
     LaunchRow,
     NoLaunchRowWarning,
     best_row,
+    hip_options,
     rows_for,
 )
 from attnhal_triton.work import Launch, batch_splits, query_block
@@ -81,11 +81,10 @@ def _nvidia(family: str) -> list[LaunchRow]:
 def _amd(family: str) -> list[LaunchRow]:
     # 16 q rows, 16 positions, 4 waves: the only shape found spill-free with an fp8 cache on
     # gfx942 (32 q rows spill at 4 and 8 waves, 16 rows at 8 waves). No waves_per_eu: the
-    # accumulators take the AGPRs too. CDNA4's compiler has dropped kpack (it warns, sets 1).
-    drop = ("waves_per_eu", "kpack") if family == "gfx95" else ("waves_per_eu",)
+    # accumulators take the AGPRs too.
     return _rows("hip", family, [
         ("mla", None, {"BLOCK_M": 16, "BLOCK_N": 16}, 4, 1),
-    ], UNITS[family], extra={k: v for k, v in _HIP.items() if k not in drop})
+    ], UNITS[family], extra={k: v for k, v in hip_options(family).items() if k != "waves_per_eu"})
 
 
 MLA_TABLE: tuple[LaunchRow, ...] = (
