@@ -28,8 +28,9 @@ from attnhal.phases import Phase
 from attnhal.platform import Fp8Flavor, detect
 from attnhal.testing.cases import tree_mask
 
-__all__ = ["CALLS", "DEFAULT_SHAPES", "DTYPES", "KINDS", "MLA_KINDS", "REPLAYS", "SHAPE_SETS", "TINY_MLA_SHAPES", "TINY_SHAPES",
-           "Case", "Shape", "allowed", "build_case", "fp8_storage", "gather", "parse_shapes", "reference", "time_graph"]
+__all__ = ["CALLS", "DEFAULT_SHAPES", "DTYPES", "KINDS", "MLA_KINDS", "REPLAYS", "SHAPE_SETS", "TINY_MLA_SHAPES",
+           "TINY_SHAPES", "Case", "Shape", "allowed", "build_case", "fp8_storage", "gather", "parse_shapes",
+           "reference", "time_graph"]
 
 #: The compute dtypes a benchmark takes, by their short names (``--dtype``).
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -79,6 +79,7 @@ def hip_options(family: str) -> dict[str, Any]:
     """The HIP launch options of an arch family's rows."""
     return {k: v for k, v in _HIP.items() if k not in _HIP_DROPPED.get(family, ())}
 
+
 _SPLIT_EXTEND = ("extend_verify", "extend_verify_tree", "extend_draft")
 # fp32 extend where fp32 dots run on FMA units (NVIDIA, and the fallback): 16x16 tiles,
 # 2 warps up to head size 64, 4 above (ptxas spills a few bytes otherwise).
@@ -174,10 +175,10 @@ def _uncapped_small_heads(rows: list[LaunchRow]) -> list[LaunchRow]:
 
 
 def _amd(family: str) -> list[LaunchRow]:
-    # One stage: the AMD stream pipeliner gains little here and costs LDS; 16x16
-    # MFMA with kpack=2 (where the compiler takes it) suits these fp16/bf16 tiles; fp32 runs on fp32 MFMA. The extend forms
-    # take the family's L2_DOMAINS (device_fill.with_l2_domains: a row's query blocks are dealt
-    # to one XCD's L2).
+    # One stage: the AMD stream pipeliner gains little here and costs LDS; 16x16 MFMA with
+    # kpack=2 (where the compiler takes it) suits these fp16/bf16 tiles; fp32 runs on fp32
+    # MFMA. The extend forms take the family's L2_DOMAINS (device_fill.with_l2_domains: a
+    # row's query blocks are dealt to one XCD's L2).
     rows = [
         *_rows("hip", family, [
             # fp32 K/V blocks of 64 hit 256 VGPRs and spill with page reads and the soft-cap.

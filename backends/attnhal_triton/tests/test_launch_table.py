@@ -154,23 +154,24 @@ def test_vendor_only_options_are_valid_options_of_that_vendors_compiler() -> Non
         assert set(row.launch_options) <= allowed, row.key()
 
 
-def test_every_hip_row_is_taken_as_given_by_its_archs_compiler() -> None:
+def test_every_row_is_taken_as_given_by_its_archs_compiler() -> None:
     """CDNA4's compiler has dropped ``kpack`` (Triton warns at every such compile and sets 1):
-    no HIP row of either table passes an option its arch's compiler overrides, so a server's log
+    no row of either table passes an option its arch's compiler overrides, so a server's log
     carries no such warning and the row (and the enumeration's form) says what runs."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
 
     from attnhal_triton.mla_table import MLA_TABLE
 
-    arch = {"gfx90": "gfx90a", "gfx94": "gfx942", "gfx95": "gfx950"}
-    rows = [r for r in TABLE + MLA_TABLE if r.vendor == "hip"]
-    assert {r.arch_family for r in rows} == set(arch)
+    targets = {"sm80": GPUTarget("cuda", 80, 32), "sm90": GPUTarget("cuda", 90, 32),
+               "sm120": GPUTarget("cuda", 120, 32), "gfx90": GPUTarget("hip", "gfx90a", 64),
+               "gfx94": GPUTarget("hip", "gfx942", 64), "gfx95": GPUTarget("hip", "gfx950", 64)}
+    rows = [r for r in TABLE + MLA_TABLE if r.vendor in ("cuda", "hip")]
+    assert {r.arch_family for r in rows} == set(targets)
     for row in rows:
-        backend = make_backend(GPUTarget("hip", arch[row.arch_family], 64))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            options = backend.parse_options(dict(row.launch_options))
+            options = make_backend(targets[str(row.arch_family)]).parse_options(dict(row.launch_options))
         about_options = [str(w.message) for w in caught if any(k in str(w.message) for k in row.launch_options)]
         assert not about_options and {k: getattr(options, k) for k in row.launch_options} == row.launch_options, (
             row.key(), about_options)
