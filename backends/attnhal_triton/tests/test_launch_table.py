@@ -29,7 +29,6 @@ from attnhal_triton.launch_table import (  # noqa: E402
     EXTEND_VARIANTS,
     KERNELS,
     LaunchRow,
-    decode_launch,
     rows_for,
 )
 
@@ -139,48 +138,6 @@ def test_one_row_set_per_kernel_variant() -> None:
     # Split forms carry the family's split settings; prefill does not split.
     assert lookup("extend_verify", gfx, 128, "float16").kv_splits == 64
     assert lookup("extend_prefill", gfx, 128, "float16").kv_splits == 1
-
-
-def test_vendor_only_options_are_valid_options_of_that_vendors_compiler() -> None:
-    """Each row's launch options are fields of its Triton backend's options class, so
-    ``**row.launch_options`` never passes a HIP option to a CUDA launch (which raises)."""
-    from triton.backends.amd.compiler import HIPOptions
-    from triton.backends.nvidia.compiler import CUDAOptions
-
-    fields = {"cuda": set(CUDAOptions.__dataclass_fields__), "hip": set(HIPOptions.__dataclass_fields__)}
-    common = fields["cuda"] & fields["hip"]
-    for row in TABLE + FALLBACK:
-        allowed = fields.get(row.vendor or "", common)  # fallback and interpreter rows: both
-        assert set(row.launch_options) <= allowed, row.key()
-
-
-def test_every_row_is_taken_as_given_by_its_archs_compiler() -> None:
-    """CDNA4's compiler has dropped ``kpack`` (Triton warns at every such compile and sets 1):
-    no row of either table passes an option its arch's compiler overrides, so a server's log
-    carries no such warning and the row (and the enumeration's form) says what runs."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import make_backend
-
-    from attnhal_triton.mla_table import MLA_TABLE
-
-    targets = {"sm80": GPUTarget("cuda", 80, 32), "sm90": GPUTarget("cuda", 90, 32),
-               "sm120": GPUTarget("cuda", 120, 32), "gfx90": GPUTarget("hip", "gfx90a", 64),
-               "gfx94": GPUTarget("hip", "gfx942", 64), "gfx95": GPUTarget("hip", "gfx950", 64)}
-    rows = [r for r in TABLE + MLA_TABLE if r.vendor in ("cuda", "hip")]
-    assert {r.arch_family for r in rows} == set(targets)
-    for row in rows:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            options = make_backend(targets[str(row.arch_family)]).parse_options(dict(row.launch_options))
-        about_options = [str(w.message) for w in caught if any(k in str(w.message) for k in row.launch_options)]
-        assert not about_options and {k: getattr(options, k) for k in row.launch_options} == row.launch_options, (
-            row.key(), about_options)
-
-
-def test_launch_encoding_round_trips() -> None:
-    for row in TABLE + FALLBACK:
-        constexprs, options = decode_launch(row.encode())
-        assert constexprs == row.constexprs and options == row.launch_options
 
 
 def test_rows_reject_lower_case_blocks_and_unknown_kernels() -> None:
