@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attnhal.platform import Platform, parse
-from attnhal_triton.compile_usage import audit
+from attnhal_triton.compile_usage import compile_audited
 from attnhal_triton.launch_table import LaunchRow, NoLaunchRowWarning, fallback_row, lookup
 from attnhal_triton.work import head_block
 
@@ -226,8 +226,6 @@ def served_by(row: LaunchRow) -> str:
 
 def _compile_one(job: Job) -> dict[str, Any]:
     """Compile one job; never raises (errors are reported in the row)."""
-    import triton
-
     variant = VARIANTS[job.variant]
     row = job.row(variant.table_kernel)
     result: dict[str, Any] = {**asdict(job), "kernel": job.variant, "row": row.key(),
@@ -237,13 +235,8 @@ def _compile_one(job: Job) -> dict[str, Any]:
     del result["variant"]
     start = time.perf_counter()
     try:
-        target = _gpu_target(job.target)
-        with warnings.catch_warnings():
-            # Triton 3.9 announces a future default (fp fusion) on every compile; noise here.
-            warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
-            compiled = triton.compile(_source(job, variant, row), target=target,
-                                      options=row.launch_options)
-        result.update(audit(compiled, target, job.compute_dtype == "float32"))
+        result.update(compile_audited(_source(job, variant, row), _gpu_target(job.target), row.launch_options,
+                                      job.compute_dtype == "float32"))
     except Exception as exc:  # report every failure, keep compiling the rest
         result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
     result["seconds"] = round(time.perf_counter() - start, 2)

@@ -29,7 +29,6 @@ import re
 import sys
 import tempfile
 import time
-import warnings
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -39,7 +38,7 @@ from typing import Any
 
 from attnhal.kv_format import kv_format
 from attnhal_triton import compile_check as cc
-from attnhal_triton.compile_usage import audit
+from attnhal_triton.compile_usage import compile_audited
 from attnhal_triton.launch_forms import MAX_GROUP, Form, forms
 from attnhal_triton.launch_table import KERNELS
 from attnhal_triton.spill_relief import choose
@@ -108,13 +107,9 @@ _FIGURES = ("code_key", "ok", "registers", "spills", "headroom", "shared", "erro
 def _figures(target: str, form: Form, options: dict[str, Any]) -> dict[str, Any]:
     """Compile ``form`` with launch ``options``: its registers, spills, headroom, shared memory and
     problem ("" none)."""
-    import triton
-
     gpu = cc._gpu_target(target)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
-        compiled = triton.compile(_source(form, target), target=gpu, options=options)
-    checks = audit(compiled, gpu, form.dtype == "float32" or bool(form.constexprs.get("DOT_F32")))
+    checks = compile_audited(_source(form, target), gpu, options,
+                             form.dtype == "float32" or bool(form.constexprs.get("DOT_F32")))
     headroom = budget(target, options) - checks["registers"]
     problem = checks["error"] or (f"{checks['spills']} spilled, headroom {headroom}"
                                   if checks["spills"] != 0 or headroom < 0 else "")

@@ -1,20 +1,25 @@
 """What a compiled Triton kernel uses: registers, spills and scratch, per vendor's binary form.
 
-CUDA: ``ptxas -v`` run again on the PTX (Triton's cache may skip its own run), registers per
-thread and spill bytes; HIP: the code object's metadata, VGPRs + AGPRs per lane and spill counts.
+CUDA: ``ptxas -v``'s log, registers per thread and spill bytes — the compile's own ptxas run
+where :func:`compile_audited` saw it, else ptxas run again on the PTX (a Triton cache hit skips
+the compile's); HIP: the code object's metadata, VGPRs + AGPRs per lane and spill counts.
 :func:`audit` adds what makes a compile wrong even without a spill: an fp32 ``tl.dot`` in a
 16-bit kernel, or more shared memory than the target's block may use.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
 import tempfile
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SHARED_LIMIT", "audit", "dot_operand_types", "resource_usage"]
+__all__ = ["SHARED_LIMIT", "audit", "compile_audited", "dot_operand_types", "resource_usage"]
 
 #: Shared memory (LDS) a block may use, by target arch: a kernel over it compiles but cannot
 #: launch, so the checks report it as an error. Archs not listed are not checked.
@@ -36,8 +41,11 @@ def _ptxas(capability: int) -> str:
         return str(get_ptxas().path)
 
 
-def _cuda_usage(compiled: Any, capability: int) -> dict[str, int]:
-    """Registers and spills from ``ptxas -v`` on the PTX (the cache may skip triton's own run)."""
+def _cuda_usage(compiled: Any, capability: int, log: str = "") -> dict[str, int]:
+    """Registers and spills from ``ptxas -v``'s ``log`` of the compile, or where it has none from
+    ptxas run again on the PTX with Triton's own options (as ``make_cubin`` gives them)."""
+    if _PTXAS.search(log):
+        return _usage_of(log)
     from triton.backends.nvidia.compiler import sm_arch_from_capability
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -48,6 +56,10 @@ def _cuda_usage(compiled: Any, capability: int) -> dict[str, int]:
             [_ptxas(capability), "-v", "--regAllocOptLevel=2",
              f"--gpu-name={sm_arch_from_capability(capability)}", ptx, "-o", os.path.join(tmp, "k.o")],
             check=True, capture_output=True, text=True).stderr
+    return _usage_of(log)
+
+
+def _usage_of(log: str) -> dict[str, int]:
     regs, spill = _PTXAS.search(log), _SPILL.search(log)
     return {"registers": int(regs.group(1)) if regs else -1,
             "spills": int(spill.group(2)) + int(spill.group(3)) if spill else -1,
@@ -71,10 +83,11 @@ def _hip_usage(compiled: Any) -> dict[str, int]:
             "scratch": meta("private_segment_fixed_size")}
 
 
-def resource_usage(compiled: Any, target: Any) -> dict[str, int]:
+def resource_usage(compiled: Any, target: Any, ptxas_log: str = "") -> dict[str, int]:
     """``registers``, ``spills`` and ``scratch`` of a compiled kernel (``-1``: not reported), read
-    from whichever binary form the target's compiler produced (PTX for CUDA, AMDGCN for HIP)."""
-    readers = {"ptx": lambda: _cuda_usage(compiled, int(target.arch)),
+    from whichever binary form the target's compiler produced (PTX for CUDA, AMDGCN for HIP);
+    ``ptxas_log``: the compile's own ``ptxas -v`` output, where the caller has it."""
+    readers = {"ptx": lambda: _cuda_usage(compiled, int(target.arch), ptxas_log),
                "amdgcn": lambda: _hip_usage(compiled)}
     for stage, read in readers.items():
         if stage in compiled.asm:
@@ -95,7 +108,7 @@ def dot_operand_types(compiled: Any) -> set[str]:
     return types
 
 
-def audit(compiled: Any, target: Any, f32_dots: bool) -> dict[str, Any]:
+def audit(compiled: Any, target: Any, f32_dots: bool, ptxas_log: str = "") -> dict[str, Any]:
     """:func:`resource_usage` plus ``shared`` bytes and ``dot_types``, with ``ok`` and ``error``:
     an fp32 dot where the form's dots are not fp32 (``f32_dots``: an fp32 query, or a 16-bit
     one over fp32 tiles), or more shared memory than ``target``'s block may use. Spills are
@@ -108,4 +121,22 @@ def audit(compiled: Any, target: Any, f32_dots: bool) -> dict[str, Any]:
         error = f"fp32 tl.dot in a 16-bit kernel (operands {dots}): 16-bit inputs belong on the tensor cores"
     elif limit is not None and shared > limit:
         error = f"shared memory {shared} B > {limit} B of the target"
-    return {**resource_usage(compiled, target), "shared": shared, "dot_types": dots, "ok": not error, "error": error}
+    return {**resource_usage(compiled, target, ptxas_log), "shared": shared, "dot_types": dots, "ok": not error, "error": error}
+
+
+def compile_audited(source: Any, target: Any, options: Mapping[str, Any], f32_dots: bool) -> dict[str, Any]:
+    """``triton.compile`` of ``source`` for ``target`` (a ``GPUTarget``) with launch ``options``, and
+    its :func:`audit`: the registers and spills of CUDA's from that compile's own ``ptxas -v`` run
+    (Triton prints it when asked; a second ptxas run cost ~10 % of a form's compile)."""
+    import triton
+    from triton import knobs
+
+    log = io.StringIO()
+    ask = getattr(knobs, "nvidia", None)  # a Triton without the knob: ptxas runs again
+    with warnings.catch_warnings(), ask.scope() if ask else contextlib.nullcontext(), contextlib.redirect_stdout(log):
+        # Triton 3.9 announces a future default (fp fusion) on every compile; noise here.
+        warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
+        if ask:
+            ask.dump_ptxas_log = True
+        compiled = triton.compile(source, target=target, options=dict(options))
+    return audit(compiled, target, f32_dots, log.getvalue())

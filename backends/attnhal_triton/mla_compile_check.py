@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from attnhal_triton.compile_check import _FP8, _gpu_target, format_table, kernel_source, target_platform
-from attnhal_triton.compile_usage import audit
+from attnhal_triton.compile_usage import compile_audited
 from attnhal_triton.launch_table import LaunchRow, NoLaunchRowWarning
 from attnhal_triton.mla_forms import MLA_INPUTS
 from attnhal_triton.mla_table import mla_lookup
@@ -111,8 +111,6 @@ def _source(job: Job, row: LaunchRow) -> Any:
 
 def compile_job(job: Job) -> dict[str, Any]:
     """Compile one job; never raises (errors are reported in the row)."""
-    import triton
-
     row = job.row()
     result: dict[str, Any] = {"kernel": job.form, "target": job.target, "dtype": job.dtype, "head_size": 576,
                               "row": row.key(), "served_by": f"{row.vendor}:{row.arch_family}" if row.vendor
@@ -121,11 +119,8 @@ def compile_job(job: Job) -> dict[str, Any]:
                               "seconds": 0.0}
     start = time.perf_counter()
     try:
-        target = _gpu_target(job.target)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
-            compiled = triton.compile(_source(job, row), target=target, options=row.launch_options)
-        result.update(audit(compiled, target, job.compute_dtype == "float32"))
+        result.update(compile_audited(_source(job, row), _gpu_target(job.target), row.launch_options,
+                                      job.compute_dtype == "float32"))
     except Exception as exc:  # report every failure, keep compiling the rest
         text = str(exc).strip()
         result["error"] = f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"

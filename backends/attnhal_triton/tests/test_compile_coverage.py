@@ -135,3 +135,24 @@ def test_the_backend_takes_the_fp32_rows_over_an_fp32_cache() -> None:
                              platform="cuda:sm90"))
     assert backend.rows == {k: lookup(k, parse("cuda:sm90"), 128, "float32") for k in KERNELS}
     assert backend.rows["extend_verify"] != lookup("extend_verify", parse("cuda:sm90"), 128, "bfloat16")
+
+
+def test_cuda_figures_come_from_the_compiles_own_ptxas_run() -> None:
+    """A compile's registers and spills are read from its own ``ptxas -v`` log (no second ptxas
+    run: ~10 % of a form's compile); a Triton cache hit, which runs no ptxas, runs it again and
+    reads the same figures."""
+    script = ("from attnhal.platform import parse\nfrom attnhal_triton import compile_usage as cu\n"
+              "from attnhal_triton.compile_check import _gpu_target\n"
+              "from attnhal_triton.compile_forms import _scratch_cache, _source\n"
+              "from attnhal_triton.launch_forms import forms\n"
+              "form = forms(parse('cuda:sm90'), kernels=('decode',), head_sizes=(128,), groups=(4,))[0]\n"
+              "calls, ptxas = [], cu._ptxas\n"
+              "cu._ptxas = lambda arch: calls.append(arch) or ptxas(arch)\n"
+              "with _scratch_cache():\n"
+              "    runs = [cu.compile_audited(_source(form, 'cuda:90'), _gpu_target('cuda:90'),\n"
+              "                               form.row.launch_options, False) for _ in range(2)]\n"
+              "figures = [{k: r[k] for k in ('registers', 'spills', 'scratch')} for r in runs]\n"
+              "print(figures[0]['registers'] > 0, figures[0] == figures[1], calls)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.stdout.split() == ["True", "True", "[90]"], done.stderr[-2000:]
