@@ -7,11 +7,10 @@ The whole enumeration is a command (docs/triton.md: counts, and which share runs
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from types import SimpleNamespace
+
+from compiling import run_compiling
 
 from attnhal.platform import parse
 from attnhal_triton.compile_coverage import MLA_TIGHTEST, _demand, branches, register_demand, share
@@ -106,10 +105,8 @@ def test_the_measured_tightest_mla_forms_are_enumerated_forms() -> None:
 
 
 def test_the_share_compiles_spill_free_on_every_target() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "attnhal_triton.compile_coverage", "--json", "--jobs", "2"],
-                          capture_output=True, text=True, env=env, check=False, timeout=1800)
+    done = run_compiling("-m", "attnhal_triton.compile_coverage", "--json", "--jobs", "2", timeout=1800)
     rows = json.loads(done.stdout)
     print(f"{len(rows)} compiles in {time.perf_counter() - start:.0f} s")
     assert {r["target"] for r in rows} == set(FORM_TARGETS)
@@ -153,6 +150,5 @@ def test_cuda_figures_come_from_the_compiles_own_ptxas_run() -> None:
               "                               form.row.launch_options, False) for _ in range(2)]\n"
               "figures = [{k: r[k] for k in ('registers', 'spills', 'scratch')} for r in runs]\n"
               "print(figures[0]['registers'] > 0, figures[0] == figures[1], calls)")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    done = run_compiling("-c", script, timeout=300)
     assert done.stdout.split() == ["True", "True", "[90]"], done.stderr[-2000:]

@@ -9,12 +9,11 @@ every phase (recorded, not run), the counts, and a few compiles in a child proce
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from typing import Any
 
 import pytest
+from compiling import run_compiling
 from triton_cases import build, run, shape
 
 from attnhal.phases import Phase
@@ -101,9 +100,7 @@ def test_register_budget_per_vendor_row() -> None:
 
 
 def _compile_forms(*args: str, **env_vars: str) -> subprocess.CompletedProcess[str]:
-    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, **env_vars}
-    return subprocess.run([sys.executable, "-m", "attnhal_triton.compile_forms", "--json", *args],
-                          capture_output=True, text=True, env=env, check=False, timeout=1800)
+    return run_compiling("-m", "attnhal_triton.compile_forms", "--json", *args, timeout=1800, **env_vars)
 
 
 def test_a_share_of_the_forms_compiles_with_headroom() -> None:
@@ -248,6 +245,5 @@ def test_a_code_key_ignores_source_locations_and_names_the_constexprs() -> None:
               "a, b = forms(parse('cuda:sm90'), kernels=('decode',), head_sizes=(128,), groups=(4, 8))[:2]\n"
               "key = code_key('cuda:90', a)\n"
               "print(key == code_key('cuda:90', a), key != code_key('cuda:90', b), key != code_key('cuda:80', a))")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    done = run_compiling("-c", script, timeout=300)
     assert done.stdout.split() == ["True", "True", "True"], done.stderr[-2000:]

@@ -17,11 +17,12 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from compiling import run_compiling  # noqa: E402
 
 from attnhal.backend import AttentionConfig, KVPool  # noqa: E402
 from attnhal.capabilities import Feature, Phase, SpecLimits  # noqa: E402
 from attnhal.platform import Fp8Flavor, parse  # noqa: E402
-from attnhal_triton import CAPABILITIES, FALLBACK, TABLE, NoLaunchRowWarning, lookup  # noqa: E402
+from attnhal_triton import CAPABILITIES, FALLBACK, NoLaunchRowWarning, lookup  # noqa: E402
 from attnhal_triton.compile_check import DEFAULT_TARGETS, DTYPES, HEAD_SIZES, VARIANTS, target_platform  # noqa: E402
 from attnhal_triton.device_fill import UNITS  # noqa: E402
 from attnhal_triton.launch_table import (  # noqa: E402
@@ -234,10 +235,6 @@ def test_import_attnhal_does_not_import_triton_or_backends() -> None:
 
 # --- cross-vendor compile check ------------------------------------------------------------
 
-def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-
-
 def _compile_check(*args: str, prelude: str = "", timeout: int = 1800) -> subprocess.CompletedProcess[str]:
     """``python -m attnhal_triton.compile_check ARGS`` without TRITON_INTERPRET; ``prelude``
     runs first in that process (to plant a row; with ``--jobs 1``: the worker pool cannot
@@ -246,8 +243,7 @@ def _compile_check(*args: str, prelude: str = "", timeout: int = 1800) -> subpro
     if prelude:
         command = ["-c", prelude + "\nimport runpy, sys\nsys.argv[0] = 'compile_check'\n"
                    "runpy.run_module('attnhal_triton.compile_check', run_name='__main__')\n"]
-    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True,
-                          env=_clean_env(), check=False, timeout=timeout)
+    return run_compiling(*command, *args, timeout=timeout)
 
 
 def _assert_spill_free(done: subprocess.CompletedProcess[str], cells: set[tuple[Any, ...]]) -> None:
@@ -339,8 +335,8 @@ def _compile_jobs(plant: str, jobs: str) -> list[dict[str, Any]]:
     process without TRITON_INTERPRET, after ``plant`` ran there."""
     code = ("import json\nfrom attnhal_triton import compile_check as cc\n" + plant +
             f"\nprint(json.dumps([cc._compile_one(j) for j in {jobs}]))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=_clean_env(), check=True, timeout=600)
+    done = run_compiling("-c", code)
+    assert done.returncode == 0, done.stderr[-2000:]
     return list(json.loads(done.stdout.splitlines()[-1]))
 
 
@@ -359,8 +355,7 @@ def test_an_fp32_dot_in_a_16_bit_kernel_fails_the_check() -> None:
 
 def test_the_attnhal_command_exits_1_on_a_spill() -> None:
     cli = "\nimport sys\nfrom attnhal.cli import main\nsys.exit(main(['compile-check', *sys.argv[1:]]))\n"
-    done = subprocess.run([sys.executable, "-c", _PLANT_SPILLING_ALIAS + cli, *_SM120_DECODE],
-                          capture_output=True, text=True, env=_clean_env(), check=False, timeout=600)
+    done = run_compiling("-c", _PLANT_SPILLING_ALIAS + cli, *_SM120_DECODE)
     assert done.returncode == 1 and "1 with spills" in done.stdout, done.stdout + done.stderr
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from compiling import run_compiling
 from triton_cases import assert_close, build, expected, run, shape
 
 from attnhal.phases import Phase
@@ -168,9 +169,7 @@ def test_a_form_that_spilled_on_sm90_launches_relieved() -> None:
     """Found by the sampled enumeration (2026-12-07): sm90's causal verify row at head 128 (64x64,
     4 warps) spilled 24 bytes at 255 registers for a bf16 query over an fp16 cache, group 7, 5
     tokens, unsplit. Compiled by Triton's ptxas: relieved to a 32-position K/V step, 0 spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _ONE_FORM], capture_output=True, text=True, env=env, check=False,
-                          timeout=600)
+    done = run_compiling("-c", _ONE_FORM)
     assert done.returncode == 0, done.stderr[-2000:]
     row = json.loads(done.stdout)
     assert row["row_spills"] > 0 and row["relief"] == "BLOCK_N=32", row
