@@ -7,6 +7,7 @@ The whole enumeration is a command (docs/triton.md: counts, and which share runs
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 from types import SimpleNamespace
 
@@ -138,17 +139,21 @@ def test_cuda_figures_come_from_the_compiles_own_ptxas_run() -> None:
     """A compile's registers and spills are read from its own ``ptxas -v`` log (no second ptxas
     run: ~10 % of a form's compile); a Triton cache hit, which runs no ptxas, runs it again and
     reads the same figures."""
-    script = ("from attnhal.platform import parse\nfrom attnhal_triton import compile_usage as cu\n"
-              "from attnhal_triton.compile_check import _gpu_target\n"
-              "from attnhal_triton.compile_forms import _scratch_cache, _source\n"
-              "from attnhal_triton.launch_forms import forms\n"
-              "form = forms(parse('cuda:sm90'), kernels=('decode',), head_sizes=(128,), groups=(4,))[0]\n"
-              "calls, ptxas = [], cu._ptxas\n"
-              "cu._ptxas = lambda arch: calls.append(arch) or ptxas(arch)\n"
-              "with _scratch_cache():\n"
-              "    runs = [cu.compile_audited(_source(form, 'cuda:90'), _gpu_target('cuda:90'),\n"
-              "                               form.row.launch_options, False) for _ in range(2)]\n"
-              "figures = [{k: r[k] for k in ('registers', 'spills', 'scratch')} for r in runs]\n"
-              "print(figures[0]['registers'] > 0, figures[0] == figures[1], calls)")
+    script = textwrap.dedent("""
+        from attnhal.platform import parse
+        from attnhal_triton import compile_usage as cu
+        from attnhal_triton.compile_check import _gpu_target
+        from attnhal_triton.compile_forms import _scratch_cache, _source
+        from attnhal_triton.launch_forms import forms
+
+        form = forms(parse("cuda:sm90"), kernels=("decode",), head_sizes=(128,), groups=(4,))[0]
+        calls, ptxas = [], cu._ptxas
+        cu._ptxas = lambda arch: calls.append(arch) or ptxas(arch)  # ptxas run again by the audit
+        with _scratch_cache():  # the first compiles (its own ptxas log), the second is a cache hit
+            runs = [cu.compile_audited(_source(form, "cuda:90"), _gpu_target("cuda:90"), form.row.launch_options,
+                                       False) for _ in range(2)]
+        figures = [{k: r[k] for k in ("registers", "spills", "scratch")} for r in runs]
+        print(figures[0]["registers"] > 0, figures[0] == figures[1], calls)
+    """)
     done = run_compiling("-c", script, timeout=300)
     assert done.stdout.split() == ["True", "True", "[90]"], done.stderr[-2000:]
