@@ -121,7 +121,8 @@ def audit(compiled: Any, target: Any, f32_dots: bool, ptxas_log: str = "") -> di
         error = f"fp32 tl.dot in a 16-bit kernel (operands {dots}): 16-bit inputs belong on the tensor cores"
     elif limit is not None and shared > limit:
         error = f"shared memory {shared} B > {limit} B of the target"
-    return {**resource_usage(compiled, target, ptxas_log), "shared": shared, "dot_types": dots, "ok": not error, "error": error}
+    return {**resource_usage(compiled, target, ptxas_log), "shared": shared, "dot_types": dots, "ok": not error,
+            "error": error}
 
 
 def compile_audited(source: Any, target: Any, options: Mapping[str, Any], f32_dots: bool) -> dict[str, Any]:
