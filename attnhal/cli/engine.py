@@ -24,6 +24,7 @@ from attnhal.engines.base import EngineAdapter, EngineConfig, in_engine_words
 from attnhal.engines.flags import EngineArgError, check
 from attnhal.engines.report import GraphRow, outcome_differs
 from attnhal.errors import InvalidValue
+from attnhal.spec import ModelKind
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
 
@@ -39,6 +40,10 @@ ENGINE_COMMANDS = ("plan", "explain")
 #: ``attnhal plan --engine E -- <E's flags> --platform hip:gfx942``; an adapter adds its own
 #: (:attr:`~attnhal.engines.base.EngineAdapter.own_flags`).
 COMMON_OWN_FLAGS = ("platform", "model", "model-config")
+
+#: attnhal's own flags that the engines spell too (SGLang's and vLLM's ``--model CHECKPOINT``),
+#: with attnhal's values: after ``--`` any other value is the engine's flag.
+ENGINE_SPELLS_TOO = {"model": frozenset(m.value for m in ModelKind)}
 
 #: What an engine command does with (args, the adapter's config, the platform).
 EngineCommand = Callable[[argparse.Namespace, EngineConfig, Platform], int]
@@ -109,19 +114,25 @@ def add_own_flags(p: argparse.ArgumentParser, engine: str | None) -> None:
 
 
 def split_own_flags(argv: Sequence[str], names: Sequence[str] | None = None) -> tuple[dict[str, str], list[str]]:
-    """Pull attnhal's own flags (``names``; default: :func:`own_flags`) out of an engine command line."""
+    """Pull attnhal's own flags (``names``; default: :func:`own_flags`) out of an engine command line;
+    a flag the engine spells too (:data:`ENGINE_SPELLS_TOO`) stays the engine's where its value is
+    not one of attnhal's (``--model deepseek-ai/DeepSeek-V3``: the checkpoint, said not read)."""
     names = own_flags() if names is None else names
     own: dict[str, str] = {}
     rest: list[str] = []
     i = 0
     while i < len(argv):
+        start = i
         name, eq, value = argv[i].removeprefix("--").partition("=")
         if argv[i].startswith("--") and name in names:
             if not eq:
                 if i + 1 >= len(argv):
                     raise EngineArgError(f"--{name}", f"--{name} needs a value")
                 value, i = argv[i + 1], i + 1
-            own[name] = value
+            if value in ENGINE_SPELLS_TOO.get(name, (value,)):
+                own[name] = value
+            else:
+                rest.extend(argv[start:i + 1])
         else:
             rest.append(argv[i])
         i += 1

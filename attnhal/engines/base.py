@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from attnhal.capabilities import BackendCapabilities
 from attnhal.engines.flags import EngineArgError, Flag, cli_name
@@ -107,7 +107,10 @@ class EngineConfig:
     policy: GraphPolicy
     context: RequestContext
     roles: Mapping[str, str | None] = field(default_factory=dict)
-    ignored: tuple[str, ...] = ()  # harmless flags given (argument names)
+    ignored: tuple[str, ...] = ()  # accepted flags attnhal does not model (argument names): see unread
+    #: The engine's flags that name the model's checkpoint: its attention kind can change a
+    #: decision, but attnhal opens no checkpoint (``--model`` / ``--model-config`` say it).
+    checkpoint_flags: ClassVar[frozenset[str]] = frozenset()
     notes: tuple[str, ...] = ()
     layout: StepLayout = DEFAULT_LAYOUT
 
@@ -135,8 +138,18 @@ class EngineConfig:
 
     def report(self, platform: Platform) -> dict[str, object]:
         """The JSON entries besides ``engine`` and ``plan``."""
-        return {"version": self.version, "roles": dict(self.roles), "ignored": list(self.ignored),
-                "notes": list(self.notes)}
+        return {"version": self.version, "roles": dict(self.roles), "ignored": list(self.harmless_given),
+                "unread": list(self.unread), "notes": list(self.notes)}
+
+    @property
+    def unread(self) -> tuple[str, ...]:
+        """The checkpoint flags given (:attr:`checkpoint_flags`): they can decide, attnhal did not read them."""
+        return tuple(n for n in self.ignored if n in self.checkpoint_flags)
+
+    @property
+    def harmless_given(self) -> tuple[str, ...]:
+        """The flags given that cannot change an attention-graph decision."""
+        return tuple(n for n in self.ignored if n not in self.checkpoint_flags)
 
     def outcome(self, platform: Platform, result: GraphPlan) -> list[GraphRow]:
         """What the engine will do per phase (the one record the report, ``engine_outcome`` in the
@@ -160,9 +173,18 @@ class EngineConfig:
         return [*(f"note: {note}" for note in self.notes), *self.ignored_lines()]
 
     def ignored_lines(self) -> list[str]:
-        """The line listing the harmless flags given, if any."""
-        return ["ignored (cannot change an attention-graph decision): " + ", ".join(cli_name(n) for n in self.ignored)
-                ] if self.ignored else []
+        """The lines listing the checkpoint flags given (not read) and the harmless ones (ignored)."""
+        lines = []
+        if self.unread:
+            kind = self.context.model
+            said = (f"the plan takes it as {kind.value}" if kind is not None else
+                    "say its attention kind as --model mla|gqa|mha, or give its config.json as --model-config PATH")
+            lines.append(f"not read: {', '.join(cli_name(n) for n in self.unread)} (the model's checkpoint: its "
+                         f"attention kind can change a decision, and attnhal opens no checkpoint; {said})")
+        if self.harmless_given:
+            lines.append("ignored (cannot change an attention-graph decision): "
+                         + ", ".join(cli_name(n) for n in self.harmless_given))
+        return lines
 
 
 def in_engine_words(exc: InvalidValue, field_flags: FieldFlags, argv: Sequence[str] = ()) -> InvalidValue:

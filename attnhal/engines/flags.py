@@ -133,12 +133,14 @@ def one_of(allowed: Sequence[str]) -> Callable[[str, Any], str]:
 
 
 def model_kind(value: ModelKind | str | None) -> ModelKind | None:
-    """attnhal's ``--model``: engines read the model kind from the checkpoint, attnhal cannot."""
+    """attnhal's ``--model``: the attention kind, which engines read from the checkpoint and attnhal
+    cannot (after ``--``, ``--model CHECKPOINT`` is the engine's flag: said not read)."""
     try:
         return ModelKind(value) if value is not None else None
     except ValueError:
         raise EngineArgError("--model", f"--model={value!r} (supported: {', '.join(m.value for m in ModelKind)}; "
-                                        "attnhal's flag: the engine reads the model kind from the checkpoint)") from None
+                                        "attnhal's flag: the attention kind, which the engine reads from the "
+                                        "checkpoint; or the checkpoint's config.json as --model-config PATH)") from None
 
 
 def check(args: Mapping[str, Any], flags: Mapping[str, Flag], harmless: Collection[str],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from attnhal.capabilities import BackendCapabilities
 from attnhal.catalog import load
@@ -19,7 +19,7 @@ from attnhal.engines.base import EngineConfig, flag_error
 from attnhal.engines.report import GraphRow
 from attnhal.engines.flags import EngineArgError, cli_name, model_kind
 from attnhal.errors import InvalidValue
-from attnhal_sglang.flags import (ALGORITHMS, DTYPES, FIELD_FLAGS, FLAGS, HARMLESS, KV_CACHE_DTYPES,
+from attnhal_sglang.flags import (ALGORITHMS, CHECKPOINT, DTYPES, FIELD_FLAGS, FLAGS, HARMLESS, KV_CACHE_DTYPES,
                                           SGLANG_VERSION)
 from attnhal_sglang import multi_layer
 from attnhal_sglang.defaults import base_backend, needs_default
@@ -67,6 +67,7 @@ class SglangConfig(EngineConfig):
 
     engine: str = "sglang"
     version: str = SGLANG_VERSION
+    checkpoint_flags: ClassVar[frozenset[str]] = CHECKPOINT
     values: Mapping[str, Any] = field(default_factory=dict)  # the converted server arguments
     resolved_by: str = "builtin"  # "engine": SGLang's own resolution made ``values``
     page: PageSize | None = None  # the page size SGLang's own resolution settled on (engine only)

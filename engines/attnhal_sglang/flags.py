@@ -35,9 +35,13 @@ KV_CACHE_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16"
 #: ``--dtype`` -> attnhal compute dtype; ``auto`` = the checkpoint's dtype (not checked).
 DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
 
-#: Flags that cannot change which attention phases run or are captured: accepted, listed as ignored.
-HARMLESS = frozenset("""
-model_path tokenizer_path tokenizer_mode host port served_model_name trust_remote_code revision
+#: The flag naming the model's checkpoint: accepted and said not read — its attention kind can
+#: change a decision; attnhal's ``--model`` / ``--model-config`` say it.
+CHECKPOINT = frozenset({"model_path"})
+#: Flags that cannot change which attention phases run or are captured: accepted, listed as
+#: ignored (and the checkpoint's, listed as not read).
+HARMLESS = CHECKPOINT | frozenset("""
+tokenizer_path tokenizer_mode host port served_model_name trust_remote_code revision
 load_format context_length mem_fraction_static max_running_requests max_total_tokens chunked_prefill_size
 tp_size dp_size ep_size random_seed log_level log_requests enable_metrics show_time_cost
 speculative_draft_model_path speculative_draft_model_revision speculative_draft_load_format

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from attnhal.catalog import load
 from attnhal.engines.base import EngineConfig
@@ -14,7 +14,7 @@ from attnhal.engines.plugin_gate import installed
 from attnhal.engines.releases import modelled
 from attnhal.engines.report import GraphRow, format_report
 from attnhal_vllm.drafter import DrafterMode, drafter_mode
-from attnhal_vllm.flags import (FIELD_FLAGS, FLAGS, HARMLESS, METHODS, OPTIMIZATION_LEVELS, VLLM_SERIES_DIGITS,
+from attnhal_vllm.flags import (CHECKPOINT, FIELD_FLAGS, FLAGS, HARMLESS, METHODS, OPTIMIZATION_LEVELS, VLLM_SERIES_DIGITS,
                                  VLLM_VERSION, VLLM_VERSIONS)
 from attnhal_vllm.levels import Level, support_on
 from attnhal_vllm.modes import GraphMode, ModeResolution, resolve_mode
@@ -41,6 +41,7 @@ class VllmConfig(EngineConfig):
 
     engine: str = "vllm"
     version: str = VLLM_VERSION
+    checkpoint_flags: ClassVar[frozenset[str]] = CHECKPOINT
     chosen: str = ""
     backend: str  # vllm:NAME
     requested: GraphMode

@@ -33,9 +33,13 @@ FIELD_FLAGS: Mapping[str, tuple[tuple[str, str], ...]] = {
 METHODS = {"eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp", "deepseek_mtp": "mtp", "draft_model": "standalone",
            "ngram": "ngram"}
 
-#: Flags that cannot change the attention graph decision: accepted, listed as ignored.
-HARMLESS = frozenset("""
-model tokenizer revision host port served_model_name trust_remote_code seed tensor_parallel_size
+#: The flag naming the model's checkpoint (``vllm serve MODEL`` too): accepted and said not read —
+#: its attention kind can change a decision; attnhal's ``--model`` / ``--model-config`` say it.
+CHECKPOINT = frozenset({"model"})
+#: Flags that cannot change the attention graph decision: accepted, listed as ignored (and the
+#: checkpoint's, listed as not read).
+HARMLESS = CHECKPOINT | frozenset("""
+tokenizer revision host port served_model_name trust_remote_code seed tensor_parallel_size
 pipeline_parallel_size data_parallel_size gpu_memory_utilization max_model_len max_num_seqs
 max_num_batched_tokens dtype quantization spec_model load_format download_dir api_key
 """.split())

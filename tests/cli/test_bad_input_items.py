@@ -90,6 +90,28 @@ def test_vllm_takes_an_integral_json_number_as_vllm_does(capsys):
     assert "num_steps=3, topk=1, num_draft_tokens=4" in out
 
 
+@pytest.mark.parametrize("engine, flags, said", [
+    ("vllm", ["--model", "deepseek-ai/DeepSeek-R1"], "--model"),
+    ("vllm", ["deepseek-ai/DeepSeek-R1"], "--model"),  # vllm serve MODEL
+    ("sglang", ["--model", "deepseek-ai/DeepSeek-V3", "--attention-backend", "fa3"], "--model-path"),
+    ("sglang", ["--model-path", "deepseek-ai/DeepSeek-V3", "--attention-backend", "fa3"], "--model-path")])
+def test_a_pasted_checkpoint_is_said_not_read_not_harmless(capsys, engine, flags, said):
+    """A server's command line names its checkpoint (``--model`` is SGLang's alias of
+    ``--model-path`` and vLLM's own flag): its attention kind can change a decision, attnhal opens
+    no checkpoint, so it is listed as not read with the two ways to say the kind — in the text
+    and in the JSON — never as a flag that cannot change anything (nor refused as attnhal's --model)."""
+    argv = ["plan", "--engine", engine, "--", *flags, "--port", "8000", "--platform", "cuda:sm90"]
+    code, out, err = run(capsys, *argv)
+    assert code in (0, 4), err
+    assert f"not read: {said} (the model's checkpoint:" in out and "--model-config PATH" in out
+    assert "ignored (cannot change an attention-graph decision): --port\n" in out
+    code, out, err = run(capsys, *argv[:3], "--json", *argv[3:])
+    report = json.loads(out)
+    assert (report["unread"], report["ignored"]) == ([said.removeprefix("--").replace("-", "_")], ["port"])
+    code, out, _ = run(capsys, *argv[:3], "--model", "mla", *argv[3:])
+    assert f"not read: {said} (the model's checkpoint:" in out and "the plan takes it as mla)" in out
+
+
 def test_sglang_spec_flags_without_an_algorithm_are_said_to_be_ignored(capsys):
     """SGLang reads the speculative flags only with --speculative-algorithm: planned without
     speculation, as SGLang runs, and said in a note (JSON and text)."""
