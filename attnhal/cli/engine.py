@@ -41,7 +41,7 @@ ENGINE_COMMANDS = ("plan", "explain")
 #: (:attr:`~attnhal.engines.base.EngineAdapter.own_flags`).
 COMMON_OWN_FLAGS = ("platform", "model", "model-config")
 
-#: attnhal's own flags that the engines spell too (SGLang's and vLLM's ``--model CHECKPOINT``),
+#: attnhal's own flags that engines spell too (an engine's ``--model CHECKPOINT``),
 #: with attnhal's values: after ``--`` any other value is the engine's flag.
 ENGINE_SPELLS_TOO = {"model": frozenset(m.value for m in ModelKind)}
 
