@@ -24,9 +24,9 @@ from attnhal.engines.base import EngineAdapter, EngineConfig, in_engine_words
 from attnhal.engines.flags import EngineArgError, check
 from attnhal.engines.report import GraphRow, outcome_differs
 from attnhal.errors import InvalidValue
-from attnhal.spec import ModelKind
 from attnhal.planner import GraphPlan
 from attnhal.platform import Platform
+from attnhal.spec import ModelKind
 
 __all__ = ["COMMON_OWN_FLAGS", "ENGINE_COMMANDS", "add_engine_flags", "add_model_config_flag", "add_own_flags",
            "check_model_config", "check_values", "engine_errors", "engine_json", "engine_message", "engine_status",

@@ -14,8 +14,8 @@ from attnhal.engines.plugin_gate import installed
 from attnhal.engines.releases import modelled
 from attnhal.engines.report import GraphRow, format_report
 from attnhal_vllm.drafter import DrafterMode, drafter_mode
-from attnhal_vllm.flags import (CHECKPOINT, FIELD_FLAGS, FLAGS, HARMLESS, METHODS, OPTIMIZATION_LEVELS, VLLM_SERIES_DIGITS,
-                                 VLLM_VERSION, VLLM_VERSIONS)
+from attnhal_vllm.flags import (CHECKPOINT, FIELD_FLAGS, FLAGS, HARMLESS, METHODS, OPTIMIZATION_LEVELS,
+                                 VLLM_SERIES_DIGITS, VLLM_VERSION, VLLM_VERSIONS)
 from attnhal_vllm.levels import Level, support_on
 from attnhal_vllm.modes import GraphMode, ModeResolution, resolve_mode
 from attnhal_vllm.runner import RunnerChoice, select_runner
