@@ -57,12 +57,14 @@ class SglangAdapter:
     def advise(self, values: Mapping[str, Any], platform: Platform, own: Mapping[str, str | None], *,
                top: int = 3, vary: Sequence[str] | None = None, **options: Any) -> Advice:
         """``attnhal advise --engine sglang``: :func:`attnhal_sglang.advice.advise` with the
-        draft-extend graph switch read from the environment, as :meth:`resolve` reads it (``env=``
-        replaces it; ``among=``, ``limit=`` as there)."""
+        draft-extend graph switch read from the environment and ``--model-config`` read, as
+        :meth:`resolve` reads them (``env=`` replaces the switch; ``among=``, ``limit=`` as there)."""
         from attnhal_sglang.advice import advise
 
         env = options.pop("env", {DRAFT_EXTEND_GRAPH_OFF: os.environ.get(DRAFT_EXTEND_GRAPH_OFF, "")})
-        return advise(values, platform, own.get("model"), env=env, vary=vary, top=top, **options)
+        model_config = own.get("model-config")
+        return advise(values, platform, own.get("model"), env=env, vary=vary, top=top,
+                      model_config=read(model_config) if model_config else None, **options)
 
     def conformance(self, ref: str) -> Callable[..., Any] | None:
         """How ``attnhal conformance`` checks catalogue name ``ref``: the kit on SGLang's own backend

@@ -24,6 +24,7 @@ from attnhal.engines import flags as _flags
 from attnhal.engines.advice import (MAX_COMBINATIONS, PRIORITY, Advice, Option, changes, check_size, frontier,
                                     model_of, rank_key, served_kinds)
 from attnhal.engines.flags import EngineArgError, cli_name, model_kind
+from attnhal.engines.model_config import HFConfig
 from attnhal_sglang.audit import Direction, engine_differs, explain
 from attnhal_sglang.flags import FLAGS, HARMLESS, SGLANG_VERSION
 from attnhal_sglang.pages import resolve_page_size
@@ -169,10 +170,10 @@ def _blocked(config: SglangConfig, result: Any, platform: Platform) -> tuple[str
 
 
 def _evaluate(flags: Mapping[str, Any], given: Mapping[str, Any], env: Mapping[str, str], model: ModelKind,
-              platform: Platform) -> tuple[Option, bool, tuple[Any, ...]]:
+              platform: Platform, model_config: HFConfig | None = None) -> tuple[Option, bool, tuple[Any, ...]]:
     """The option, whether it is shown when blocked, and the engine decision's identity.
     Raises ``ValueError`` where the adapter refuses the flags (SGLang refuses them too)."""
-    config = from_server_args(flags, env, model, platform)
+    config = from_server_args(flags, env, model, platform, model_config)
     result = config.plan(platform)
     runs = frozenset(p for p in PRIORITY if result[p].runs)
     base = Option(flags=flags, label=_label(config), changes=changes(given, flags, _SHOWN_FLAGS), runs=runs,
@@ -195,11 +196,11 @@ def _evaluate(flags: Mapping[str, Any], given: Mapping[str, Any], env: Mapping[s
     return replace(base, captured=frozenset(captured), eager=eager), False, identity
 
 
-def _current(given: Mapping[str, Any], env: Mapping[str, str], model: ModelKind,
-             platform: Platform) -> tuple[Option, tuple[Any, ...] | None]:
+def _current(given: Mapping[str, Any], env: Mapping[str, str], model: ModelKind, platform: Platform,
+             model_config: HFConfig | None = None) -> tuple[Option, tuple[Any, ...] | None]:
     """The user's own flags evaluated, and their engine decision's identity (``None``: refused)."""
     try:
-        option, _, identity = _evaluate(given, given, env, model, platform)
+        option, _, identity = _evaluate(given, given, env, model, platform, model_config)
     except ValueError as exc:
         return Option(flags=given, label="(refused)", blocked=f"refused: {exc}"), None
     return option, identity
@@ -218,13 +219,15 @@ def _vary(vary: Collection[str] | None) -> tuple[str, ...]:
 
 def advise(args: Mapping[str, Any] | argparse.Namespace, platform: Platform | str, model: ModelKind | str | None = None,
            env: Mapping[str, str] | None = None, *, top: int = 3, vary: Collection[str] | None = None,
-           among: Collection[str] | None = None, limit: int = MAX_COMBINATIONS) -> Advice:
+           among: Collection[str] | None = None, limit: int = MAX_COMBINATIONS,
+           model_config: HFConfig | None = None) -> Advice:
     """The SGLang flag sets that capture the most on ``platform`` for this model, ranked
     (:func:`attnhal.engines.advice.rank_key`), against the user's server arguments ``args``.
 
     ``vary``: the flags advise may change (:data:`VARIED`, default all); ``among``: the backend
     names it may propose (default: every catalogued one that fits); ``limit``: more flag
-    combinations than this is an :class:`EngineArgError` naming ``--vary``, raised before planning.
+    combinations than this is an :class:`EngineArgError` naming ``--vary``, raised before planning;
+    ``model_config``: the model's ``config.json`` (``--model-config``), read as the plan reads it.
     Bad arguments raise :class:`EngineArgError` naming the flag, as the adapter does.
     """
     where, environment = as_platform(platform), dict(env or {})
@@ -232,9 +235,9 @@ def advise(args: Mapping[str, Any] | argparse.Namespace, platform: Platform | st
            if v is not None}
     converted, _ = _flags.check(raw, FLAGS, HARMLESS, "attnhal_sglang.HARMLESS")
     given = {**raw, **converted}
-    user = from_server_args(raw, environment, model_kind(model), where)
+    user = from_server_args(raw, environment, model_kind(model), where, model_config)
     kind = model_of(user.context.model, [_descriptor(n) for n in user.roles.values() if n is not None])
-    user = from_server_args(raw, environment, kind, where)
+    user = from_server_args(raw, environment, kind, where, model_config)
     fitting = _fitting(given, user, where, among)
     if not fitting:
         raise EngineArgError("--model", f"--model={kind.value} on platform={where.name}: no catalogued SGLang "
@@ -243,13 +246,13 @@ def advise(args: Mapping[str, Any] | argparse.Namespace, platform: Platform | st
     choices = _choices(given, user, fitting, varied)
     role_sets = _role_sets(given, choices, Phase.DECODE in phases_run(user.spec))
     check_size(len(role_sets) * len(choices["speculative_num_steps"]), varied, limit)
-    current, current_id = _current(given, environment, kind, where)
+    current, current_id = _current(given, environment, kind, where, model_config)
     best: dict[tuple[Any, ...], tuple[Option, bool]] = {}
     considered = 0
     for flags in _candidates(given, choices, role_sets):
         considered += 1
         try:
-            option, shown, identity = _evaluate(flags, given, environment, kind, where)
+            option, shown, identity = _evaluate(flags, given, environment, kind, where, model_config)
         except ValueError:  # the adapter refuses it, as SGLang does
             continue
         if identity == current_id:

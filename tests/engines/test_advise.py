@@ -176,6 +176,19 @@ def test_the_command_prints_the_flags_to_paste_and_json_for_tools(capsys) -> Non
     assert report["current"]["eager"]["draft_extend"].startswith("SGLang 0.5.23 runs it eagerly")
 
 
+def test_sglang_advice_reads_the_model_config_as_the_plan_does(capsys) -> None:
+    """``--model-config`` was accepted by ``advise --engine sglang`` and then dropped: without
+    ``--model`` it exited 2 asking for the kind the config gives. Now the advice for a DeepSeek
+    (MLA) config.json is the advice for ``--model mla``, with no backend flag given too."""
+    common = ["advise", "--engine", "sglang", "--platform", "hip:gfx942", "--json"]
+    argv = ["--", "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "2"]
+    assert main([*common, "--model-config", "tests/engines/models/mla/config.json", *argv]) == 0
+    from_config = json.loads(capsys.readouterr().out)
+    assert main([*common, "--model", "mla", *argv]) == 0
+    assert from_config == json.loads(capsys.readouterr().out) and from_config["model"] == "mla"
+
+
 @pytest.mark.parametrize("args,platform,model,cause", [
     ({"attention_backend": "flashinfer", "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 3},
      "cuda:sm90", "mla", "docs/catalog.md D3"),
