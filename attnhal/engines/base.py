@@ -172,6 +172,10 @@ class EngineConfig:
         """The lines printed after the plan: the notes, then the ignored flags."""
         return [*(f"note: {note}" for note in self.notes), *self.ignored_lines()]
 
+    def checkpoint_read_by(self) -> str | None:
+        """What read the checkpoint for this config where something did (the engine's own resolution)."""
+        return None
+
     def ignored_lines(self) -> list[str]:
         """The lines listing the checkpoint flags given (not read) and the harmless ones (ignored)."""
         lines = []
@@ -179,8 +183,10 @@ class EngineConfig:
             kind = self.context.model
             said = (f"the plan takes it as {kind.value}" if kind is not None else
                     "say its attention kind as --model mla|gqa|mha, or give its config.json as --model-config PATH")
+            by = self.checkpoint_read_by()
             lines.append(f"not read: {', '.join(cli_name(n) for n in self.unread)} (the model's checkpoint: its "
-                         f"attention kind can change a decision, and attnhal opens no checkpoint; {said})")
+                         f"attention kind can change a decision, and attnhal opens no checkpoint"
+                         f"{f'; {by} read it' if by else ''}; {said})")
         if self.harmless_given:
             lines.append("ignored (cannot change an attention-graph decision): "
                          + ", ".join(cli_name(n) for n in self.harmless_given))

@@ -79,12 +79,13 @@ class SglangAdapter:
         local = own.get("platform") is None and not os.environ.get(ENV_VAR)
         choice = executed.choose(own.get("engine-resolution"), local, values.get("model_path"),
                                  accelerator=platform.torch_device != "cpu")
+        path = own.get("model-config")
+        model_config = read(path) if path else None
         if choice.used == "engine":
-            config = executed.from_engine(values, env, own.get("model"), platform)
+            config = executed.from_engine(values, env, own.get("model"), platform, model_config)
         else:
-            model_config = own.get("model-config")
             config = from_server_args(values, env=env, model=own.get("model"), platform=platform,
-                                      model_config=read(model_config) if model_config else None)
+                                      model_config=model_config)
         return replace(config, choice=choice)
 
 

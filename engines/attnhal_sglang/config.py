@@ -74,6 +74,9 @@ class SglangConfig(EngineConfig):
     default_for: str | None = None  # the platform SGLang's default attention backend was picked for
     choice: Choice | None = None  # which resolution the command line used, and why
 
+    def checkpoint_read_by(self) -> str | None:
+        return "SGLang's own resolution, for the backend and page size," if self.resolved_by == "engine" else None
+
     def page_size(self, platform: Platform | str | None = None) -> PageSize:
         """The page size SGLang runs with on ``platform`` (``None``: the platform-independent rules)."""
         if self.page is not None:

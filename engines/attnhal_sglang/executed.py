@@ -21,7 +21,8 @@ from dataclasses import replace
 from typing import Any
 
 from attnhal.engines import flags as _flags
-from attnhal.engines.flags import EngineArgError, model_kind
+from attnhal.engines.flags import EngineArgError
+from attnhal.engines.model_config import HFConfig
 from attnhal_sglang.flags import FLAGS, HARMLESS
 from attnhal_sglang.pages import DEFAULT_PAGE_SIZE, PageSize, resolve_page_size
 from attnhal_sglang.config import Choice, SglangConfig, from_server_args
@@ -92,10 +93,12 @@ def resolve(args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def from_engine(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[str, str] | None = None,
-                model: ModelKind | str | None = None, platform: Platform | str | None = None) -> SglangConfig:
+                model: ModelKind | str | None = None, platform: Platform | str | None = None,
+                model_config: HFConfig | None = None) -> SglangConfig:
     """:func:`from_server_args` on what SGLang's own resolution made of ``args`` (which must
     carry ``model_path``) on this machine, whose platform is ``platform``. The flags are checked
-    as the built-in translation checks them; the page size says when SGLang changed it."""
+    as the built-in translation checks them; the page size says when SGLang changed it.
+    ``model_config`` (``--model-config``): the model kind where ``model`` is not given."""
     raw = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
     converted, _ = _flags.check(raw, FLAGS, HARMLESS, "attnhal_sglang.HARMLESS")
     if not raw.get("model_path"):
@@ -109,14 +112,14 @@ def from_engine(args: Mapping[str, Any] | argparse.Namespace, env: Mapping[str, 
     values = {**keep, **{k: v for k, v in resolved.items() if v is not None}}
     if values.get("speculative_algorithm") is None:  # no speculation: SGLang's speculative defaults are moot
         values = {k: v for k, v in values.items() if not k.startswith("speculative_")}
-    config = from_server_args(values, env, model)
+    config = from_server_args(values, env, model, model_config=model_config)
     if converted.get("attention_backend") != resolved["attention_backend"]:
         config = replace(config, notes=(f"attention backend: {resolved['attention_backend']} (set by SGLang's own "
                                         "resolution)", *config.notes))
     where = as_platform(platform) if platform is not None else None
     # The built-in rules name the backend that set the page size (the one SGLang resolved).
-    before = resolve_page_size({**converted, "attention_backend": resolved["attention_backend"]}, model_kind(model),
-                               where)
+    before = resolve_page_size({**converted, "attention_backend": resolved["attention_backend"]},
+                               config.context.model, where)
     asked = int(given["page_size"]) if "page_size" in given else None
     changed = resolved["page_size"] != (asked if asked is not None else DEFAULT_PAGE_SIZE)
     page = PageSize(resolved["page_size"], asked, before.set_by if before.value == resolved["page_size"] else None,

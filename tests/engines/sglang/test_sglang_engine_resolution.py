@@ -81,3 +81,20 @@ def test_engine_resolution_says_sglang_picked_the_attention_backend() -> None:
     assert "attention backend: trtllm_mla (set by SGLang's own resolution)" in config.notes
     page = config.page_size("cuda:sm100")
     assert (page.value, page.set_by) == (64, "trtllm_mla")
+
+
+def test_engine_resolution_takes_the_model_kind_from_the_model_config() -> None:
+    """``--model-config`` without ``--model``: the engine resolution plans the kind the config gives
+    (it dropped the config: no kind, so no MLA check), and its checkpoint line says SGLang read it."""
+    from attnhal.engines.model_config import read
+
+    args = {"attention_backend": "trtllm_mla", "speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
+            "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4, "model_path": harness.model_dir("mla")}
+    with platforms.emulate("cuda:sm100"):
+        by_kind = executed.from_engine(args, model="mla", platform="cuda:sm100")
+        by_config = executed.from_engine(args, platform="cuda:sm100",
+                                         model_config=read(f"{harness.model_dir('mla')}/config.json"))
+    assert by_config.context == by_kind.context and by_config.context.model is not None
+    assert _outcome(by_config, "cuda:sm100") == _outcome(by_kind, "cuda:sm100")
+    (line,) = [line for line in by_config.ignored_lines() if line.startswith("not read: --model-path")]
+    assert "SGLang's own resolution, for the backend and page size, read it; the plan takes it as mla)" in line
